@@ -1,0 +1,390 @@
+/* tb.h -- the single public header of libtb, the mod_tbucket limiter core.
+ *
+ * libtb decides whether a client may spend tokens from one or more shared
+ * token buckets kept in Redis. It owns the bucket arithmetic (in Lua for
+ * Redis and in C for the local fallback, kept identical by shared test
+ * vectors), the Redis connection pool, the circuit breaker and the failure
+ * policy. It is C99 + POSIX + hiredis: no APR, httpd or libconfig header
+ * appears here, so the Apache module and the LD_PRELOAD shim link the same
+ * library.
+ *
+ * Conventions (as in hiredis):
+ *  - Functions return TB_OK / TB_ERR, or a pointer that is NULL on error.
+ *    Objects carry `err` (a TB_ERR_* kind) and `errstr`; constructors that
+ *    cannot return an object write their message into a caller buffer.
+ *  - Every tb_x_create has a tb_x_free; tb_x_free(NULL) does nothing.
+ *  - Being over the limit is a result (tb_result_t.allowed == 0), not an
+ *    error. "Could not ask Redis" is an error path that the failure policy
+ *    turns into a result; tb_client_decide() therefore always fills a
+ *    result.
+ *  - The core never logs, prints or exits.
+ *
+ * Units are in the names: _ms milliseconds, _us microseconds, _per_sec per
+ * second. Token amounts and rates are doubles because the Redis side is Lua
+ * 5.1, whose only number type is an IEEE-754 double: using the same type
+ * and the same operation order in C makes the two agree to the last bit.
+ */
+#ifndef TB_H
+#define TB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Return codes and error kinds ---------------------------------- */
+
+#define TB_OK 0
+#define TB_ERR (-1)
+
+#define TB_ERR_NONE 0
+#define TB_ERR_IO 1       /* Socket error, connection refused or reset. */
+#define TB_ERR_TIMEOUT 2  /* Connect or command timeout, or pool wait.  */
+#define TB_ERR_PROTOCOL 3 /* Unexpected reply shape from Redis.         */
+#define TB_ERR_REPLY 4    /* Redis answered with an error reply.        */
+#define TB_ERR_ARG 5      /* A bad argument from the caller.            */
+#define TB_ERR_OOM 6      /* Allocation failed.                         */
+#define TB_ERR_BREAKER 7  /* The breaker is open: Redis was not asked.  */
+#define TB_ERR_AUTH 8     /* AUTH or SELECT was refused.                */
+#define TB_ERR_KINDS 9
+
+#define TB_ERRSTR_LEN 128
+
+/* Human-readable name of an error kind ("io", "timeout", ...). */
+const char *tb_err_name(int err);
+
+/* ---- Time ---------------------------------------------------------- */
+
+/* Monotonic time in microseconds, as redis's monotime. */
+typedef int64_t tb_monotime_us;
+
+/* The only reader of CLOCK_MONOTONIC. Tests replace tb_clock_now_us with
+ * their own function to drive the breaker and the local bucket without
+ * sleeping; set it before creating any object, never concurrently. */
+extern tb_monotime_us (*tb_clock_now_us)(void);
+tb_monotime_us tb_clock_monotonic_us(void);
+
+/* ---- Parsing helpers shared by the module, the shim and tools ------ */
+
+/* Parse a rate: "N/s", "N/m", "N/h" or a bare "N" (per second); N may be
+ * fractional ("0.5/s"). Stores tokens per second in *per_sec. Returns
+ * TB_ERR (with a message in err) for zero, negative, non-finite, absurdly
+ * large (> 1e9/s) or malformed values. */
+int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen);
+
+/* Parse a duration: "250ms", "10s", "2m", "1h" or bare milliseconds.
+ * Result in milliseconds, 0 .. 86400000. */
+int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
+                         size_t errlen);
+
+/* Parse a whole number in [min, max] with nothing trailing. */
+int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,
+                 char *err, size_t errlen);
+
+/* ---- The bucket arithmetic (tb_bucket.c) --------------------------- */
+
+/* The most buckets one decision may take: a main bucket plus routes. */
+#define TB_MAX_BUCKETS 8
+
+/* Largest capacity and cost accepted anywhere (tokens). Keeps every
+ * intermediate value of the arithmetic exact in a double. */
+#define TB_MAX_CAPACITY 1000000000.0
+
+/* The state of one bucket, as stored in the Redis hash (fields `tokens`
+ * and `ts`). exists == 0 means "no key": a full bucket. */
+typedef struct tb_bucket {
+    double tokens;  /* Tokens in the bucket at ts (fractional).       */
+    int64_t ts_ms;  /* Clock of the last refill, in milliseconds.      */
+    int exists;
+} tb_bucket_t;
+
+/* A limit: capacity (the largest burst, tokens) and refill rate. */
+typedef struct tb_limit {
+    double capacity;     /* Tokens, >= 1.                            */
+    double rate_per_sec; /* Tokens per second, > 0.                   */
+} tb_limit_t;
+
+/* The outcome for one or more buckets. */
+typedef struct tb_verdict {
+    int allowed;         /* 1 when every bucket had enough tokens.    */
+    int64_t remaining;   /* Smallest floor(tokens) after the decision.*/
+    int64_t retry_ms;    /* 0 when allowed; the largest wait when not;
+                          * -1 when some cost exceeds its capacity, so
+                          * waiting can never help.                   */
+    int binding;         /* Index of the bucket that bounds the answer
+                          * (the refusing one, or the one with the
+                          * fewest tokens left).                      */
+} tb_verdict_t;
+
+/* The pure decision over n buckets (1 <= n <= TB_MAX_BUCKETS), the C twin
+ * of shared/tb_bucket.lua: lazy refill to now_ms (elapsed clamped at 0,
+ * refill capped at capacity), then all-or-nothing deduction of cost[i]
+ * from bucket i. in[] is read, out[] receives the new states (out may
+ * alias in); on refusal out[] holds the refilled but undeducted states and
+ * the caller may skip writing them. No clock, I/O or allocation. Returns
+ * TB_ERR only for bad arguments (n out of range, capacity < 1, rate <= 0,
+ * negative cost). */
+int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms,
+                   tb_bucket_t *out, tb_verdict_t *v);
+
+/* Time-to-live of a bucket key in ms: ceil(capacity / rate * 1000) + 1000,
+ * the time to refill from empty plus a second of slack. */
+int64_t tb_bucket_ttl_ms(const tb_limit_t *lim);
+
+/* ---- Keys (tb_key.c) ----------------------------------------------- */
+
+/* A client key longer than this, or holding a byte outside 0x21..0x7e, a
+ * brace, or starting with '#', is replaced by '#' + 32 hex digits of its
+ * SHA-256. Raw keys can never start with '#', so no client can name the
+ * hashed key of another. */
+#define TB_KEY_RAW_MAX 128
+#define TB_PREFIX_MAX 64
+#define TB_NAME_MAX 64
+/* Room for prefix + "{" + key + "}:route:" + name + NUL. */
+#define TB_KEY_BUF (TB_PREFIX_MAX + TB_KEY_RAW_MAX + TB_NAME_MAX + 16)
+
+/* Write the sanitised form of an untrusted client key (len bytes, may
+ * hold NUL) into out (at least TB_KEY_RAW_MAX + 1 bytes). Returns its
+ * length. An empty key stays empty; callers substitute the client IP. */
+size_t tb_key_sanitize(const char *key, size_t len, char *out);
+
+/* Build "<prefix>{<sanitised key>}" or, with a route name,
+ * "<prefix>{<sanitised key>}:route:<name>" into out (TB_KEY_BUF bytes).
+ * Returns the length, or 0 on a bad prefix or name. */
+size_t tb_key_build(const char *prefix, const char *key, size_t len,
+                    const char *route, char *out);
+
+/* Validate a key prefix (1..TB_PREFIX_MAX printable bytes, no braces or
+ * spaces) or a route name ([A-Za-z0-9_.-], 1..TB_NAME_MAX). */
+int tb_prefix_valid(const char *prefix);
+int tb_name_valid(const char *name);
+
+/* SHA-256 (tb_sha256.c), for key hashing and the local table. */
+void tb_sha256(const void *data, size_t len, unsigned char out[32]);
+
+/* ---- Redis addresses (tb_url.c) ------------------------------------ */
+
+typedef struct tb_redis_addr {
+    char host[256];      /* Empty for a unix socket.                  */
+    int port;            /* Default 6379.                             */
+    char path[108];      /* Unix socket path, or empty.               */
+    char user[128];      /* ACL user, or empty (AUTH password only).  */
+    char password[256];  /* Empty: no AUTH.                           */
+    int db;              /* SELECT when > 0.                          */
+} tb_redis_addr_t;
+
+/* Parse "redis://[user:password@]host[:port][/db]" (IPv6 hosts in
+ * brackets, %XX escapes in user and password) or "unix:/path[?db=N]".
+ * On error returns TB_ERR with a message naming the bad part. */
+int tb_url_parse(const char *url, tb_redis_addr_t *addr, char *err,
+                 size_t errlen);
+
+/* Write the URL with any password replaced by "***": for logs and the
+ * status page. */
+void tb_url_redact(const tb_redis_addr_t *addr, char *out, size_t outlen);
+
+/* ---- Statistics (tb_stats.c) --------------------------------------- */
+
+/* Latency histogram upper bounds in microseconds; the last is +Inf. */
+#define TB_LAT_BUCKETS 12
+extern const int64_t tb_lat_bounds_us[TB_LAT_BUCKETS - 1];
+
+/* Counters, updated with atomic adds so that the struct may live in
+ * memory shared by several processes (the module puts it in shared
+ * memory). Plain data: zero it to initialise. */
+typedef struct tb_stats {
+    uint64_t decisions;         /* Every tb_client_decide call.       */
+    uint64_t allowed;
+    uint64_t rejected;
+    uint64_t redis_calls;       /* Script calls sent to Redis.        */
+    uint64_t redis_errors;      /* Failed calls, all kinds.           */
+    uint64_t errors[TB_ERR_KINDS]; /* Failed calls by TB_ERR_* kind.  */
+    uint64_t noscript_reloads;  /* NOSCRIPT answered, retried by EVAL.*/
+    uint64_t connects;          /* Connections opened.                */
+    uint64_t breaker_opens;
+    uint64_t breaker_closes;
+    uint64_t breaker_skips;     /* Decisions made without asking.     */
+    uint64_t fallback_open;
+    uint64_t fallback_closed;
+    uint64_t fallback_local;
+    uint64_t lat_count[TB_LAT_BUCKETS];
+    uint64_t lat_sum_us;
+} tb_stats_t;
+
+void tb_stats_add(uint64_t *counter, uint64_t n);
+uint64_t tb_stats_get(const uint64_t *counter);
+void tb_stats_latency(tb_stats_t *s, int64_t us);
+
+/* ---- Circuit breaker (tb_breaker.c) -------------------------------- */
+
+typedef enum {
+    TB_BREAKER_CLOSED = 0,
+    TB_BREAKER_OPEN = 1,
+    TB_BREAKER_HALF_OPEN = 2
+} tb_breaker_state_t;
+
+/* Plain data, no locks: the client serialises access. */
+typedef struct tb_breaker {
+    int threshold;            /* Consecutive failures that open it.  */
+    int64_t cooldown_us;      /* Time open before a probe.           */
+    tb_breaker_state_t state;
+    int failures;             /* Consecutive failures so far.        */
+    tb_monotime_us opened_at_us;
+    int probe_in_flight;
+} tb_breaker_t;
+
+void tb_breaker_init(tb_breaker_t *b, int threshold, int64_t cooldown_ms);
+/* 1 when a call may go to Redis now; in OPEN past the cooldown this moves
+ * to HALF_OPEN and lets exactly one probe through. */
+int tb_breaker_allow(tb_breaker_t *b, tb_monotime_us now);
+/* Report a call's outcome. Return 1 when this report changed the state
+ * between closed and open (for logging a transition once). */
+int tb_breaker_success(tb_breaker_t *b, tb_monotime_us now);
+int tb_breaker_failure(tb_breaker_t *b, tb_monotime_us now);
+/* Milliseconds until a probe will be allowed (0 unless open). */
+int64_t tb_breaker_wait_ms(const tb_breaker_t *b, tb_monotime_us now);
+const char *tb_breaker_state_name(tb_breaker_state_t s);
+
+/* ---- Local fallback table (tb_local.c) ----------------------------- */
+
+/* A fixed-size table of local buckets for the `local` failure policy. It
+ * never grows: when a key's probe window is full the least recently used
+ * entry is evicted. The storage is one contiguous, pointer-free block that
+ * the caller may supply (for example shared memory inherited by forked
+ * children); a spin lock inside it serialises access across threads and
+ * processes. */
+typedef struct tb_local tb_local_t;
+
+/* Bytes needed for a table of `entries` entries (rounded up to a power of
+ * two, at least 64). */
+size_t tb_local_size(size_t entries);
+/* Initialise a table in caller memory of tb_local_size(entries) bytes. */
+tb_local_t *tb_local_init(void *mem, size_t entries);
+/* Decide n buckets with limits divided by `replicas`, at now_ms. Keys are
+ * the full Redis keys. Returns TB_ERR on bad arguments. */
+int tb_local_take(tb_local_t *t, const char *const *keys,
+                  const tb_limit_t *lim, const double *cost, int n,
+                  int replicas, int64_t now_ms, tb_verdict_t *v);
+/* Entries in use, for metrics. */
+size_t tb_local_used(tb_local_t *t);
+
+/* ---- The client: pool + script + breaker + policy (tb_client.c) ---- */
+
+typedef enum {
+    TB_POLICY_OPEN = 0,   /* Allow when Redis cannot decide.            */
+    TB_POLICY_CLOSED = 1, /* Reject when Redis cannot decide.           */
+    TB_POLICY_LOCAL = 2   /* Decide on a local bucket of limit/replicas.*/
+} tb_policy_t;
+
+/* Parse "open" | "closed" | "local". */
+int tb_policy_parse(const char *s, tb_policy_t *p);
+const char *tb_policy_name(tb_policy_t p);
+
+typedef enum {
+    TB_SRC_REDIS = 0,
+    TB_SRC_OPEN = 1,
+    TB_SRC_CLOSED = 2,
+    TB_SRC_LOCAL = 3
+} tb_source_t;
+const char *tb_source_name(tb_source_t s);
+
+/* Client options: a small value struct on the caller's stack. Call
+ * tb_options_init() first for the defaults. */
+typedef struct tb_options {
+    const char *url;            /* Default redis://127.0.0.1:6379.  */
+    int timeout_ms;             /* Command timeout, default 50.     */
+    int connect_timeout_ms;     /* Default: timeout_ms.             */
+    int pool_size;              /* Connections per process, def. 4. */
+    int breaker_threshold;      /* Default 5.                       */
+    int64_t breaker_cooldown_ms;/* Default 10000.                   */
+    tb_policy_t policy;         /* Default TB_POLICY_OPEN.          */
+    int replicas;               /* For TB_POLICY_LOCAL, default 1.  */
+    size_t local_entries;       /* Own local table size, def. 4096. */
+    tb_local_t *local;          /* Caller's table (not owned), or
+                                 * NULL for one of our own.         */
+    tb_stats_t *stats;          /* Caller's counters (not owned), or
+                                 * NULL for our own.                */
+    int closed_retry_ms;        /* Retry-after when failing closed
+                                 * and the breaker gives no better
+                                 * figure; default 1000.            */
+} tb_options_t;
+
+void tb_options_init(tb_options_t *o);
+
+/* One bucket of a request: a limit, the tokens to take and an optional
+ * route name ("<prefix>{key}:route:<name>"). */
+typedef struct tb_take {
+    tb_limit_t limit;
+    double cost;
+    const char *route; /* NULL for the main bucket. */
+} tb_take_t;
+
+typedef struct tb_result {
+    int allowed;
+    int64_t remaining;   /* Tokens left in the binding bucket.         */
+    int64_t retry_ms;    /* 0 if allowed, -1 if cost > capacity.       */
+    double limit;        /* Capacity of the binding bucket.            */
+    int binding;         /* Index into the request's buckets.          */
+    tb_source_t source;
+    int err;             /* TB_ERR_* of the Redis call, or TB_ERR_NONE.*/
+    int64_t redis_us;    /* Time spent on Redis, 0 if not asked.       */
+} tb_result_t;
+
+typedef struct tb_client {
+    int err;
+    char errstr[TB_ERRSTR_LEN];
+    /* The rest is private to tb_client.c. */
+    struct tb_client_priv *priv;
+} tb_client_t;
+
+/* Create a client. Parses the URL and validates options; does not connect
+ * (the first decision does, so a server can start while Redis is down).
+ * Returns NULL and a message in err on bad options. Thread-safe once
+ * created: any number of threads may call tb_client_decide(). */
+tb_client_t *tb_client_create(const tb_options_t *o, char *err,
+                              size_t errlen);
+void tb_client_free(tb_client_t *c);
+
+/* Decide a request for `key` (untrusted, len bytes) over n buckets in one
+ * Redis round trip, or by the failure policy when Redis cannot answer.
+ * Always fills *res. Returns TB_OK when Redis decided and TB_ERR when the
+ * policy did (res->err says why); the result is valid either way.
+ * now_ms_for_tests, when >= 0, replaces Redis's clock (tests only). */
+int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
+                     size_t len, const tb_take_t *takes, int n,
+                     tb_result_t *res);
+int tb_client_decide_at(tb_client_t *c, const char *prefix,
+                        const char *key, size_t len, const tb_take_t *takes,
+                        int n, int64_t now_ms_for_tests, tb_result_t *res);
+
+/* Call in a forked child before its first decision: drops (closes without
+ * a word to Redis) every connection inherited from the parent and resets
+ * the locks. Safe to call from a pthread_atfork child handler. */
+void tb_client_after_fork(tb_client_t *c);
+
+/* Ask Redis for a bucket's stored state (for tools): tokens, ts and the
+ * key's TTL in ms (-2 missing, -1 no TTL). */
+int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
+                      int64_t *ttl_ms);
+/* Delete a bucket key; returns TB_OK. */
+int tb_client_reset(tb_client_t *c, const char *rkey);
+
+/* Introspection for metrics. */
+tb_breaker_state_t tb_client_breaker_state(tb_client_t *c);
+const tb_stats_t *tb_client_stats(tb_client_t *c);
+void tb_client_pool_usage(tb_client_t *c, int *size, int *open,
+                          int *in_use);
+
+/* The embedded script and its SHA-1 (generated at build time from
+ * shared/tb_bucket.lua). */
+extern const char tb_script_source[];
+extern const char tb_script_sha1[41];
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TB_H */
