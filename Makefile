@@ -30,7 +30,7 @@ ifeq ($(WERROR),1)
 TB_WARN += -Werror
 endif
 TB_CFLAGS = $(OPT) -g -fPIC -pthread $(TB_WARN)
-TB_LDFLAGS = -pthread
+TB_LDFLAGS = -pthread -lm
 ifneq ($(SANITIZER),)
 TB_CFLAGS += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all \
              -fno-omit-frame-pointer

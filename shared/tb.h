@@ -310,6 +310,11 @@ typedef struct tb_options {
     int closed_retry_ms;        /* Retry-after when failing closed
                                  * and the breaker gives no better
                                  * figure; default 1000.            */
+    int verify_fd;              /* Before each use, check that the
+                                 * connection's fd is still the
+                                 * socket we opened (for hosts that
+                                 * close or reuse fds under us, as
+                                 * daemons do); default 0.          */
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);

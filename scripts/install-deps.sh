@@ -1,0 +1,32 @@
+#!/bin/sh
+# install-deps.sh -- install the Debian 12 packages the build, the tests and
+# `make run` need, and say which ones it installs. Run by `make test`,
+# `make run` and .ci/run; a machine that has them all is left untouched.
+set -e
+PKGS="build-essential pkg-config apache2 apache2-dev libhiredis-dev \
+libconfig-dev redis-server redis-tools php-cgi haproxy wrk curl \
+python3 python3-pytest python3-redis python3-requests libcmocka-dev"
+
+missing=""
+for p in $PKGS; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
+            | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+if [ -z "$missing" ]; then
+    echo "deps: all packages present"
+    exit 0
+fi
+echo "deps: installing:$missing"
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=sudo
+else
+    SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $missing
+# Debian starts the services it installs; the tests run their own on free
+# loopback ports, so the stock ones are not needed (and are harmless).

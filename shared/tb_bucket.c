@@ -1,0 +1,115 @@
+/* tb_bucket.c -- the token-bucket arithmetic, pure.
+ *
+ * State, limits and the time come in; a decision and the new state go out.
+ * No clock, no I/O, no allocation: the local fallback table calls it, and
+ * the unit tests drive it with any time they like. It is the C twin of
+ * shared/tb_bucket.lua and must perform the same double operations in the
+ * same order, so that the two agree to the last bit on every vector in
+ * tests/vectors/token_bucket.tsv.
+ */
+#include <math.h>
+
+#include "tb.h"
+
+static int limit_valid(const tb_limit_t *l, double cost)
+{
+    return l->capacity >= 1.0 && l->capacity <= TB_MAX_CAPACITY
+           && l->rate_per_sec > 0.0 && isfinite(l->rate_per_sec)
+           && cost >= 0.0 && cost <= TB_MAX_CAPACITY;
+}
+
+/* Refill one bucket to now_ms. A clock that went backwards refills nothing
+ * and keeps the later stamp, so the interval is never credited twice; the
+ * elapsed time is capped at the time to fill so the product stays exact. */
+static void refill(const tb_bucket_t *in, const tb_limit_t *l,
+                   int64_t now_ms, tb_bucket_t *out)
+{
+    double cap = l->capacity;
+    double rate = l->rate_per_sec;
+    double tokens = in->exists ? in->tokens : cap;
+    int64_t ts = in->exists ? in->ts_ms : now_ms;
+    double elapsed = (double)now_ms - (double)ts;
+    double fill_ms = cap / rate * 1000;
+
+    if (elapsed < 0) {
+        elapsed = 0;
+    }
+    else {
+        ts = now_ms;
+    }
+    if (elapsed >= fill_ms) {
+        tokens = cap;
+    }
+    else {
+        tokens = tokens + elapsed * rate / 1000;
+        if (tokens > cap) {
+            tokens = cap;
+        }
+    }
+    out->tokens = tokens;
+    out->ts_ms = ts;
+    out->exists = 1;
+}
+
+int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms,
+                   tb_bucket_t *out, tb_verdict_t *v)
+{
+    int i, allowed = 1, binding = 0;
+    int64_t retry = 0, remaining = -1;
+
+    if (n < 1 || n > TB_MAX_BUCKETS || !in || !lim || !cost || !out || !v) {
+        return TB_ERR;
+    }
+    for (i = 0; i < n; i++) {
+        if (!limit_valid(&lim[i], cost[i])) {
+            return TB_ERR;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        int64_t wait = 0;
+
+        refill(&in[i], &lim[i], now_ms, &out[i]);
+        if (cost[i] > lim[i].capacity) {
+            wait = -1;
+        }
+        else if (out[i].tokens < cost[i]) {
+            wait = (int64_t)ceil((cost[i] - out[i].tokens) * 1000
+                                 / lim[i].rate_per_sec);
+        }
+        if (wait != 0) {
+            /* The largest wait decides; "never" beats any wait. */
+            if (allowed || (retry != -1 && (wait == -1 || wait > retry))) {
+                retry = wait;
+                binding = i;
+            }
+            allowed = 0;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        double left = out[i].tokens;
+        int64_t whole;
+
+        if (allowed) {
+            left = left - cost[i];
+            out[i].tokens = left;
+        }
+        whole = (int64_t)floor(left);
+        if (remaining < 0 || whole < remaining) {
+            remaining = whole;
+            if (allowed) {
+                binding = i;
+            }
+        }
+    }
+    v->allowed = allowed;
+    v->remaining = remaining;
+    v->retry_ms = retry;
+    v->binding = binding;
+    return TB_OK;
+}
+
+int64_t tb_bucket_ttl_ms(const tb_limit_t *lim)
+{
+    return (int64_t)ceil(lim->capacity / lim->rate_per_sec * 1000) + 1000;
+}

@@ -1,0 +1,430 @@
+/* tb_client.c -- one decision: keys, breaker, script call, failure policy.
+ *
+ * tb_client_decide() is the request path of both hosts. It builds the
+ * bucket keys from the untrusted client key, asks the breaker whether Redis
+ * may be called, makes exactly one script call through the pool and, when
+ * Redis cannot decide, answers by the declared policy: open, closed, or a
+ * local bucket of limit/replicas from a bounded table. It reads the clock
+ * once per decision and never logs: counters and the result say what
+ * happened, and the host logs.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tb_int.h"
+
+struct tb_client_priv {
+    tb__pool_t pool;
+    pthread_mutex_t bmu;   /* Guards the breaker. */
+    tb_breaker_t breaker;
+    tb_policy_t policy;
+    int replicas;
+    int closed_retry_ms;
+    tb_local_t *local;
+    void *own_local;       /* Our table's memory, if we made it. */
+    tb_stats_t *stats;
+    tb_stats_t own_stats;
+};
+
+void tb_options_init(tb_options_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->url = "redis://127.0.0.1:6379";
+    o->timeout_ms = 50;
+    o->connect_timeout_ms = 0;
+    o->pool_size = 4;
+    o->breaker_threshold = 5;
+    o->breaker_cooldown_ms = 10000;
+    o->policy = TB_POLICY_OPEN;
+    o->replicas = 1;
+    o->local_entries = 4096;
+    o->closed_retry_ms = 1000;
+}
+
+static tb_client_t *fail(char *err, size_t errlen, const char *msg,
+                         tb_client_t *c)
+{
+    if (err && errlen) {
+        snprintf(err, errlen, "%s", msg);
+    }
+    tb_client_free(c);
+    return NULL;
+}
+
+tb_client_t *tb_client_create(const tb_options_t *o, char *err,
+                              size_t errlen)
+{
+    tb_client_t *c;
+    struct tb_client_priv *p;
+    tb_redis_addr_t addr;
+    char uerr[160];
+    int cto;
+
+    if (!o) {
+        return fail(err, errlen, "no options given", NULL);
+    }
+    if (tb_url_parse(o->url, &addr, uerr, sizeof(uerr)) != TB_OK) {
+        return fail(err, errlen, uerr, NULL);
+    }
+    if (o->timeout_ms < 1 || o->timeout_ms > 60000) {
+        return fail(err, errlen, "timeout must be 1..60000 ms", NULL);
+    }
+    cto = o->connect_timeout_ms ? o->connect_timeout_ms : o->timeout_ms;
+    if (cto < 1 || cto > 60000) {
+        return fail(err, errlen, "connect timeout must be 1..60000 ms", NULL);
+    }
+    if (o->pool_size < 1 || o->pool_size > 1024) {
+        return fail(err, errlen, "pool size must be 1..1024", NULL);
+    }
+    if (o->breaker_threshold < 1 || o->breaker_threshold > 1000000) {
+        return fail(err, errlen, "breaker threshold must be 1..1000000",
+                    NULL);
+    }
+    if (o->breaker_cooldown_ms < 0 || o->breaker_cooldown_ms > 86400000) {
+        return fail(err, errlen, "breaker cooldown must be 0..24h", NULL);
+    }
+    if (o->policy != TB_POLICY_OPEN && o->policy != TB_POLICY_CLOSED
+        && o->policy != TB_POLICY_LOCAL) {
+        return fail(err, errlen, "unknown failure policy", NULL);
+    }
+    if (o->replicas < 1 || o->replicas > 100000) {
+        return fail(err, errlen, "replicas must be 1..100000", NULL);
+    }
+    c = calloc(1, sizeof(*c));
+    p = calloc(1, sizeof(*p));
+    if (!c || !p) {
+        free(p);
+        return fail(err, errlen, "out of memory", c);
+    }
+    c->priv = p;
+    p->stats = o->stats ? o->stats : &p->own_stats;
+    if (tb__pool_init(&p->pool, &addr, o->timeout_ms, cto, o->pool_size,
+                      o->verify_fd, p->stats) != TB_OK) {
+        return fail(err, errlen, "out of memory", c);
+    }
+    pthread_mutex_init(&p->bmu, NULL);
+    tb_breaker_init(&p->breaker, o->breaker_threshold,
+                    o->breaker_cooldown_ms);
+    p->policy = o->policy;
+    p->replicas = o->replicas;
+    p->closed_retry_ms = o->closed_retry_ms > 0 ? o->closed_retry_ms : 1000;
+    if (o->local) {
+        p->local = o->local;
+    }
+    else if (o->policy == TB_POLICY_LOCAL) {
+        size_t entries = o->local_entries ? o->local_entries : 4096;
+
+        p->own_local = malloc(tb_local_size(entries));
+        if (!p->own_local) {
+            return fail(err, errlen, "out of memory", c);
+        }
+        p->local = tb_local_init(p->own_local, entries);
+    }
+    return c;
+}
+
+void tb_client_free(tb_client_t *c)
+{
+    if (!c) {
+        return;
+    }
+    if (c->priv) {
+        tb__pool_destroy(&c->priv->pool);
+        pthread_mutex_destroy(&c->priv->bmu);
+        free(c->priv->own_local);
+        free(c->priv);
+    }
+    free(c);
+}
+
+void tb_client_after_fork(tb_client_t *c)
+{
+    if (!c || !c->priv) {
+        return;
+    }
+    tb__pool_after_fork(&c->priv->pool);
+    pthread_mutex_init(&c->priv->bmu, NULL);
+}
+
+static int take_valid(const tb_take_t *t)
+{
+    return t->limit.capacity >= 1 && t->limit.capacity <= TB_MAX_CAPACITY
+           && t->limit.rate_per_sec > 0 && t->limit.rate_per_sec <= 1e9
+           && t->cost >= 0 && t->cost <= TB_MAX_CAPACITY
+           && (!t->route || tb_name_valid(t->route));
+}
+
+static void set_error(tb_client_t *c, const tb__error_t *e)
+{
+    /* Racy across threads by nature; it is for diagnostics only. */
+    c->err = e->err;
+    memcpy(c->errstr, e->errstr, sizeof(c->errstr));
+}
+
+/* Answer by the declared policy when Redis did not. */
+static void fallback(tb_client_t *c, char keys[][TB_KEY_BUF],
+                     const tb_take_t *takes, int n, int err,
+                     tb_monotime_us now, tb_result_t *res)
+{
+    struct tb_client_priv *p = c->priv;
+    int i;
+
+    res->err = err;
+    res->binding = 0;
+    res->limit = takes[0].limit.capacity;
+    switch (p->policy) {
+    case TB_POLICY_OPEN:
+        res->allowed = 1;
+        res->remaining = (int64_t)floor(takes[0].limit.capacity);
+        res->retry_ms = 0;
+        res->source = TB_SRC_OPEN;
+        tb_stats_add(&p->stats->fallback_open, 1);
+        return;
+    case TB_POLICY_CLOSED: {
+        int64_t wait;
+
+        pthread_mutex_lock(&p->bmu);
+        wait = tb_breaker_wait_ms(&p->breaker, now);
+        pthread_mutex_unlock(&p->bmu);
+        res->allowed = 0;
+        res->remaining = 0;
+        res->retry_ms = wait > 0 ? wait : p->closed_retry_ms;
+        res->source = TB_SRC_CLOSED;
+        tb_stats_add(&p->stats->fallback_closed, 1);
+        return;
+    }
+    case TB_POLICY_LOCAL: {
+        const char *kp[TB_MAX_BUCKETS];
+        tb_limit_t lim[TB_MAX_BUCKETS];
+        double cost[TB_MAX_BUCKETS];
+        tb_verdict_t v;
+
+        for (i = 0; i < n; i++) {
+            kp[i] = keys[i];
+            lim[i] = takes[i].limit;
+            cost[i] = takes[i].cost;
+        }
+        tb_local_take(p->local, kp, lim, cost, n, p->replicas, now / 1000,
+                      &v);
+        res->allowed = v.allowed;
+        res->remaining = v.remaining;
+        res->retry_ms = v.retry_ms;
+        res->binding = v.binding;
+        res->limit = takes[v.binding].limit.capacity;
+        res->source = TB_SRC_LOCAL;
+        tb_stats_add(&p->stats->fallback_local, 1);
+        return;
+    }
+    }
+}
+
+/* Format a double so that Lua's tonumber() reads back the same value. */
+static size_t fmt_num(char *buf, size_t len, double v)
+{
+    int n = snprintf(buf, len, "%.17g", v);
+
+    return n < 0 ? 0 : (size_t)n;
+}
+
+int tb_client_decide_at(tb_client_t *c, const char *prefix,
+                        const char *key, size_t len, const tb_take_t *takes,
+                        int n, int64_t now_ms_for_tests, tb_result_t *res)
+{
+    struct tb_client_priv *p;
+    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
+    char nums[TB_MAX_BUCKETS * 3 + 1][32];
+    const char *argv[3 + TB_MAX_BUCKETS * 4 + 1];
+    size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 1];
+    tb__script_reply_t rep;
+    tb__error_t e = { 0, "" };
+    tb_monotime_us now, t1;
+    int i, argc = 0, allow, changed, rc;
+
+    memset(res, 0, sizeof(*res));
+    if (!c || !c->priv || !takes || n < 1 || n > TB_MAX_BUCKETS
+        || (!key && len)) {
+        res->err = TB_ERR_ARG;
+        return TB_ERR;
+    }
+    p = c->priv;
+    for (i = 0; i < n; i++) {
+        if (!take_valid(&takes[i])
+            || !tb_key_build(prefix, key, len, takes[i].route, keys[i])) {
+            res->err = TB_ERR_ARG;
+            return TB_ERR;
+        }
+    }
+    tb_stats_add(&p->stats->decisions, 1);
+    now = tb_clock_now_us();
+
+    pthread_mutex_lock(&p->bmu);
+    allow = tb_breaker_allow(&p->breaker, now);
+    pthread_mutex_unlock(&p->bmu);
+    if (!allow) {
+        tb_stats_add(&p->stats->breaker_skips, 1);
+        fallback(c, keys, takes, n, TB_ERR_BREAKER, now, res);
+        goto count;
+    }
+
+    argv[argc] = "EVALSHA";
+    argvlen[argc++] = 7;
+    argv[argc] = tb_script_sha1;
+    argvlen[argc++] = 40;
+    argv[argc] = nums[0];
+    argvlen[argc++] = (size_t)snprintf(nums[0], sizeof(nums[0]), "%d", n);
+    for (i = 0; i < n; i++) {
+        argv[argc] = keys[i];
+        argvlen[argc++] = strlen(keys[i]);
+    }
+    if (now_ms_for_tests >= 0) {
+        argv[argc] = nums[1];
+        argvlen[argc++] = (size_t)snprintf(nums[1], sizeof(nums[1]),
+                                           "%lld",
+                                           (long long)now_ms_for_tests);
+    }
+    else {
+        argv[argc] = "";
+        argvlen[argc++] = 0;
+    }
+    for (i = 0; i < n; i++) {
+        char *b = nums[2 + 3 * i];
+
+        argv[argc] = b;
+        argvlen[argc++] = fmt_num(b, 32, takes[i].limit.capacity);
+        argv[argc] = b + 32;
+        argvlen[argc++] = fmt_num(b + 32, 32, takes[i].limit.rate_per_sec);
+        argv[argc] = b + 64;
+        argvlen[argc++] = fmt_num(b + 64, 32, takes[i].cost);
+    }
+
+    tb_stats_add(&p->stats->redis_calls, 1);
+    rc = tb__run_script(&p->pool, argc, argv, argvlen, &rep, &e);
+    t1 = tb_clock_now_us();
+    res->redis_us = t1 - now;
+    tb_stats_latency(p->stats, res->redis_us);
+
+    pthread_mutex_lock(&p->bmu);
+    changed = rc == TB_OK ? tb_breaker_success(&p->breaker, t1)
+                          : tb_breaker_failure(&p->breaker, t1);
+    pthread_mutex_unlock(&p->bmu);
+    if (changed) {
+        tb_stats_add(rc == TB_OK ? &p->stats->breaker_closes
+                                 : &p->stats->breaker_opens, 1);
+    }
+    if (rc != TB_OK) {
+        tb_stats_add(&p->stats->redis_errors, 1);
+        tb_stats_add(&p->stats->errors[e.err], 1);
+        set_error(c, &e);
+        fallback(c, keys, takes, n, e.err, t1, res);
+        goto count;
+    }
+    res->allowed = rep.v[0] == 1;
+    res->remaining = rep.v[1];
+    res->retry_ms = rep.v[2];
+    res->binding = rep.v[3] >= 0 && rep.v[3] < n ? (int)rep.v[3] : 0;
+    res->limit = takes[res->binding].limit.capacity;
+    res->source = TB_SRC_REDIS;
+    res->err = TB_ERR_NONE;
+
+count:
+    tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
+    return res->source == TB_SRC_REDIS ? TB_OK : TB_ERR;
+}
+
+int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
+                     size_t len, const tb_take_t *takes, int n,
+                     tb_result_t *res)
+{
+    return tb_client_decide_at(c, prefix, key, len, takes, n, -1, res);
+}
+
+int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
+                      int64_t *ttl_ms)
+{
+    const char *argv[4] = { "HMGET", rkey, "tokens", "ts" };
+    size_t argvlen[4] = { 5, 0, 6, 2 };
+    const char *pv[2] = { "PTTL", rkey };
+    size_t pl[2] = { 4, 0 };
+    redisReply *r = NULL;
+    tb__error_t e = { 0, "" };
+
+    if (!c || !rkey || !b || !ttl_ms) {
+        return TB_ERR;
+    }
+    argvlen[1] = pl[1] = strlen(rkey);
+    memset(b, 0, sizeof(*b));
+    if (tb__command(&c->priv->pool, 4, argv, argvlen, &r, &e) != TB_OK) {
+        goto err;
+    }
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2
+        && r->element[0]->type == REDIS_REPLY_STRING
+        && r->element[1]->type == REDIS_REPLY_STRING) {
+        b->exists = 1;
+        b->tokens = strtod(r->element[0]->str, NULL);
+        b->ts_ms = strtoll(r->element[1]->str, NULL, 10);
+    }
+    freeReplyObject(r);
+    r = NULL;
+    if (tb__command(&c->priv->pool, 2, pv, pl, &r, &e) != TB_OK) {
+        goto err;
+    }
+    *ttl_ms = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
+    freeReplyObject(r);
+    return TB_OK;
+err:
+    if (r) {
+        freeReplyObject(r);
+    }
+    set_error(c, &e);
+    return TB_ERR;
+}
+
+int tb_client_reset(tb_client_t *c, const char *rkey)
+{
+    const char *argv[2] = { "DEL", rkey };
+    size_t argvlen[2] = { 3, 0 };
+    redisReply *r = NULL;
+    tb__error_t e = { 0, "" };
+
+    if (!c || !rkey) {
+        return TB_ERR;
+    }
+    argvlen[1] = strlen(rkey);
+    if (tb__command(&c->priv->pool, 2, argv, argvlen, &r, &e) != TB_OK) {
+        if (r) {
+            freeReplyObject(r);
+        }
+        set_error(c, &e);
+        return TB_ERR;
+    }
+    freeReplyObject(r);
+    return TB_OK;
+}
+
+tb_breaker_state_t tb_client_breaker_state(tb_client_t *c)
+{
+    tb_breaker_state_t s;
+
+    pthread_mutex_lock(&c->priv->bmu);
+    s = c->priv->breaker.state;
+    pthread_mutex_unlock(&c->priv->bmu);
+    return s;
+}
+
+const tb_stats_t *tb_client_stats(tb_client_t *c)
+{
+    return c->priv->stats;
+}
+
+void tb_client_pool_usage(tb_client_t *c, int *size, int *open, int *in_use)
+{
+    tb__pool_t *p = &c->priv->pool;
+
+    pthread_mutex_lock(&p->mu);
+    *size = p->size;
+    *open = p->open;
+    *in_use = p->in_use;
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,73 @@
+/* tb_int.h -- internals shared between the core's own files (tb__ names).
+ *
+ * Not installed and not for callers: the pool and the script call live in
+ * tb_redis.c, the decision and the policy in tb_client.c.
+ */
+#ifndef TB_INT_H
+#define TB_INT_H
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+
+#include "tb.h"
+
+/* A bounded, thread-safe pool of Redis connections for one process. */
+typedef struct tb__pool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* Signalled when a connection returns. */
+    tb_redis_addr_t addr;
+    int timeout_ms;
+    int connect_timeout_ms;
+    int size;                  /* Most connections open at once.      */
+    int open;                  /* Idle + borrowed + being made.       */
+    int in_use;                /* Borrowed right now.                 */
+    int nidle;
+    redisContext **idle;       /* size slots, LIFO.                    */
+    pid_t pid;                 /* Process that owns these sockets.    */
+    int verify_fd;
+    tb_stats_t *stats;
+} tb__pool_t;
+
+/* A failure: kind and message, as the hiredis contract has them. */
+typedef struct tb__error {
+    int err;
+    char errstr[TB_ERRSTR_LEN];
+} tb__error_t;
+
+void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
+                  int connect_timeout_ms, int size, int verify_fd,
+                  tb_stats_t *stats);
+void tb__pool_destroy(tb__pool_t *p);
+void tb__pool_after_fork(tb__pool_t *p);
+
+/* Borrow a connection (reusing an idle one, making one, or waiting up to
+ * the command timeout for one to come back). NULL with *e set on failure.*/
+redisContext *tb__pool_get(tb__pool_t *p, tb__error_t *e);
+/* Return it; a broken one is freed and its slot released. */
+void tb__pool_put(tb__pool_t *p, redisContext *ctx, int broken);
+
+/* The script's reply. */
+typedef struct tb__script_reply {
+    int64_t v[4]; /* allowed, remaining, retry_ms, binding */
+} tb__script_reply_t;
+
+/* Run the bucket script once over argv (EVALSHA form) on a borrowed
+ * connection; on NOSCRIPT send it again as EVAL. */
+int tb__run_script(tb__pool_t *p, int argc, const char **argv,
+                   size_t *argvlen, tb__script_reply_t *out,
+                   tb__error_t *e);
+
+/* Run one ad-hoc command, for tools (inspect, reset). The reply is the
+ * caller's to freeReplyObject. */
+int tb__command(tb__pool_t *p, int argc, const char **argv,
+                const size_t *argvlen, redisReply **reply, tb__error_t *e);
+
+#endif /* TB_INT_H */

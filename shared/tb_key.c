@@ -1,0 +1,116 @@
+/* tb_key.c -- Redis key names from untrusted client keys.
+ *
+ * A bucket lives at "<prefix>{<client key>}" and a route bucket at
+ * "<prefix>{<client key>}:route:<name>", so all of one client's buckets
+ * share a Redis Cluster hash slot and one script call decides them
+ * atomically. The client key comes from a request header or a peer
+ * address and is hostile until proven otherwise: a key that is too long,
+ * holds a byte outside printable ASCII, a brace (which would move the hash
+ * tag) or starts with '#' is replaced by '#' and 32 hex digits of its
+ * SHA-256. Raw keys never start with '#', so nobody can name another
+ * client's hashed key, and nothing a client sends leaves the braces.
+ */
+#include <string.h>
+
+#include "tb.h"
+
+static int safe_byte(unsigned char c)
+{
+    return c >= 0x21 && c <= 0x7e && c != '{' && c != '}';
+}
+
+size_t tb_key_sanitize(const char *key, size_t len, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char d[32];
+    size_t i;
+    int raw = len <= TB_KEY_RAW_MAX && (len == 0 || key[0] != '#');
+
+    for (i = 0; raw && i < len; i++) {
+        raw = safe_byte((unsigned char)key[i]);
+    }
+    if (raw) {
+        if (len) {
+            memcpy(out, key, len);
+        }
+        out[len] = '\0';
+        return len;
+    }
+    tb_sha256(key, len, d);
+    out[0] = '#';
+    for (i = 0; i < 16; i++) {
+        out[1 + 2 * i] = hex[d[i] >> 4];
+        out[2 + 2 * i] = hex[d[i] & 15];
+    }
+    out[33] = '\0';
+    return 33;
+}
+
+int tb_prefix_valid(const char *prefix)
+{
+    size_t i, n;
+
+    if (!prefix) {
+        return 0;
+    }
+    n = strlen(prefix);
+    if (n < 1 || n > TB_PREFIX_MAX) {
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        if (!safe_byte((unsigned char)prefix[i])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int tb_name_valid(const char *name)
+{
+    size_t i, n;
+
+    if (!name) {
+        return 0;
+    }
+    n = strlen(name);
+    if (n < 1 || n > TB_NAME_MAX) {
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)name[i];
+
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == '_' || c == '.'
+              || c == '-')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+size_t tb_key_build(const char *prefix, const char *key, size_t len,
+                    const char *route, char *out)
+{
+    size_t n, p;
+
+    if (!tb_prefix_valid(prefix) || (route && !tb_name_valid(route))
+        || (!key && len)) {
+        return 0;
+    }
+    p = strlen(prefix);
+    memcpy(out, prefix, p);
+    out[p++] = '{';
+    n = tb_key_sanitize(key, len, out + p);
+    p += n;
+    out[p++] = '}';
+    if (route) {
+        size_t r = strlen(route);
+
+        memcpy(out + p, ":route:", 7);
+        p += 7;
+        memcpy(out + p, route, r);
+        p += r;
+    }
+    out[p] = '\0';
+    return p;
+}

@@ -1,0 +1,234 @@
+/* tb_url.c -- Redis addresses: parsing and redaction.
+ *
+ * Accepts redis://[user:password@]host[:port][/db] (IPv6 hosts in
+ * brackets, %XX escapes in the user and password) and unix:/path[?db=N].
+ * Runs at configuration time. tb_url_redact() is what logs and status
+ * pages print, so a password never leaves this file in clear.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tb.h"
+
+static int fail(char *err, size_t errlen, const char *what, const char *url)
+{
+    if (err && errlen) {
+        /* Never echo the URL: it may hold a password. */
+        snprintf(err, errlen, "bad Redis URL: %s%s", what,
+                 url && strncmp(url, "redis://", 8) && strncmp(url, "unix:", 5)
+                     ? " (expected redis://host[:port][/db] or unix:/path)"
+                     : "");
+    }
+    return TB_ERR;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Copy s[0..n) into out (size outlen), decoding %XX. */
+static int unescape(const char *s, size_t n, char *out, size_t outlen)
+{
+    size_t i, o = 0;
+
+    for (i = 0; i < n; i++) {
+        char c = s[i];
+
+        if (c == '%') {
+            int hi, lo;
+
+            if (i + 2 >= n) {
+                return TB_ERR;
+            }
+            hi = hexval(s[i + 1]);
+            lo = hexval(s[i + 2]);
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+                return TB_ERR;
+            }
+            c = (char)(hi * 16 + lo);
+            i += 2;
+        }
+        if (o + 1 >= outlen) {
+            return TB_ERR;
+        }
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return TB_OK;
+}
+
+static int parse_db(const char *s, int *db)
+{
+    int64_t v;
+
+    if (tb_parse_int(s, 0, 1000000, &v, NULL, 0) != TB_OK) {
+        return TB_ERR;
+    }
+    *db = (int)v;
+    return TB_OK;
+}
+
+static int parse_unix(const char *url, tb_redis_addr_t *a, char *err,
+                      size_t errlen)
+{
+    const char *p = url + 5, *q = strchr(p, '?');
+    size_t n = q ? (size_t)(q - p) : strlen(p);
+
+    if (n == 0 || p[0] != '/') {
+        return fail(err, errlen, "unix socket path must be absolute", url);
+    }
+    if (n >= sizeof(a->path)) {
+        return fail(err, errlen, "unix socket path is too long", url);
+    }
+    memcpy(a->path, p, n);
+    a->path[n] = '\0';
+    if (q) {
+        if (strncmp(q, "?db=", 4) != 0 || parse_db(q + 4, &a->db) != TB_OK) {
+            return fail(err, errlen, "expected ?db=N after the path", url);
+        }
+    }
+    return TB_OK;
+}
+
+static int parse_userinfo(const char *s, size_t n, tb_redis_addr_t *a)
+{
+    const char *colon = memchr(s, ':', n);
+
+    if (!colon) {
+        /* A lone word is a password, as redis-cli's -u treats it. */
+        return unescape(s, n, a->password, sizeof(a->password));
+    }
+    if (unescape(s, (size_t)(colon - s), a->user, sizeof(a->user))
+        != TB_OK) {
+        return TB_ERR;
+    }
+    return unescape(colon + 1, n - (size_t)(colon - s) - 1, a->password,
+                    sizeof(a->password));
+}
+
+static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
+{
+    const char *port = NULL;
+    size_t hlen;
+
+    if (n && s[0] == '[') {
+        const char *close = memchr(s, ']', n);
+
+        if (!close) {
+            return TB_ERR;
+        }
+        hlen = (size_t)(close - s) - 1;
+        if (hlen == 0 || hlen >= sizeof(a->host)) {
+            return TB_ERR;
+        }
+        memcpy(a->host, s + 1, hlen);
+        a->host[hlen] = '\0';
+        if (close + 1 < s + n) {
+            if (close[1] != ':') {
+                return TB_ERR;
+            }
+            port = close + 2;
+        }
+    }
+    else {
+        const char *colon = memchr(s, ':', n);
+
+        hlen = colon ? (size_t)(colon - s) : n;
+        if (hlen == 0 || hlen >= sizeof(a->host)) {
+            return TB_ERR;
+        }
+        memcpy(a->host, s, hlen);
+        a->host[hlen] = '\0';
+        if (colon) {
+            port = colon + 1;
+        }
+        if (strpbrk(a->host, "@/?#[] ")) {
+            return TB_ERR;
+        }
+    }
+    if (port) {
+        char buf[8];
+        size_t plen = (size_t)(s + n - port);
+        int64_t v;
+
+        if (plen == 0 || plen >= sizeof(buf)) {
+            return TB_ERR;
+        }
+        memcpy(buf, port, plen);
+        buf[plen] = '\0';
+        if (tb_parse_int(buf, 1, 65535, &v, NULL, 0) != TB_OK) {
+            return TB_ERR;
+        }
+        a->port = (int)v;
+    }
+    return TB_OK;
+}
+
+int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
+                 size_t errlen)
+{
+    const char *p, *at, *slash, *end;
+
+    memset(a, 0, sizeof(*a));
+    a->port = 6379;
+    if (!url || !*url) {
+        return fail(err, errlen, "empty", url);
+    }
+    if (strncmp(url, "unix:", 5) == 0) {
+        return parse_unix(url, a, err, errlen);
+    }
+    if (strncmp(url, "redis://", 8) != 0) {
+        return fail(err, errlen, "unknown scheme", url);
+    }
+    p = url + 8;
+    end = p + strlen(p);
+    slash = strchr(p, '/');
+    /* The userinfo ends at the last '@' before the path: passwords may
+     * hold '@' only when escaped, but be lenient with the host part. */
+    at = NULL;
+    for (const char *q = p; q < (slash ? slash : end); q++) {
+        if (*q == '@') {
+            at = q;
+        }
+    }
+    if (at) {
+        if (parse_userinfo(p, (size_t)(at - p), a) != TB_OK) {
+            return fail(err, errlen, "bad user or password", url);
+        }
+        p = at + 1;
+    }
+    if (parse_hostport(p, (size_t)((slash ? slash : end) - p), a)
+        != TB_OK) {
+        return fail(err, errlen, "bad host or port", url);
+    }
+    if (slash && slash[1] != '\0' && parse_db(slash + 1, &a->db) != TB_OK) {
+        return fail(err, errlen, "database must be a number after '/'", url);
+    }
+    return TB_OK;
+}
+
+void tb_url_redact(const tb_redis_addr_t *a, char *out, size_t outlen)
+{
+    char db[24] = "";
+
+    if (a->path[0]) {
+        if (a->db > 0) {
+            snprintf(db, sizeof(db), "?db=%d", a->db);
+        }
+        snprintf(out, outlen, "unix:%s%s", a->path, db);
+        return;
+    }
+    if (a->db > 0) {
+        snprintf(db, sizeof(db), "/%d", a->db);
+    }
+    snprintf(out, outlen, "redis://%s%s%s%s%s%s:%d%s", a->user,
+             a->password[0] ? (a->user[0] ? ":***" : "***") : "",
+             a->user[0] || a->password[0] ? "@" : "",
+             strchr(a->host, ':') ? "[" : "", a->host,
+             strchr(a->host, ':') ? "]" : "", a->port, db);
+}
