@@ -164,60 +164,26 @@ static void set_error(tb_client_t *c, const tb__error_t *e)
 }
 
 /* Answer by the declared policy when Redis did not. */
-static void fallback(tb_client_t *c, char keys[][TB_KEY_BUF],
-                     const tb_take_t *takes, int n, int err,
-                     tb_monotime_us now, tb_result_t *res)
+static void answer(tb_client_t *c, char keys[][TB_KEY_BUF],
+                   const tb_take_t *takes, int n, int err,
+                   tb_monotime_us now, tb_result_t *res)
 {
     struct tb_client_priv *p = c->priv;
+    tb__policy_t pol;
+    const char *kp[TB_MAX_BUCKETS];
     int i;
 
-    res->err = err;
-    res->binding = 0;
-    res->limit = takes[0].limit.capacity;
-    switch (p->policy) {
-    case TB_POLICY_OPEN:
-        res->allowed = 1;
-        res->remaining = (int64_t)floor(takes[0].limit.capacity);
-        res->retry_ms = 0;
-        res->source = TB_SRC_OPEN;
-        tb_stats_add(&p->stats->fallback_open, 1);
-        return;
-    case TB_POLICY_CLOSED: {
-        int64_t wait;
-
-        pthread_mutex_lock(&p->bmu);
-        wait = tb_breaker_wait_ms(&p->breaker, now);
-        pthread_mutex_unlock(&p->bmu);
-        res->allowed = 0;
-        res->remaining = 0;
-        res->retry_ms = wait > 0 ? wait : p->closed_retry_ms;
-        res->source = TB_SRC_CLOSED;
-        tb_stats_add(&p->stats->fallback_closed, 1);
-        return;
+    pol.policy = p->policy;
+    pol.replicas = p->replicas;
+    pol.local = p->local;
+    pol.closed_retry_ms = p->closed_retry_ms;
+    pthread_mutex_lock(&p->bmu);
+    pol.breaker_wait_ms = tb_breaker_wait_ms(&p->breaker, now);
+    pthread_mutex_unlock(&p->bmu);
+    for (i = 0; i < n; i++) {
+        kp[i] = keys[i];
     }
-    case TB_POLICY_LOCAL: {
-        const char *kp[TB_MAX_BUCKETS];
-        tb_limit_t lim[TB_MAX_BUCKETS];
-        double cost[TB_MAX_BUCKETS];
-        tb_verdict_t v;
-
-        for (i = 0; i < n; i++) {
-            kp[i] = keys[i];
-            lim[i] = takes[i].limit;
-            cost[i] = takes[i].cost;
-        }
-        tb_local_take(p->local, kp, lim, cost, n, p->replicas, now / 1000,
-                      &v);
-        res->allowed = v.allowed;
-        res->remaining = v.remaining;
-        res->retry_ms = v.retry_ms;
-        res->binding = v.binding;
-        res->limit = takes[v.binding].limit.capacity;
-        res->source = TB_SRC_LOCAL;
-        tb_stats_add(&p->stats->fallback_local, 1);
-        return;
-    }
-    }
+    tb__policy_answer(&pol, kp, takes, n, err, now, p->stats, res);
 }
 
 /* Format a double so that Lua's tonumber() reads back the same value. */
@@ -264,7 +230,7 @@ int tb_client_decide_at(tb_client_t *c, const char *prefix,
     pthread_mutex_unlock(&p->bmu);
     if (!allow) {
         tb_stats_add(&p->stats->breaker_skips, 1);
-        fallback(c, keys, takes, n, TB_ERR_BREAKER, now, res);
+        answer(c, keys, takes, n, TB_ERR_BREAKER, now, res);
         goto count;
     }
 
@@ -317,7 +283,7 @@ int tb_client_decide_at(tb_client_t *c, const char *prefix,
         tb_stats_add(&p->stats->redis_errors, 1);
         tb_stats_add(&p->stats->errors[e.err], 1);
         set_error(c, &e);
-        fallback(c, keys, takes, n, e.err, t1, res);
+        answer(c, keys, takes, n, e.err, t1, res);
         goto count;
     }
     res->allowed = rep.v[0] == 1;

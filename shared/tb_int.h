@@ -70,4 +70,20 @@ int tb__run_script(tb__pool_t *p, int argc, const char **argv,
 int tb__command(tb__pool_t *p, int argc, const char **argv,
                 const size_t *argvlen, redisReply **reply, tb__error_t *e);
 
+/* The failure policy's inputs (tb_policy.c). */
+typedef struct tb__policy {
+    tb_policy_t policy;
+    int replicas;
+    tb_local_t *local;
+    int closed_retry_ms;
+    int64_t breaker_wait_ms;
+} tb__policy_t;
+
+/* Fill *res by the policy, for a decision Redis did not make (err says
+ * why). keys are the full Redis keys, used by the local table. */
+void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
+                       const tb_take_t *takes, int n, int err,
+                       tb_monotime_us now, tb_stats_t *stats,
+                       tb_result_t *res);
+
 #endif /* TB_INT_H */

@@ -24,7 +24,7 @@
 
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
 #define PROBE 8
-#define LOCK_STEAL_US 5000
+#define LOCK_STEAL_US 100000
 
 typedef struct local_entry {
     unsigned char id[16];

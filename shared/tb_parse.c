@@ -127,36 +127,6 @@ int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,
     return TB_OK;
 }
 
-int tb_policy_parse(const char *s, tb_policy_t *p)
-{
-    if (!s) {
-        return TB_ERR;
-    }
-    if (strcmp(s, "open") == 0) {
-        *p = TB_POLICY_OPEN;
-    }
-    else if (strcmp(s, "closed") == 0) {
-        *p = TB_POLICY_CLOSED;
-    }
-    else if (strcmp(s, "local") == 0) {
-        *p = TB_POLICY_LOCAL;
-    }
-    else {
-        return TB_ERR;
-    }
-    return TB_OK;
-}
-
-const char *tb_policy_name(tb_policy_t p)
-{
-    switch (p) {
-    case TB_POLICY_OPEN: return "open";
-    case TB_POLICY_CLOSED: return "closed";
-    case TB_POLICY_LOCAL: return "local";
-    }
-    return "unknown";
-}
-
 const char *tb_source_name(tb_source_t s)
 {
     switch (s) {
