@@ -44,7 +44,11 @@ CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
            $(BUILD)/shared/tb_script.o
 LIBTB = $(BUILD)/libtb.a
 HIREDIS_LIBS = -lhiredis
-HIREDIS_STATIC = $(shell pkg-config --variable=libdir hiredis 2>/dev/null || echo /usr/lib/x86_64-linux-gnu)/libhiredis.a
+# Debian's hiredis.pc says libdir=/usr/lib, but the archive is multiarch.
+HIREDIS_STATIC = $(firstword $(wildcard \
+    $(shell pkg-config --variable=libdir hiredis 2>/dev/null)/libhiredis.a \
+    /usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null)/libhiredis.a) \
+    /usr/lib/x86_64-linux-gnu/libhiredis.a)
 
 # ---- the module: APR and httpd headers only here ------------------------
 APXS ?= $(shell command -v apxs 2>/dev/null || echo /usr/bin/apxs)
@@ -73,9 +77,13 @@ UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
         uninstall bench fuzz
 all: $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
 
-$(BUILD)/shared/tb_script.c: shared/tb_bucket.lua scripts/embed-lua.sh
+# The scripts in tb_algo_t order (issue 7): the token bucket first.
+ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
+           shared/tb_fwindow.lua shared/tb_slog.lua
+
+$(BUILD)/shared/tb_script.c: $(ALGO_LUA) scripts/embed-lua.sh
 	@mkdir -p $(dir $@)
-	sh scripts/embed-lua.sh $< > $@.tmp && mv $@.tmp $@
+	sh scripts/embed-lua.sh $(ALGO_LUA) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/shared/tb_script.o: $(BUILD)/shared/tb_script.c
 	$(CC) $(CPPFLAGS) $(CORE_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
@@ -106,7 +114,7 @@ $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 
 $(BUILD)/tbucket: tools/tbucket.c $(LIBTB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/tb_driver: tests/integration/tb_driver.c $(LIBTB)
 	@mkdir -p $(dir $@)
@@ -139,9 +147,96 @@ asan: deps
 noopt:
 	$(MAKE) OPT=-O0 BUILD=build/noopt all
 
+# libFuzzer targets (tests/fuzz/), FUZZ_TIME seconds each; needs clang and
+# libclang-rt-14-dev. Crash inputs land in $(BUILD)/fuzz/artifacts/.
+FUZZ_TIME ?= 25
+fuzz: $(BUILD)/shared/tb_script.c
+	sh tests/fuzz/run.sh $(BUILD) $(FUZZ_TIME) $(FUZZ_TARGETS)
+
 run: deps
 	$(MAKE) all
 	sh scripts/run.sh $(abspath $(BUILD))
 
 clean:
 	rm -rf build
+
+# ---- install / uninstall (apxs conventions, DESTDIR for staging) ---------
+# Layout (docs/install.md): the module in `apxs -q LIBEXECDIR`, Debian's
+# tbucket.load / tbucket.conf in `apxs -q SYSCONFDIR`/mods-available for
+# `a2enmod tbucket`, the shim in LIBDIR (multiarch under PREFIX=/usr), the
+# tool in BINDIR, man pages generated from docs/reference.txt in MANDIR.
+# Configuration files are never overwritten: an existing one gets a .dist
+# copy beside it. `make uninstall` keeps them unless PURGE=1.
+PREFIX ?= /usr/local
+DESTDIR ?=
+INSTALL ?= install
+LIBEXECDIR ?= $(shell $(APXS) -q LIBEXECDIR 2>/dev/null || echo /usr/lib/apache2/modules)
+APACHE_CONFDIR ?= $(shell $(APXS) -q SYSCONFDIR 2>/dev/null || echo /etc/apache2)
+ifeq ($(PREFIX),/usr)
+LIBDIR ?= /usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+else
+LIBDIR ?= $(PREFIX)/lib
+endif
+BINDIR ?= $(PREFIX)/bin
+MANDIR ?= $(PREFIX)/share/man
+DOCDIR ?= $(PREFIX)/share/doc/mod_tbucket
+TB_CONFDIR ?= /etc/tbucket
+PURGE ?= 0
+MAN_PAGES = $(BUILD)/man/mod_tbucket.5 $(BUILD)/man/tbucket-shim.5 \
+            $(BUILD)/man/tbucket.8
+
+.PHONY: man demo-replicas
+man: $(MAN_PAGES)
+
+$(MAN_PAGES) &: docs/reference.txt docs/gen_man.py
+	$(PYTHON) docs/gen_man.py docs/reference.txt $(BUILD)/man
+
+# install_conf SRC DEST: install a config file unless DEST exists.
+install_conf = if [ -e "$(2)" ]; then \
+        $(INSTALL) -m 644 $(1) "$(2).dist"; \
+        echo "install: kept $(2); the new one is $(2).dist"; \
+    else $(INSTALL) -m 644 $(1) "$(2)"; fi
+
+install: all man
+	$(INSTALL) -d "$(DESTDIR)$(LIBEXECDIR)" \
+	    "$(DESTDIR)$(APACHE_CONFDIR)/mods-available" "$(DESTDIR)$(LIBDIR)" \
+	    "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(MANDIR)/man5" \
+	    "$(DESTDIR)$(MANDIR)/man8" "$(DESTDIR)$(DOCDIR)" \
+	    "$(DESTDIR)$(TB_CONFDIR)"
+	$(INSTALL) -m 644 $(MOD_SO) "$(DESTDIR)$(LIBEXECDIR)/mod_tbucket.so"
+	sed 's|^LoadModule tbucket_module .*|LoadModule tbucket_module $(LIBEXECDIR)/mod_tbucket.so|' \
+	    conf/tbucket.load > "$(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.load"
+	chmod 644 "$(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.load"
+	@$(call install_conf,conf/tbucket.conf,$(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.conf)
+	$(INSTALL) -m 644 $(SHIM_SO) "$(DESTDIR)$(LIBDIR)/libtbucket_preload.so"
+	$(INSTALL) -m 755 $(BUILD)/tbucket "$(DESTDIR)$(BINDIR)/tbucket"
+	$(INSTALL) -m 644 $(BUILD)/man/mod_tbucket.5 $(BUILD)/man/tbucket-shim.5 \
+	    "$(DESTDIR)$(MANDIR)/man5/"
+	$(INSTALL) -m 644 $(BUILD)/man/tbucket.8 "$(DESTDIR)$(MANDIR)/man8/"
+	$(INSTALL) -m 644 README.md docs/install.md \
+	    $(wildcard conf/tbucket-vhost.conf.example conf/shim.conf) \
+	    "$(DESTDIR)$(DOCDIR)/"
+	@if [ -f conf/shim.conf ]; then \
+	    $(call install_conf,conf/shim.conf,$(DESTDIR)$(TB_CONFDIR)/shim.conf); fi
+
+uninstall:
+	@if [ -e "$(DESTDIR)$(APACHE_CONFDIR)/mods-enabled/tbucket.load" ]; then \
+	    echo "uninstall: the module is enabled: run a2dismod tbucket first"; \
+	    exit 1; fi
+	rm -f "$(DESTDIR)$(LIBEXECDIR)/mod_tbucket.so" \
+	    "$(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.load" \
+	    "$(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.conf.dist" \
+	    "$(DESTDIR)$(LIBDIR)/libtbucket_preload.so" \
+	    "$(DESTDIR)$(BINDIR)/tbucket" \
+	    "$(DESTDIR)$(MANDIR)/man5/mod_tbucket.5" \
+	    "$(DESTDIR)$(MANDIR)/man5/tbucket-shim.5" \
+	    "$(DESTDIR)$(MANDIR)/man8/tbucket.8" \
+	    "$(DESTDIR)$(TB_CONFDIR)/shim.conf.dist"
+	rm -rf "$(DESTDIR)$(DOCDIR)"
+ifeq ($(PURGE),1)
+	rm -f "$(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.conf" \
+	    "$(DESTDIR)$(TB_CONFDIR)/shim.conf"
+	-rmdir "$(DESTDIR)$(TB_CONFDIR)" 2>/dev/null
+else
+	@echo "uninstall: kept $(DESTDIR)$(APACHE_CONFDIR)/mods-available/tbucket.conf and $(DESTDIR)$(TB_CONFDIR)/shim.conf (PURGE=1 removes them)"
+endif

@@ -388,6 +388,115 @@ void tb_client_pool_usage(tb_client_t *c, int *size, int *open,
 extern const char tb_script_source[];
 extern const char tb_script_sha1[41];
 
+/* ---- Algorithms beyond the token bucket (issue 7) ------------------ */
+/* tb_algo.c, tb_gcra.c, tb_fwindow.c, tb_swindow.c, tb_slog.c; the
+ * Lua twins are shared/tb_gcra.lua, tb_swindow.lua, tb_fwindow.lua and
+ * tb_slog.lua. Everything in this block is additive: a zero value means
+ * the token bucket, and tb_client_decide()/tb_client_decide_at() keep
+ * deciding with the token bucket.
+ *
+ * One limit CAPACITY RATE keeps one meaning for users: the long-run rate
+ * is RATE and the largest burst is CAPACITY.
+ *  - gcra: emission interval 1000/RATE ms, burst tolerance CAPACITY
+ *    requests (CAPACITY 1 is strict spacing). State: one number.
+ *  - fixed-window: CAPACITY per window of CAPACITY*1000/RATE ms aligned to
+ *    the epoch; up to 2*CAPACITY can pass around a boundary.
+ *  - sliding-window: the same window length, estimated from the current
+ *    and previous window counts (previous weighted by its overlap): an
+ *    approximation, O(1).
+ *  - sliding-log: exact, one sorted-set member per admitted unit of cost:
+ *    memory and time grow with CAPACITY (at most TB_SLOG_MAX_CAPACITY).
+ * Every script uses the ARGV convention and the reply of tb_bucket.lua,
+ * Redis's clock (or an injected one for tests), a TTL on every key, and
+ * all-or-nothing over several buckets with a cost each.
+ *
+ * The Redis keys of the new algorithms get a suffix (":gcra", ":fwin",
+ * ":swin", ":slog") so that switching the algorithm of a live limit never
+ * reads another algorithm's state (or hits WRONGTYPE); token-bucket keys
+ * are unchanged. The local failure policy decides with the token bucket
+ * whatever the algorithm (same CAPACITY and RATE, divided by replicas). */
+
+typedef enum {
+    TB_ALGO_TOKEN_BUCKET = 0,
+    TB_ALGO_GCRA = 1,
+    TB_ALGO_SLIDING_WINDOW = 2,
+    TB_ALGO_FIXED_WINDOW = 3,
+    TB_ALGO_SLIDING_LOG = 4
+} tb_algo_t;
+#define TB_ALGO_COUNT 5
+
+/* Largest capacity the sliding log accepts (members per key). */
+#define TB_SLOG_MAX_CAPACITY 100000.0
+
+/* Parse "token-bucket" | "gcra" | "sliding-window" | "fixed-window" |
+ * "sliding-log" (the TBucketAlgorithm values). TB_ERR on anything else. */
+int tb_algo_parse(const char *s, tb_algo_t *a);
+/* The name tb_algo_parse() accepts, or "unknown". */
+const char *tb_algo_name(tb_algo_t a);
+/* The Redis key suffix of an algorithm ("" for the token bucket). */
+const char *tb_algo_key_suffix(tb_algo_t a);
+/* The embedded script text and its SHA-1 (40 hex digits), generated at
+ * build time from shared/tb_*.lua; NULL for an unknown algorithm. The
+ * token bucket's are tb_script_source and tb_script_sha1. */
+const char *tb_algo_script_source(tb_algo_t a);
+const char *tb_algo_script_sha1(tb_algo_t a);
+
+/* tb_client_decide_at() with an algorithm: every bucket of the call is
+ * decided by the one script of `algo`. TB_ALGO_TOKEN_BUCKET is exactly
+ * tb_client_decide_at(). Sliding log: cost must be whole and capacity at
+ * most TB_SLOG_MAX_CAPACITY, or res->err is TB_ERR_ARG. */
+int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
+                          const char *prefix, const char *key, size_t len,
+                          const tb_take_t *takes, int n,
+                          int64_t now_ms_for_tests, tb_result_t *res);
+
+/* The pure C twins: no clock, I/O or allocation; same arguments, checks
+ * and verdict as tb_bucket_take() (out may alias in; out receives what
+ * the script stores: on refusal a copy of in, as the script writes
+ * nothing). Each performs the double operations of its Lua script in the
+ * same order. */
+
+/* GCRA state: the theoretical arrival time in ms (exists == 0: no key). */
+typedef struct tb_gcra {
+    double tat_ms;
+    int exists;
+} tb_gcra_t;
+
+int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
+                 const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
+                 tb_verdict_t *v);
+
+/* Window state: window number (floor(now_ms / window_ms)), cost spent in
+ * it (cur) and in the one before (prev, sliding window only). */
+typedef struct tb_window {
+    double w;
+    double cur;
+    double prev;
+    int exists;
+} tb_window_t;
+
+int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
+                    const double *cost, int n, int64_t now_ms,
+                    tb_window_t *out, tb_verdict_t *v);
+int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
+                    const double *cost, int n, int64_t now_ms,
+                    tb_window_t *out, tb_verdict_t *v);
+
+/* Sliding-log state: the times (ms) of admitted units, ascending, in
+ * caller storage of `slots` entries (slots >= capacity). Updated in place:
+ * expired entries are always trimmed, cost entries are appended when
+ * allowed. TB_ERR also for a fractional cost or too few slots. */
+typedef struct tb_slog {
+    int64_t *ts_ms;
+    size_t len;
+    size_t slots;
+} tb_slog_t;
+
+int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
+                 int n, int64_t now_ms, tb_verdict_t *v);
+
+/* ---- end of issue 7 block ------------------------------------------ */
+
 #ifdef __cplusplus
 }
 #endif

@@ -194,13 +194,43 @@ static size_t fmt_num(char *buf, size_t len, double v)
     return n < 0 ? 0 : (size_t)n;
 }
 
+/* Issue 7: may the sliding log take this? Its work and memory grow
+ * with capacity, and it stores one member per whole unit of cost. */
+static int slog_take_valid(const tb_take_t *t)
+{
+    return t->limit.capacity <= TB_SLOG_MAX_CAPACITY
+           && t->cost == floor(t->cost);
+}
+
+/* Issue 7: append the algorithm's key suffix, if it fits. */
+static int add_suffix(char *key, tb_algo_t algo)
+{
+    const char *sfx = tb_algo_key_suffix(algo);
+    size_t kl = strlen(key), sl = strlen(sfx);
+
+    if (kl + sl >= TB_KEY_BUF) {
+        return 0;
+    }
+    memcpy(key + kl, sfx, sl + 1);
+    return 1;
+}
+
 int tb_client_decide_at(tb_client_t *c, const char *prefix,
                         const char *key, size_t len, const tb_take_t *takes,
                         int n, int64_t now_ms_for_tests, tb_result_t *res)
 {
+    return tb_client_decide_algo(c, TB_ALGO_TOKEN_BUCKET, prefix, key, len,
+                                 takes, n, now_ms_for_tests, res);
+}
+
+int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
+                          const char *prefix, const char *key, size_t len,
+                          const tb_take_t *takes, int n,
+                          int64_t now_ms_for_tests, tb_result_t *res)
+{
     struct tb_client_priv *p;
     char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
-    char nums[TB_MAX_BUCKETS * 3 + 1][32];
+    char nums[2 + TB_MAX_BUCKETS * 3][32]; /* numkeys, now, 3 per bucket */
     const char *argv[3 + TB_MAX_BUCKETS * 4 + 1];
     size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 1];
     tb__script_reply_t rep;
@@ -210,14 +240,17 @@ int tb_client_decide_at(tb_client_t *c, const char *prefix,
 
     memset(res, 0, sizeof(*res));
     if (!c || !c->priv || !takes || n < 1 || n > TB_MAX_BUCKETS
-        || (!key && len)) {
+        || (!key && len) || !tb_algo_script_sha1(algo)) {
         res->err = TB_ERR_ARG;
         return TB_ERR;
     }
     p = c->priv;
     for (i = 0; i < n; i++) {
         if (!take_valid(&takes[i])
-            || !tb_key_build(prefix, key, len, takes[i].route, keys[i])) {
+            || !tb_key_build(prefix, key, len, takes[i].route, keys[i])
+            || !add_suffix(keys[i], algo)
+            || (algo == TB_ALGO_SLIDING_LOG
+                && !slog_take_valid(&takes[i]))) {
             res->err = TB_ERR_ARG;
             return TB_ERR;
         }
@@ -236,7 +269,7 @@ int tb_client_decide_at(tb_client_t *c, const char *prefix,
 
     argv[argc] = "EVALSHA";
     argvlen[argc++] = 7;
-    argv[argc] = tb_script_sha1;
+    argv[argc] = tb_algo_script_sha1(algo);
     argvlen[argc++] = 40;
     argv[argc] = nums[0];
     argvlen[argc++] = (size_t)snprintf(nums[0], sizeof(nums[0]), "%d", n);

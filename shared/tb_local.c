@@ -141,9 +141,18 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
     unsigned char id[TB_MAX_BUCKETS][32];
     int i, rc;
 
-    if (!t || t->magic != LOCAL_MAGIC || n < 1 || n > TB_MAX_BUCKETS
-        || replicas < 1) {
+    if (!t || t->magic != LOCAL_MAGIC || !keys || !lim || !cost || !v
+        || n < 1 || n > TB_MAX_BUCKETS || replicas < 1) {
         return TB_ERR;
+    }
+    for (i = 0; i < n; i++) {
+        /* Refuse bad input before any entry is claimed. */
+        if (!keys[i] || !(lim[i].capacity >= 1)
+            || lim[i].capacity > TB_MAX_CAPACITY
+            || !(lim[i].rate_per_sec > 0) || !(cost[i] >= 0)
+            || cost[i] > TB_MAX_CAPACITY) {
+            return TB_ERR;
+        }
     }
     for (i = 0; i < n; i++) {
         tb_sha256(keys[i], strlen(keys[i]), id[i]);

@@ -22,6 +22,27 @@ static int fail(char *err, size_t errlen, const char *fmt, const char *s)
     return TB_ERR;
 }
 
+/* Length of a plain decimal at s ("12", "0.5", ".5"), or 0. strtod alone
+ * would also take hex, exponents, "inf" and "nan", none of which a person
+ * writes in a rate or a duration. */
+static size_t decimal_len(const char *s)
+{
+    size_t i = 0, digits = 0;
+
+    while (s[i] >= '0' && s[i] <= '9') {
+        i++;
+        digits++;
+    }
+    if (s[i] == '.') {
+        i++;
+        while (s[i] >= '0' && s[i] <= '9') {
+            i++;
+            digits++;
+        }
+    }
+    return digits ? i : 0;
+}
+
 int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen)
 {
     char *end;
@@ -32,7 +53,8 @@ int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen)
     }
     errno = 0;
     v = strtod(s, &end);
-    if (end == s || errno != 0 || !isfinite(v)) {
+    if (end == s || errno != 0 || !isfinite(v)
+        || end != s + decimal_len(s)) {
         return fail(err, errlen, "rate '%s' is not a number", s);
     }
     if (*end == '/') {
@@ -75,7 +97,8 @@ int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
     }
     errno = 0;
     v = strtod(s, &end);
-    if (end == s || errno != 0 || !isfinite(v) || *s == '-') {
+    if (end == s || errno != 0 || !isfinite(v)
+        || end != s + decimal_len(s)) {
         return fail(err, errlen, "duration '%s' is not a number", s);
     }
     if (*end == '\0' || strcmp(end, "ms") == 0) {

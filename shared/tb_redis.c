@@ -130,12 +130,13 @@ static struct timeval tv_ms(int ms)
     return tv;
 }
 
-/* Pipeline AUTH, SELECT and SCRIPT LOAD, then read every reply. */
+/* Pipeline AUTH, SELECT and one SCRIPT LOAD per algorithm (issue 7),
+ * then read every reply. */
 static int setup(tb__pool_t *p, redisContext *ctx, tb__error_t *e)
 {
     const tb_redis_addr_t *a = &p->addr;
-    int i, n = 0, ok = 1;
-    const char *what[3];
+    int i, n = 0, ok = 1, nauth;
+    const char *what[2 + TB_ALGO_COUNT];
 
     if (a->password[0]) {
         if (a->user[0]) {
@@ -150,8 +151,12 @@ static int setup(tb__pool_t *p, redisContext *ctx, tb__error_t *e)
         redisAppendCommand(ctx, "SELECT %d", a->db);
         what[n++] = "SELECT";
     }
-    redisAppendCommand(ctx, "SCRIPT LOAD %s", tb_script_source);
-    what[n++] = "SCRIPT LOAD";
+    nauth = n;
+    for (i = 0; i < TB_ALGO_COUNT; i++) {
+        redisAppendCommand(ctx, "SCRIPT LOAD %s",
+                           tb_algo_script_source((tb_algo_t)i));
+        what[n++] = "SCRIPT LOAD";
+    }
     for (i = 0; i < n; i++) {
         redisReply *r = NULL;
 
@@ -160,13 +165,14 @@ static int setup(tb__pool_t *p, redisContext *ctx, tb__error_t *e)
             return TB_ERR;
         }
         if (ok && r->type == REDIS_REPLY_ERROR) {
-            tb__set_error(e, i < n - 1 ? TB_ERR_AUTH : TB_ERR_REPLY,
+            tb__set_error(e, i < nauth ? TB_ERR_AUTH : TB_ERR_REPLY,
                           "%s refused: %.80s", what[i], r->str);
             ok = 0;
         }
-        else if (ok && i == n - 1
+        else if (ok && i >= nauth
                  && (r->type != REDIS_REPLY_STRING
-                     || strcmp(r->str, tb_script_sha1) != 0)) {
+                     || strcmp(r->str, tb_algo_script_sha1(
+                                           (tb_algo_t)(i - nauth))) != 0)) {
             tb__set_error(e, TB_ERR_PROTOCOL,
                           "SCRIPT LOAD returned an unexpected digest");
             ok = 0;
@@ -345,6 +351,16 @@ int tb__run_script(tb__pool_t *p, int argc, const char **argv,
          * caller's argv is borrowed for the retry and put back. */
         const char *av0 = argv[0], *av1 = argv[1];
         size_t l0 = argvlen[0], l1 = argvlen[1];
+        const char *text = tb_script_source;
+        int a;
+
+        /* The digest says which algorithm's script to send (issue 7). */
+        for (a = 0; a < TB_ALGO_COUNT; a++) {
+            if (l1 == 40 && memcmp(av1, tb_algo_script_sha1((tb_algo_t)a),
+                                   40) == 0) {
+                text = tb_algo_script_source((tb_algo_t)a);
+            }
+        }
 
         freeReplyObject(r);
         if (p->stats) {
@@ -352,8 +368,8 @@ int tb__run_script(tb__pool_t *p, int argc, const char **argv,
         }
         argv[0] = "EVAL";
         argvlen[0] = 4;
-        argv[1] = tb_script_source;
-        argvlen[1] = strlen(tb_script_source);
+        argv[1] = text;
+        argvlen[1] = strlen(text);
         r = redisCommandArgv(ctx, argc, argv, argvlen);
         argv[0] = av0;
         argv[1] = av1;

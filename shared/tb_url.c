@@ -111,6 +111,19 @@ static int parse_userinfo(const char *s, size_t n, tb_redis_addr_t *a)
                     sizeof(a->password));
 }
 
+/* Host names, IPv4 and IPv6 literals: printable, no URL delimiters. */
+static int host_valid(const char *h)
+{
+    for (; *h; h++) {
+        unsigned char c = (unsigned char)*h;
+
+        if (c < 0x21 || c > 0x7e || strchr("@/?#[]{}\\\"'<>%", c)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
 {
     const char *port = NULL;
@@ -147,9 +160,9 @@ static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
         if (colon) {
             port = colon + 1;
         }
-        if (strpbrk(a->host, "@/?#[] ")) {
-            return TB_ERR;
-        }
+    }
+    if (!host_valid(a->host)) {
+        return TB_ERR;
     }
     if (port) {
         char buf[8];
@@ -174,6 +187,9 @@ int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
 {
     const char *p, *at, *slash, *end;
 
+    if (!a) {
+        return fail(err, errlen, "no address to fill", NULL);
+    }
     memset(a, 0, sizeof(*a));
     a->port = 6379;
     if (!url || !*url) {

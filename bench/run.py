@@ -1,0 +1,974 @@
+#!/usr/bin/python3
+"""run.py -- `make bench`: the cost of a shared limit, measured side by side.
+
+One run, on loopback, with servers of our own on free ports in temp dirs,
+every load bounded in count and in time, every server stopped by PID:
+
+  core     bench/tb_bench.c (N threads calling tb_client_decide) against
+           redis-benchmark running EVALSHA of the same script at the same
+           concurrency, alternated; Redis usec per call from INFO
+           commandstats for our script and for bench/plain_bucket.lua.
+  cpu      callgrind on tb_bench: user-space instructions per decision,
+           split by object and by function.
+  memory   Redis bytes per bucket; Apache child RSS with and without the
+           module after 100,000 requests with distinct keys.
+  http     wrk against Apache (event MPM): bare, module under a limit
+           nothing reaches (hot keys and distinct keys), module rejecting
+           everything, shadow mode; and the Flask reference peer, all
+           alternated round by round; Redis calls per request with ab.
+  shim     connect() plain, unmatched and matched under the LD_PRELOAD shim.
+
+Absolute figures drift on a shared 2-core machine; ratios measured in the
+same run hold. Writes bench/results/latest.tsv (name, value, unit) and
+latest.md, and prints the Markdown table. A part whose binary is not built
+yet (the module, the shim) is reported as not measured, never faked.
+
+    /usr/bin/python3 bench/run.py [--build DIR] [--quick] [--only PART,...]
+"""
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODDIR = "/usr/lib/apache2/modules"
+NCPU = os.cpu_count() or 1
+T_START = time.monotonic()
+BUDGET_S = 560          # Stop starting new parts past this (10 min cap).
+
+ROWS = []               # (name, value, unit, target, verdict)
+MISSES = []             # Lines for the "not measured" list.
+
+
+# ---- small helpers ----------------------------------------------------
+
+def log(msg):
+    sys.stderr.write("[bench %5.1fs] %s\n" % (time.monotonic() - T_START,
+                                              msg))
+    sys.stderr.flush()
+
+
+def record(name, value, unit, target="", verdict=""):
+    ROWS.append((name, value, unit, target, verdict))
+
+
+def miss(what, why):
+    MISSES.append("%s: %s" % (what, why))
+    log("NOT MEASURED %s: %s" % (what, why))
+
+
+def over_budget():
+    return time.monotonic() - T_START > BUDGET_S
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def pin(cpus):
+    """A taskset prefix, or nothing when cpus is None."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def run(cmd, timeout, env=None, check=True):
+    """Run a bounded command; return its stdout."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=timeout, env=env)
+    if check and p.returncode != 0:
+        raise RuntimeError("%s exited %d: %s" % (
+            " ".join(cmd[:6]), p.returncode, (p.stderr or p.stdout)[-400:]))
+    return p.stdout
+
+
+def kv(line):
+    """Parse 'a=1 b=2.5' into a dict of floats."""
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([-0-9.e+]+)", line)}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def stop_proc(proc, timeout=10.0):
+    """Stop a process we started, by PID; SIGKILL if it will not go."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+    except ProcessLookupError:
+        pass
+
+
+def rss_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def children(ppid):
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == ppid:
+                out.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+# ---- servers ------------------------------------------------------------
+
+class Redis:
+    def __init__(self, tmp, cpus):
+        self.dir = os.path.join(tmp, "redis")
+        os.makedirs(self.dir)
+        self.port = free_port()
+        self.cpus = cpus
+        self.proc = None
+
+    def start(self):
+        conf = os.path.join(self.dir, "redis.conf")
+        with open(conf, "w") as f:
+            f.write("bind 127.0.0.1\nport %d\ndir %s\nsave \"\"\n"
+                    "appendonly no\ndaemonize no\nlogfile %s/redis.log\n"
+                    % (self.port, self.dir, self.dir))
+        self.proc = subprocess.Popen(pin(self.cpus) + ["redis-server", conf],
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        import redis
+        self.r = redis.Redis(host="127.0.0.1", port=self.port,
+                             socket_timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.r.ping():
+                    return self
+            except Exception:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not answer")
+
+    @property
+    def url(self):
+        return "redis://127.0.0.1:%d" % self.port
+
+    def script_calls(self):
+        """(calls, usec) of EVALSHA + EVAL since the last RESETSTAT."""
+        st = self.r.info("commandstats")
+        calls = usec = 0
+        for k in ("cmdstat_evalsha", "cmdstat_eval"):
+            if k in st:
+                calls += st[k]["calls"]
+                usec += st[k]["usec"]
+        return calls, usec
+
+    def stop(self):
+        stop_proc(self.proc)
+
+
+APACHE_CONF = """ServerRoot "{root}"
+ServerName 127.0.0.1
+Listen 127.0.0.1:{port}
+PidFile {root}/run/httpd.pid
+DefaultRuntimeDir {root}/run
+Mutex file:{root}/run default
+ScoreBoardFile {root}/run/scoreboard
+ErrorLog {root}/logs/error.log
+LogLevel warn
+User www-data
+Group www-data
+LoadModule mpm_event_module {moddir}/mod_mpm_event.so
+LoadModule authz_core_module {moddir}/mod_authz_core.so
+StartServers 2
+ServerLimit 2
+ThreadsPerChild {threads}
+ThreadLimit {threads}
+MinSpareThreads 1
+MaxSpareThreads {maxthreads}
+MaxRequestWorkers {maxthreads}
+MaxConnectionsPerChild 0
+KeepAlive On
+MaxKeepAliveRequests 0
+KeepAliveTimeout 30
+Timeout 10
+DocumentRoot "{root}/htdocs"
+<Directory />
+    AllowOverride None
+    Require all denied
+</Directory>
+<Directory "{root}/htdocs">
+    AllowOverride None
+    Require all granted
+</Directory>
+{extra}
+"""
+
+MODULE_CONF = """LoadModule tbucket_module {so}
+TBucketRedis {url} timeout=500 pool={threads}
+TBucketPrefix bench:
+<Location /b/>
+    TBucketEnable On
+    TBucketKey "%{{HTTP:X-API-Key}}"
+    TBucketLimit 1000000000 1000000000/s
+</Location>
+<Location /c/>
+    TBucketEnable On
+    TBucketKey "%{{HTTP:X-API-Key}}"
+    TBucketLimit 1 1/h
+</Location>
+<Location /d/>
+    TBucketEnable On
+    TBucketKey "%{{HTTP:X-API-Key}}"
+    TBucketLimit 1 1/h
+    TBucketMode shadow
+</Location>
+"""
+
+THREADS_PER_CHILD = 32
+
+
+class Apache:
+    """apache2 -DFOREGROUND under setsid, in a 0755 temp server root."""
+
+    def __init__(self, tmp, name, cpus, module_so=None, redis_url=None):
+        self.root = os.path.join(tmp, "httpd-" + name)
+        self.port = free_port()
+        self.cpus = cpus
+        self.proc = None
+        for d in ("logs", "run", "htdocs/a", "htdocs/b", "htdocs/c",
+                  "htdocs/d"):
+            os.makedirs(os.path.join(self.root, d), exist_ok=True)
+        for d in ("a", "b", "c", "d"):
+            with open(os.path.join(self.root, "htdocs", d, "ok.txt"),
+                      "w") as f:
+                f.write("ok\n")
+        extra = ""
+        if module_so:
+            extra = MODULE_CONF.format(so=module_so, url=redis_url,
+                                       threads=THREADS_PER_CHILD)
+        self.conf = os.path.join(self.root, "httpd.conf")
+        with open(self.conf, "w") as f:
+            f.write(APACHE_CONF.format(
+                root=self.root, port=self.port, moddir=MODDIR,
+                threads=THREADS_PER_CHILD,
+                maxthreads=2 * THREADS_PER_CHILD, extra=extra))
+        # The children run as www-data: every parent needs o+x.
+        for dirpath, dirs, files in os.walk(self.root):
+            os.chmod(dirpath, 0o755)
+            for fn in files:
+                os.chmod(os.path.join(dirpath, fn), 0o644)
+
+    def start(self):
+        cmd = pin(self.cpus) + ["/usr/sbin/apache2", "-f", self.conf,
+                                "-DFOREGROUND"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        if not wait_port(self.port, 10):
+            err = self.proc.stderr.read() if self.proc.poll() is not None \
+                else ""
+            raise RuntimeError("apache2 did not listen: %s %s" % (
+                err[-300:], self.error_log()[-300:]))
+        return self
+
+    def error_log(self):
+        try:
+            with open(os.path.join(self.root, "logs", "error.log")) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def child_rss_kb(self):
+        kids = children(self.proc.pid)
+        return [rss_kb(p) for p in kids]
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def stop(self):
+        # SIGTERM to the parent only; it stops its own children.
+        stop_proc(self.proc, timeout=15)
+
+
+class Peer:
+    """The Flask reference under gunicorn (sync workers)."""
+
+    def __init__(self, tmp, cpus, redis_url, limit, workers):
+        self.port = free_port()
+        self.cpus = cpus
+        self.redis_url = redis_url
+        self.limit = limit
+        self.workers = workers
+        self.proc = None
+        self.log = os.path.join(tmp, "gunicorn.log")
+
+    def start(self):
+        env = dict(os.environ, TB_PEER_REDIS=self.redis_url,
+                   TB_PEER_LIMIT=self.limit, TB_PEER_PREFIX="peer:")
+        cmd = pin(self.cpus) + [
+            sys.executable, "-m", "gunicorn", "-w", str(self.workers),
+            "-b", "127.0.0.1:%d" % self.port, "--chdir",
+            os.path.join(HERE, "peers"), "--log-level", "warning",
+            "--error-logfile", self.log, "flask_peer:app"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        if not wait_port(self.port, 20):
+            raise RuntimeError("gunicorn did not listen; see " + self.log)
+        return self
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def stop(self):
+        stop_proc(self.proc, timeout=15)
+
+
+# ---- building -----------------------------------------------------------
+
+def build_tools(build):
+    """Compile tb_bench and shim_connect against the built libtb."""
+    out = os.path.join(build, "bench")
+    os.makedirs(out, exist_ok=True)
+    cc = os.environ.get("CC", "cc")
+    warn = ["-Wall", "-Wextra", "-Wstrict-prototypes", "-Wmissing-prototypes",
+            "-Wwrite-strings", "-Wshadow", "-Werror"]
+    libtb = os.path.join(build, "libtb.a")
+    if not os.path.exists(libtb):
+        raise RuntimeError("%s is missing: run make" % libtb)
+    tb_bench = os.path.join(out, "tb_bench")
+    run([cc, "-O2", "-g", "-std=c99", "-D_GNU_SOURCE", "-pthread"] + warn
+        + ["-I" + os.path.join(ROOT, "shared"),
+           os.path.join(HERE, "tb_bench.c"), libtb, "-lhiredis", "-lm",
+           "-o", tb_bench], 120)
+    shim_connect = os.path.join(out, "shim_connect")
+    run([cc, "-O2", "-g", "-std=c99", "-D_GNU_SOURCE"] + warn
+        + [os.path.join(HERE, "shim_connect.c"), "-o", shim_connect], 60)
+    return tb_bench, shim_connect
+
+
+def script_text():
+    with open(os.path.join(ROOT, "shared", "tb_bucket.lua"), "rb") as f:
+        return f.read()
+
+
+def embedded_sha(build):
+    try:
+        with open(os.path.join(build, "shared", "tb_script.c")) as f:
+            m = re.search(r'tb_script_sha1\[41\] = "([0-9a-f]{40})"', f.read())
+            return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+# ---- part 1: the core against the Redis floor ---------------------------
+
+def redis_benchmark(rd, cpus, conc, n, sha, keys, args):
+    """EVALSHA through redis-benchmark; returns ops/s."""
+    key = "bench:{__rand_int__}" if keys == "distinct" else "bench:{rb}"
+    cmd = pin(cpus) + ["redis-benchmark", "-p", str(rd.port), "-c",
+                       str(conc), "-n", str(n), "--csv"]
+    if keys == "distinct":
+        cmd += ["-r", "100000000"]
+    cmd += ["evalsha", sha, "1", key] + args
+    out = run(cmd, 120)
+    row = [l for l in out.splitlines() if l.startswith('"evalsha')]
+    return float(row[-1].split(",")[1].strip('"'))
+
+
+def tb_bench(tool, rd, cpus, threads, seconds=None, count=None,
+             keys="one", extra=()):
+    cmd = pin(cpus) + [tool, "-u", rd.url, "-t", str(threads), "-k", keys]
+    if seconds:
+        cmd += ["-d", str(seconds)]
+    if count:
+        cmd += ["-n", str(count)]
+    out = run(cmd + list(extra), 120)
+    return kv(out)
+
+
+def part_core(a, rd, tool, sha):
+    conc = a.concurrency
+    rounds = a.rounds
+    secs = a.core_seconds
+    ours = ["", "1000000000", "1000000000", "1"]
+    layouts = [("pinned", "0", "1"), ("shared", None, None)]
+    for layout, ccpu, rcpu in layouts:
+        subprocess.run(["taskset", "-pc", rcpu or "0-%d" % (NCPU - 1),
+                        str(rd.proc.pid)], stdout=subprocess.DEVNULL)
+        for keys in ("one", "distinct"):
+            rb, tb = [], []
+            for i in range(rounds):
+                # Alternate which goes first, so drift hits both alike.
+                order = ("rb", "tb") if i % 2 == 0 else ("tb", "rb")
+                for which in order:
+                    if which == "rb":
+                        # About secs seconds' worth at the last rate seen.
+                        n = int((rb[-1] if rb else 25000) * secs)
+                        rb.append(redis_benchmark(rd, ccpu, conc, n, sha,
+                                                  keys, ours))
+                    else:
+                        tb.append(tb_bench(tool, rd, ccpu, conc, secs,
+                                           keys=keys)["per_sec"])
+            log("core %s %s: redis-benchmark %s tb_bench %s" % (
+                layout, keys, [int(x) for x in rb], [int(x) for x in tb]))
+            tag = "core.%s.%s" % (layout, keys)
+            record(tag + ".redis_benchmark", round(median(rb)), "ops/s")
+            record(tag + ".tb_bench", round(median(tb)), "decisions/s")
+            ratio = median(tb) / median(rb)
+            record(tag + ".ratio", round(ratio, 3), "x",
+                   ">= 0.90" if layout == "pinned" else "",
+                   ("met" if ratio >= 0.9 else "MISSED")
+                   if layout == "pinned" else "")
+    subprocess.run(["taskset", "-pc", a.redis_cpu or "0-%d" % (NCPU - 1),
+                    str(rd.proc.pid)], stdout=subprocess.DEVNULL)
+
+    # Redis time per call: our script, the plain one, and our script as
+    # tb_bench sends it; same concurrency, one key and distinct keys.
+    with open(os.path.join(HERE, "plain_bucket.lua"), "rb") as f:
+        plain_sha = rd.r.script_load(f.read())
+    plain = ["1000000000", "1000000000", "1"]
+    n = 60000 if not a.quick else 20000
+    for keys in ("one", "distinct"):
+        per = {}
+        for name, s, args in (("ours", sha, ours), ("plain", plain_sha,
+                                                    plain)):
+            rd.r.config_resetstat()
+            redis_benchmark(rd, "0" if NCPU > 1 else None, conc, n, s, keys,
+                            args)
+            calls, usec = rd.script_calls()
+            per[name] = usec / calls
+        record("redis.usec_per_call.ours.%s" % keys, round(per["ours"], 2),
+               "us")
+        record("redis.usec_per_call.plain.%s" % keys, round(per["plain"], 2),
+               "us")
+        ratio = per["ours"] / per["plain"]
+        record("redis.usec_per_call.ratio.%s" % keys, round(ratio, 3), "x",
+               "<= 1.20", "met" if ratio <= 1.2 else "MISSED")
+    rd.r.config_resetstat()
+    res = tb_bench(tool, rd, "0" if NCPU > 1 else None, conc, count=n)
+    calls, usec = rd.script_calls()
+    record("redis.usec_per_call.tb_bench", round(usec / calls, 2), "us")
+    record("redis.calls_per_decision.tb_bench",
+           round(calls / (res["decisions"] + res["threads"] * 10), 3),
+           "calls")
+
+
+# ---- part 2: client CPU per decision under callgrind ---------------------
+
+def parse_callgrind(path):
+    """Self cost (first event, Ir) by (object, function), and the total."""
+    names = {"ob": {}, "fn": {}}
+    ob = fn = None
+    self_cost = {}
+    total = 0
+    skip_next = False
+    cur = {"ob": None, "fn": None}
+
+    def name(kind, rest):
+        m = re.match(r"\((\d+)\)(?: (.*))?", rest)
+        if not m:
+            return rest
+        if m.group(2) is not None:
+            names[kind][m.group(1)] = m.group(2)
+        return names[kind].get(m.group(1), "?")
+
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            if line.startswith("ob="):
+                cur["ob"] = name("ob", line[3:])
+            elif line.startswith("fn="):
+                cur["fn"] = name("fn", line[3:])
+            elif line.startswith(("cob=", "cfn=")):
+                # Register the name; the callee does not change cur.
+                name(line[1:3], line[4:])
+            elif line.startswith("calls="):
+                skip_next = True
+            elif line.startswith(("summary:", "totals:")):
+                total = int(line.split()[1])
+            elif line[0] in "0123456789+-*":
+                if skip_next:
+                    skip_next = False
+                    continue
+                parts = line.split()
+                if len(parts) > 1:
+                    k = (cur["ob"], cur["fn"])
+                    self_cost[k] = self_cost.get(k, 0) + int(parts[1])
+    return total, self_cost
+
+
+# (function, label) whose inclusive cost is reported per decision.
+INCLUSIVE_STEPS = (
+    ("tb_client_decide_at", "tb_client_decide_at"),
+    ("snprintf", "snprintf_all"),
+    ("__printf_fp", "snprintf_doubles"),
+    ("tb_key_build", "tb_key_build"),
+    ("tb__pool_get", "tb__pool_get"),
+    ("tb__pool_put", "tb__pool_put"),
+    ("redisCommandArgv", "redisCommandArgv"),
+    ("redisFormatSdsCommandArgv", "hiredis_format_command"),
+    ("redisGetReply", "hiredis_read_reply"),
+    ("freeReplyObject", "hiredis_free_reply"),
+)
+
+
+def inclusive_costs(path):
+    """Inclusive Ir by bare function name, from callgrind_annotate."""
+    out = run(["callgrind_annotate", "--inclusive=yes", "--threshold=100",
+               path], 120, check=False)
+    incl = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([0-9,]+) \([^)]*\)\s+\S*?:?([A-Za-z_][\w.]*)"
+                     r"(?: \[.*\])?\s*$", line)
+        if m:
+            fn = m.group(2)
+            incl[fn] = max(incl.get(fn, 0), int(m.group(1).replace(",", "")))
+    return incl
+
+
+def part_cpu(a, rd, tool, tmp):
+    if not shutil.which("valgrind"):
+        miss("callgrind", "valgrind is not installed")
+        return
+    n = a.callgrind_decisions
+    out = os.path.join(tmp, "callgrind.out")
+    cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=bench_loop",
+           "--callgrind-out-file=" + out, tool, "-u", rd.url, "-t", "1",
+           "-n", str(n), "-k", "one"]
+    run(pin("0" if NCPU > 1 else None) + cmd, 300)
+    total, cost = parse_callgrind(out)
+    keep = os.path.join(HERE, "results", "callgrind.latest.out")
+    shutil.copyfile(out, keep)
+    record("cpu.instr_per_decision.total", round(total / n), "instr")
+    by_ob = {}
+    for (ob, fn), c in cost.items():
+        short = os.path.basename(ob or "?")
+        if short == os.path.basename(tool):
+            short = "libtb"
+        elif short.startswith("libhiredis"):
+            short = "hiredis"
+        elif short.startswith("libc.so") or short.startswith("libc-"):
+            short = "libc"
+        elif short.startswith("ld-linux"):
+            short = "ld.so"
+        by_ob[short] = by_ob.get(short, 0) + c
+    for short in ("libtb", "hiredis", "libc"):
+        record("cpu.instr_per_decision.%s" % short,
+               round(by_ob.get(short, 0) / n), "instr")
+    ours = by_ob.get("libtb", 0) + by_ob.get("hiredis", 0)
+    record("cpu.instr_per_decision.libtb_plus_hiredis", round(ours / n),
+           "instr")
+    top = sorted(cost.items(), key=lambda kvp: -kvp[1])[:a.top_functions]
+    for (ob, fn), c in top:
+        record("cpu.fn.%s" % fn, round(c / n), "instr")
+    # Inclusive costs of the steps of one decision (callgrind_annotate).
+    incl = inclusive_costs(out)
+    for fn, label in INCLUSIVE_STEPS:
+        if fn in incl:
+            record("cpu.incl.%s" % label, round(incl[fn] / n), "instr")
+    log("callgrind: %d instr/decision total, by object %s" % (
+        total / n, {k: round(v / n) for k, v in by_ob.items()}))
+
+
+# ---- part 3: memory -----------------------------------------------------
+
+def part_redis_memory(a, rd, tool):
+    n = a.mem_buckets
+    rd.r.flushall()
+    before = rd.r.info("memory")["used_memory"]
+    # A long TTL (capacity 1e6 at 1/s): nothing expires while we count.
+    tb_bench(tool, rd, None, 4, count=n, keys="distinct",
+             extra=["-c", "1000000", "-r", "1", "-w", "0"])
+    after = rd.r.info("memory")["used_memory"]
+    nkeys = rd.r.dbsize()
+    samples = []
+    for _ in range(50):
+        k = rd.r.randomkey()
+        if k:
+            samples.append(rd.r.memory_usage(k, samples=0))
+    record("redis.bytes_per_bucket.used_memory",
+           round((after - before) / max(nkeys, 1)), "bytes")
+    record("redis.bytes_per_bucket.memory_usage", round(median(samples)),
+           "bytes")
+    record("redis.buckets_counted", nkeys, "keys")
+    rd.r.flushall()
+
+
+# ---- part 4: HTTP --------------------------------------------------------
+
+def wrk(url, script, args, seconds, cpus, threads=2, conns=50):
+    cmd = pin(cpus) + ["wrk", "-t", str(threads), "-c", str(conns), "-d",
+                       "%ds" % seconds, "--latency", "--timeout", "5s",
+                       "-s", os.path.join(HERE, "wrk", script), url,
+                       "--"] + list(args)
+    out = run(cmd, seconds + 60)
+    res = {"rps": float(re.search(r"Requests/sec:\s+([0-9.]+)",
+                                  out).group(1))}
+    m = re.search(r"(\d+) requests in", out)
+    res["requests"] = int(m.group(1)) if m else 0
+    for pct in ("50", "99"):
+        m = re.search(r"^\s+%s%%\s+([0-9.]+)(us|ms|s)\s*$" % pct, out, re.M)
+        if m:
+            mult = {"us": 1e-3, "ms": 1.0, "s": 1e3}[m.group(2)]
+            res["p" + pct] = float(m.group(1)) * mult
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    res["non2xx"] = int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
+                  r"timeout (\d+)", out)
+    res["errors"] = sum(int(x) for x in m.groups()) if m else 0
+    return res
+
+
+def ab_count(url, n, key, cpus):
+    """Exactly n requests with one key; returns (complete, non2xx)."""
+    cmd = pin(cpus) + ["ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10",
+                       "-H", "X-API-Key: " + key, url]
+    out = run(cmd, 120)
+    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
+    m = re.search(r"Non-2xx responses:\s+(\d+)", out)
+    return done, int(m.group(1)) if m else 0
+
+
+def part_http(a, rd, tmp, build, tool):
+    so = os.path.join(build, "mod_tbucket.so")
+    have_mod = os.path.exists(so)
+    if not have_mod:
+        miss("http b/c/d, calls per request, module RSS",
+             "%s is not built" % so)
+    acpu, wcpu = a.server_cpu, a.client_cpu
+    servers = []
+    try:
+        bare = Apache(tmp, "bare", acpu).start()
+        servers.append(bare)
+        mod = None
+        if have_mod:
+            mod = Apache(tmp, "mod", acpu, so, rd.url).start()
+            servers.append(mod)
+        peer = None
+        try:
+            import flask  # noqa: F401
+            import gunicorn  # noqa: F401
+            peer = Peer(tmp, acpu, rd.url, "1000000000 1000000000",
+                        a.peer_workers).start()
+            servers.append(peer)
+        except Exception as e:
+            miss("flask peer", "cannot start (%s): apt-get install "
+                 "python3-flask gunicorn python3-redis" % e)
+
+        # Memory first (doubles as warm-up): 100,000 distinct-key
+        # requests to each Apache, bounded by count and by time.
+        per_thread = a.rss_requests // 2
+        for srv, path, tag in ((bare, "/a/ok.txt", "bare"),
+                               (mod, "/b/ok.txt", "module")):
+            if srv is None:
+                continue
+            r = wrk(srv.url(path), "distinct_count.lua",
+                    ["rss" + tag, str(per_thread)], 60, wcpu)
+            kids = srv.child_rss_kb()
+            record("apache.child_rss.%s" % tag,
+                   round(sum(kids) / max(len(kids), 1) / 1024.0, 1), "MiB")
+            log("rss %s after %d requests: children %s kB" % (
+                tag, r["requests"], kids))
+        if mod is not None:
+            rs = [x for x in ROWS if x[0].startswith("apache.child_rss")]
+            if len(rs) == 2:
+                record("apache.child_rss.delta", round(rs[1][1] - rs[0][1], 1),
+                       "MiB")
+
+        # Redis calls per HTTP request, exact counts from ab.
+        if mod is not None:
+            for var, path in (("b", "/b/ok.txt"), ("c", "/c/ok.txt"),
+                              ("d", "/d/ok.txt")):
+                rd.r.config_resetstat()
+                done, non2xx = ab_count(mod.url(path), a.ab_requests,
+                                        "ab-%s-%d" % (var, os.getpid()),
+                                        wcpu)
+                calls, _ = rd.script_calls()
+                record("http.redis_calls_per_request.%s" % var,
+                       round(calls / done, 3), "calls", "= 1.00",
+                       "met" if abs(calls / done - 1) < 0.005 else "MISSED")
+                log("ab %s: %d requests, %d non-2xx, %d script calls" % (
+                    var, done, non2xx, calls))
+
+        variants = [("a", bare, "/a/ok.txt", "thread_key.lua")]
+        if mod is not None:
+            variants += [("b_hot", mod, "/b/ok.txt", "thread_key.lua"),
+                         ("c_429", mod, "/c/ok.txt", "thread_key.lua"),
+                         ("d_shadow", mod, "/d/ok.txt", "thread_key.lua")]
+        variants += [("a_lua", bare, "/a/ok.txt", "distinct.lua")]
+        if mod is not None:
+            variants += [("b_distinct", mod, "/b/ok.txt", "distinct.lua")]
+        if peer is not None:
+            variants += [("flask", peer, "/b/ok.txt", "thread_key.lua")]
+        results = {v[0]: [] for v in variants}
+        # Warm every server and bucket once, untimed.
+        for name, srv, path, script in variants:
+            wrk(srv.url(path), script, ["warm" + name], 1, wcpu)
+        for i in range(a.rounds):
+            if over_budget():
+                miss("http rounds %d.." % (i + 1), "time budget spent")
+                break
+            order = variants if i % 2 == 0 else list(reversed(variants))
+            for name, srv, path, script in order:
+                r = wrk(srv.url(path), script, ["r%d%s" % (i, name)],
+                        a.http_seconds, wcpu)
+                results[name].append(r)
+                log("wrk %-10s round %d: %8.0f req/s p50 %.2f ms p99 %.2f "
+                    "ms non-2xx %d errors %d" % (
+                        name, i, r["rps"], r.get("p50", -1),
+                        r.get("p99", -1), r["non2xx"], r["errors"]))
+        med = {}
+        for name, rs in results.items():
+            if not rs:
+                continue
+            med[name] = median([r["rps"] for r in rs])
+            record("http.%s.rps" % name, round(med[name]), "req/s")
+            record("http.%s.p50" % name,
+                   round(median([r.get("p50", 0) for r in rs]), 3), "ms")
+            record("http.%s.p99" % name,
+                   round(median([r.get("p99", 0) for r in rs]), 3), "ms")
+            tot = sum(r["requests"] for r in rs)
+            bad = sum(r["non2xx"] for r in rs)
+            record("http.%s.non2xx_share" % name, round(bad / max(tot, 1), 4),
+                   "fraction")
+        for num, den, target in (("b_hot", "a", ">= 0.85"),
+                                 ("b_distinct", "a_lua", ">= 0.85"),
+                                 ("c_429", "a", ""),
+                                 ("d_shadow", "a", "")):
+            if num in med and den in med:
+                ratio = med[num] / med[den]
+                record("http.ratio.%s_over_%s" % (num, den), round(ratio, 3),
+                       "x", target,
+                       ("met" if ratio >= 0.85 else "MISSED")
+                       if target else "")
+        if "c_429" in med and "b_hot" in med:
+            ratio = med["c_429"] / med["b_hot"]
+            record("http.ratio.c_429_over_b_hot", round(ratio, 3), "x",
+                   ">= 1.00", "met" if ratio >= 1.0 else "MISSED")
+        if "flask" in med and "b_hot" in med:
+            ratio = med["b_hot"] / med["flask"]
+            record("http.ratio.b_hot_over_flask", round(ratio, 2), "x",
+                   ">= 8", "met" if ratio >= 8 else "MISSED")
+        for srv in (bare, mod):
+            if srv is None:
+                continue
+            errs = [l for l in srv.error_log().splitlines()
+                    if re.search(r"\[(\w+:)?(error|crit|alert|emerg)\]", l)]
+            if errs:
+                log("apache %s error log: %d error lines, first: %s" % (
+                    os.path.basename(srv.root), len(errs), errs[0][:200]))
+    finally:
+        for s in reversed(servers):
+            s.stop()
+
+
+# ---- part 5: the shim ---------------------------------------------------
+
+def part_shim(a, rd, tmp, build, shim_connect):
+    so = os.path.join(build, "libtbucket_preload.so")
+    if not os.path.exists(so):
+        miss("shim connect()", "%s is not built" % so)
+        return
+    port = free_port()
+    other = free_port()
+    confs = {}
+    for name, rule_port in (("unmatched", other), ("matched", port)):
+        path = os.path.join(tmp, "shim-%s.conf" % name)
+        with open(path, "w") as f:
+            f.write('redis_url = "%s";\ntimeout_ms = 500;\n'
+                    'outbound = (\n  { name = "bench"; port = %d; '
+                    'capacity = 1000000000; rate = 1000000000; }\n);\n'
+                    % (rd.url, rule_port))
+        confs[name] = path
+    n = a.shim_calls
+    cpu = "0" if NCPU > 1 else None
+    res = {"plain": [], "unmatched": [], "matched": []}
+    for i in range(a.rounds):
+        for name in ("plain", "unmatched", "matched"):
+            env = dict(os.environ)
+            if name != "plain":
+                env["LD_PRELOAD"] = so
+                env["TBUCKET_CONFIG"] = confs[name]
+            if name == "matched":
+                rd.r.config_resetstat()
+            out = run(pin(cpu) + [shim_connect, str(port), str(n)], 120,
+                      env=env)
+            r = kv(out)
+            if name == "matched":
+                calls, _ = rd.script_calls()
+                r["calls"] = calls
+            res[name].append(r)
+    plain = median([r["mean_ns"] for r in res["plain"]]) / 1000.0
+    for name in ("plain", "unmatched", "matched"):
+        record("shim.connect.%s.mean" % name,
+               round(median([r["mean_ns"] for r in res[name]]) / 1000.0, 2),
+               "us")
+        record("shim.connect.%s.p50" % name,
+               round(median([r["p50_ns"] for r in res[name]]) / 1000.0, 2),
+               "us")
+    d_un = median([r["mean_ns"] for r in res["unmatched"]]) / 1000.0 - plain
+    record("shim.connect.unmatched_minus_plain", round(d_un, 2), "us",
+           "<= 1.00", "met" if d_un <= 1.0 else "MISSED")
+    d_m = median([r["mean_ns"] for r in res["matched"]]) / 1000.0 - plain
+    record("shim.connect.matched_minus_plain", round(d_m, 2), "us")
+    calls = median([r["calls"] for r in res["matched"]])
+    record("shim.connect.matched.redis_calls_per_connect",
+           round(calls / n, 3), "calls")
+
+
+# ---- output -------------------------------------------------------------
+
+def machine():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1).strip() if m else cpu
+    except OSError:
+        pass
+    try:
+        with open("/etc/debian_version") as f:
+            deb = "Debian " + f.read().strip()
+    except OSError:
+        deb = platform.system()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return "%s, %s, %d vCPU (%s), %.1f GiB, kernel %s" % (
+        platform.node(), deb, NCPU, cpu, mem, platform.release())
+
+
+def write_results(a, started):
+    res_dir = os.path.join(HERE, "results")
+    os.makedirs(res_dir, exist_ok=True)
+    tsv = os.path.join(res_dir, "latest.tsv")
+    with open(tsv + ".tmp", "w") as f:
+        f.write("name\tvalue\tunit\n")
+        for name, value, unit, _, _ in ROWS:
+            f.write("%s\t%s\t%s\n" % (name, value, unit))
+    os.replace(tsv + ".tmp", tsv)
+    lines = ["mod_tbucket bench, %s UTC, %.0f s" % (
+                 started.strftime("%Y-%m-%d %H:%M"),
+                 time.monotonic() - T_START),
+             "",
+             "Machine: %s." % machine(),
+             "Pinning: %s." % a.pin_text,
+             "",
+             "| figure | value | unit | target | |",
+             "| --- | ---: | --- | --- | --- |"]
+    for name, value, unit, target, verdict in ROWS:
+        lines.append("| %s | %s | %s | %s | %s |" % (name, value, unit,
+                                                      target, verdict))
+    if MISSES:
+        lines += ["", "Not measured:"] + ["- " + m for m in MISSES]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(res_dir, "latest.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--quick", action="store_true",
+                    help="short runs, for trying the driver")
+    ap.add_argument("--only", default="core,cpu,memory,http,shim")
+    ap.add_argument("--pin", default="split", choices=("split", "none"),
+                    help="split: Redis and the servers on the last CPU, "
+                         "load generators on CPU 0; none: no taskset")
+    a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
+    a.concurrency = 50
+    a.rounds = 2 if a.quick else 3
+    a.core_seconds = 1 if a.quick else 3
+    a.http_seconds = 2 if a.quick else 5
+    a.callgrind_decisions = 2000 if a.quick else 20000
+    a.top_functions = 10
+    a.mem_buckets = 10000 if a.quick else 50000
+    a.rss_requests = 20000 if a.quick else 100000
+    a.ab_requests = 2000 if a.quick else 10000
+    a.shim_calls = 1000 if a.quick else 5000
+    a.peer_workers = 2 * NCPU + 1
+    if a.pin == "split" and NCPU > 1:
+        a.server_cpu = a.redis_cpu = str(NCPU - 1)
+        a.client_cpu = "0"
+        a.pin_text = ("Redis, apache2 and gunicorn on CPU %d, wrk/ab on "
+                      "CPU 0 (taskset); core: see core.pinned/core.shared"
+                      % (NCPU - 1))
+    else:
+        a.server_cpu = a.redis_cpu = a.client_cpu = None
+        a.pin_text = "none (every process on every CPU)"
+    parts = set(a.only.split(","))
+    started = datetime.datetime.utcnow()
+
+    tool, shim_connect = build_tools(a.build)
+    tmp = tempfile.mkdtemp(prefix="tbbench-", dir="/tmp")
+    os.chmod(tmp, 0o755)
+    rd = Redis(tmp, a.redis_cpu).start()
+    try:
+        sha = rd.r.script_load(script_text())
+        want = embedded_sha(a.build)
+        if want and want != sha:
+            raise RuntimeError("SCRIPT LOAD gave %s, libtb embeds %s" % (
+                sha, want))
+        for part, fn, args in (
+                ("core", part_core, (a, rd, tool, sha)),
+                ("cpu", part_cpu, (a, rd, tool, tmp)),
+                ("memory", part_redis_memory, (a, rd, tool)),
+                ("http", part_http, (a, rd, tmp, a.build, tool)),
+                ("shim", part_shim, (a, rd, tmp, a.build, shim_connect))):
+            if part not in parts:
+                continue
+            if over_budget():
+                miss(part, "time budget (%d s) spent" % BUDGET_S)
+                continue
+            log("part %s" % part)
+            try:
+                fn(*args)
+            except Exception as e:  # Report, and go on with the rest.
+                miss(part, "failed: %s" % e)
+    finally:
+        rd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    write_results(a, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+/* tb_algo.c -- the algorithm selector: names, key suffixes.
+ *
+ * A decision uses one algorithm for all its buckets (one script, one round
+ * trip). The names are those of the TBucketAlgorithm directive and the
+ * shim's `algorithm` setting; the script texts and digests are generated
+ * into build/shared/tb_script.c by scripts/embed-lua.sh.
+ */
+#include <string.h>
+
+#include "tb.h"
+
+static const char *const names[TB_ALGO_COUNT] = {
+    "token-bucket", "gcra", "sliding-window", "fixed-window", "sliding-log"
+};
+
+/* Short, so that the longest key still fits TB_KEY_BUF. */
+static const char *const suffixes[TB_ALGO_COUNT] = {
+    "", ":gcra", ":swin", ":fwin", ":slog"
+};
+
+int tb_algo_parse(const char *s, tb_algo_t *a)
+{
+    int i;
+
+    if (!s || !a) {
+        return TB_ERR;
+    }
+    for (i = 0; i < TB_ALGO_COUNT; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *a = (tb_algo_t)i;
+            return TB_OK;
+        }
+    }
+    return TB_ERR;
+}
+
+const char *tb_algo_name(tb_algo_t a)
+{
+    return (unsigned)a < TB_ALGO_COUNT ? names[a] : "unknown";
+}
+
+const char *tb_algo_key_suffix(tb_algo_t a)
+{
+    return (unsigned)a < TB_ALGO_COUNT ? suffixes[a] : "";
+}

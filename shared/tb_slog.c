@@ -1,0 +1,104 @@
+/* tb_slog.c -- the sliding log, pure.
+ *
+ * The C twin of shared/tb_slog.lua, checked against it by
+ * tests/vectors/sliding_log.tsv. The log holds the time of every admitted
+ * unit of cost in the last W = CAPACITY*1000/RATE ms, so the decision is
+ * exact: a request passes when the entries newer than now - W plus its cost
+ * fit within CAPACITY. The caller owns the storage (at least CAPACITY
+ * slots); this is the one twin whose work is not O(1) but O(CAPACITY). No
+ * clock, I/O or allocation.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "tb_algo_int.h"
+
+/* Drop the entries at or before now - win (ZREMRANGEBYSCORE -inf cut). */
+static void trim(tb_slog_t *l, double cut)
+{
+    size_t k = 0;
+
+    while (k < l->len && (double)l->ts_ms[k] <= cut) {
+        k++;
+    }
+    if (k > 0) {
+        memmove(l->ts_ms, l->ts_ms + k, (l->len - k) * sizeof(int64_t));
+        l->len -= k;
+    }
+}
+
+/* Insert `count` entries at now, keeping the order (after equal times). */
+static void append(tb_slog_t *l, int64_t now_ms, size_t count)
+{
+    size_t pos = l->len, j;
+
+    while (pos > 0 && l->ts_ms[pos - 1] > now_ms) {
+        pos--;
+    }
+    memmove(l->ts_ms + pos + count, l->ts_ms + pos,
+            (l->len - pos) * sizeof(int64_t));
+    for (j = 0; j < count; j++) {
+        l->ts_ms[pos + j] = now_ms;
+    }
+    l->len += count;
+}
+
+int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
+                 int n, int64_t now_ms, tb_verdict_t *v)
+{
+    double counts[TB_MAX_BUCKETS];
+    double now = (double)now_ms;
+    int i;
+
+    if (!logs || !tb__algo_args_ok(lim, cost, n, logs, v)) {
+        return TB_ERR;
+    }
+    for (i = 0; i < n; i++) {
+        if (cost[i] != floor(cost[i]) || !logs[i].ts_ms
+            || logs[i].len > logs[i].slots
+            || (double)logs[i].slots < lim[i].capacity) {
+            return TB_ERR;
+        }
+    }
+    tb__fold_init(v);
+    for (i = 0; i < n; i++) {
+        double cap = lim[i].capacity;
+        double win = cap * 1000 / lim[i].rate_per_sec;
+        int64_t wait = 0;
+
+        trim(&logs[i], now - win);
+        counts[i] = (double)logs[i].len;
+        if (cost[i] > cap) {
+            wait = -1;
+        }
+        else if (counts[i] + cost[i] > cap) {
+            /* Wait until the d-th oldest entry leaves the window. */
+            double d = ceil(counts[i] + cost[i] - cap);
+
+            wait = (int64_t)ceil((double)logs[i].ts_ms[(size_t)d - 1] + win
+                                 - now);
+            if (wait < 1) {
+                wait = 1;
+            }
+        }
+        tb__fold_wait(v, i, wait);
+    }
+    for (i = 0; i < n; i++) {
+        double left = lim[i].capacity - counts[i];
+
+        if (v->allowed) {
+            left = left - cost[i];
+        }
+        tb__fold_left(v, i, left);
+    }
+    if (v->allowed) {
+        for (i = 0; i < n; i++) {
+            if (logs[i].len + (size_t)cost[i] > logs[i].slots) {
+                /* Cannot happen: len + cost <= capacity <= slots. */
+                return TB_ERR;
+            }
+            append(&logs[i], now_ms, (size_t)cost[i]);
+        }
+    }
+    return TB_OK;
+}

@@ -1,0 +1,100 @@
+-- tb_slog.lua -- the sliding log, run atomically in Redis.
+--
+-- The C twin is tb_slog_take() in shared/tb_slog.c: the same decisions,
+-- checked against each other by the vectors in tests/vectors/sliding_log.tsv.
+--
+-- A limit CAPACITY RATE means at most CAPACITY requests in any window of
+-- W = CAPACITY * 1000 / RATE ms, exactly: every admitted unit of cost is a
+-- member of a sorted set scored by its time in ms, and a request is
+-- allowed when the members newer than now - W plus its cost fit within
+-- CAPACITY. Cost must be a whole number (the client checks).
+--
+-- NOT O(1): memory is one member per admitted unit in the last W ms, so at
+-- most CAPACITY members per key (about 60-70 bytes each), and a call costs
+-- O(log N + M) for the trim plus O(cost * log N) for the insert. Keep
+-- CAPACITY small (the client refuses more than TB_SLOG_MAX_CAPACITY).
+--
+-- KEYS[i]   one sorted set per bucket: members "<ms>:<seq>", score <ms>.
+-- ARGV[1]   "" to use Redis's TIME, or a clock in ms (tests only).
+-- ARGV[2+3(i-1)..4+3(i-1)]  capacity, rate (per second), cost of bucket i.
+--
+-- All or nothing over the buckets. Returns {allowed, remaining, retry_ms,
+-- binding} exactly as tb_bucket.lua does.
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local n = #KEYS
+local counts = {}
+local allowed = 1
+local remaining = -1
+local retry = 0
+local binding = 0
+
+for i = 1, n do
+  local base = 2 + (i - 1) * 3
+  local cap = tonumber(ARGV[base])
+  local rate = tonumber(ARGV[base + 1])
+  local cost = tonumber(ARGV[base + 2])
+  local win = cap * 1000 / rate
+  -- Members at or before now - W have left the window.
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf',
+             string.format('%.17g', now - win))
+  local count = redis.call('ZCARD', KEYS[i])
+  counts[i] = count
+  local wait = 0
+  if cost > cap then
+    wait = -1
+  elseif count + cost > cap then
+    -- Wait until the d-th oldest member leaves the window.
+    local d = count + cost - cap
+    d = math.ceil(d)
+    local oldest = redis.call('ZRANGE', KEYS[i], d - 1, d - 1, 'WITHSCORES')
+    wait = math.ceil(tonumber(oldest[2]) + win - now)
+    if wait < 1 then wait = 1 end
+  end
+  if wait ~= 0 then
+    if allowed == 1 or retry ~= -1 and (wait == -1 or wait > retry) then
+      retry = wait
+      binding = i - 1
+    end
+    allowed = 0
+  end
+end
+
+for i = 1, n do
+  local base = 2 + (i - 1) * 3
+  local left = tonumber(ARGV[base]) - counts[i]
+  if allowed == 1 then left = left - tonumber(ARGV[base + 2]) end
+  if left < 0 then left = 0 end
+  local whole = math.floor(left)
+  if remaining < 0 or whole < remaining then
+    remaining = whole
+    if allowed == 1 then binding = i - 1 end
+  end
+end
+
+if allowed == 1 then
+  local stamp = string.format('%d', now)
+  for i = 1, n do
+    local base = 2 + (i - 1) * 3
+    local cost = tonumber(ARGV[base + 2])
+    local win = tonumber(ARGV[base]) * 1000 / tonumber(ARGV[base + 1])
+    if cost > 0 then
+      -- Members with this score are numbered 1, 2, ...: unique, because
+      -- a trim removes every member of one score at once.
+      local seq = redis.call('ZCOUNT', KEYS[i], now, now)
+      for j = 1, cost do
+        redis.call('ZADD', KEYS[i], now, stamp .. ':' .. (seq + j))
+      end
+      redis.call('PEXPIRE', KEYS[i], math.ceil(win) + 1000)
+    end
+  end
+end
+
+return {allowed, remaining, retry, binding}

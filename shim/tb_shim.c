@@ -1,0 +1,898 @@
+/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4() and connect().
+ *
+ *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
+ *       legacy-daemon
+ *
+ * The shim puts the shared Redis token buckets of libtb in front of a
+ * program that cannot be changed. Inbound rules limit the connections a
+ * program accepts (matched on the local port, optionally the local
+ * address); outbound rules limit the connections it opens (matched on the
+ * destination address and port). Every decision is one tb_client_decide()
+ * call: the bucket, Redis, breaker and failure policy all live in the core,
+ * none of it here. This file owns only what is particular to running
+ * inside someone else's process:
+ *
+ *  - Resolution: dlsym(RTLD_NEXT) into real_* pointers, refusing our own
+ *    wrapper; if a lookup fails we fall back to the raw system call rather
+ *    than abort the host.
+ *  - Initialisation: from a constructor and from the first wrapper call,
+ *    through one pthread_once. The state turns INITIALISING before any
+ *    work, and the thread-local guard is held, so a connect() made while
+ *    loading the config (DNS) passes straight through.
+ *  - Re-entrancy: hiredis, inside the core, calls connect() too, and that
+ *    call lands in our wrapper. A thread-local guard is raised around every
+ *    call into the core; a guarded wrapper goes straight to real_* and
+ *    records the fd as one of ours (and marks it close-on-exec, so a
+ *    fork-and-exec child does not inherit our Redis socket).
+ *  - Fork: a pthread_atfork child handler only resets flags and the lock
+ *    and calls tb_client_after_fork(); a pid check before each decision
+ *    catches children made without fork() (raw clone).
+ *  - Daemons that close every fd: before each decision the fds recorded as
+ *    ours are checked (fstat: same inode?). If the program closed one, or
+ *    closed it and reused the number for its own file, the client is
+ *    abandoned (never freed, since freeing would close a number that now
+ *    belongs to the program) and a fresh one made. This is a workaround for
+ *    a gap in the core API (no "forget fds without closing" call); it is
+ *    bounded to SHIM_MAX_SWAPS per process and can be switched off with
+ *    TBUCKET_SHIM_FDCHECK=0.
+ *  - Never exit the host: a problem is one line on stderr, written with
+ *    real_write, and the calls go through. The one exception is a bad
+ *    config under `strict = true` (or TBUCKET_STRICT=1), where the program
+ *    is refused at start (exit status 78, EX_CONFIG) before main() runs.
+ *  - SIGPIPE: hiredis writes with write(2), so a dead or stolen Redis
+ *    socket would raise SIGPIPE and kill a host that does not ignore it.
+ *    It is blocked around each core call and a SIGPIPE raised there is
+ *    consumed.
+ *  - errno is preserved across the shim's own work.
+ *
+ * Behaviour when a bucket refuses:
+ *  - inbound `close`: the accepted connection is closed and the wrapper
+ *    accepts again, so the program sees nothing. On a blocking listener it
+ *    keeps waiting like accept() does. On a non-blocking listener it keeps
+ *    accepting until the real accept() says EAGAIN (the backlog is
+ *    drained), so an edge-triggered event loop is not left with queued
+ *    connections and no new edge; after SHIM_MAX_REJECTS refusals in one
+ *    call it returns -1/EAGAIN to bound the time of one call.
+ *  - inbound `http429`: waits at most SHIM_429_READ_MS for the request so
+ *    that reading it avoids a reset, writes "HTTP/1.1 429 Too Many
+ *    Requests" with Retry-After and Connection: close, closes, and goes on
+ *    as for `close`.
+ *  - outbound `fail`: connect() returns -1 with the rule's errno
+ *    (ECONNREFUSED by default).
+ *  - outbound `wait`: sleeps the retry-after and asks again while the
+ *    total stays within max_wait_ms; fails at once (rule errno) when the
+ *    next wait would overrun it or waiting cannot help.
+ *  - outbound on a non-blocking socket, `nonblocking = "fail"` (the
+ *    default): never sleeps, so an event loop stays responsive; a refusal
+ *    returns -1 with the rule's nonblock_errno (EAGAIN by default) for both
+ *    `fail` and `wait`. With `nonblocking = "wait"` the socket is treated
+ *    as blocking: meant for programs such as curl and PHP that make a
+ *    socket non-blocking only to time the connect. Either way the Redis
+ *    round trip itself is bounded by timeout_ms, and nothing hangs.
+ *
+ * Not covered: programs that make system calls directly (static or Go
+ * binaries), UDP "connections" (only SOCK_STREAM sockets are limited), and
+ * connect() calls made by another thread while this one is initialising
+ * (they pass through unlimited).
+ */
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tb_shim.h"
+
+/* Marks the only symbols the .so exports; shim/tb_shim.map agrees. */
+#define SHIM_EXPORT __attribute__((visibility("default")))
+
+/* The preloaded library is in the initial TLS block, so the cheapest TLS
+ * model applies: one %fs-relative load per guard check. */
+#define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
+
+/* With _GNU_SOURCE glibc declares socket address arguments as transparent
+ * unions; our definitions must match the prototypes. */
+#if defined(__USE_GNU) && !defined(__cplusplus)
+#define SA_CONST_PTR(a) ((a).__sockaddr__)
+#define SA_PTR(a) ((a).__sockaddr__)
+#else
+#define SA_CONST_PTR(a) (a)
+#define SA_PTR(a) (a)
+#endif
+
+#define SHIM_EX_CONFIG 78      /* sysexits.h EX_CONFIG.                  */
+#define SHIM_MAX_FDS 64        /* Redis fds we keep track of.            */
+#define SHIM_MAX_SWAPS 16      /* Client replacements per process.       */
+#define SHIM_MAX_REJECTS 256   /* Refusals in one non-blocking accept.   */
+#define SHIM_429_READ_MS 10    /* Wait for the request before a 429, ms. */
+#define SHIM_MAX_WAIT_LOOPS 100000 /* Bound on `wait` iterations.        */
+
+enum {
+    ST_UNINIT = 0,
+    ST_INITIALISING = 1,
+    ST_READY = 2,
+    ST_OFF = 3        /* No config, bad config or nothing to limit.       */
+};
+
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
+typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
+typedef ssize_t (*write_fn)(int, const void *, size_t);
+
+static connect_fn real_connect;
+static accept_fn real_accept;
+static accept4_fn real_accept4;
+static write_fn real_write;
+
+static int shim_state = ST_UNINIT;
+static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
+static SHIM_TLS int shim_guard;
+
+/* Filled once by shim_init(), read-only afterwards. */
+static shim_conf_t shim_conf;
+static int shim_fdcheck = 1;
+
+/* The client may be replaced (see the head comment); read it with
+ * shim_client_get(). An abandoned client is never freed. */
+static tb_client_t *shim_client;
+
+/* Protects the fd table, the pid and client replacement. Taken only on
+ * the matched path and never across a call into the core. */
+static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct shim_fd {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+} shim_fd_t;
+
+static shim_fd_t shim_fds[SHIM_MAX_FDS];
+static int shim_nfds;
+static pid_t shim_pid;
+static int shim_swaps;
+static int shim_warned_redis;
+static int shim_warned_fds;
+
+/* ---- Logging ------------------------------------------------------- */
+
+/* One line on stderr, written with the real write(2) so that nothing of
+ * ours runs inside it. A daemon may have put one of its TCP connections
+ * on fd 2; we would rather lose a warning than write into it. */
+static void shim_warn(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static void shim_warn(const char *fmt, ...)
+{
+    char line[SHIM_ERR_LEN + 128];
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    va_list ap;
+    int saved = errno, n;
+
+    if (getsockname(2, (struct sockaddr *)&ss, &sl) == 0
+        && (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)) {
+        errno = saved;
+        return;
+    }
+    n = snprintf(line, sizeof(line), "tbucket-shim[%ld]: ", (long)getpid());
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof(line) - 2) {
+        n = (int)sizeof(line) - 2;
+    }
+    line[n++] = '\n';
+    if (real_write != NULL) {
+        (void)real_write(2, line, (size_t)n);
+    }
+    else {
+        (void)syscall(SYS_write, 2, line, (size_t)n);
+    }
+    errno = saved;
+}
+
+/* ---- Real functions ------------------------------------------------ */
+
+/* Look `name` up in the objects after ours. A lookup that returns our own
+ * wrapper (the .so loaded twice, or an odd link order) would recurse for
+ * ever: refuse it and let the caller fall back to the system call. */
+static void *load_sym(const char *name, void *self)
+{
+    void *p = dlsym(RTLD_NEXT, name);
+
+    if (p == self) {
+        shim_warn("dlsym(RTLD_NEXT, \"%s\") returned our own wrapper; "
+                  "using the system call", name);
+        return NULL;
+    }
+    if (p == NULL) {
+        shim_warn("dlsym(RTLD_NEXT, \"%s\") found nothing; using the "
+                  "system call", name);
+    }
+    return p;
+}
+
+static void resolve_syms(void)
+{
+    real_write = (write_fn)load_sym("write", NULL);
+    real_connect = (connect_fn)load_sym("connect", (void *)connect);
+    real_accept = (accept_fn)load_sym("accept", (void *)accept);
+    real_accept4 = (accept4_fn)load_sym("accept4", (void *)accept4);
+}
+
+/* The call_* helpers are the only way out to the system: real_* when
+ * resolved, else the raw system call (no cancellation point then). */
+static int call_connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+    if (real_connect != NULL) {
+        return real_connect(fd, sa, len);
+    }
+    return (int)syscall(SYS_connect, fd, sa, len);
+}
+
+static int call_accept4(int fd, struct sockaddr *sa, socklen_t *len,
+                        int flags, int plain)
+{
+    if (plain && real_accept != NULL) {
+        return real_accept(fd, sa, len);
+    }
+    if (real_accept4 != NULL) {
+        return real_accept4(fd, sa, len, flags);
+    }
+    return (int)syscall(SYS_accept4, fd, sa, len, flags);
+}
+
+/* ---- Initialisation ------------------------------------------------ */
+
+static tb_client_t *shim_client_get(void)
+{
+    return __atomic_load_n(&shim_client, __ATOMIC_ACQUIRE);
+}
+
+/* Runs in the child after fork(): the parent's Redis connections must not
+ * be spoken on, so the core drops them; our locks and flags start fresh.
+ * No allocation and no Redis traffic here. */
+static void shim_atfork_child(void)
+{
+    tb_client_t *c = shim_client_get();
+
+    pthread_mutex_init(&shim_lock, NULL);
+    shim_guard = 0;
+    shim_nfds = 0;
+    shim_pid = getpid();
+    if (c != NULL) {
+        tb_client_after_fork(c);
+    }
+}
+
+static int env_flag(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+
+    if (v == NULL || *v == '\0') {
+        return dflt;
+    }
+    return !(strcmp(v, "0") == 0 || strcmp(v, "false") == 0
+             || strcmp(v, "no") == 0);
+}
+
+/* A bad config under strict: one line, then stop before main() runs. */
+static void refuse(const char *msg) __attribute__((noreturn));
+static void refuse(const char *msg)
+{
+    shim_warn("%s; refusing to start (strict = true)", msg);
+    _exit(SHIM_EX_CONFIG);
+}
+
+static int shim_load(void)
+{
+    char err[SHIM_ERR_LEN];
+    const char *path = getenv("TBUCKET_CONFIG");
+    int env_strict = env_flag("TBUCKET_STRICT", 0);
+    tb_client_t *c;
+
+    shim_fdcheck = env_flag("TBUCKET_SHIM_FDCHECK", 1);
+    if (path == NULL || *path == '\0') {
+        snprintf(err, sizeof(err), "TBUCKET_CONFIG is not set");
+        if (env_strict) {
+            refuse(err);
+        }
+        shim_warn("%s; running unlimited", err);
+        return ST_OFF;
+    }
+    if (shim_conf_load(path, &shim_conf, err, sizeof(err)) != TB_OK) {
+        if (shim_conf.strict || env_strict) {
+            refuse(err);
+        }
+        shim_warn("%s; running unlimited", err);
+        return ST_OFF;
+    }
+    if (shim_conf.nin == 0 && shim_conf.nout == 0) {
+        return ST_OFF;
+    }
+    c = tb_client_create(&shim_conf.opts, err, sizeof(err));
+    if (c == NULL) {
+        char msg[SHIM_ERR_LEN + 64];
+
+        snprintf(msg, sizeof(msg), "%s: %s", path, err);
+        if (shim_conf.strict || env_strict) {
+            refuse(msg);
+        }
+        shim_warn("%s; running unlimited", msg);
+        return ST_OFF;
+    }
+    __atomic_store_n(&shim_client, c, __ATOMIC_RELEASE);
+    return ST_READY;
+}
+
+/* Called exactly once, through shim_once. The guard and the
+ * INITIALISING state are set before anything else, so that a connect()
+ * made by getaddrinfo() or by libconfig's file access cannot recurse into
+ * us or wait on the pthread_once it is running under. */
+static void shim_init(void)
+{
+    int saved = errno, st;
+
+    shim_guard++;
+    __atomic_store_n(&shim_state, ST_INITIALISING, __ATOMIC_RELEASE);
+    resolve_syms();
+    shim_pid = getpid();
+    st = shim_load();
+    if (st == ST_READY) {
+        pthread_atfork(NULL, NULL, shim_atfork_child);
+    }
+    __atomic_store_n(&shim_state, st, __ATOMIC_RELEASE);
+    shim_guard--;
+    errno = saved;
+}
+
+__attribute__((constructor)) static void shim_ctor(void)
+{
+    pthread_once(&shim_once, shim_init);
+}
+
+/* 1 when the wrappers should limit. The first call from a library
+ * constructor that ran before ours initialises here. Another thread's
+ * call during initialisation passes through rather than block. */
+static inline int shim_active(void)
+{
+    int st = __atomic_load_n(&shim_state, __ATOMIC_ACQUIRE);
+
+    if (__builtin_expect(st == ST_READY, 1)) {
+        return 1;
+    }
+    if (st == ST_UNINIT) {
+        int saved = errno;
+
+        pthread_once(&shim_once, shim_init);
+        errno = saved;
+        return __atomic_load_n(&shim_state, __ATOMIC_ACQUIRE) == ST_READY;
+    }
+    return 0;
+}
+
+/* ---- Our own fds --------------------------------------------------- */
+
+/* Remember fd as a Redis connection of ours. Called from a guarded
+ * connect(), that is from inside the core. */
+static void fds_record(int fd)
+{
+    struct stat st;
+    int i;
+
+    if (fstat(fd, &st) != 0) {
+        return;
+    }
+    /* Our socket must not leak into a program the host execs. */
+    (void)fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+    pthread_mutex_lock(&shim_lock);
+    for (i = 0; i < shim_nfds && shim_fds[i].fd != fd; i++) {
+    }
+    if (i == shim_nfds && shim_nfds < SHIM_MAX_FDS) {
+        shim_nfds++;
+    }
+    if (i < shim_nfds) {
+        shim_fds[i].fd = fd;
+        shim_fds[i].dev = st.st_dev;
+        shim_fds[i].ino = st.st_ino;
+    }
+    pthread_mutex_unlock(&shim_lock);
+}
+
+/* 0 when the fd is open and still the socket we recorded, 1 when it was
+ * closed, 2 when its number now names another file. */
+static int fd_state(const shim_fd_t *e)
+{
+    struct stat st;
+
+    if (fstat(e->fd, &st) != 0) {
+        return 1;
+    }
+    return st.st_dev == e->dev && st.st_ino == e->ino ? 0 : 2;
+}
+
+static int fds_is_ours(int fd)
+{
+    int i, found = 0;
+
+    pthread_mutex_lock(&shim_lock);
+    for (i = 0; i < shim_nfds && !found; i++) {
+        found = shim_fds[i].fd == fd && fd_state(&shim_fds[i]) == 0;
+    }
+    pthread_mutex_unlock(&shim_lock);
+    return found;
+}
+
+/* Forget entries whose fd is closed: the core closed a connection during
+ * the last call. Called with shim_lock held. */
+static void fds_prune_closed(void)
+{
+    int i = 0;
+
+    while (i < shim_nfds) {
+        if (fd_state(&shim_fds[i]) == 1) {
+            shim_fds[i] = shim_fds[--shim_nfds];
+        }
+        else {
+            i++;
+        }
+    }
+}
+
+/* Before a decision: did the program close one of our Redis fds behind
+ * the core's back (a daemon closing every fd), perhaps reusing the number?
+ * Then the core's connection would read and write someone else's file, and
+ * freeing it would close that file. Abandon the client and make a new one.
+ * Called with shim_lock held. */
+static void fds_check(void)
+{
+    char err[SHIM_ERR_LEN];
+    tb_client_t *fresh;
+    int i, stale = 0;
+
+    for (i = 0; i < shim_nfds && !stale; i++) {
+        stale = fd_state(&shim_fds[i]) != 0;
+    }
+    if (!stale) {
+        return;
+    }
+    if (shim_swaps >= SHIM_MAX_SWAPS) {
+        shim_nfds = 0;
+        return;
+    }
+    fresh = tb_client_create(&shim_conf.opts, err, sizeof(err));
+    if (fresh == NULL) {
+        return;
+    }
+    shim_swaps++;
+    shim_nfds = 0;
+    /* The old client is left allocated on purpose: a thread may still be
+     * inside it, and its fds are no longer ours to close. */
+    __atomic_store_n(&shim_client, fresh, __ATOMIC_RELEASE);
+    if (!shim_warned_fds) {
+        shim_warned_fds = 1;
+        shim_warn("the program closed the shim's Redis connection; "
+                  "reconnecting with a fresh client");
+    }
+}
+
+/* ---- Deciding ------------------------------------------------------ */
+
+/* hiredis writes with write(2): on a connection Redis has reset, or on an
+ * fd number the program has reused, that raises SIGPIPE, whose default
+ * action kills the host. Block it for this thread around a core call and
+ * swallow one that the call raised; a SIGPIPE already pending before is
+ * the program's and is left alone. */
+typedef struct sigpipe_guard {
+    sigset_t old;
+    int was_pending;
+} sigpipe_guard_t;
+
+static void sigpipe_block(sigpipe_guard_t *g)
+{
+    sigset_t set, pending;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+    g->was_pending = sigpending(&pending) == 0
+                     && sigismember(&pending, SIGPIPE);
+}
+
+static void sigpipe_restore(sigpipe_guard_t *g)
+{
+    static const struct timespec zero = {0, 0};
+    sigset_t set, pending;
+
+    if (!g->was_pending && sigpending(&pending) == 0
+        && sigismember(&pending, SIGPIPE)) {
+        sigemptyset(&set);
+        sigaddset(&set, SIGPIPE);
+        while (sigtimedwait(&set, NULL, &zero) == -1 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* Ask the core for one token-bucket decision on rule r for `key`. Always
+ * fills *res (the core applies the failure policy). The guard is raised
+ * for the whole call, so hiredis's connect() goes straight to libc, and
+ * cancellation is held off so that a cancelled thread cannot leave a core
+ * lock taken. Thread-safe. */
+static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
+                        tb_result_t *res)
+{
+    sigpipe_guard_t sp;
+    tb_client_t *c;
+    pid_t pid = getpid();
+    int cancel;
+
+    shim_guard++;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
+    sigpipe_block(&sp);
+    pthread_mutex_lock(&shim_lock);
+    if (pid != shim_pid) {
+        /* A child made without fork() (raw clone): no atfork ran. */
+        shim_pid = pid;
+        shim_nfds = 0;
+        c = shim_client_get();
+        if (c != NULL) {
+            tb_client_after_fork(c);
+        }
+    }
+    if (shim_fdcheck) {
+        fds_check();
+    }
+    pthread_mutex_unlock(&shim_lock);
+
+    c = shim_client_get();
+    tb_client_decide(c, r->prefix, key, len, &r->take, 1, res);
+
+    if (shim_nfds > 0) {
+        pthread_mutex_lock(&shim_lock);
+        fds_prune_closed();
+        pthread_mutex_unlock(&shim_lock);
+    }
+    if (res->err != TB_ERR_NONE
+        && !__atomic_exchange_n(&shim_warned_redis, 1, __ATOMIC_RELAXED)) {
+        shim_warn("Redis could not decide for rule \"%s\" (%s); policy "
+                  "\"%s\" applies (further errors are not reported)",
+                  r->name, tb_err_name(res->err),
+                  tb_policy_name(shim_conf.opts.policy));
+    }
+    sigpipe_restore(&sp);
+    pthread_setcancelstate(cancel, NULL);
+    shim_guard--;
+}
+
+/* ---- Matching ------------------------------------------------------ */
+
+/* Split a socket address into family, address bytes and port; IPv4-mapped
+ * IPv6 addresses count as IPv4. Returns 0 for anything but a complete
+ * AF_INET / AF_INET6 address. */
+static int split_addr(const struct sockaddr *sa, socklen_t len, int *family,
+                      const unsigned char **bytes, int *port)
+{
+    if (sa == NULL) {
+        return 0;
+    }
+    if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+
+        *family = AF_INET;
+        *bytes = (const unsigned char *)&in->sin_addr;
+        *port = ntohs(in->sin_port);
+        return 1;
+    }
+    if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+
+        *port = ntohs(in6->sin6_port);
+        if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+            *family = AF_INET;
+            *bytes = (const unsigned char *)&in6->sin6_addr + 12;
+        }
+        else {
+            *family = AF_INET6;
+            *bytes = (const unsigned char *)&in6->sin6_addr;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* The first rule of the table for (family, bytes, port), or NULL. The
+ * bitmap turns away unmatched ports with one bit test; the scan after it
+ * runs only for a port that has a rule. */
+static const shim_rule_t *match(const shim_rule_t *rules, int n,
+                                const unsigned char *bitmap,
+                                const struct sockaddr *sa, socklen_t len)
+{
+    const unsigned char *bytes;
+    int family, port, i, j;
+
+    if (!split_addr(sa, len, &family, &bytes, &port)
+        || !shim_port_has_rule(bitmap, port)) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        const shim_rule_t *r = &rules[i];
+
+        if (r->port != port) {
+            continue;
+        }
+        if (r->naddrs == 0) {
+            return r;
+        }
+        for (j = 0; j < r->naddrs; j++) {
+            if (r->addrs[j].family == family
+                && memcmp(r->addrs[j].bytes, bytes,
+                          family == AF_INET ? 4 : 16) == 0) {
+                return r;
+            }
+        }
+    }
+    return NULL;
+}
+
+static int is_stream_socket(int fd)
+{
+    int type = 0;
+    socklen_t len = sizeof(type);
+
+    return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0
+           && type == SOCK_STREAM;
+}
+
+static int is_nonblocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+
+    return fl != -1 && (fl & O_NONBLOCK) != 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sleep ms milliseconds of monotonic time, resuming after signals. */
+static void sleep_ms(int64_t ms)
+{
+    struct timespec until;
+
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(ms / 1000);
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL)
+           == EINTR) {
+    }
+}
+
+/* ---- Outbound ------------------------------------------------------ */
+
+/* connect() for a destination that matched rule r: spend a token first,
+ * as the head comment describes. errno is the caller's unless we fail. */
+static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
+                           const shim_rule_t *r)
+{
+    int saved = errno, nonblock, loops;
+    int64_t deadline, now, wait;
+    tb_result_t res;
+
+    if (!is_stream_socket(fd) || fds_is_ours(fd)) {
+        errno = saved;
+        return call_connect(fd, sa, len);
+    }
+    nonblock = is_nonblocking(fd);
+    deadline = now_ms() + r->max_wait_ms;
+    for (loops = 0; loops < SHIM_MAX_WAIT_LOOPS; loops++) {
+        shim_decide(r, r->key, r->key_len, &res);
+        if (res.allowed) {
+            errno = saved;
+            return call_connect(fd, sa, len);
+        }
+        if (nonblock && !r->nonblock_wait) {
+            errno = r->nonblock_errno;
+            return -1;
+        }
+        if (r->on_limit != SHIM_ON_WAIT || res.retry_ms < 0) {
+            break;
+        }
+        wait = res.retry_ms > 0 ? res.retry_ms : 1;
+        now = now_ms();
+        if (now + wait > deadline) {
+            break;
+        }
+        sleep_ms(wait);
+    }
+    errno = r->fail_errno;
+    return -1;
+}
+
+SHIM_EXPORT int connect(int fd, __CONST_SOCKADDR_ARG addr, socklen_t len)
+{
+    const struct sockaddr *sa = SA_CONST_PTR(addr);
+    const shim_rule_t *r;
+    int rc, saved;
+
+    if (shim_guard) {
+        /* hiredis inside the core, or our own initialisation. */
+        rc = call_connect(fd, sa, len);
+        if (rc == 0 || errno == EINPROGRESS) {
+            saved = errno;
+            fds_record(fd);
+            errno = saved;
+        }
+        return rc;
+    }
+    if (!shim_active() || shim_conf.nout == 0
+        || (r = match(shim_conf.out, shim_conf.nout, shim_conf.out_ports,
+                      sa, len)) == NULL) {
+        return call_connect(fd, sa, len);
+    }
+    return limited_connect(fd, sa, len, r);
+}
+
+/* ---- Inbound ------------------------------------------------------- */
+
+/* The rule for an accepted connection, matched on its local address (the
+ * one the client reached). One getsockname() per accept when there are
+ * inbound rules at all. */
+static const shim_rule_t *match_accepted(int cfd)
+{
+    struct sockaddr_storage local;
+    socklen_t len = sizeof(local);
+
+    if (getsockname(cfd, (struct sockaddr *)&local, &len) != 0) {
+        return NULL;
+    }
+    return match(shim_conf.in, shim_conf.nin, shim_conf.in_ports,
+                 (const struct sockaddr *)&local, len);
+}
+
+/* The bucket key of an accepted connection: the peer's IP as text, or the
+ * rule's fixed key. Returns the length. */
+static size_t inbound_key(const shim_rule_t *r,
+                          const struct sockaddr_storage *peer,
+                          socklen_t plen, char *buf, size_t buflen,
+                          const char **key)
+{
+    const unsigned char *bytes;
+    int family, port;
+
+    if (r->key_kind != SHIM_KEY_PEER) {
+        *key = r->key;
+        return r->key_len;
+    }
+    *key = buf;
+    if (!split_addr((const struct sockaddr *)peer, plen, &family, &bytes,
+                    &port)
+        || inet_ntop(family, bytes, buf, (socklen_t)buflen) == NULL) {
+        snprintf(buf, buflen, "unknown");
+    }
+    return strlen(buf);
+}
+
+/* Answer a refused connection with a minimal 429 and close it. Reading
+ * the request first (briefly) matters: closing a socket with unread data
+ * sends a reset, which can destroy the response at the client. */
+static void reject_http429(int cfd, int64_t retry_ms)
+{
+    char buf[512];
+    struct pollfd p;
+    long long secs = retry_ms > 0 ? (retry_ms + 999) / 1000 : 60;
+    int n, i;
+
+    if (retry_ms == 0) {
+        secs = 1;
+    }
+    p.fd = cfd;
+    p.events = POLLIN;
+    if (poll(&p, 1, SHIM_429_READ_MS) > 0) {
+        for (i = 0; i < 16 && recv(cfd, buf, sizeof(buf), MSG_DONTWAIT) > 0;
+             i++) {
+        }
+    }
+    n = snprintf(buf, sizeof(buf),
+                 "HTTP/1.1 429 Too Many Requests\r\n"
+                 "Retry-After: %lld\r\n"
+                 "Content-Type: text/plain\r\n"
+                 "Content-Length: 18\r\n"
+                 "Connection: close\r\n"
+                 "\r\n"
+                 "Too Many Requests\n", secs);
+    (void)send(cfd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)shutdown(cfd, SHUT_WR);
+    (void)close(cfd);
+}
+
+/* accept()/accept4() under the inbound rules. The peer address is always
+ * fetched (the key may need it) and copied out to the caller's buffer
+ * with accept()'s truncation rules. */
+static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
+                          int flags, int plain)
+{
+    struct sockaddr_storage peer;
+    socklen_t plen;
+    const shim_rule_t *r;
+    tb_result_t res;
+    char ipbuf[INET6_ADDRSTRLEN];
+    const char *key;
+    size_t klen;
+    int saved = errno, cfd, rejects = 0, nonblock = -1;
+
+    for (;;) {
+        plen = sizeof(peer);
+        cfd = call_accept4(fd, (struct sockaddr *)&peer, &plen, flags, plain);
+        if (cfd < 0) {
+            return cfd;
+        }
+        if ((r = match_accepted(cfd)) == NULL) {
+            break;
+        }
+        klen = inbound_key(r, &peer, plen, ipbuf, sizeof(ipbuf), &key);
+        shim_decide(r, key, klen, &res);
+        if (res.allowed) {
+            break;
+        }
+        if (r->action == SHIM_ACT_HTTP429) {
+            reject_http429(cfd, res.retry_ms);
+        }
+        else {
+            (void)close(cfd);
+        }
+        if (nonblock < 0) {
+            nonblock = is_nonblocking(fd);
+        }
+        if (nonblock && ++rejects >= SHIM_MAX_REJECTS) {
+            errno = EAGAIN;
+            return -1;
+        }
+    }
+    if (addr != NULL && alen != NULL) {
+        memcpy(addr, &peer, plen < *alen ? plen : *alen);
+        *alen = plen;
+    }
+    errno = saved;
+    return cfd;
+}
+
+SHIM_EXPORT int accept(int fd, __SOCKADDR_ARG addr, socklen_t *alen)
+{
+    struct sockaddr *sa = SA_PTR(addr);
+
+    if (shim_guard || !shim_active() || shim_conf.nin == 0) {
+        return call_accept4(fd, sa, alen, 0, 1);
+    }
+    return limited_accept(fd, sa, alen, 0, 1);
+}
+
+SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
+                        int flags)
+{
+    struct sockaddr *sa = SA_PTR(addr);
+
+    if (shim_guard || !shim_active() || shim_conf.nin == 0) {
+        return call_accept4(fd, sa, alen, flags, 0);
+    }
+    return limited_accept(fd, sa, alen, flags, 0);
+}

@@ -1,0 +1,181 @@
+"""shimlib.py -- helpers for the LD_PRELOAD shim tests (test_shim_*.py).
+
+The test programs under progs/ (and bench/shim_connect.c) are compiled
+once per session into a temp dir. Every program that should be limited
+runs with LD_PRELOAD=<build>/libtbucket_preload.so and TBUCKET_CONFIG
+pointing at a config written by the test. Servers are started by PID and
+stopped by PID; every wait is bounded.
+"""
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tbenv import BUILD, require, stop_pid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGS_SRC = os.path.join(HERE, "progs")
+SHIM_SO = os.path.join(BUILD, "libtbucket_preload.so")
+CURL = "/usr/bin/curl"
+PHP_CGI = "/usr/bin/php-cgi8.2"
+
+
+def _cc(args, cwd):
+    gcc = require("/usr/bin/gcc", "gcc")
+    subprocess.run([gcc, "-O2", "-g", "-Wall", "-pthread"] + args, cwd=cwd,
+                   check=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def progs(tmp_path_factory):
+    """Compile the test programs once; return {name: path}."""
+    if not os.path.exists(SHIM_SO):
+        pytest.fail("%s is missing: run make first" % SHIM_SO)
+    out = str(tmp_path_factory.mktemp("progs"))
+    src = PROGS_SRC
+    for name in ("tb_srv", "tb_cli", "closer"):
+        _cc([os.path.join(src, name + ".c"), "-o", os.path.join(out, name)],
+            out)
+    _cc(["-shared", "-fPIC", os.path.join(src, "ctor_lib.c"), "-o",
+         os.path.join(out, "libctor.so")], out)
+    _cc([os.path.join(src, "ctor_main.c"), "-o",
+         os.path.join(out, "ctor_main"), "-L" + out, "-lctor",
+         "-Wl,-rpath," + out], out)
+    _cc([os.path.join(src, "connect_loop.c"), "-o",
+         os.path.join(out, "connect_loop")], out)
+    # A second name for the client: a "$program" key must differ by name.
+    shutil.copy(os.path.join(out, "tb_cli"), os.path.join(out, "tb_cli2"))
+    names = ("tb_srv", "tb_cli", "tb_cli2", "closer", "ctor_main",
+             "connect_loop")
+    return {n: os.path.join(out, n) for n in names}
+
+
+def write_conf(path, redis, body="", **scalars):
+    """Write a shim config: redis_url and timeouts first, then scalars
+    (Python values become libconfig ones), then body (rules, verbatim)."""
+    settings = {"redis_url": redis.url if redis else "redis://127.0.0.1:1",
+                "timeout_ms": 50, "connect_timeout_ms": 50}
+    settings.update(scalars)
+    lines = []
+    for k, v in settings.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, str):
+            v = '"%s"' % v
+        lines.append("%s = %s;" % (k, v))
+    with open(str(path), "w") as f:
+        f.write("\n".join(lines) + "\n" + body + "\n")
+    return str(path)
+
+
+def shim_env(conf, **extra):
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = SHIM_SO
+    if conf is None:
+        env.pop("TBUCKET_CONFIG", None)
+    else:
+        env["TBUCKET_CONFIG"] = str(conf)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def plain_env():
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.pop("TBUCKET_CONFIG", None)
+    return env
+
+
+def parse_kv(line):
+    """'who=main ok=3 errs=A:1,B:2' -> dict, numbers as int."""
+    out = {}
+    for tok in line.split():
+        if "=" not in tok:
+            continue
+        k, v = tok.split("=", 1)
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def errs(summary):
+    """The errs=NAME:n,... field as a dict."""
+    e = summary.get("errs", "")
+    if not e or isinstance(e, int):
+        return {}
+    return {k: int(v) for k, v in (x.split(":") for x in e.split(","))}
+
+
+class Proc:
+    """A server started by PID; reads its "ready <port>" line."""
+
+    def __init__(self, argv, env, ready_timeout=10.0):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.port = None
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [],
+                                    max(0.0, deadline - time.monotonic()))
+            if not r:
+                break
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("ready "):
+                self.port = int(line.split()[1])
+                return
+        self.stop()
+        raise RuntimeError("%s did not become ready: %s" %
+                           (argv, self.proc.stderr.read()))
+
+    def stop(self):
+        """SIGTERM by PID; return (stdout, stderr) of the rest."""
+        stop_pid(self.proc)
+        try:
+            out, err = self.proc.communicate(timeout=10)
+        except (ValueError, subprocess.TimeoutExpired):
+            out, err = "", ""
+        return out or "", err or ""
+
+
+def run(argv, env, timeout=60, check=True):
+    """Run a program to completion (bounded); return CompletedProcess."""
+    p = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError("%s exited %d: %s" % (argv, p.returncode,
+                                                   p.stderr))
+    return p
+
+
+def cli(progs, args, env, timeout=60, name="tb_cli"):
+    """Run tb_cli; return its summary lines as dicts (the last one for a
+    single process) and stderr."""
+    p = run([progs[name]] + [str(a) for a in args], env, timeout=timeout)
+    lines = [parse_kv(l) for l in p.stdout.splitlines() if l.startswith("who=")]
+    return lines, p.stderr
+
+
+def bucket(redis, key):
+    """The stored hash of a bucket key: {'tokens': float, 'ts': int}, or
+    {} when missing."""
+    h = redis.client().hgetall(key)
+    return {k.decode(): float(v) for k, v in h.items()}
+
+
+def redis_clients(redis):
+    """Connections Redis sees, excluding the one asking."""
+    return [c for c in redis.client().client_list()
+            if c.get("cmd") != "client|list"]
+
+
+def stderr_lines(text):
+    return [l for l in text.splitlines() if l.strip()]

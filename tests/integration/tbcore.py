@@ -1,0 +1,239 @@
+"""tbcore.py -- helpers and fixtures for the core's integration tests.
+
+Drives build/tb_driver (tests/integration/tb_driver.c), one long-lived
+libtb client per process, over its line protocol; loads the shared test
+vectors; starts extra redis-servers with their own settings. Every process
+started here is stopped by PID at teardown, and every wait is bounded.
+
+Test files import the fixtures they use by name, e.g.
+    from tbcore import drivers, make_redis  # noqa: F401
+"""
+import hashlib
+import os
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tbenv import BUILD, ROOT, Redis, require, stop_pid
+
+VECTORS = os.path.join(ROOT, "tests", "vectors", "token_bucket.tsv")
+SCRIPT = os.path.join(ROOT, "shared", "tb_bucket.lua")
+
+
+def pct(key):
+    """Percent-encode a key (bytes or str) for the driver's KEY argument."""
+    if isinstance(key, str):
+        key = key.encode()
+    if key == b"":
+        return "%"
+    safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+               b"0123456789-_.:")
+    return "".join(chr(b) if b in safe else "%%%02X" % b for b in key)
+
+
+def sanitized(key):
+    """The documented sanitised form of a client key (tb.h)."""
+    if isinstance(key, str):
+        key = key.encode()
+    raw = (len(key) <= 128 and not key.startswith(b"#")
+           and all(0x21 <= b <= 0x7e and b not in b"{}" for b in key))
+    if raw:
+        return key
+    return b"#" + hashlib.sha256(key).hexdigest()[:32].encode()
+
+
+def redis_key(prefix, key, route=None):
+    """The Redis key the core must use for a client key (tb.h)."""
+    k = prefix.encode() + b"{" + sanitized(key) + b"}"
+    if route:
+        k += b":route:" + route.encode()
+    return k
+
+
+def parse_kv(line):
+    """'ok a=1 b=x' -> {'a': 1, 'b': 'x'} (ints where they parse)."""
+    out = {}
+    for tok in line.split()[1:]:
+        if "=" not in tok:
+            continue
+        k, v = tok.split("=", 1)
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+class Driver:
+    """One tb_driver process: send a command, get its one-line answer."""
+
+    def __init__(self, args, build=BUILD):
+        exe = require(os.path.join(build, "tb_driver"),
+                      "the core build (make build/tb_driver)")
+        self.args = [exe] + [str(a) for a in args]
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        self.buf = b""
+        self.ready = self.line(timeout=10)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def line(self, timeout=10.0):
+        """The next output line, waiting at most timeout seconds."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("tb_driver: no answer in %.1fs" % timeout)
+            r, _, _ = select.select([fd], [], [], left)
+            if r:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise EOFError("tb_driver exited (rc %s): %s" % (
+                        self.proc.poll(), self.proc.stderr.read(4096)))
+                self.buf += chunk
+        out, self.buf = self.buf.split(b"\n", 1)
+        return out.decode()
+
+    def send(self, cmd):
+        self.proc.stdin.write(cmd.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def raw(self, cmd, timeout=10.0):
+        self.send(cmd)
+        return self.line(timeout)
+
+    def cmd(self, cmd, timeout=10.0):
+        """Run a command that must succeed; its answer as a dict."""
+        out = self.raw(cmd, timeout)
+        assert out.startswith("ok"), "%s -> %s" % (cmd[:200], out)
+        return parse_kv(out)
+
+    def take(self, key, *buckets, now=None, timeout=10.0):
+        """take KEY CAP RATE COST [ROUTE CAP RATE COST ...]"""
+        parts = ["take" if now is None else "take_at %d" % now, pct(key)]
+        parts += [repr(b) if isinstance(b, float) else str(b)
+                  for b in buckets]
+        return self.cmd(" ".join(parts), timeout)
+
+    def stats(self):
+        return self.cmd("stats")
+
+    def breaker(self):
+        return self.cmd("breaker")["state"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                self.send("quit")
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        stop_pid(self.proc, signal.SIGKILL)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def drivers():
+    """A factory for tb_driver processes, all stopped at teardown."""
+    started = []
+
+    def start(url, *args, **opts):
+        argv = ["--url", url] + list(args)
+        for k, v in opts.items():
+            argv += ["--" + k.replace("_", "-"), v]
+        d = Driver(argv)
+        started.append(d)
+        assert d.ready.startswith("ok ready"), d.ready
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture
+def make_redis(tmp_path):
+    """A factory for extra redis-servers (own settings), stopped by PID."""
+    started = []
+
+    def start(name="extra", extra=None, port=None):
+        r = Redis(tmp_path / name, port=port, extra=extra)
+        started.append(r)
+        return r.start()
+
+    yield start
+    for r in started:
+        r.stop()
+
+
+def load_vectors():
+    """The vector table: a list of (id, now_ms, buckets, verdict)."""
+    cols = ("id i exists tokens ts_ms now_ms capacity rate_per_sec cost "
+            "allowed remaining retry_ms binding new_tokens new_ts_ms "
+            "ttl_ms").split()
+    vecs = []
+    with open(VECTORS) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line or line.startswith("#"):
+                continue
+            row = dict(zip(cols, line.split("\t")))
+            assert len(line.split("\t")) == len(cols), line
+            b = {
+                "exists": row["exists"] == "1",
+                "tokens": None if row["tokens"] == "-"
+                else float(row["tokens"]),
+                "ts_ms": None if row["ts_ms"] == "-" else int(row["ts_ms"]),
+                "capacity": float(row["capacity"]),
+                "rate": float(row["rate_per_sec"]),
+                "cost": float(row["cost"]),
+                "new_tokens": float(row["new_tokens"]),
+                "new_ts_ms": int(row["new_ts_ms"]),
+                "ttl_ms": int(row["ttl_ms"]),
+            }
+            verdict = [int(row[k]) for k in
+                       ("allowed", "remaining", "retry_ms", "binding")]
+            if int(row["i"]) == 0:
+                vecs.append((row["id"], int(row["now_ms"]), [b], verdict))
+            else:
+                vid, now, buckets, v = vecs[-1]
+                assert vid == row["id"] and now == int(row["now_ms"])
+                assert v == verdict and len(buckets) == int(row["i"])
+                buckets.append(b)
+    return vecs
+
+
+def num(x):
+    """A double as the shortest string that reads back to the same value."""
+    return repr(float(x))
+
+
+def info_commandstats(r):
+    """{'evalsha': calls, ...} from INFO commandstats."""
+    out = {}
+    for k, v in r.info("commandstats").items():
+        if k.startswith("cmdstat_"):
+            out[k[len("cmdstat_"):]] = int(v["calls"])
+    return out
+
+
+def wait_until(pred, timeout, step=0.02):
+    """Poll pred() until true or timeout seconds; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(step)

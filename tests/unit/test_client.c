@@ -1,0 +1,590 @@
+/* test_client.c -- unit tests for tb_client.c without a Redis server.
+ *
+ * What can be checked with Redis unreachable: option validation (a bad
+ * option is a clear error, never a crash), each failure policy's answer,
+ * and the circuit breaker, which must open after the threshold and then
+ * stop calling Redis until the cooldown ends. The clock is the swappable
+ * tb_clock_now_us, driven by hand, so nothing sleeps. "Unreachable" is a
+ * closed loopback port (refused at once), or a listening socket that never
+ * accepts (the connect succeeds in the kernel and the command times out);
+ * the latter also lets the test count every connection the client makes.
+ * Decisions against a real Redis are in tests/integration/test_core_*.py.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tb.h"
+
+/* ---- Fixtures ----------------------------------------------------------- */
+
+static tb_monotime_us fake_now_us = 1000000000;
+
+static tb_monotime_us fake_clock(void)
+{
+    return fake_now_us;
+}
+
+/* A loopback port with nothing listening: bound, then closed. */
+static int closed_port(void)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+    assert_true(fd >= 0);
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+/* A listening socket that never accepts on its own; *port gets its port.
+ * The kernel completes each connect, so a client's command just waits. */
+static int silent_listener(int *port)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(fd, 64), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+/* Connections the client has made to the listener since the last call. */
+static int drain_accepts(int lfd)
+{
+    int n = 0, fd;
+
+    while ((fd = accept(lfd, NULL, NULL)) >= 0) {
+        close(fd);
+        n++;
+    }
+    assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+    return n;
+}
+
+static tb_client_t *client_at(int port, tb_policy_t policy, int threshold,
+                              int64_t cooldown_ms, tb_stats_t *stats)
+{
+    tb_options_t o;
+    tb_client_t *c;
+    char url[64], err[128] = "";
+
+    tb_options_init(&o);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    o.url = url;
+    o.timeout_ms = 30;
+    o.pool_size = 2;
+    o.policy = policy;
+    o.breaker_threshold = threshold;
+    o.breaker_cooldown_ms = cooldown_ms;
+    o.stats = stats;
+    c = tb_client_create(&o, err, sizeof(err));
+    if (!c) {
+        fail_msg("tb_client_create: %s", err);
+    }
+    return c;
+}
+
+static int decide1(tb_client_t *c, double cap, double rate, double cost,
+                   tb_result_t *res)
+{
+    tb_take_t t;
+
+    memset(&t, 0, sizeof(t));
+    t.limit.capacity = cap;
+    t.limit.rate_per_sec = rate;
+    t.cost = cost;
+    t.route = NULL;
+    return tb_client_decide(c, "tb:", "client-1", 8, &t, 1, res);
+}
+
+/* ---- Options ------------------------------------------------------------ */
+
+static void test_client_options_defaults(void **state)
+{
+    tb_options_t o;
+
+    (void)state;
+    memset(&o, 0x5a, sizeof(o));
+    tb_options_init(&o);
+    assert_int_equal(o.timeout_ms, 50);
+    assert_int_equal(o.pool_size, 4);
+    assert_int_equal(o.breaker_threshold, 5);
+    assert_int_equal(o.breaker_cooldown_ms, 10000);
+    assert_int_equal(o.policy, TB_POLICY_OPEN);
+    assert_int_equal(o.replicas, 1);
+    assert_int_equal(o.local_entries, 4096);
+    assert_null(o.local);
+    assert_null(o.stats);
+    assert_int_equal(o.closed_retry_ms, 1000);
+}
+
+/* The defaults make a client without any other setting. */
+static void test_client_create_with_defaults(void **state)
+{
+    tb_options_t o;
+    tb_client_t *c;
+    char err[128] = "";
+    int size = -1, open = -1, in_use = -1;
+
+    (void)state;
+    tb_options_init(&o);
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    tb_client_pool_usage(c, &size, &open, &in_use);
+    assert_int_equal(size, 4);
+    assert_int_equal(open, 0); /* Creating does not connect. */
+    assert_int_equal(in_use, 0);
+    assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_CLOSED);
+    assert_non_null(tb_client_stats(c));
+    assert_int_equal(tb_client_stats(c)->decisions, 0);
+    tb_client_free(c);
+}
+
+/* Each bad option is refused with a message; the message fits the
+ * caller's buffer, even a tiny one; no buffer at all is no crash. */
+static void test_client_create_bad_options(void **state)
+{
+    enum { URL, TIMEOUT0, TIMEOUTNEG, CTIMEOUTNEG, POOL0, POOLNEG, THRESH0,
+           COOLNEG, POLICY, REPLICAS0, REPLICASNEG, NBAD };
+    static const char *urls[] = {"http://x", "redis://h:0", "unix:", "", "x"};
+    int k, u;
+
+    (void)state;
+    for (k = 0; k < NBAD; k++) {
+        for (u = 0; u < (k == URL ? 5 : 1); u++) {
+            tb_options_t o;
+            char err[128 + 8], tiny[6 + 8];
+            size_t i;
+
+            tb_options_init(&o);
+            o.url = "redis://127.0.0.1:6379";
+            switch (k) {
+            case URL: o.url = urls[u]; break;
+            case TIMEOUT0: o.timeout_ms = 0; break;
+            case TIMEOUTNEG: o.timeout_ms = -5; break;
+            case CTIMEOUTNEG: o.connect_timeout_ms = -5; break;
+            case POOL0: o.pool_size = 0; break;
+            case POOLNEG: o.pool_size = -1; break;
+            case THRESH0: o.breaker_threshold = 0; break;
+            case COOLNEG: o.breaker_cooldown_ms = -1; break;
+            case POLICY: o.policy = (tb_policy_t)7; break;
+            case REPLICAS0: o.policy = TB_POLICY_LOCAL; o.replicas = 0; break;
+            case REPLICASNEG: o.replicas = -2; break;
+            }
+            memset(err, 0x5a, sizeof(err));
+            if (tb_client_create(&o, err, 128) != NULL) {
+                fail_msg("bad option %d/%d accepted", k, u);
+            }
+            if (err[0] == '\0' || err[0] == 0x5a || !memchr(err, '\0', 128)) {
+                fail_msg("bad option %d/%d: no clear message", k, u);
+            }
+            for (i = 128; i < sizeof(err); i++) {
+                assert_int_equal((unsigned char)err[i], 0x5a);
+            }
+            memset(tiny, 0x5a, sizeof(tiny));
+            assert_null(tb_client_create(&o, tiny, 6));
+            assert_non_null(memchr(tiny, '\0', 6));
+            for (i = 6; i < sizeof(tiny); i++) {
+                assert_int_equal((unsigned char)tiny[i], 0x5a);
+            }
+            assert_null(tb_client_create(&o, NULL, 0));
+        }
+    }
+    assert_null(tb_client_create(NULL, NULL, 0));
+}
+
+static void test_client_free_null(void **state)
+{
+    (void)state;
+    tb_client_free(NULL);
+    tb_client_after_fork(NULL);
+}
+
+/* ---- Decisions with Redis unreachable ---------------------------------- */
+
+/* Bad decide arguments: TB_ERR with TB_ERR_ARG, and Redis is not asked. */
+static void test_client_decide_bad_arguments(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_take_t t[TB_MAX_BUCKETS + 1];
+    tb_result_t res;
+    int k;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_OPEN, 5, 1000, &st);
+    for (k = 0; k <= TB_MAX_BUCKETS; k++) {
+        t[k].limit.capacity = 10;
+        t[k].limit.rate_per_sec = 1;
+        t[k].cost = 1;
+        t[k].route = "r";
+    }
+    t[0].route = NULL;
+#define BAD(call)                                                           \
+    do {                                                                    \
+        memset(&res, 0x5a, sizeof(res));                                    \
+        assert_int_equal((call), TB_ERR);                                   \
+        assert_int_equal(res.err, TB_ERR_ARG);                              \
+    } while (0)
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 0, &res));
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, TB_MAX_BUCKETS + 1, &res));
+    BAD(tb_client_decide(c, "tb:", "k", 1, NULL, 1, &res));
+    BAD(tb_client_decide(c, "bad prefix", "k", 1, t, 1, &res));
+    BAD(tb_client_decide(c, "", "k", 1, t, 1, &res));
+    BAD(tb_client_decide(c, NULL, "k", 1, t, 1, &res));
+    BAD(tb_client_decide(c, "tb:", NULL, 3, t, 1, &res));
+    BAD(tb_client_decide(NULL, "tb:", "k", 1, t, 1, &res));
+    t[1].route = "bad route!";
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 2, &res));
+    t[1].route = "r";
+    t[0].limit.capacity = 0;
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 1, &res));
+    t[0].limit.capacity = 10;
+    t[0].limit.rate_per_sec = -1;
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 1, &res));
+    t[0].limit.rate_per_sec = 1;
+    t[0].cost = -1;
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 1, &res));
+#undef BAD
+    assert_int_equal(st.redis_calls, 0);
+    assert_int_equal(st.connects, 0);
+    tb_client_free(c);
+}
+
+/* open: allowed, source open, the I/O error reported; counted. */
+static void test_client_policy_open_when_unreachable(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_result_t res;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_OPEN, 5, 1000, &st);
+    assert_int_equal(decide1(c, 10, 1, 1, &res), TB_ERR);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.source, TB_SRC_OPEN);
+    assert_int_equal(res.err, TB_ERR_IO);
+    assert_int_equal(res.retry_ms, 0);
+    assert_true(res.limit == 10);
+    assert_int_equal(st.decisions, 1);
+    assert_int_equal(st.allowed, 1);
+    assert_int_equal(st.redis_errors, 1);
+    assert_int_equal(st.errors[TB_ERR_IO], 1);
+    assert_int_equal(st.fallback_open, 1);
+    assert_int_equal(c->err, TB_ERR_IO);
+    assert_true(c->errstr[0] != '\0');
+    tb_client_free(c);
+}
+
+/* closed: rejected, with a retry-after to give the client. */
+static void test_client_policy_closed_when_unreachable(void **state)
+{
+    tb_stats_t st;
+    tb_options_t o;
+    tb_client_t *c;
+    tb_result_t res;
+    char url[64], err[128];
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    tb_options_init(&o);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", closed_port());
+    o.url = url;
+    o.policy = TB_POLICY_CLOSED;
+    o.closed_retry_ms = 1234;
+    o.stats = &st;
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    assert_int_equal(decide1(c, 10, 1, 1, &res), TB_ERR);
+    assert_int_equal(res.allowed, 0);
+    assert_int_equal(res.source, TB_SRC_CLOSED);
+    assert_int_equal(res.err, TB_ERR_IO);
+    assert_int_equal(res.retry_ms, 1234);
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.fallback_closed, 1);
+    tb_client_free(c);
+}
+
+/* local: a local bucket of capacity/replicas and rate/replicas, in a
+ * caller-supplied table, driven by the injected clock. */
+static void test_client_policy_local_when_unreachable(void **state)
+{
+    tb_stats_t st;
+    tb_options_t o;
+    tb_client_t *c;
+    tb_result_t res;
+    void *mem;
+    tb_local_t *table;
+    char url[64], err[128];
+    int k, allowed = 0;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    mem = malloc(tb_local_size(64));
+    assert_non_null(mem);
+    table = tb_local_init(mem, 64);
+    tb_options_init(&o);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", closed_port());
+    o.url = url;
+    o.policy = TB_POLICY_LOCAL;
+    o.replicas = 3;
+    o.local = table;
+    o.breaker_threshold = 1000;
+    o.stats = &st;
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    for (k = 0; k < 10; k++) {
+        assert_int_equal(decide1(c, 9, 3, 1, &res), TB_ERR);
+        assert_int_equal(res.source, TB_SRC_LOCAL);
+        assert_int_equal(res.err, TB_ERR_IO);
+        allowed += res.allowed;
+    }
+    assert_int_equal(allowed, 3); /* 9 / 3 replicas. */
+    assert_int_equal(res.retry_ms, 1000); /* 1 token/s locally. */
+    assert_int_equal(tb_local_used(table), 1);
+    assert_int_equal(st.fallback_local, 10);
+    fake_now_us += 1000000;
+    assert_int_equal(decide1(c, 9, 3, 1, &res), TB_ERR);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.source, TB_SRC_LOCAL);
+    tb_client_free(c);
+    free(mem);
+}
+
+/* local with the client's own table (none supplied). */
+static void test_client_policy_local_own_table(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_result_t res;
+    int k, allowed = 0;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_LOCAL, 1000, 1000, &st);
+    for (k = 0; k < 5; k++) {
+        decide1(c, 2, 1, 1, &res);
+        assert_int_equal(res.source, TB_SRC_LOCAL);
+        allowed += res.allowed;
+    }
+    assert_int_equal(allowed, 2);
+    tb_client_free(c);
+}
+
+/* A decision over TB_MAX_BUCKETS buckets keeps every bucket's key: after
+ * an 8-bucket local decision took the main bucket's only token, the main
+ * bucket alone is empty. (Also run under make asan: the argument vector
+ * for the script is built before Redis is found unreachable.) */
+static void test_client_decide_max_buckets(void **state)
+{
+    static const char *routes[TB_MAX_BUCKETS] = {
+        NULL, "r1", "r2", "r3", "r4", "r5", "r6", "r7",
+    };
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_take_t t[TB_MAX_BUCKETS];
+    tb_result_t res;
+    int k;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_LOCAL, 1000, 1000, &st);
+    for (k = 0; k < TB_MAX_BUCKETS; k++) {
+        t[k].limit.capacity = k == 0 ? 1 : 10;
+        t[k].limit.rate_per_sec = 0.001;
+        t[k].cost = 1;
+        t[k].route = routes[k];
+    }
+    assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, TB_MAX_BUCKETS,
+                                      &res), TB_ERR);
+    assert_int_equal(res.source, TB_SRC_LOCAL);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.remaining, 0);
+    assert_int_equal(res.binding, 0);
+    assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, 1, &res),
+                     TB_ERR);
+    assert_int_equal(res.allowed, 0);
+    assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t + 7, 1, &res),
+                     TB_ERR);
+    assert_int_equal(res.allowed, 1);
+    tb_client_free(c);
+}
+
+/* The breaker opens after `threshold` consecutive failures, answers by the
+ * policy without calling Redis while open, lets one probe through after
+ * the cooldown and reopens when that probe fails. */
+static void test_client_breaker_opens_and_stops_calling(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_result_t res;
+    int k;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_CLOSED, 3, 1000, &st);
+    for (k = 0; k < 3; k++) {
+        assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_CLOSED);
+        decide1(c, 10, 1, 1, &res);
+        assert_int_equal(res.err, TB_ERR_IO);
+    }
+    assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_OPEN);
+    assert_int_equal(st.breaker_opens, 1);
+    assert_int_equal(st.redis_calls, 3);
+    for (k = 0; k < 20; k++) {
+        fake_now_us += 49000;
+        assert_int_equal(decide1(c, 10, 1, 1, &res), TB_ERR);
+        assert_int_equal(res.err, TB_ERR_BREAKER);
+        assert_int_equal(res.source, TB_SRC_CLOSED);
+        assert_int_equal(res.allowed, 0);
+        /* Closed policy + open breaker: retry when the probe is due. */
+        assert_true(res.retry_ms > 0 && res.retry_ms <= 1000);
+        assert_int_equal(res.redis_us, 0);
+    }
+    assert_int_equal(st.redis_calls, 3);
+    assert_int_equal(st.breaker_skips, 20);
+    assert_int_equal(st.decisions, 23);
+    /* 20 x 49 ms = 980 ms: 20 ms to go. */
+    fake_now_us += 19000;
+    decide1(c, 10, 1, 1, &res);
+    assert_int_equal(res.err, TB_ERR_BREAKER);
+    fake_now_us += 1000;
+    decide1(c, 10, 1, 1, &res); /* The probe: it fails. */
+    assert_int_equal(res.err, TB_ERR_IO);
+    assert_int_equal(st.redis_calls, 4);
+    assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_OPEN);
+    decide1(c, 10, 1, 1, &res);
+    assert_int_equal(res.err, TB_ERR_BREAKER);
+    assert_int_equal(st.redis_calls, 4);
+    fake_now_us += 1000000;
+    decide1(c, 10, 1, 1, &res);
+    assert_int_equal(st.redis_calls, 5);
+    tb_client_free(c);
+}
+
+/* The same, counted at the socket: a listener that never answers sees one
+ * connection per attempt until the breaker opens, none while it is open,
+ * and the probe after the cooldown. Each attempt times out (30 ms), and
+ * the call returns within the timeout plus a margin. */
+static void test_client_breaker_counts_connections(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_result_t res;
+    int lfd, port, k, seen = 0;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    lfd = silent_listener(&port);
+    c = client_at(port, TB_POLICY_OPEN, 2, 500, &st);
+    for (k = 0; k < 2; k++) {
+        tb_monotime_us t0 = tb_clock_monotonic_us(), dt;
+
+        decide1(c, 10, 1, 1, &res);
+        dt = tb_clock_monotonic_us() - t0;
+        assert_int_equal(res.err, TB_ERR_TIMEOUT);
+        assert_int_equal(res.source, TB_SRC_OPEN);
+        assert_int_equal(res.allowed, 1);
+        if (dt < 25000 || dt > 30000 + 100000) {
+            fail_msg("a 30 ms timeout took %lld us", (long long)dt);
+        }
+        seen += drain_accepts(lfd);
+    }
+    assert_true(seen >= 2);
+    assert_int_equal(st.errors[TB_ERR_TIMEOUT], 2);
+    assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_OPEN);
+    for (k = 0; k < 50; k++) {
+        decide1(c, 10, 1, 1, &res);
+        assert_int_equal(res.err, TB_ERR_BREAKER);
+    }
+    assert_int_equal(drain_accepts(lfd), 0);
+    fake_now_us += 500000;
+    decide1(c, 10, 1, 1, &res);
+    assert_int_equal(res.err, TB_ERR_TIMEOUT);
+    assert_int_equal(drain_accepts(lfd), 1);
+    tb_client_free(c);
+    close(lfd);
+}
+
+/* Statistics helpers: a latency lands in the first bucket whose bound
+ * holds it, the last bucket takes everything larger. */
+static void test_client_stats_latency_histogram(void **state)
+{
+    tb_stats_t s;
+    uint64_t total = 0;
+    int k;
+
+    (void)state;
+    memset(&s, 0, sizeof(s));
+    for (k = 1; k < TB_LAT_BUCKETS - 1; k++) {
+        assert_true(tb_lat_bounds_us[k] > tb_lat_bounds_us[k - 1]);
+    }
+    tb_stats_latency(&s, 0);
+    assert_int_equal(s.lat_count[0], 1);
+    tb_stats_latency(&s, tb_lat_bounds_us[0]);
+    assert_int_equal(s.lat_count[0], 2);
+    tb_stats_latency(&s, tb_lat_bounds_us[0] + 1);
+    assert_int_equal(s.lat_count[1], 1);
+    tb_stats_latency(&s, tb_lat_bounds_us[TB_LAT_BUCKETS - 2] + 1);
+    tb_stats_latency(&s, INT64_MAX / 2);
+    assert_int_equal(s.lat_count[TB_LAT_BUCKETS - 1], 2);
+    for (k = 0; k < TB_LAT_BUCKETS; k++) {
+        total += s.lat_count[k];
+    }
+    assert_int_equal(total, 5);
+    tb_stats_add(&s.decisions, 3);
+    tb_stats_add(&s.decisions, 4);
+    assert_int_equal(tb_stats_get(&s.decisions), 7);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_client_options_defaults),
+        cmocka_unit_test(test_client_create_with_defaults),
+        cmocka_unit_test(test_client_create_bad_options),
+        cmocka_unit_test(test_client_free_null),
+        cmocka_unit_test(test_client_decide_bad_arguments),
+        cmocka_unit_test(test_client_policy_open_when_unreachable),
+        cmocka_unit_test(test_client_policy_closed_when_unreachable),
+        cmocka_unit_test(test_client_policy_local_when_unreachable),
+        cmocka_unit_test(test_client_policy_local_own_table),
+        cmocka_unit_test(test_client_decide_max_buckets),
+        cmocka_unit_test(test_client_breaker_opens_and_stops_calling),
+        cmocka_unit_test(test_client_breaker_counts_connections),
+        cmocka_unit_test(test_client_stats_latency_histogram),
+    };
+
+    /* Before any object exists, as tb.h asks. */
+    tb_clock_now_us = fake_clock;
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,437 @@
+/* test_local.c -- unit tests for tb_local.c, the bounded local bucket
+ * table behind the `local` failure policy.
+ *
+ * The table lives in caller memory: the tests give it malloc'd memory with
+ * guard bytes after it (it must never write past tb_local_size()), and one
+ * test gives it shared memory used by a forked child. Time is injected
+ * through now_ms; nothing sleeps. Threads hammer one key to check that the
+ * lock makes the count exact.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tb.h"
+
+#define GUARD 256
+
+typedef struct table {
+    unsigned char *mem;
+    size_t size;
+    tb_local_t *t;
+} table_t;
+
+static void table_new(table_t *tab, size_t entries)
+{
+    tab->size = tb_local_size(entries);
+    tab->mem = malloc(tab->size + GUARD);
+    assert_non_null(tab->mem);
+    memset(tab->mem, 0xa5, tab->size + GUARD);
+    tab->t = tb_local_init(tab->mem, entries);
+    assert_non_null(tab->t);
+}
+
+static void table_check_guard(const table_t *tab)
+{
+    size_t i;
+
+    for (i = tab->size; i < tab->size + GUARD; i++) {
+        if (tab->mem[i] != 0xa5) {
+            fail_msg("tb_local wrote past its %zu bytes (offset %zu)",
+                     tab->size, i);
+        }
+    }
+}
+
+static void table_free(table_t *tab)
+{
+    table_check_guard(tab);
+    free(tab->mem);
+}
+
+/* One bucket: key, capacity, rate, cost, replicas, now. */
+static tb_verdict_t take1(tb_local_t *t, const char *key, double cap,
+                          double rate, double cost, int replicas,
+                          int64_t now_ms)
+{
+    tb_limit_t lim;
+    tb_verdict_t v;
+
+    lim.capacity = cap;
+    lim.rate_per_sec = rate;
+    assert_int_equal(tb_local_take(t, &key, &lim, &cost, 1, replicas, now_ms,
+                                   &v), TB_OK);
+    return v;
+}
+
+static void test_local_size_rounds_up(void **state)
+{
+    (void)state;
+    assert_true(tb_local_size(64) > 0);
+    assert_int_equal(tb_local_size(0), tb_local_size(64));
+    assert_int_equal(tb_local_size(1), tb_local_size(64));
+    assert_int_equal(tb_local_size(100), tb_local_size(128));
+    assert_true(tb_local_size(129) > tb_local_size(128));
+    assert_int_equal(tb_local_size(129), tb_local_size(256));
+    /* Per entry the cost is fixed: doubling entries doubles the array. */
+    assert_int_equal(tb_local_size(256) - tb_local_size(128),
+                     2 * (tb_local_size(128) - tb_local_size(64)));
+}
+
+/* A new key is a full bucket; its state is remembered between calls. */
+static void test_local_new_key_is_full(void **state)
+{
+    table_t tab;
+    tb_verdict_t v;
+    int k;
+
+    (void)state;
+    table_new(&tab, 64);
+    assert_int_equal(tb_local_used(tab.t), 0);
+    v = take1(tab.t, "tb:{a}", 5, 1, 1, 1, 1000);
+    assert_int_equal(v.allowed, 1);
+    assert_int_equal(v.remaining, 4);
+    assert_int_equal(tb_local_used(tab.t), 1);
+    for (k = 0; k < 4; k++) {
+        assert_int_equal(take1(tab.t, "tb:{a}", 5, 1, 1, 1, 1000).allowed,
+                         1);
+    }
+    v = take1(tab.t, "tb:{a}", 5, 1, 1, 1, 1000);
+    assert_int_equal(v.allowed, 0);
+    assert_int_equal(v.retry_ms, 1000);
+    /* Another key is another bucket. */
+    assert_int_equal(take1(tab.t, "tb:{b}", 5, 1, 1, 1, 1000).remaining, 4);
+    assert_int_equal(tb_local_used(tab.t), 2);
+    /* Refill with injected time. */
+    assert_int_equal(take1(tab.t, "tb:{a}", 5, 1, 1, 1, 2000).allowed, 1);
+    table_free(&tab);
+}
+
+/* Each of N replicas gets capacity/N and rate/N. */
+static void test_local_limits_divided_by_replicas(void **state)
+{
+    table_t tab;
+    tb_verdict_t v;
+    int k, allowed = 0;
+
+    (void)state;
+    table_new(&tab, 64);
+    v = take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 0);
+    assert_int_equal(v.remaining, 4);
+    for (k = 0; k < 20; k++) {
+        allowed += take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 0).allowed;
+    }
+    assert_int_equal(allowed, 4);
+    v = take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 0);
+    assert_int_equal(v.allowed, 0);
+    assert_int_equal(v.retry_ms, 500); /* 2 tokens/s locally. */
+    assert_int_equal(take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 500).allowed, 1);
+    /* A share that is not whole: 10 / 4 = 2.5 tokens. */
+    allowed = 0;
+    for (k = 0; k < 10; k++) {
+        allowed += take1(tab.t, "tb:{r4}", 10, 4, 1, 4, 0).allowed;
+    }
+    assert_int_equal(allowed, 2);
+    v = take1(tab.t, "tb:{r4}", 10, 4, 1, 4, 0);
+    assert_int_equal(v.retry_ms, 500); /* Half a token at 1/s. */
+    /* One replica is the whole limit. */
+    allowed = 0;
+    for (k = 0; k < 20; k++) {
+        allowed += take1(tab.t, "tb:{r1}", 10, 4, 1, 1, 0).allowed;
+    }
+    assert_int_equal(allowed, 10);
+    table_free(&tab);
+}
+
+/* All or nothing across the buckets of one call. */
+static void test_local_all_or_nothing(void **state)
+{
+    const char *keys[2] = {"tb:{u}", "tb:{u}:route:search"};
+    tb_limit_t lim[2] = {{10, 0.001}, {1, 0.001}};
+    double cost[2] = {1, 1};
+    table_t tab;
+    tb_verdict_t v;
+
+    (void)state;
+    table_new(&tab, 64);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+                     TB_OK);
+    assert_int_equal(v.allowed, 1);
+    assert_int_equal(v.remaining, 0);
+    assert_int_equal(v.binding, 1);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+                     TB_OK);
+    assert_int_equal(v.allowed, 0);
+    assert_int_equal(v.binding, 1);
+    /* The refused call took nothing from the main bucket: 9 are left. */
+    v = take1(tab.t, keys[0], 10, 0.001, 9, 1, 0);
+    assert_int_equal(v.allowed, 1);
+    assert_int_equal(v.remaining, 0);
+    table_free(&tab);
+}
+
+/* A flood of distinct keys never takes more than the table's entries and
+ * never writes outside the caller's block. */
+static void test_local_bounded_never_grows(void **state)
+{
+    table_t tab;
+    char key[64];
+    int k;
+
+    (void)state;
+    table_new(&tab, 64);
+    for (k = 0; k < 20000; k++) {
+        snprintf(key, sizeof(key), "tb:{flood-%d}", k);
+        assert_int_equal(take1(tab.t, key, 3, 1, 1, 1, k).allowed, 1);
+        assert_true(tb_local_used(tab.t) <= 64);
+    }
+    assert_true(tb_local_used(tab.t) > 32);
+    table_check_guard(&tab);
+    table_free(&tab);
+}
+
+/* A key evicted by the flood comes back as a full bucket (as a missing
+ * Redis key does); a key used all along survives it (LRU). */
+static void test_local_eviction_is_lru(void **state)
+{
+    table_t tab;
+    char key[64];
+    int64_t now = 0;
+    int k, hot_allowed = 0;
+
+    (void)state;
+    table_new(&tab, 64);
+    /* Drain "old" and "hot"; the rate is so slow nothing refills. */
+    for (k = 0; k < 3; k++) {
+        take1(tab.t, "tb:{old}", 3, 0.0001, 1, 1, now);
+    }
+    assert_int_equal(take1(tab.t, "tb:{old}", 3, 0.0001, 1, 1, now).allowed,
+                     0);
+    for (k = 0; k < 10000; k++) {
+        now++;
+        snprintf(key, sizeof(key), "tb:{cold-%d}", k);
+        take1(tab.t, key, 3, 0.0001, 1, 1, now);
+        if (k % 2 == 0) {
+            now++;
+            hot_allowed += take1(tab.t, "tb:{hot}", 5, 0.0001, 1, 1,
+                                 now).allowed;
+        }
+    }
+    /* hot was touched every other call: never the least recent in its
+     * window, so it kept its state and let exactly 5 through. */
+    assert_int_equal(hot_allowed, 5);
+    /* old was the least recent everywhere: evicted, so full again. */
+    now++;
+    assert_int_equal(take1(tab.t, "tb:{old}", 3, 0.0001, 1, 1, now).remaining,
+                     2);
+    table_free(&tab);
+}
+
+/* Keys that differ only late, or look alike, are different buckets. */
+static void test_local_keys_do_not_collide(void **state)
+{
+    static const char *keys[] = {
+        "tb:{a}", "tb:{a}:route:x", "tb:{a}:route:y", "tb:{b}",
+        "tb:{#00000000000000000000000000000000}", "tb:{A}", "tc:{a}",
+    };
+    enum { N = sizeof(keys) / sizeof(keys[0]) };
+    table_t tab;
+    size_t k;
+
+    (void)state;
+    table_new(&tab, 64);
+    for (k = 0; k < N; k++) {
+        assert_int_equal(take1(tab.t, keys[k], 1, 0.001, 1, 1, 0).allowed, 1);
+    }
+    for (k = 0; k < N; k++) {
+        assert_int_equal(take1(tab.t, keys[k], 1, 0.001, 1, 1, 0).allowed, 0);
+    }
+    assert_int_equal(tb_local_used(tab.t), N);
+    table_free(&tab);
+}
+
+typedef struct hammer {
+    tb_local_t *t;
+    const char *key;
+    int calls;
+    int allowed;
+} hammer_t;
+
+static void *hammer_main(void *arg)
+{
+    hammer_t *h = arg;
+    tb_limit_t lim = {1000, 0.001};
+    double cost = 1;
+    int k;
+
+    for (k = 0; k < h->calls; k++) {
+        tb_verdict_t v;
+
+        if (tb_local_take(h->t, &h->key, &lim, &cost, 1, 1, 0, &v) == TB_OK
+            && v.allowed) {
+            h->allowed++;
+        }
+    }
+    return NULL;
+}
+
+/* Four threads on one key at one instant: exactly capacity let through. */
+static void test_local_threads_count_exactly(void **state)
+{
+    table_t tab;
+    pthread_t th[4];
+    hammer_t h[4];
+    int k, total = 0;
+
+    (void)state;
+    table_new(&tab, 64);
+    for (k = 0; k < 4; k++) {
+        h[k].t = tab.t;
+        h[k].key = "tb:{shared}";
+        h[k].calls = 5000;
+        h[k].allowed = 0;
+        assert_int_equal(pthread_create(&th[k], NULL, hammer_main, &h[k]), 0);
+    }
+    for (k = 0; k < 4; k++) {
+        assert_int_equal(pthread_join(th[k], NULL), 0);
+        total += h[k].allowed;
+    }
+    assert_int_equal(total, 1000);
+    table_free(&tab);
+}
+
+/* The block is pointer-free: in MAP_SHARED memory a forked child's
+ * decisions are seen by the parent. */
+static void test_local_shared_memory_across_fork(void **state)
+{
+    size_t size = tb_local_size(64);
+    void *mem;
+    tb_local_t *t;
+    pid_t pid;
+    int status = -1;
+
+    (void)state;
+    mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+               -1, 0);
+    assert_true(mem != MAP_FAILED);
+    t = tb_local_init(mem, 64);
+    assert_non_null(t);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const char *key = "tb:{forked}";
+        tb_limit_t lim = {4, 0.001};
+        double cost = 4;
+        tb_verdict_t v;
+
+        _exit(tb_local_take(t, &key, &lim, &cost, 1, 1, 0, &v) == TB_OK
+              && v.allowed ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(take1(t, "tb:{forked}", 4, 0.001, 1, 1, 0).allowed, 0);
+    assert_int_equal(tb_local_used(t), 1);
+    munmap(mem, size);
+}
+
+static void test_local_bad_arguments(void **state)
+{
+    const char *keys[TB_MAX_BUCKETS + 1];
+    tb_limit_t lim[TB_MAX_BUCKETS + 1];
+    double cost[TB_MAX_BUCKETS + 1];
+    unsigned char *raw;
+    table_t tab;
+    tb_verdict_t v;
+    int k;
+
+    (void)state;
+    table_new(&tab, 64);
+    for (k = 0; k <= TB_MAX_BUCKETS; k++) {
+        keys[k] = "tb:{x}";
+        lim[k].capacity = 10;
+        lim[k].rate_per_sec = 1;
+        cost[k] = 1;
+    }
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 0, 1, 0, &v),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost,
+                                   TB_MAX_BUCKETS + 1, 1, 0, &v), TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 0, 0, &v),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, -3, 0, &v),
+                     TB_ERR);
+    lim[0].rate_per_sec = 0;
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+                     TB_ERR);
+    lim[0].rate_per_sec = 1;
+    cost[0] = -1;
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+                     TB_ERR);
+    cost[0] = 1;
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+                     TB_OK);
+    /* Memory that was never initialised is refused. */
+    raw = calloc(1, tb_local_size(64));
+    assert_non_null(raw);
+    assert_int_equal(tb_local_take((tb_local_t *)raw, keys, lim, cost, 1, 1,
+                                   0, &v), TB_ERR);
+    free(raw);
+    assert_null(tb_local_init(NULL, 64));
+    assert_int_equal(tb_local_used(NULL), 0);
+    table_free(&tab);
+}
+
+/* NULL pointers are bad arguments too: TB_ERR, not a crash. */
+static void test_local_null_arguments(void **state)
+{
+    const char *keys[2] = {"tb:{x}", NULL};
+    tb_limit_t lim[2] = {{10, 1}, {10, 1}};
+    double cost[2] = {1, 1};
+    table_t tab;
+    tb_verdict_t v;
+
+    (void)state;
+    table_new(&tab, 64);
+    assert_int_equal(tb_local_take(NULL, keys, lim, cost, 1, 1, 0, &v),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, NULL, lim, cost, 1, 1, 0, &v),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, NULL, cost, 1, 1, 0, &v),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, NULL, 1, 1, 0, &v),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, NULL),
+                     TB_ERR);
+    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+                     TB_ERR);
+    table_free(&tab);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_local_size_rounds_up),
+        cmocka_unit_test(test_local_new_key_is_full),
+        cmocka_unit_test(test_local_limits_divided_by_replicas),
+        cmocka_unit_test(test_local_all_or_nothing),
+        cmocka_unit_test(test_local_bounded_never_grows),
+        cmocka_unit_test(test_local_eviction_is_lru),
+        cmocka_unit_test(test_local_keys_do_not_collide),
+        cmocka_unit_test(test_local_threads_count_exactly),
+        cmocka_unit_test(test_local_shared_memory_across_fork),
+        cmocka_unit_test(test_local_bad_arguments),
+        cmocka_unit_test(test_local_null_arguments),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,272 @@
+/* test_url.c -- unit tests for tb_url.c: Redis addresses.
+ *
+ * Table-driven: each good URL with the address it must parse to, each bad
+ * URL with the assurance that it is refused with a message (and without a
+ * crash or an overrun of the caller's error buffer). tb_url_redact must
+ * never print the password, however the output is truncated.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tb.h"
+
+/* Failures in the current table test: every bad entry is printed, then
+ * the test fails once. */
+static int nbad;
+
+static const struct good {
+    const char *url;
+    const char *host;
+    int port;
+    const char *path;
+    const char *user;
+    const char *password;
+    int db;
+} good[] = {
+    {"redis://127.0.0.1:6380", "127.0.0.1", 6380, "", "", "", 0},
+    {"redis://localhost", "localhost", 6379, "", "", "", 0},
+    {"redis://localhost/", "localhost", 6379, "", "", "", 0},
+    {"redis://redis.example.com:1/15", "redis.example.com", 1, "", "", "",
+     15},
+    {"redis://h:65535/0", "h", 65535, "", "", "", 0},
+    {"redis://:secret@h:7000/2", "h", 7000, "", "", "secret", 2},
+    {"redis://alice:wonder@h", "h", 6379, "", "alice", "wonder", 0},
+    {"redis://alice:s3cr%40t%3a%2F@h/3", "h", 6379, "", "alice", "s3cr@t:/",
+     3},
+    {"redis://%61l%69ce:p%25w@h:1", "h", 1, "", "alice", "p%w", 0},
+    {"redis://[::1]:6390", "::1", 6390, "", "", "", 0},
+    {"redis://[::1]", "::1", 6379, "", "", "", 0},
+    {"redis://[2001:db8::7]:1/4", "2001:db8::7", 1, "", "", "", 4},
+    {"redis://u:p@[::1]:7/1", "::1", 7, "", "u", "p", 1},
+    {"unix:/tmp/redis.sock", "", 6379, "/tmp/redis.sock", "", "", 0},
+    {"unix:/var/run/redis/r.sock?db=4", "", 6379, "/var/run/redis/r.sock",
+     "", "", 4},
+};
+
+static void test_url_parse_good(void **state)
+{
+    size_t k;
+
+    (void)state;
+    nbad = 0;
+    for (k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
+        tb_redis_addr_t a;
+        char err[128] = "";
+        const struct good *g = &good[k];
+
+        memset(&a, 0x5a, sizeof(a));
+        if (tb_url_parse(g->url, &a, err, sizeof(err)) != TB_OK) {
+            nbad++;
+            print_error("%s refused: %s\n", g->url, err);
+            continue;
+        }
+        if (strcmp(a.host, g->host) || strcmp(a.path, g->path)
+            || strcmp(a.user, g->user) || strcmp(a.password, g->password)
+            || a.db != g->db || (!g->path[0] && a.port != g->port)) {
+            nbad++;
+            print_error("%s: host '%s' port %d path '%s' user '%s' "
+                        "password '%s' db %d\n", g->url, a.host, a.port,
+                        a.path, a.user, a.password, a.db);
+        }
+    }
+    if (nbad) {
+        fail_msg("%d table entries failed", nbad);
+    }
+}
+
+static const char *bad[] = {
+    "",
+    "localhost:6379",
+    "http://localhost",
+    "redis:/localhost",
+    "redis://",
+    "redis://:6379",
+    "redis://h:",
+    "redis://h:0",
+    "redis://h:65536",
+    "redis://h:-1",
+    "redis://h:12ab",
+    "redis://h:99999999999999999999",
+    "redis://h/abc",
+    "redis://h/-1",
+    "redis://h/1x",
+    "redis://h/99999999999999999999",
+    "redis://[::1",
+    "redis://[::1]x",
+    "redis://[::1]:",
+    "redis://u:p%zz@h",
+    "redis://u:p%4@h",
+    "redis://u:p%@h",
+    "redis://u:p%00@h",
+    "redis://h h",
+    "redis://h\r\n",
+    "unix:",
+    "unix:relative/path",
+    "unix:/tmp/s?db=x",
+    "unix:/tmp/s?foo=1",
+};
+
+/* Every bad URL is refused with a message; the error buffer is never
+ * overrun, even when it is tiny. */
+static void test_url_parse_bad(void **state)
+{
+    size_t k;
+
+    (void)state;
+    nbad = 0;
+    for (k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        tb_redis_addr_t a;
+        char err[128 + 8];
+        char tiny[8 + 8];
+        size_t i;
+
+        memset(err, 0, sizeof(err));
+        if (tb_url_parse(bad[k], &a, err, 128) != TB_ERR) {
+            nbad++;
+            print_error("bad url %zu '%s' accepted\n", k, bad[k]);
+            continue;
+        }
+        if (err[0] == '\0') {
+            nbad++;
+            print_error("bad url '%s' refused without a message\n", bad[k]);
+        }
+        memset(tiny, 0x5a, sizeof(tiny));
+        assert_int_equal(tb_url_parse(bad[k], &a, tiny, 8), TB_ERR);
+        assert_non_null(memchr(tiny, '\0', 8));
+        for (i = 8; i < sizeof(tiny); i++) {
+            assert_int_equal((unsigned char)tiny[i], 0x5a);
+        }
+    }
+    if (nbad) {
+        fail_msg("%d table entries failed", nbad);
+    }
+}
+
+/* Parts too long for their fields are refused, not truncated. */
+static void test_url_parse_overlong_parts(void **state)
+{
+    char url[2048], err[128];
+    tb_redis_addr_t a;
+    size_t n;
+
+    (void)state;
+    n = (size_t)snprintf(url, sizeof(url), "redis://");
+    memset(url + n, 'h', 300);
+    snprintf(url + n + 300, sizeof(url) - n - 300, ":1");
+    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
+    n = (size_t)snprintf(url, sizeof(url), "unix:/");
+    memset(url + n, 'p', 200);
+    url[n + 200] = '\0';
+    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
+    n = (size_t)snprintf(url, sizeof(url), "redis://:");
+    memset(url + n, 'w', 400);
+    snprintf(url + n + 400, sizeof(url) - n - 400, "@h");
+    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
+    n = (size_t)snprintf(url, sizeof(url), "redis://");
+    memset(url + n, 'u', 200);
+    snprintf(url + n + 200, sizeof(url) - n - 200, ":p@h");
+    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
+}
+
+static void test_url_parse_null_arguments(void **state)
+{
+    tb_redis_addr_t a;
+    char err[128];
+
+    (void)state;
+    assert_int_equal(tb_url_parse(NULL, &a, err, sizeof(err)), TB_ERR);
+    assert_int_equal(tb_url_parse("redis://h", NULL, err, sizeof(err)),
+                     TB_ERR);
+    /* No error buffer: still refused, still no crash. */
+    assert_int_equal(tb_url_parse("nope", &a, NULL, 0), TB_ERR);
+}
+
+/* The redacted form never shows the password (raw or escaped), shows the
+ * rest, and survives any output length. */
+static void test_url_redact_hides_password(void **state)
+{
+    static const char *urls[] = {
+        "redis://alice:hunter2@h:7000/3",
+        "redis://:hunter2@[::1]:7000",
+        "redis://bob:hun%74er2@h",
+        "unix:/tmp/r.sock",
+    };
+    size_t k, len;
+
+    (void)state;
+    for (k = 0; k < sizeof(urls) / sizeof(urls[0]); k++) {
+        tb_redis_addr_t a;
+        char out[512 + 8], err[128];
+
+        assert_int_equal(tb_url_parse(urls[k], &a, err, sizeof(err)), TB_OK);
+        tb_url_redact(&a, out, 512);
+        assert_null(strstr(out, "hunter"));
+        assert_null(strstr(out, "hun%74"));
+        if (a.password[0]) {
+            assert_non_null(strstr(out, "***"));
+        }
+        else {
+            assert_null(strstr(out, "***"));
+        }
+        if (a.user[0]) {
+            assert_non_null(strstr(out, a.user));
+        }
+        if (a.host[0]) {
+            assert_non_null(strstr(out, a.host));
+            if (a.port != 6379) {
+                assert_non_null(strstr(out, "7000"));
+            }
+        }
+        else {
+            assert_non_null(strstr(out, a.path));
+        }
+        for (len = 1; len < 64; len++) {
+            char small[64 + 8];
+
+            memset(small, 0x5a, sizeof(small));
+            tb_url_redact(&a, small, len);
+            assert_non_null(memchr(small, '\0', len));
+            assert_null(strstr(small, "hun"));
+            assert_int_equal((unsigned char)small[len], 0x5a);
+        }
+    }
+}
+
+/* A URL that comes back from redaction (password replaced) still parses
+ * to the same place, so logs can be pasted back into a config. */
+static void test_url_redact_round_trip(void **state)
+{
+    tb_redis_addr_t a, b;
+    char out[512], err[128];
+
+    (void)state;
+    assert_int_equal(tb_url_parse("redis://alice:pw@[::1]:7001/5", &a, err,
+                                  sizeof(err)), TB_OK);
+    tb_url_redact(&a, out, sizeof(out));
+    assert_int_equal(tb_url_parse(out, &b, err, sizeof(err)), TB_OK);
+    assert_string_equal(b.host, "::1");
+    assert_int_equal(b.port, 7001);
+    assert_int_equal(b.db, 5);
+    assert_string_equal(b.user, "alice");
+    assert_string_equal(b.password, "***");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_url_parse_good),
+        cmocka_unit_test(test_url_parse_bad),
+        cmocka_unit_test(test_url_parse_overlong_parts),
+        cmocka_unit_test(test_url_parse_null_arguments),
+        cmocka_unit_test(test_url_redact_hides_password),
+        cmocka_unit_test(test_url_redact_round_trip),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,735 @@
+/* tbucket.c -- the command-line tool on libtb: take, inspect and reset the
+ * buckets that mod_tbucket and the LD_PRELOAD shim keep in Redis.
+ *
+ * A cron job or a legacy shell script shares a limit with the module by
+ * taking from the same bucket:
+ *
+ *   tbucket take nightly-export --capacity 1 --rate 1/h || exit 0
+ *
+ * Usage:
+ *
+ *   tbucket take KEY --capacity N --rate R [--cost C] [--route NAME]
+ *                    [--policy fail|open|closed] [-q]
+ *   tbucket inspect KEY [--capacity N --rate R [--cost C]] [--route NAME]
+ *   tbucket reset KEY [--route NAME]
+ *
+ * Common options: --url URL (redis://[user:password@]host[:port][/db] or
+ * unix:/path), --config FILE (a shim configuration in libconfig syntax:
+ * its redis_url, timeout_ms and connect_timeout_ms are used unless a flag
+ * says otherwise; $TBUCKET_CONFIG names the file when --config is not
+ * given), --prefix STRING (default "rl:", the module's TBucketPrefix
+ * default), --timeout DURATION (default 1s: a one-shot tool can afford to
+ * wait longer than a request path), --rule [in:|out:]NAME (with a config:
+ * take the prefix, capacity, rate, cost and fixed key of that shim rule,
+ * so the tool shares the shim's bucket).
+ *
+ * KEY is the client key as the module sees it (the TBucketKey value, for
+ * example an API key or a client IP). The Redis key is built by
+ * tb_key_build() exactly as the module builds it: "<prefix>{KEY}", or
+ * "<prefix>{KEY}:route:NAME" with --route. A KEY that is long or odd is
+ * hashed the same way, so both reach the same bucket.
+ *
+ * Exit status (sysexits.h values, so a shell can tell them apart):
+ *
+ *    0  allowed (take), done (inspect, reset)
+ *   64  EX_USAGE: bad command line
+ *   65  EX_DATAERR: the cost exceeds the capacity; waiting never helps
+ *   69  EX_UNAVAILABLE: Redis could not decide (policy fail), or inspect
+ *       and reset could not reach Redis
+ *   75  EX_TEMPFAIL: rejected; try again after retry_after seconds (also
+ *       policy closed when Redis could not decide)
+ *   78  EX_CONFIG: the config file is unreadable or invalid
+ *
+ * The failure policy of `take` (--policy) says what an unreachable Redis
+ * means: `fail` (default) exits 69, `open` allows (exit 0), `closed`
+ * rejects (exit 75). The module's `local` policy needs memory that lives
+ * longer than one process, so the tool refuses it.
+ *
+ * `inspect` reads the stored state without changing it (HMGET and PTTL)
+ * and, given the limit, refills it to now with the pure tb_bucket_take()
+ * arithmetic the module's script shares. "Now" is this host's wall clock
+ * in milliseconds, while the script stamps buckets with Redis's TIME: on
+ * another host, clock skew shows as age and refill.
+ */
+#include <getopt.h>
+#include <libconfig.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tb.h"
+
+#define EXIT_USAGE 64
+#define EXIT_DATAERR 65
+#define EXIT_UNAVAILABLE 69
+#define EXIT_TEMPFAIL 75
+#define EXIT_CONFIG 78
+
+#define URL_MAX 512
+#define DEFAULT_TIMEOUT_MS 1000
+
+typedef enum { POLICY_FAIL = 0, POLICY_OPEN, POLICY_CLOSED } tool_policy_t;
+
+/* Everything the command line and the config file say. Strings point
+ * into argv or into the buffers here, never into libconfig's memory. */
+typedef struct tool {
+    const char *cmd;
+    const char *key;
+    char url[URL_MAX];
+    char prefix[TB_PREFIX_MAX + 1];
+    char rule_key[TB_KEY_RAW_MAX + 1];
+    const char *route;
+    const char *config;
+    const char *rule;
+    int url_set, prefix_set, timeout_set, connect_timeout_set;
+    int timeout_ms;            /* Command timeout, ms.               */
+    int connect_timeout_ms;    /* 0: the same as timeout_ms.         */
+    int have_cap, have_rate, have_cost;
+    tb_limit_t limit;          /* Capacity (tokens), tokens/second.  */
+    double cost;               /* Tokens, default 1.                 */
+    tool_policy_t policy;
+    int quiet;
+} tool_t;
+
+static void usage(FILE *f)
+{
+    fputs("usage: tbucket take KEY --capacity N --rate R [--cost C]\n"
+          "                        [--route NAME] [--policy fail|open|"
+          "closed] [-q]\n"
+          "       tbucket inspect KEY [--capacity N --rate R [--cost C]]"
+          " [--route NAME]\n"
+          "       tbucket reset KEY [--route NAME]\n"
+          "options: --url URL  --config FILE  --prefix STRING (rl:)\n"
+          "         --timeout DURATION (1s)  --rule [in:|out:]NAME\n"
+          "exit: 0 allowed/done, 64 usage, 65 cost > capacity,\n"
+          "      69 Redis unavailable, 75 rejected (retry later), "
+          "78 config\n", f);
+}
+
+static int usage_error(const char *what, const char *detail)
+{
+    fprintf(stderr, "tbucket: %s%s%s\n", what, detail ? ": " : "",
+            detail ? detail : "");
+    usage(stderr);
+    return EXIT_USAGE;
+}
+
+/* Wall-clock milliseconds, the unit and epoch of the script's `ts`. */
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- The config file (a shim config, libconfig syntax) ------------- */
+
+/* A setting in milliseconds: a whole number or a duration string. */
+static int conf_ms(const config_setting_t *s, int *out, char *err,
+                   size_t errlen)
+{
+    int64_t v;
+
+    if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+        if (tb_parse_duration_ms(config_setting_get_string(s), &v, err,
+                                 errlen) != TB_OK) {
+            return TB_ERR;
+        }
+    }
+    else if (config_setting_type(s) == CONFIG_TYPE_INT
+             || config_setting_type(s) == CONFIG_TYPE_INT64) {
+        v = config_setting_get_int64(s);
+    }
+    else {
+        snprintf(err, errlen, "must be milliseconds");
+        return TB_ERR;
+    }
+    if (v < 1 || v > 60000) {
+        snprintf(err, errlen, "must be 1..60000 ms");
+        return TB_ERR;
+    }
+    *out = (int)v;
+    return TB_OK;
+}
+
+static double conf_number(const config_setting_t *s)
+{
+    return config_setting_type(s) == CONFIG_TYPE_FLOAT
+               ? config_setting_get_float(s)
+               : (double)config_setting_get_int64(s);
+}
+
+/* Find rule `want` ("in:NAME", "out:NAME" or "NAME") in the inbound and
+ * outbound lists. Unnamed rules are in1, in2, ... and out1, ... as the
+ * shim names them. Sets *inbound. */
+static const config_setting_t *find_rule(const config_t *cfg,
+                                         const char *want, int *inbound)
+{
+    static const char *const lists[2] = { "inbound", "outbound" };
+    const char *name = want;
+    int dir, only = -1, i, n;
+
+    if (strncmp(want, "in:", 3) == 0) {
+        only = 1;
+        name = want + 3;
+    }
+    else if (strncmp(want, "out:", 4) == 0) {
+        only = 0;
+        name = want + 4;
+    }
+    for (dir = 1; dir >= 0; dir--) {
+        const config_setting_t *l = config_lookup(cfg, lists[1 - dir]);
+
+        if (l == NULL || (only >= 0 && only != dir)) {
+            continue;
+        }
+        n = config_setting_length(l);
+        for (i = 0; i < n; i++) {
+            const config_setting_t *g = config_setting_get_elem(l, i);
+            const char *rn = NULL;
+            char dflt[16];
+
+            snprintf(dflt, sizeof(dflt), "%s%d", dir ? "in" : "out", i + 1);
+            if (!config_setting_lookup_string(g, "name", &rn)) {
+                rn = dflt;
+            }
+            if (strcmp(rn, name) == 0) {
+                *inbound = dir;
+                return g;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Take the limit, cost, prefix and fixed key of one shim rule. */
+static int load_rule(tool_t *t, const config_t *cfg, char *err,
+                     size_t errlen)
+{
+    const config_setting_t *g, *s;
+    const char *str, *cprefix = "tb:shim:", *name;
+    char rn[TB_NAME_MAX + 1];
+    int inbound = 0;
+
+    if ((g = find_rule(cfg, t->rule, &inbound)) == NULL) {
+        snprintf(err, errlen, "no inbound or outbound rule named \"%s\"",
+                 t->rule);
+        return TB_ERR;
+    }
+    name = strchr(t->rule, ':') ? strchr(t->rule, ':') + 1 : t->rule;
+    if (!config_setting_lookup_string(g, "name", &str)) {
+        str = name;
+    }
+    snprintf(rn, sizeof(rn), "%s", str);
+    config_lookup_string(cfg, "prefix", &cprefix);
+    if (!t->prefix_set
+        && (size_t)snprintf(t->prefix, sizeof(t->prefix), "%s%s:%s:",
+                            cprefix, inbound ? "in" : "out", rn)
+               >= sizeof(t->prefix)) {
+        snprintf(err, errlen, "rule \"%s\": prefix too long", rn);
+        return TB_ERR;
+    }
+    if (!t->have_cap && (s = config_setting_get_member(g, "capacity"))) {
+        t->limit.capacity = conf_number(s);
+        t->have_cap = 1;
+    }
+    if (!t->have_rate && (s = config_setting_get_member(g, "rate"))) {
+        char buf[64];
+
+        if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+            snprintf(buf, sizeof(buf), "%s", config_setting_get_string(s));
+        }
+        else {
+            snprintf(buf, sizeof(buf), "%.17g", conf_number(s));
+        }
+        if (tb_parse_rate(buf, &t->limit.rate_per_sec, err, errlen)
+            != TB_OK) {
+            return TB_ERR;
+        }
+        t->have_rate = 1;
+    }
+    if (!t->have_cost && (s = config_setting_get_member(g, "cost"))) {
+        t->cost = conf_number(s);
+        t->have_cost = 1;
+    }
+    /* A fixed key needs no KEY argument; $peer and $program do. An
+     * outbound rule without a key is keyed by its own name. */
+    if (!config_setting_lookup_string(g, "key", &str)) {
+        str = inbound ? "$peer" : rn;
+    }
+    if (str[0] != '$') {
+        snprintf(t->rule_key, sizeof(t->rule_key), "%s", str);
+    }
+    return TB_OK;
+}
+
+/* Read the Redis address and timeouts (and a rule) from a shim config.
+ * Flags given on the command line win. Returns 0 or EXIT_CONFIG. */
+static int load_config(tool_t *t)
+{
+    config_t cfg;
+    const config_setting_t *s;
+    const char *str;
+    char err[160];
+    int rc = EXIT_CONFIG;
+
+    config_init(&cfg);
+    config_set_auto_convert(&cfg, 1);
+    if (config_read_file(&cfg, t->config) != CONFIG_TRUE) {
+        if (config_error_type(&cfg) == CONFIG_ERR_FILE_IO) {
+            fprintf(stderr, "tbucket: %s: cannot read the file\n",
+                    t->config);
+        }
+        else {
+            /* libconfig 1.5 leaves error_file NULL for the top file. */
+            fprintf(stderr, "tbucket: %s:%d: %s\n",
+                    config_error_file(&cfg) ? config_error_file(&cfg)
+                                            : t->config,
+                    config_error_line(&cfg),
+                    config_error_text(&cfg) ? config_error_text(&cfg)
+                                            : "syntax error");
+        }
+        goto done;
+    }
+    if (!t->url_set && config_lookup_string(&cfg, "redis_url", &str)) {
+        if (strlen(str) >= sizeof(t->url)) {
+            fprintf(stderr, "tbucket: %s: redis_url is too long\n",
+                    t->config);
+            goto done;
+        }
+        strcpy(t->url, str);
+    }
+    if (!t->timeout_set && (s = config_lookup(&cfg, "timeout_ms"))
+        && conf_ms(s, &t->timeout_ms, err, sizeof(err)) != TB_OK) {
+        fprintf(stderr, "tbucket: %s:%d: timeout_ms: %s\n", t->config,
+                config_setting_source_line(s), err);
+        goto done;
+    }
+    if (!t->connect_timeout_set
+        && (s = config_lookup(&cfg, "connect_timeout_ms"))
+        && conf_ms(s, &t->connect_timeout_ms, err, sizeof(err)) != TB_OK) {
+        fprintf(stderr, "tbucket: %s:%d: connect_timeout_ms: %s\n",
+                t->config, config_setting_source_line(s), err);
+        goto done;
+    }
+    if (t->rule && load_rule(t, &cfg, err, sizeof(err)) != TB_OK) {
+        fprintf(stderr, "tbucket: %s: %s\n", t->config, err);
+        goto done;
+    }
+    rc = 0;
+done:
+    config_destroy(&cfg);
+    return rc;
+}
+
+/* ---- The command line ---------------------------------------------- */
+
+enum {
+    OPT_URL = 256, OPT_PREFIX, OPT_TIMEOUT, OPT_CONNECT_TIMEOUT, OPT_CONFIG,
+    OPT_CAPACITY, OPT_RATE, OPT_COST, OPT_ROUTE, OPT_POLICY, OPT_RULE
+};
+
+static const struct option long_opts[] = {
+    { "url", required_argument, NULL, OPT_URL },
+    { "prefix", required_argument, NULL, OPT_PREFIX },
+    { "timeout", required_argument, NULL, OPT_TIMEOUT },
+    { "connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT },
+    { "config", required_argument, NULL, OPT_CONFIG },
+    { "capacity", required_argument, NULL, OPT_CAPACITY },
+    { "rate", required_argument, NULL, OPT_RATE },
+    { "cost", required_argument, NULL, OPT_COST },
+    { "route", required_argument, NULL, OPT_ROUTE },
+    { "policy", required_argument, NULL, OPT_POLICY },
+    { "rule", required_argument, NULL, OPT_RULE },
+    { "quiet", no_argument, NULL, 'q' },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 }
+};
+
+/* One option's value into *t. Returns 0 or EXIT_USAGE. */
+static int set_option(tool_t *t, int c, const char *arg)
+{
+    char err[160];
+    int64_t v;
+
+    switch (c) {
+    case OPT_URL:
+        if (strlen(arg) >= sizeof(t->url)) {
+            return usage_error("--url", "too long");
+        }
+        strcpy(t->url, arg);
+        t->url_set = 1;
+        return 0;
+    case OPT_PREFIX:
+        if (strlen(arg) > TB_PREFIX_MAX || !tb_prefix_valid(arg)) {
+            return usage_error("--prefix", "1..64 printable bytes without "
+                                           "braces or spaces");
+        }
+        strcpy(t->prefix, arg);
+        t->prefix_set = 1;
+        return 0;
+    case OPT_TIMEOUT:
+    case OPT_CONNECT_TIMEOUT:
+        if (tb_parse_duration_ms(arg, &v, err, sizeof(err)) != TB_OK
+            || v < 1 || v > 60000) {
+            return usage_error("--timeout", "1ms..60s");
+        }
+        if (c == OPT_TIMEOUT) {
+            t->timeout_ms = (int)v;
+            t->timeout_set = 1;
+        }
+        else {
+            t->connect_timeout_ms = (int)v;
+            t->connect_timeout_set = 1;
+        }
+        return 0;
+    case OPT_CONFIG:
+        t->config = arg;
+        return 0;
+    case OPT_CAPACITY:
+        if (tb_parse_int(arg, 1, (int64_t)TB_MAX_CAPACITY, &v, err,
+                         sizeof(err)) != TB_OK) {
+            return usage_error("--capacity", err);
+        }
+        t->limit.capacity = (double)v;
+        t->have_cap = 1;
+        return 0;
+    case OPT_RATE:
+        if (tb_parse_rate(arg, &t->limit.rate_per_sec, err, sizeof(err))
+            != TB_OK) {
+            return usage_error("--rate", err);
+        }
+        t->have_rate = 1;
+        return 0;
+    case OPT_COST:
+        if (tb_parse_int(arg, 0, (int64_t)TB_MAX_CAPACITY, &v, err,
+                         sizeof(err)) != TB_OK) {
+            return usage_error("--cost", err);
+        }
+        t->cost = (double)v;
+        t->have_cost = 1;
+        return 0;
+    case OPT_ROUTE:
+        if (strlen(arg) > TB_NAME_MAX || !tb_name_valid(arg)) {
+            return usage_error("--route", "1..64 of [A-Za-z0-9_.-]");
+        }
+        t->route = arg;
+        return 0;
+    case OPT_POLICY:
+        if (strcmp(arg, "fail") == 0) {
+            t->policy = POLICY_FAIL;
+        }
+        else if (strcmp(arg, "open") == 0) {
+            t->policy = POLICY_OPEN;
+        }
+        else if (strcmp(arg, "closed") == 0) {
+            t->policy = POLICY_CLOSED;
+        }
+        else {
+            return usage_error("--policy", "fail, open or closed (local "
+                                           "needs a long-lived process)");
+        }
+        return 0;
+    case OPT_RULE:
+        t->rule = arg;
+        return 0;
+    case 'q':
+        t->quiet = 1;
+        return 0;
+    default:
+        return usage_error("unknown option", NULL);
+    }
+}
+
+static int parse_args(tool_t *t, int argc, char **argv)
+{
+    const char *env;
+    int c, rc;
+
+    memset(t, 0, sizeof(*t));
+    strcpy(t->url, "redis://127.0.0.1:6379");
+    strcpy(t->prefix, "rl:");
+    t->timeout_ms = DEFAULT_TIMEOUT_MS;
+    t->cost = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "+qh", long_opts, NULL)) != -1
+           || optind < argc) {
+        if (c == -1) {
+            /* A positional argument; options may follow it. */
+            if (!t->cmd) {
+                t->cmd = argv[optind];
+            }
+            else if (!t->key) {
+                t->key = argv[optind];
+            }
+            else {
+                return usage_error("unexpected argument", argv[optind]);
+            }
+            optind++;
+            continue;
+        }
+        if (c == 'h') {
+            usage(stdout);
+            exit(0);
+        }
+        if (c == '?' || c == ':') {
+            return usage_error("bad option", argv[optind - 1]);
+        }
+        if ((rc = set_option(t, c, optarg)) != 0) {
+            return rc;
+        }
+    }
+    if (!t->cmd) {
+        return usage_error("no command", NULL);
+    }
+    if (!t->config && (env = getenv("TBUCKET_CONFIG")) != NULL && *env) {
+        t->config = env;
+    }
+    if (t->rule && !t->config) {
+        return usage_error("--rule", "needs --config or $TBUCKET_CONFIG");
+    }
+    if (t->config && (rc = load_config(t)) != 0) {
+        return rc;
+    }
+    if (!t->key && t->rule_key[0]) {
+        t->key = t->rule_key;
+    }
+    if (!t->key || !*t->key) {
+        return usage_error("a KEY is required", NULL);
+    }
+    return 0;
+}
+
+/* ---- Commands -------------------------------------------------------- */
+
+static tb_client_t *connect_client(const tool_t *t, tb_policy_t pol)
+{
+    tb_options_t o;
+    tb_client_t *c;
+    char err[256];
+
+    tb_options_init(&o);
+    o.url = t->url;
+    o.timeout_ms = t->timeout_ms;
+    o.connect_timeout_ms = t->connect_timeout_ms;
+    o.pool_size = 1;
+    o.policy = pol;
+    o.local_entries = 64;
+    c = tb_client_create(&o, err, sizeof(err));
+    if (!c) {
+        fprintf(stderr, "tbucket: --url: %s\n", err);
+    }
+    return c;
+}
+
+/* The Redis URL for messages: passwords never reach a terminal or log. */
+static void redacted(const tool_t *t, char *out, size_t outlen)
+{
+    tb_redis_addr_t a;
+    char err[160];
+
+    if (tb_url_parse(t->url, &a, err, sizeof(err)) == TB_OK) {
+        tb_url_redact(&a, out, outlen);
+    }
+    else {
+        snprintf(out, outlen, "(bad url)");
+    }
+}
+
+static int64_t retry_seconds(int64_t retry_ms)
+{
+    /* Whole seconds, rounded up, at least 1: the module's Retry-After. */
+    int64_t s = (retry_ms + 999) / 1000;
+
+    return s < 1 ? 1 : s;
+}
+
+static int cmd_take(const tool_t *t)
+{
+    tb_take_t take;
+    tb_result_t res;
+    tb_client_t *c;
+    char where[URL_MAX];
+    int rc;
+
+    if (!t->have_cap || !t->have_rate) {
+        return usage_error("take needs --capacity and --rate", NULL);
+    }
+    if (t->cost > t->limit.capacity) {
+        fprintf(stderr, "tbucket: cost %.0f exceeds capacity %.0f: never "
+                        "allowed\n", t->cost, t->limit.capacity);
+        return EXIT_DATAERR;
+    }
+    take.limit = t->limit;
+    take.cost = t->cost;
+    take.route = t->route;
+    c = connect_client(t, t->policy == POLICY_CLOSED ? TB_POLICY_CLOSED
+                                                     : TB_POLICY_OPEN);
+    if (!c) {
+        return EXIT_USAGE;
+    }
+    rc = tb_client_decide(c, t->prefix, t->key, strlen(t->key), &take, 1,
+                          &res);
+    if (rc != TB_OK) {
+        redacted(t, where, sizeof(where));
+        fprintf(stderr, "tbucket: %s: %s%s\n", where,
+                res.err == TB_ERR_ARG ? "bad key or prefix" : c->errstr,
+                t->policy == POLICY_FAIL  ? ""
+                : t->policy == POLICY_OPEN ? " (policy open: allowed)"
+                                           : " (policy closed: rejected)");
+        if (t->policy == POLICY_FAIL || res.err == TB_ERR_ARG) {
+            tb_client_free(c);
+            return res.err == TB_ERR_ARG ? EXIT_USAGE : EXIT_UNAVAILABLE;
+        }
+    }
+    tb_client_free(c);
+    if (res.allowed) {
+        if (!t->quiet) {
+            printf("allowed remaining=%lld limit=%.0f source=%s\n",
+                   (long long)res.remaining, res.limit,
+                   tb_source_name(res.source));
+        }
+        return 0;
+    }
+    if (res.retry_ms < 0) {
+        fprintf(stderr, "tbucket: cost exceeds capacity: never allowed\n");
+        return EXIT_DATAERR;
+    }
+    if (!t->quiet) {
+        printf("rejected retry_after=%lld retry_after_ms=%lld "
+               "remaining=%lld limit=%.0f source=%s\n",
+               (long long)retry_seconds(res.retry_ms),
+               (long long)res.retry_ms, (long long)res.remaining, res.limit,
+               tb_source_name(res.source));
+    }
+    return EXIT_TEMPFAIL;
+}
+
+static int build_key(const tool_t *t, char *rkey)
+{
+    if (tb_key_build(t->prefix, t->key, strlen(t->key), t->route, rkey)
+        == 0) {
+        return usage_error("bad key, prefix or route", NULL);
+    }
+    return 0;
+}
+
+/* Print the stored state and, given the limit, the state refilled to now
+ * as the next decision would see it. One "name=value" per line. */
+static int cmd_inspect(const tool_t *t)
+{
+    char rkey[TB_KEY_BUF], where[URL_MAX];
+    tb_bucket_t b, now_b;
+    tb_verdict_t v;
+    tb_client_t *c;
+    int64_t ttl_ms, now_ms;
+    int rc;
+
+    if ((rc = build_key(t, rkey)) != 0) {
+        return rc;
+    }
+    if (t->have_cap != t->have_rate) {
+        return usage_error("inspect needs both --capacity and --rate, or "
+                           "neither", NULL);
+    }
+    if (!(c = connect_client(t, TB_POLICY_OPEN))) {
+        return EXIT_USAGE;
+    }
+    if (tb_client_inspect(c, rkey, &b, &ttl_ms) != TB_OK) {
+        redacted(t, where, sizeof(where));
+        fprintf(stderr, "tbucket: %s: %s\n", where, c->errstr);
+        tb_client_free(c);
+        return EXIT_UNAVAILABLE;
+    }
+    tb_client_free(c);
+    now_ms = wall_ms();
+    printf("key=%s\nexists=%s\n", rkey, b.exists ? "yes" : "no");
+    if (b.exists) {
+        printf("tokens=%.6f\nts_ms=%lld\nage_ms=%lld\n", b.tokens,
+               (long long)b.ts_ms, (long long)(now_ms - b.ts_ms));
+    }
+    printf("ttl_ms=%lld\n", (long long)ttl_ms);
+    if (t->have_cap) {
+        double zero = 0, cost = t->cost;
+        tb_bucket_t after;
+
+        /* A take of nothing is the refill alone: the state the next
+         * decision starts from. A second, with the cost, answers
+         * "would it be allowed now" without writing anything. */
+        if (cost > t->limit.capacity) {
+            cost = 0;
+        }
+        if (tb_bucket_take(&b, &t->limit, &zero, 1, now_ms, &now_b, &v)
+                != TB_OK
+            || tb_bucket_take(&b, &t->limit, &cost, 1, now_ms, &after, &v)
+                   != TB_OK) {
+            return usage_error("bad limit", NULL);
+        }
+        printf("capacity=%.0f\nrate_per_sec=%.6g\n", t->limit.capacity,
+               t->limit.rate_per_sec);
+        printf("tokens_now=%.6f\nremaining_now=%lld\n", now_b.tokens,
+               (long long)floor(now_b.tokens));
+        printf("full_in_ms=%lld\n",
+               (long long)ceil((t->limit.capacity - now_b.tokens) * 1000
+                               / t->limit.rate_per_sec));
+        printf("ttl_after_take_ms=%lld\n",
+               (long long)tb_bucket_ttl_ms(&t->limit));
+        if (t->cost > t->limit.capacity) {
+            printf("take_cost=%.0f\nwould_allow=never\n", t->cost);
+        }
+        else {
+            printf("take_cost=%.0f\nwould_allow=%s\nretry_after_ms=%lld\n",
+                   t->cost, v.allowed ? "yes" : "no",
+                   (long long)v.retry_ms);
+        }
+    }
+    return 0;
+}
+
+static int cmd_reset(const tool_t *t)
+{
+    char rkey[TB_KEY_BUF], where[URL_MAX];
+    tb_client_t *c;
+    int rc;
+
+    if ((rc = build_key(t, rkey)) != 0) {
+        return rc;
+    }
+    if (!(c = connect_client(t, TB_POLICY_OPEN))) {
+        return EXIT_USAGE;
+    }
+    if (tb_client_reset(c, rkey) != TB_OK) {
+        redacted(t, where, sizeof(where));
+        fprintf(stderr, "tbucket: %s: %s\n", where, c->errstr);
+        tb_client_free(c);
+        return EXIT_UNAVAILABLE;
+    }
+    tb_client_free(c);
+    if (!t->quiet) {
+        printf("reset %s\n", rkey);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    tool_t t;
+    int rc;
+
+    if ((rc = parse_args(&t, argc, argv)) != 0) {
+        return rc;
+    }
+    if (strcmp(t.cmd, "take") == 0) {
+        return cmd_take(&t);
+    }
+    if (strcmp(t.cmd, "inspect") == 0) {
+        return cmd_inspect(&t);
+    }
+    if (strcmp(t.cmd, "reset") == 0) {
+        return cmd_reset(&t);
+    }
+    return usage_error("unknown command", t.cmd);
+}
