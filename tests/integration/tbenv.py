@@ -62,11 +62,14 @@ def stop_pid(proc, sig=signal.SIGTERM, timeout=10.0):
 class Redis:
     """A redis-server of our own on a free loopback port in a temp dir."""
 
-    def __init__(self, tmpdir, port=None, extra=None):
+    def __init__(self, tmpdir, port=None, extra=None, password=None):
         require(REDIS_SERVER, "redis-server")
         self.dir = str(tmpdir)
         self.port = port or free_port()
-        self.extra = extra or []
+        self.extra = list(extra or [])
+        self.password = password
+        if password:
+            self.extra.append("requirepass %s" % password)
         self.proc = None
         os.makedirs(self.dir, exist_ok=True)
         self.conf = os.path.join(self.dir, "redis.conf")
@@ -105,6 +108,8 @@ class Redis:
     def client(self, **kw):
         import redis
         kw.setdefault("socket_timeout", 5)
+        if self.password:
+            kw.setdefault("password", self.password)
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
 
     def stop(self, sig=signal.SIGTERM):
