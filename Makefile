@@ -70,6 +70,9 @@ SHIM_SO = $(BUILD)/libtbucket_preload.so
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket) \
         $(if $(wildcard tests/integration/tb_driver.c),$(BUILD)/tb_driver)
 
+# The issue-7 driver of the real client, one algorithm per run.
+TOOLS += $(if $(wildcard tests/integration/tb_algo_driver.c),$(BUILD)/tb_algo_driver)
+
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
@@ -119,6 +122,14 @@ $(BUILD)/tbucket: tools/tbucket.c $(LIBTB)
 $(BUILD)/tb_driver: tests/integration/tb_driver.c $(LIBTB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+
+$(BUILD)/tb_algo_driver: tests/integration/tb_algo_driver.c $(LIBTB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+
+# The issue-7 tests share their vector reader.
+$(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog): \
+    tests/unit/algo_vectors.h
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
@@ -218,6 +229,13 @@ install: all man
 	    "$(DESTDIR)$(DOCDIR)/"
 	@if [ -f conf/shim.conf ]; then \
 	    $(call install_conf,conf/shim.conf,$(DESTDIR)$(TB_CONFDIR)/shim.conf); fi
+
+# Three Apache replicas behind haproxy sharing one Redis, then Redis
+# stopped: tools/demo_replicas.py prints allowed/rejected per replica
+# against the limit and plots $(BUILD)/demo-replicas.png.
+demo-replicas: deps
+	$(MAKE) all
+	$(PYTHON) tools/demo_replicas.py --build $(abspath $(BUILD))
 
 uninstall:
 	@if [ -e "$(DESTDIR)$(APACHE_CONFDIR)/mods-enabled/tbucket.load" ]; then \

@@ -137,6 +137,22 @@ def rss_kb(pid):
     return 0
 
 
+def cpu_ticks(pids):
+    """utime + stime of the processes, in clock ticks."""
+    total = 0
+    for p in pids:
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+TICK_US = 1e6 / os.sysconf("SC_CLK_TCK")
+
+
 def children(ppid):
     out = []
     for d in os.listdir("/proc"):
@@ -313,6 +329,9 @@ class Apache:
         except OSError:
             return ""
 
+    def pids(self):
+        return [self.proc.pid] + children(self.proc.pid)
+
     def child_rss_kb(self):
         kids = children(self.proc.pid)
         return [rss_kb(p) for p in kids]
@@ -354,6 +373,9 @@ class Peer:
 
     def url(self, path):
         return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def pids(self):
+        return [self.proc.pid] + children(self.proc.pid)
 
     def stop(self):
         stop_proc(self.proc, timeout=15)
@@ -463,25 +485,30 @@ def part_core(a, rd, tool, sha):
     with open(os.path.join(HERE, "plain_bucket.lua"), "rb") as f:
         plain_sha = rd.r.script_load(f.read())
     plain = ["1000000000", "1000000000", "1"]
-    n = 60000 if not a.quick else 20000
+    # About two seconds per run at the rate seen above.
+    n = max(5000, int(median(rb) * (0.5 if a.quick else 2)))
+    cpu = "0" if NCPU > 1 else None
     for keys in ("one", "distinct"):
-        per = {}
-        for name, s, args in (("ours", sha, ours), ("plain", plain_sha,
-                                                    plain)):
-            rd.r.config_resetstat()
-            redis_benchmark(rd, "0" if NCPU > 1 else None, conc, n, s, keys,
-                            args)
-            calls, usec = rd.script_calls()
-            per[name] = usec / calls
-        record("redis.usec_per_call.ours.%s" % keys, round(per["ours"], 2),
+        per = {"ours": [], "plain": []}
+        for i in range(a.rounds):
+            pair = (("ours", sha, ours), ("plain", plain_sha, plain))
+            for name, s, args in (pair if i % 2 == 0 else pair[::-1]):
+                rd.r.config_resetstat()
+                redis_benchmark(rd, cpu, conc, n, s, keys, args)
+                calls, usec = rd.script_calls()
+                per[name].append(usec / calls)
+        log("usec_per_call %s: ours %s plain %s" % (
+            keys, [round(x, 2) for x in per["ours"]],
+            [round(x, 2) for x in per["plain"]]))
+        ours_us, plain_us = median(per["ours"]), median(per["plain"])
+        record("redis.usec_per_call.ours.%s" % keys, round(ours_us, 2), "us")
+        record("redis.usec_per_call.plain.%s" % keys, round(plain_us, 2),
                "us")
-        record("redis.usec_per_call.plain.%s" % keys, round(per["plain"], 2),
-               "us")
-        ratio = per["ours"] / per["plain"]
+        ratio = ours_us / plain_us
         record("redis.usec_per_call.ratio.%s" % keys, round(ratio, 3), "x",
                "<= 1.20", "met" if ratio <= 1.2 else "MISSED")
     rd.r.config_resetstat()
-    res = tb_bench(tool, rd, "0" if NCPU > 1 else None, conc, count=n)
+    res = tb_bench(tool, rd, cpu, conc, count=n)
     calls, usec = rd.script_calls()
     record("redis.usec_per_call.tb_bench", round(usec / calls, 2), "us")
     record("redis.calls_per_decision.tb_bench",
@@ -748,13 +775,21 @@ def part_http(a, rd, tmp, build, tool):
                 break
             order = variants if i % 2 == 0 else list(reversed(variants))
             for name, srv, path, script in order:
+                pids = srv.pids()
+                s0, r0 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
                 r = wrk(srv.url(path), script, ["r%d%s" % (i, name)],
                         a.http_seconds, wcpu)
+                s1, r1 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
+                req = max(r["requests"], 1)
+                r["server_cpu_us"] = (s1 - s0) * TICK_US / req
+                r["redis_cpu_us"] = (r1 - r0) * TICK_US / req
                 results[name].append(r)
                 log("wrk %-10s round %d: %8.0f req/s p50 %.2f ms p99 %.2f "
-                    "ms non-2xx %d errors %d" % (
+                    "ms non-2xx %d errors %d cpu/req server %.1f us redis "
+                    "%.1f us" % (
                         name, i, r["rps"], r.get("p50", -1),
-                        r.get("p99", -1), r["non2xx"], r["errors"]))
+                        r.get("p99", -1), r["non2xx"], r["errors"],
+                        r["server_cpu_us"], r["redis_cpu_us"]))
         med = {}
         for name, rs in results.items():
             if not rs:
@@ -765,6 +800,10 @@ def part_http(a, rd, tmp, build, tool):
                    round(median([r.get("p50", 0) for r in rs]), 3), "ms")
             record("http.%s.p99" % name,
                    round(median([r.get("p99", 0) for r in rs]), 3), "ms")
+            record("http.%s.server_cpu_per_req" % name,
+                   round(median([r["server_cpu_us"] for r in rs]), 1), "us")
+            record("http.%s.redis_cpu_per_req" % name,
+                   round(median([r["redis_cpu_us"] for r in rs]), 1), "us")
             tot = sum(r["requests"] for r in rs)
             bad = sum(r["non2xx"] for r in rs)
             record("http.%s.non2xx_share" % name, round(bad / max(tot, 1), 4),
@@ -888,6 +927,9 @@ def write_results(a, started):
                  time.monotonic() - T_START),
              "",
              "Machine: %s." % machine(),
+             "Load average (1 min) at start %.2f, at end %.2f; redis-benchmark "
+             "PING at start: %s ops/s (an idle machine of this kind: about "
+             "100k)." % (a.load_start, os.getloadavg()[0], a.ping_rate),
              "Pinning: %s." % a.pin_text,
              "",
              "| figure | value | unit | target | |",
@@ -936,6 +978,8 @@ def main():
         a.pin_text = "none (every process on every CPU)"
     parts = set(a.only.split(","))
     started = datetime.datetime.utcnow()
+    a.load_start = os.getloadavg()[0]
+    a.ping_rate = "?"
 
     tool, shim_connect = build_tools(a.build)
     tmp = tempfile.mkdtemp(prefix="tbbench-", dir="/tmp")
@@ -943,6 +987,14 @@ def main():
     rd = Redis(tmp, a.redis_cpu).start()
     try:
         sha = rd.r.script_load(script_text())
+        # How fast is the machine right now? Others may be loading it.
+        try:
+            out = run(["redis-benchmark", "-p", str(rd.port), "-c", "50",
+                       "-n", "50000", "-t", "ping", "--csv"], 60)
+            a.ping_rate = "%.0f" % float(
+                out.splitlines()[-1].split(",")[1].strip('"'))
+        except Exception:
+            pass
         want = embedded_sha(a.build)
         if want and want != sha:
             raise RuntimeError("SCRIPT LOAD gave %s, libtb embeds %s" % (

@@ -44,6 +44,10 @@ class Entry:
         self.lines = []
 
 
+def bad(where, msg):
+    raise ValueError("%s: %s" % (where, msg))
+
+
 def parse(path):
     """Return the list of Pages in the file; raise ValueError on an error
     that names the line."""
@@ -63,30 +67,30 @@ def parse(path):
                 if word == "page":
                     parts = rest.split(None, 2)
                     if len(parts) != 3 or not parts[1].isdigit():
-                        raise ValueError("%s: @page NAME SECTION TITLE" % where)
+                        bad(where, "@page NAME SECTION TITLE")
                     page = Page(parts[0], parts[1], parts[2], no)
                     pages.append(page)
                     current, entry = None, None
                     continue
                 if page is None:
-                    raise ValueError("%s: @%s before any @page" % (where, word))
+                    bad(where, "@%s before any @page" % word)
                 if word == "section":
                     if not rest:
-                        raise ValueError("%s: @section needs a heading" % where)
+                        bad(where, "@section needs a heading")
                     current = []
                     page.blocks.append(("section", rest, current))
                     entry = None
                 elif word in ENTRY_KINDS:
                     if not rest or " " in rest:
-                        raise ValueError("%s: @%s needs one name" % (where, word))
+                        bad(where, "@%s needs one name" % word)
                     entry = Entry(word, rest, no)
                     page.blocks.append(("entry", entry))
                     current = entry.lines
                 elif word in FIELDS:
                     if entry is None:
-                        raise ValueError("%s: @%s outside an entry" % (where, word))
+                        bad(where, "@%s outside an entry" % word)
                     if word in entry.fields:
-                        raise ValueError("%s: @%s given twice" % (where, word))
+                        bad(where, "@%s given twice" % word)
                     entry.fields[word] = rest
                 else:
                     raise ValueError("%s: unknown @%s" % (where, word))
@@ -147,8 +151,9 @@ def paragraphs(lines):
             out += [".PP", ".RS 4", ".nf"]
             while i < len(lines) and (lines[i].startswith("  ")
                                       or not lines[i].strip()):
-                if not lines[i].strip() and (i + 1 >= len(lines)
-                                             or not lines[i + 1].startswith("  ")):
+                last = i + 1 >= len(lines)
+                if not lines[i].strip() and (
+                        last or not lines[i + 1].startswith("  ")):
                     break
                 out.append(esc(lines[i][2:]))
                 i += 1

@@ -20,6 +20,10 @@
  * in mod_tbucket.c, 002xx in tbucket_status.c. */
 #define TBLOGNO(n) "TB" #n ": "
 
+#define TBUCKET_DEFAULT_URL "redis://127.0.0.1:6379"
+#define TBUCKET_DEFAULT_PREFIX "rl:"
+#define MAX_ROUTES (TB_MAX_BUCKETS - 1)
+
 /* What a request was told; the order is the metrics' label order. */
 typedef enum {
     TBUCKET_OUT_ALLOWED = 0,
@@ -146,6 +150,18 @@ typedef struct tbucket_dir_conf {
 } tbucket_dir_conf;
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
+
+/* ---- tbucket_config.c ---------------------------------------------- */
+
+extern const command_rec tbucket_cmds[];
+void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s);
+void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
+void *tbucket_create_dir_conf(apr_pool_t *p, char *dir);
+void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv);
+int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
+                         apr_pool_t *ptemp, server_rec *s);
+/* The options of the client a server makes in each child. */
+void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o);
 
 /* ---- tbucket_status.c ---------------------------------------------- */
 

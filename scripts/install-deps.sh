@@ -5,7 +5,8 @@
 set -e
 PKGS="build-essential pkg-config apache2 apache2-dev libhiredis-dev \
 libconfig-dev redis-server redis-tools php-cgi haproxy wrk curl \
-python3 python3-pytest python3-redis python3-requests libcmocka-dev"
+python3 python3-pytest python3-redis python3-requests python3-yaml \
+python3-matplotlib libcmocka-dev docker-compose groff-base"
 
 missing=""
 for p in $PKGS; do

@@ -130,6 +130,17 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v);
 
+/* The longest time to fill a bucket from empty, capacity / rate, in ms
+ * (about 31,700 years). Past it the scripts' TTLs would print in exponent
+ * form, which PEXPIRE refuses. */
+#define TB_MAX_FILL_MS 1e15
+
+/* Check a limit: capacity 1..TB_MAX_CAPACITY, rate 1e-6..1e9 per second,
+ * and capacity / rate within TB_MAX_FILL_MS. TB_OK, or TB_ERR with a
+ * message in err (may be NULL). Hosts call it at configuration time; the
+ * core calls it again on every decision. */
+int tb_limit_check(const tb_limit_t *l, char *err, size_t errlen);
+
 /* Time-to-live of a bucket key in ms: ceil(capacity / rate * 1000) + 1000,
  * the time to refill from empty plus a second of slack. */
 int64_t tb_bucket_ttl_ms(const tb_limit_t *lim);

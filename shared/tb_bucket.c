@@ -8,14 +8,36 @@
  * tests/vectors/token_bucket.tsv.
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "tb.h"
 
+int tb_limit_check(const tb_limit_t *l, char *err, size_t errlen)
+{
+    const char *why = NULL;
+
+    if (!l) {
+        why = "no limit";
+    }
+    else if (!(l->capacity >= 1.0) || l->capacity > TB_MAX_CAPACITY) {
+        why = "capacity must be 1..1e9 tokens";
+    }
+    else if (!(l->rate_per_sec >= 1e-6) || l->rate_per_sec > 1e9) {
+        why = "rate must be 1e-6..1e9 tokens per second";
+    }
+    else if (l->capacity / l->rate_per_sec * 1000 > TB_MAX_FILL_MS) {
+        why = "capacity / rate is too long a refill (over 1e15 ms)";
+    }
+    if (why && err && errlen) {
+        snprintf(err, errlen, "%s", why);
+    }
+    return why ? TB_ERR : TB_OK;
+}
+
 static int limit_valid(const tb_limit_t *l, double cost)
 {
-    return l->capacity >= 1.0 && l->capacity <= TB_MAX_CAPACITY
-           && l->rate_per_sec > 0.0 && isfinite(l->rate_per_sec)
-           && cost >= 0.0 && cost <= TB_MAX_CAPACITY;
+    return tb_limit_check(l, NULL, 0) == TB_OK && cost >= 0.0
+           && cost <= TB_MAX_CAPACITY;
 }
 
 /* Refill one bucket to now_ms. A clock that went backwards refills nothing

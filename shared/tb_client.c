@@ -150,9 +150,7 @@ void tb_client_after_fork(tb_client_t *c)
 
 static int take_valid(const tb_take_t *t)
 {
-    return t->limit.capacity >= 1 && t->limit.capacity <= TB_MAX_CAPACITY
-           && t->limit.rate_per_sec > 0 && t->limit.rate_per_sec <= 1e9
-           && t->cost >= 0 && t->cost <= TB_MAX_CAPACITY
+    return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0 && t->cost <= TB_MAX_CAPACITY
            && (!t->route || tb_name_valid(t->route));
 }
 

@@ -147,9 +147,8 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
     }
     for (i = 0; i < n; i++) {
         /* Refuse bad input before any entry is claimed. */
-        if (!keys[i] || !(lim[i].capacity >= 1)
-            || lim[i].capacity > TB_MAX_CAPACITY
-            || !(lim[i].rate_per_sec > 0) || !(cost[i] >= 0)
+        if (!keys[i] || tb_limit_check(&lim[i], NULL, 0) != TB_OK
+            || !(cost[i] >= 0)
             || cost[i] > TB_MAX_CAPACITY) {
             return TB_ERR;
         }

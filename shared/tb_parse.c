@@ -82,6 +82,11 @@ int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen)
     if (v > 1e9) {
         return fail(err, errlen, "rate '%s' is above 1e9 per second", s);
     }
+    if (v < 1e-6) {
+        return fail(err, errlen,
+                    "rate '%s' is below 1e-6 per second (one token in 11.6 "
+                    "days)", s);
+    }
     *per_sec = v;
     return TB_OK;
 }

@@ -141,6 +141,11 @@ static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
         }
         memcpy(a->host, s + 1, hlen);
         a->host[hlen] = '\0';
+        /* Brackets hold an IPv6 literal and nothing else. */
+        if (strspn(a->host, "0123456789abcdefABCDEF:.") != hlen
+            || !strchr(a->host, ':')) {
+            return TB_ERR;
+        }
         if (close + 1 < s + n) {
             if (close[1] != ':') {
                 return TB_ERR;

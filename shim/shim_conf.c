@@ -140,9 +140,9 @@ static int get_string(loader_t *ld, const config_setting_t *s,
 static int get_rate(loader_t *ld, const config_setting_t *s, double *out)
 {
     char msg[128];
-    char buf[64];
 
     if (config_setting_is_number(s)) {
+        char buf[64];
         double v = config_setting_type(s) == CONFIG_TYPE_FLOAT
                        ? config_setting_get_float(s)
                        : (double)config_setting_get_int64(s);

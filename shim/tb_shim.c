@@ -162,6 +162,8 @@ static shim_fd_t shim_fds[SHIM_MAX_FDS];
 static int shim_nfds;
 static pid_t shim_pid;
 static int shim_swaps;
+/* Clients replaced by fds_check(), kept reachable on purpose (see there). */
+static tb_client_t *shim_abandoned[SHIM_MAX_SWAPS];
 static int shim_warned_redis;
 static int shim_warned_fds;
 
@@ -207,7 +209,7 @@ static void shim_warn(const char *fmt, ...)
 /* Look `name` up in the objects after ours. A lookup that returns our own
  * wrapper (the .so loaded twice, or an odd link order) would recurse for
  * ever: refuse it and let the caller fall back to the system call. */
-static void *load_sym(const char *name, void *self)
+static void *load_sym(const char *name, const void *self)
 {
     void *p = dlsym(RTLD_NEXT, name);
 
@@ -475,10 +477,10 @@ static void fds_check(void)
     if (fresh == NULL) {
         return;
     }
-    shim_swaps++;
-    shim_nfds = 0;
     /* The old client is left allocated on purpose: a thread may still be
      * inside it, and its fds are no longer ours to close. */
+    shim_abandoned[shim_swaps++] = shim_client_get();
+    shim_nfds = 0;
     __atomic_store_n(&shim_client, fresh, __ATOMIC_RELEASE);
     if (!shim_warned_fds) {
         shim_warned_fds = 1;
@@ -695,7 +697,7 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
                            const shim_rule_t *r)
 {
     int saved = errno, nonblock, loops;
-    int64_t deadline, now, wait;
+    int64_t deadline;
     tb_result_t res;
 
     if (!is_stream_socket(fd) || fds_is_ours(fd)) {
@@ -717,12 +719,14 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
         if (r->on_limit != SHIM_ON_WAIT || res.retry_ms < 0) {
             break;
         }
-        wait = res.retry_ms > 0 ? res.retry_ms : 1;
-        now = now_ms();
-        if (now + wait > deadline) {
-            break;
+        {
+            int64_t wait = res.retry_ms > 0 ? res.retry_ms : 1;
+
+            if (now_ms() + wait > deadline) {
+                break;
+            }
+            sleep_ms(wait);
         }
-        sleep_ms(wait);
     }
     errno = r->fail_errno;
     return -1;
@@ -732,13 +736,14 @@ SHIM_EXPORT int connect(int fd, __CONST_SOCKADDR_ARG addr, socklen_t len)
 {
     const struct sockaddr *sa = SA_CONST_PTR(addr);
     const shim_rule_t *r;
-    int rc, saved;
 
     if (shim_guard) {
         /* hiredis inside the core, or our own initialisation. */
-        rc = call_connect(fd, sa, len);
+        int rc = call_connect(fd, sa, len);
+
         if (rc == 0 || errno == EINPROGRESS) {
-            saved = errno;
+            int saved = errno;
+
             fds_record(fd);
             errno = saved;
         }
@@ -799,15 +804,18 @@ static void reject_http429(int cfd, int64_t retry_ms)
 {
     char buf[512];
     struct pollfd p;
-    long long secs = retry_ms > 0 ? (retry_ms + 999) / 1000 : 60;
-    int n, i;
+    /* Whole seconds, rounded up. retry_ms is -1 when the cost exceeds the
+     * capacity and waiting can never help: say a minute rather than
+     * invite an immediate retry. */
+    long long secs = retry_ms > 0 ? (retry_ms + 999) / 1000
+                                  : (retry_ms < 0 ? 60 : 1);
+    int n;
 
-    if (retry_ms == 0) {
-        secs = 1;
-    }
     p.fd = cfd;
     p.events = POLLIN;
     if (poll(&p, 1, SHIM_429_READ_MS) > 0) {
+        int i;
+
         for (i = 0; i < 16 && recv(cfd, buf, sizeof(buf), MSG_DONTWAIT) > 0;
              i++) {
         }
@@ -833,14 +841,15 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
 {
     struct sockaddr_storage peer;
     socklen_t plen;
-    const shim_rule_t *r;
     tb_result_t res;
     char ipbuf[INET6_ADDRSTRLEN];
     const char *key;
-    size_t klen;
     int saved = errno, cfd, rejects = 0, nonblock = -1;
 
     for (;;) {
+        const shim_rule_t *r;
+        size_t klen;
+
         plen = sizeof(peer);
         cfd = call_accept4(fd, (struct sockaddr *)&peer, &plen, flags, plain);
         if (cfd < 0) {

@@ -21,7 +21,9 @@
  * default), --timeout DURATION (default 1s: a one-shot tool can afford to
  * wait longer than a request path), --rule [in:|out:]NAME (with a config:
  * take the prefix, capacity, rate, cost and fixed key of that shim rule,
- * so the tool shares the shim's bucket).
+ * so the tool shares the shim's bucket), --algorithm NAME (the module's
+ * TBucketAlgorithm: token-bucket, the default, gcra, sliding-window,
+ * fixed-window or sliding-log; take and reset only).
  *
  * KEY is the client key as the module sees it (the TBucketKey value, for
  * example an API key or a client IP). The Redis key is built by
@@ -90,6 +92,7 @@ typedef struct tool {
     tb_limit_t limit;          /* Capacity (tokens), tokens/second.  */
     double cost;               /* Tokens, default 1.                 */
     tool_policy_t policy;
+    tb_algo_t algo;            /* TB_ALGO_TOKEN_BUCKET unless set.    */
     int quiet;
 } tool_t;
 
@@ -103,6 +106,7 @@ static void usage(FILE *f)
           "       tbucket reset KEY [--route NAME]\n"
           "options: --url URL  --config FILE  --prefix STRING (rl:)\n"
           "         --timeout DURATION (1s)  --rule [in:|out:]NAME\n"
+          "         --algorithm NAME (token-bucket)\n"
           "exit: 0 allowed/done, 64 usage, 65 cost > capacity,\n"
           "      69 Redis unavailable, 75 rejected (retry later), "
           "78 config\n", f);
@@ -329,7 +333,8 @@ done:
 
 enum {
     OPT_URL = 256, OPT_PREFIX, OPT_TIMEOUT, OPT_CONNECT_TIMEOUT, OPT_CONFIG,
-    OPT_CAPACITY, OPT_RATE, OPT_COST, OPT_ROUTE, OPT_POLICY, OPT_RULE
+    OPT_CAPACITY, OPT_RATE, OPT_COST, OPT_ROUTE, OPT_POLICY, OPT_RULE,
+    OPT_ALGORITHM
 };
 
 static const struct option long_opts[] = {
@@ -344,6 +349,7 @@ static const struct option long_opts[] = {
     { "route", required_argument, NULL, OPT_ROUTE },
     { "policy", required_argument, NULL, OPT_POLICY },
     { "rule", required_argument, NULL, OPT_RULE },
+    { "algorithm", required_argument, NULL, OPT_ALGORITHM },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 }
@@ -435,6 +441,13 @@ static int set_option(tool_t *t, int c, const char *arg)
         return 0;
     case OPT_RULE:
         t->rule = arg;
+        return 0;
+    case OPT_ALGORITHM:
+        if (tb_algo_parse(arg, &t->algo) != TB_OK) {
+            return usage_error("--algorithm", "token-bucket, gcra, "
+                               "sliding-window, fixed-window or "
+                               "sliding-log");
+        }
         return 0;
     case 'q':
         t->quiet = 1;
@@ -539,6 +552,15 @@ static void redacted(const tool_t *t, char *out, size_t outlen)
     }
 }
 
+/* One line on stderr naming the (redacted) Redis and the problem. */
+static void redis_error(const tool_t *t, const char *msg, const char *note)
+{
+    char where[URL_MAX];
+
+    redacted(t, where, sizeof(where));
+    fprintf(stderr, "tbucket: %s: %s%s\n", where, msg, note);
+}
+
 static int64_t retry_seconds(int64_t retry_ms)
 {
     /* Whole seconds, rounded up, at least 1: the module's Retry-After. */
@@ -552,7 +574,6 @@ static int cmd_take(const tool_t *t)
     tb_take_t take;
     tb_result_t res;
     tb_client_t *c;
-    char where[URL_MAX];
     int rc;
 
     if (!t->have_cap || !t->have_rate) {
@@ -571,15 +592,15 @@ static int cmd_take(const tool_t *t)
     if (!c) {
         return EXIT_USAGE;
     }
-    rc = tb_client_decide(c, t->prefix, t->key, strlen(t->key), &take, 1,
-                          &res);
+    rc = tb_client_decide_algo(c, t->algo, t->prefix, t->key,
+                               strlen(t->key), &take, 1, -1, &res);
     if (rc != TB_OK) {
-        redacted(t, where, sizeof(where));
-        fprintf(stderr, "tbucket: %s: %s%s\n", where,
-                res.err == TB_ERR_ARG ? "bad key or prefix" : c->errstr,
-                t->policy == POLICY_FAIL  ? ""
-                : t->policy == POLICY_OPEN ? " (policy open: allowed)"
-                                           : " (policy closed: rejected)");
+        redis_error(t, res.err == TB_ERR_ARG ? "bad key or prefix"
+                                             : c->errstr,
+                    t->policy == POLICY_FAIL  ? ""
+                    : t->policy == POLICY_OPEN ? " (policy open: allowed)"
+                                               : " (policy closed: "
+                                                 "rejected)");
         if (t->policy == POLICY_FAIL || res.err == TB_ERR_ARG) {
             tb_client_free(c);
             return res.err == TB_ERR_ARG ? EXIT_USAGE : EXIT_UNAVAILABLE;
@@ -608,12 +629,18 @@ static int cmd_take(const tool_t *t)
     return EXIT_TEMPFAIL;
 }
 
+/* The bucket's Redis key, as tb_client_decide_algo() builds it: the
+ * module's key plus the algorithm's suffix (none for the token bucket). */
 static int build_key(const tool_t *t, char *rkey)
 {
-    if (tb_key_build(t->prefix, t->key, strlen(t->key), t->route, rkey)
-        == 0) {
+    const char *sfx = tb_algo_key_suffix(t->algo);
+    size_t n = tb_key_build(t->prefix, t->key, strlen(t->key), t->route,
+                            rkey);
+
+    if (n == 0 || n + strlen(sfx) >= TB_KEY_BUF) {
         return usage_error("bad key, prefix or route", NULL);
     }
+    memcpy(rkey + n, sfx, strlen(sfx) + 1);
     return 0;
 }
 
@@ -621,7 +648,7 @@ static int build_key(const tool_t *t, char *rkey)
  * as the next decision would see it. One "name=value" per line. */
 static int cmd_inspect(const tool_t *t)
 {
-    char rkey[TB_KEY_BUF], where[URL_MAX];
+    char rkey[TB_KEY_BUF];
     tb_bucket_t b, now_b;
     tb_verdict_t v;
     tb_client_t *c;
@@ -635,12 +662,15 @@ static int cmd_inspect(const tool_t *t)
         return usage_error("inspect needs both --capacity and --rate, or "
                            "neither", NULL);
     }
+    if (t->algo != TB_ALGO_TOKEN_BUCKET) {
+        return usage_error("inspect reads token buckets only",
+                           tb_algo_name(t->algo));
+    }
     if (!(c = connect_client(t, TB_POLICY_OPEN))) {
         return EXIT_USAGE;
     }
     if (tb_client_inspect(c, rkey, &b, &ttl_ms) != TB_OK) {
-        redacted(t, where, sizeof(where));
-        fprintf(stderr, "tbucket: %s: %s\n", where, c->errstr);
+        redis_error(t, c->errstr, "");
         tb_client_free(c);
         return EXIT_UNAVAILABLE;
     }
@@ -691,7 +721,7 @@ static int cmd_inspect(const tool_t *t)
 
 static int cmd_reset(const tool_t *t)
 {
-    char rkey[TB_KEY_BUF], where[URL_MAX];
+    char rkey[TB_KEY_BUF];
     tb_client_t *c;
     int rc;
 
@@ -702,8 +732,7 @@ static int cmd_reset(const tool_t *t)
         return EXIT_USAGE;
     }
     if (tb_client_reset(c, rkey) != TB_OK) {
-        redacted(t, where, sizeof(where));
-        fprintf(stderr, "tbucket: %s: %s\n", where, c->errstr);
+        redis_error(t, c->errstr, "");
         tb_client_free(c);
         return EXIT_UNAVAILABLE;
     }

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tbenv import BUILD, require, stop_pid
+from tbenv import BUILD, ROOT, require, stop_pid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGS_SRC = os.path.join(HERE, "progs")
@@ -47,18 +47,23 @@ def progs(tmp_path_factory):
          "-Wl,-rpath," + out], out)
     _cc([os.path.join(src, "connect_loop.c"), "-o",
          os.path.join(out, "connect_loop")], out)
+    _cc(["-shared", "-fPIC", os.path.join(src, "fake_connect.c"), "-o",
+         os.path.join(out, "libfakeconnect.so")], out)
     # A second name for the client: a "$program" key must differ by name.
     shutil.copy(os.path.join(out, "tb_cli"), os.path.join(out, "tb_cli2"))
     names = ("tb_srv", "tb_cli", "tb_cli2", "closer", "ctor_main",
-             "connect_loop")
+             "connect_loop", "libfakeconnect.so")
     return {n: os.path.join(out, n) for n in names}
 
 
 def write_conf(path, redis, body="", **scalars):
     """Write a shim config: redis_url and timeouts first, then scalars
     (Python values become libconfig ones), then body (rules, verbatim)."""
+    # Generous timeouts: on a loaded test machine a 50 ms Redis call can
+    # time out, and the open policy would then let a connection through.
+    # Tests about timeouts set their own.
     settings = {"redis_url": redis.url if redis else "redis://127.0.0.1:1",
-                "timeout_ms": 50, "connect_timeout_ms": 50}
+                "timeout_ms": 1000, "connect_timeout_ms": 1000}
     settings.update(scalars)
     lines = []
     for k, v in settings.items():
@@ -72,9 +77,29 @@ def write_conf(path, redis, body="", **scalars):
     return str(path)
 
 
-def shim_env(conf, **extra):
+PLAIN_SHIM_SO = os.path.join(ROOT, "build", "libtbucket_preload.so")
+
+
+def shim_env(conf, foreign=False, **extra):
+    """The environment of a program run under the shim. Under `make asan`
+    (TB_ASAN=1) our own C programs get the sanitizer build with its
+    runtimes preloaded first; foreign programs (curl, php-cgi, python),
+    which hang or fail with libasan preloaded, get the plain build."""
     env = dict(os.environ)
     env["LD_PRELOAD"] = SHIM_SO
+    if os.environ.get("TB_ASAN") == "1":
+        if foreign:
+            if not os.path.exists(PLAIN_SHIM_SO):
+                pytest.fail("%s is missing: run make first" % PLAIN_SHIM_SO)
+            env["LD_PRELOAD"] = PLAIN_SHIM_SO
+        else:
+            cc = require("/usr/bin/gcc", "gcc")
+            rt = [subprocess.run([cc, "-print-file-name=" + lib],
+                                 stdout=subprocess.PIPE, text=True,
+                                 check=True).stdout.strip()
+                  for lib in ("libasan.so", "libubsan.so")]
+            env["LD_PRELOAD"] = " ".join(rt + [SHIM_SO])
+            env["ASAN_OPTIONS"] = "detect_leaks=0"
     if conf is None:
         env.pop("TBUCKET_CONFIG", None)
     else:

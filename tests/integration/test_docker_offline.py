@@ -213,3 +213,13 @@ def test_docker_001_07_apache_config_syntax(tmp_path):
     p = subprocess.run([apache2, "-t", "-f", str(conf)], capture_output=True,
                        text=True, timeout=30, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+# haproxy accepts its configuration (names that do not resolve here only
+# disable a server, thanks to init-addr none).
+def test_docker_001_08_haproxy_config():
+    haproxy = require("/usr/sbin/haproxy", "haproxy")
+    p = subprocess.run([haproxy, "-c", "-f",
+                        os.path.join(DOCKER, "haproxy", "haproxy.cfg")],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -180,6 +180,7 @@ def test_shim_100_07(redis_server, progs, tmp_path):
         b = bucket(redis_server, "tb:shim:out:down:{down}")
         assert b["tokens"] < 1
     finally:
-        srv.stop()
+        _, err = srv.stop()
         down_out, _ = down.stop()
     assert "served 4 " in down_out
+    assert err == ""

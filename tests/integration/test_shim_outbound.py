@@ -53,6 +53,7 @@ def test_shim_200_01(redis_server, downstream, progs, tmp_path):
                     shim_env(conf))
     assert s["ok"] == 3 and s["served"] == 3
     assert s["fail"] == 7 and errs(s) == {"ECONNREFUSED": 7}
+    assert s["clobbered"] == 0            # errno kept across shim work
     b = bucket(redis_server, "tb:shim:out:db:{db}")
     assert 0 <= b["tokens"] < 1
     assert err == ""
@@ -125,7 +126,7 @@ def test_shim_200_07(redis_server, http_downstream, tmp_path):
     for _ in range(8):
         p = run([CURL, "-s", "-o", "/dev/null", "--max-time", "5",
                  "http://127.0.0.1:%d/" % http_downstream.port],
-                shim_env(conf), timeout=20, check=False)
+                shim_env(conf, foreign=True), timeout=20, check=False)
         codes.append(p.returncode)
     assert codes.count(0) == 3
     assert codes.count(7) == 5, codes
@@ -142,7 +143,7 @@ def test_shim_200_08(redis_server, http_downstream, tmp_path):
     for _ in range(4):
         p = run([CURL, "-s", "--max-time", "5",
                  "http://127.0.0.1:%d/" % http_downstream.port],
-                shim_env(conf), timeout=20)
+                shim_env(conf, foreign=True), timeout=20)
         assert p.stdout == "OK\n"
     # 3 tokens beyond the first at 5/s: about 0.6 s.
     assert time.monotonic() - t0 >= 0.45
@@ -169,7 +170,7 @@ def test_shim_200_09(redis_server, downstream, progs, tmp_path):
                       outbound(out_rule(downstream.port, capacity=6)))
     script = tmp_path / "down.php"
     script.write_text(PHP_SCRIPT)
-    env = shim_env(conf, DOWN_PORT=downstream.port, DOWN_N=5)
+    env = shim_env(conf, foreign=True, DOWN_PORT=downstream.port, DOWN_N=5)
     p = run([PHP_CGI, "-q", str(script)], env, timeout=30)
     assert "who=php ok=5 fail=0" in p.stdout, p.stdout + p.stderr
     p = run([PHP_CGI, "-q", str(script)], env, timeout=30)
@@ -228,3 +229,23 @@ def test_shim_200_12(redis_server, downstream, progs, tmp_path):
     assert rc.dbsize() == 0
     assert rc.info("stats")["total_connections_received"] == before
     assert err == ""
+
+
+# test_shim_200_13: the system calls of an unmatched connect() are the
+# program's own: strace sees one connect per call and nothing the shim
+# added (no getsockopt, fcntl, getsockname, no socket to Redis).
+def test_shim_200_13(redis_server, downstream, progs, tmp_path):
+    strace = require("/usr/bin/strace", "strace")
+    other = downstream.port + 1 if downstream.port < 65535 else 1
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      outbound(out_rule(other, capacity=1)))
+    log = tmp_path / "strace.txt"
+    run([strace, "-f", "-o", str(log), "-e",
+         "trace=connect,getsockopt,fcntl,getsockname,socket",
+         progs["tb_cli"], "127.0.0.1", str(downstream.port), "7"],
+        shim_env(conf), timeout=60)
+    calls = [l.split("(")[0].split()[-1] for l in log.read_text().splitlines()
+             if "(" in l and "resumed" not in l]
+    assert calls.count("connect") == 7, calls
+    assert calls.count("socket") == 7, calls
+    assert not {"getsockopt", "fcntl", "getsockname"} & set(calls), calls

@@ -38,6 +38,7 @@ def test_shim_300_01(redis_server, downstream, progs, tmp_path):
     (s,), err = cli(progs, ["-t", "8", "127.0.0.1", downstream.port, 20],
                     shim_env(conf))
     assert s["ok"] == 10 and errs(s) == {"ECONNREFUSED": 150}
+    assert s["clobbered"] == 0
     assert err == ""
 
 
@@ -72,7 +73,7 @@ def test_shim_300_03(redis_server, downstream, progs, tmp_path):
               "    stdout=subprocess.PIPE, text=True, close_fds=False)"
               ".stdout\n"
               "print(fds)\n" % downstream.port)
-    p = run(["/usr/bin/python3", "-c", script], shim_env(conf))
+    p = run(["/usr/bin/python3", "-c", script], shim_env(conf, foreign=True))
     assert "socket:" not in p.stdout, p.stdout
     assert bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 10
 
@@ -271,7 +272,8 @@ def test_shim_300_13(redis_server, downstream, progs, tmp_path, policy, how):
     # attempts are made in 0.5 s), so "after" behaviour is visible.
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       out_rule(downstream.port, capacity=8),
-                      policy=policy, breaker_threshold=3,
+                      policy=policy, timeout_ms=50,
+                      connect_timeout_ms=50, breaker_threshold=3,
                       breaker_cooldown_ms=500, replicas=2)
     outage = redis_server.stop if how == "stop" else redis_server.sigstop
     try:

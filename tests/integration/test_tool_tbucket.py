@@ -282,6 +282,22 @@ def test_tool_001_15_quiet_and_shared(redis_server):
     assert p.returncode == EX_TEMPFAIL and p.stdout == ""
 
 
+# --algorithm: the module's other algorithms, under their suffixed keys.
+def test_tool_001_16_algorithm(redis_server):
+    lim = ["--capacity", "2", "--rate", "1/h", "--algorithm", "gcra"]
+    codes = [take(redis_server, "ivy", *lim).returncode for _ in range(3)]
+    assert codes == [EX_OK, EX_OK, EX_TEMPFAIL]
+    assert redis_server.client().keys("*") == [b"rl:{ivy}:gcra"]
+    p = run("reset", "ivy", "--algorithm", "gcra", url=redis_server.url)
+    assert p.returncode == EX_OK
+    assert redis_server.client().keys("*") == []
+    p = run("inspect", "ivy", "--algorithm", "gcra", url=redis_server.url)
+    assert p.returncode == EX_USAGE
+    p = run("take", "ivy", "--capacity", "2", "--rate", "1", "--algorithm",
+            "leaky")
+    assert p.returncode == EX_USAGE and "--algorithm" in p.stderr
+
+
 # ---- with the Apache module: one bucket, two clients ---------------------
 
 def module_conf(redis_server, prefix):

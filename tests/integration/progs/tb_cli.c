@@ -11,6 +11,7 @@
  * makes the N connections and reports, then the parent connects once more
  * and reports. -R lists the local ports of our sockets to that Redis port
  * ("redis_ports=..."): a forked child must not share its parent's.
+ * "clobbered" counts successful blocking connects that changed errno.
  * Prints one summary line per process:
  *   who=main ok=.. fail=.. served=.. r429=.. closed=.. maxlat_us=..
  *   elapsed_ms=.. errs=NAME:count,... redis_ports=...
@@ -36,9 +37,10 @@ static struct sockaddr_storage dst;
 static socklen_t dstlen;
 static int opt_n, opt_r, opt_delay_ms, opt_redis_port, count;
 static double opt_secs;
+static __thread int errno_clobbered;
 
 typedef struct tally {
-    int ok, fail, served, r429, closed, down;
+    int ok, fail, served, r429, closed, down, clobbered;
     long long maxlat_us;
     int errnos[MAX_ERRS], errcnt[MAX_ERRS], nerr;
 } tally_t;
@@ -72,7 +74,16 @@ static int do_connect(int s)
     socklen_t len = sizeof(err);
 
     if (!opt_n) {
-        return connect(s, (struct sockaddr *)&dst, dstlen);
+        int rc;
+
+        /* A successful call must leave errno alone (the shim's own work
+         * in between must not leak into it). */
+        errno = 4242;
+        rc = connect(s, (struct sockaddr *)&dst, dstlen);
+        if (rc == 0 && errno != 4242) {
+            errno_clobbered = 1;
+        }
+        return rc;
     }
     fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
     if (connect(s, (struct sockaddr *)&dst, dstlen) == 0) {
@@ -133,6 +144,8 @@ static void one(tally_t *t)
     if (lat > t->maxlat_us) {
         t->maxlat_us = lat;
     }
+    t->clobbered += errno_clobbered;
+    errno_clobbered = 0;
     if (rc == 0) {
         t->ok++;
         if (opt_r) {
@@ -174,6 +187,7 @@ static void merge(tally_t *into, const tally_t *t)
     into->r429 += t->r429;
     into->closed += t->closed;
     into->down += t->down;
+    into->clobbered += t->clobbered;
     if (t->maxlat_us > into->maxlat_us) {
         into->maxlat_us = t->maxlat_us;
     }
@@ -208,9 +222,9 @@ static void report(const char *who, const tally_t *t, long long t0)
         }
     }
     printf("who=%s ok=%d fail=%d served=%d r429=%d closed=%d down=%d "
-           "maxlat_us=%lld "
+           "clobbered=%d maxlat_us=%lld "
            "elapsed_ms=%lld errs=%s redis_ports=%s\n", who, t->ok, t->fail,
-           t->served, t->r429, t->closed, t->down, t->maxlat_us,
+           t->served, t->r429, t->closed, t->down, t->clobbered, t->maxlat_us,
            (now_us() - t0) / 1000, errs, ports);
     fflush(stdout);
 }

@@ -1,0 +1,680 @@
+/* tbucket_config.c -- mod_tbucket's directives and configuration records.
+ *
+ * The directive handlers validate every value with the core's parsers at
+ * config time, so the request path never parses; a bad value is refused
+ * with a message naming the directive and the value. The create and merge
+ * functions follow httpd's conventions (mod_proxy's _set flags,
+ * mod_headers' merges), and check_config warns, also under apache2 -t,
+ * about what can be seen to be wrong across scopes. The directives
+ * themselves are described in the head comment of mod_tbucket.c.
+ */
+#include "apr_hash.h"
+#include "apr_strings.h"
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_core.h"
+#include "http_log.h"
+
+#include "mod_tbucket.h"
+
+APLOG_USE_MODULE(tbucket);
+
+static tbucket_srv_conf *srv_conf(const server_rec *s)
+{
+    return ap_get_module_config(s->module_config, &tbucket_module);
+}
+
+/* ---- Configuration records ------------------------------------------ */
+
+void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
+{
+    tbucket_srv_conf *sc = apr_pcalloc(p, sizeof(*sc));
+
+    (void)s;
+    sc->timeout_ms = 50;
+    sc->policy = TB_POLICY_OPEN;
+    sc->replicas = 1;
+    sc->breaker_threshold = 5;
+    sc->breaker_cooldown_ms = 10000;
+    sc->prefix = TBUCKET_DEFAULT_PREFIX;
+    sc->vhost_slot = -1;
+    sc->client_slot = -1;
+    return sc;
+}
+
+/* A virtual host takes what it sets and inherits the rest from the main
+ * server; field by field, so "TBucketRedis URL" in a vhost keeps the main
+ * server's timeout. Allocates a new record; base and add are untouched. */
+void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    const tbucket_srv_conf *base = basev, *add = addv;
+    tbucket_srv_conf *m = apr_pcalloc(p, sizeof(*m));
+
+#define TAKE(field, flag)                                    \
+    do {                                                     \
+        m->field = add->flag ? add->field : base->field;     \
+        m->flag = add->flag | base->flag;                    \
+    } while (0)
+    TAKE(url, url_set);
+    TAKE(timeout_ms, timeout_set);
+    TAKE(connect_timeout_ms, connect_timeout_set);
+    TAKE(pool_size, pool_set);
+    TAKE(policy, policy_set);
+    TAKE(replicas, replicas_set);
+    TAKE(breaker_threshold, threshold_set);
+    TAKE(breaker_cooldown_ms, cooldown_set);
+    TAKE(prefix, prefix_set);
+#undef TAKE
+    m->vhost_slot = -1;
+    m->client_slot = -1;
+    return m;
+}
+
+void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
+{
+    tbucket_dir_conf *dc = apr_pcalloc(p, sizeof(*dc));
+
+    (void)dir;
+    dc->enable = -1;
+    dc->shadow = -1;
+    dc->headers = -1;
+    dc->cost = 1;
+    return dc;
+}
+
+/* Outer routes first, an inner route of the same name replacing the outer
+ * one; past MAX_ROUTES the outermost are dropped (tbucket_check_config warns). */
+static apr_array_header_t *merge_routes(apr_pool_t *p,
+                                        apr_array_header_t *base,
+                                        apr_array_header_t *add)
+{
+    apr_array_header_t *m;
+    int i, j, skip;
+
+    if (!add || !add->nelts) {
+        return base;
+    }
+    if (!base || !base->nelts) {
+        return add;
+    }
+    m = apr_array_make(p, base->nelts + add->nelts, sizeof(tbucket_route));
+    for (i = 0; i < base->nelts; i++) {
+        const tbucket_route *b = &APR_ARRAY_IDX(base, i, tbucket_route);
+
+        for (skip = 0, j = 0; j < add->nelts && !skip; j++) {
+            skip = !strcmp(b->name,
+                           APR_ARRAY_IDX(add, j, tbucket_route).name);
+        }
+        if (!skip) {
+            APR_ARRAY_PUSH(m, tbucket_route) = *b;
+        }
+    }
+    for (j = 0; j < add->nelts; j++) {
+        APR_ARRAY_PUSH(m, tbucket_route) = APR_ARRAY_IDX(add, j,
+                                                         tbucket_route);
+    }
+    if (m->nelts > MAX_ROUTES) {
+        memmove(m->elts, m->elts + (m->nelts - MAX_ROUTES) * m->elt_size,
+                MAX_ROUTES * m->elt_size);
+        m->nelts = MAX_ROUTES;
+    }
+    return m;
+}
+
+/* Runs per request (server/request.c merges sections as it walks), so it
+ * copies scalars and pointers only: the tenant tables are chained, not
+ * copied, and routes are rebuilt only when both sides have some. */
+void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    const tbucket_dir_conf *base = basev, *add = addv;
+    tbucket_dir_conf *m = apr_palloc(p, sizeof(*m));
+
+    m->enable = add->enable != -1 ? add->enable : base->enable;
+    m->shadow = add->shadow != -1 ? add->shadow : base->shadow;
+    m->headers = add->headers != -1 ? add->headers : base->headers;
+    m->key_set = add->key_set | base->key_set;
+    m->key = add->key_set ? add->key : base->key;
+    m->key_late = add->key_set ? add->key_late : base->key_late;
+    m->limit_set = add->limit_set | base->limit_set;
+    m->limit = add->limit_set ? add->limit : base->limit;
+    m->cost_set = add->cost_set | base->cost_set;
+    m->cost = add->cost_set ? add->cost : base->cost;
+    if (add->tenants) {
+        m->tenants = add->tenants;
+        m->tenants_up = base;
+    }
+    else {
+        m->tenants = base->tenants;
+        m->tenants_up = base->tenants_up;
+    }
+    m->routes = merge_routes(p, base->routes, add->routes);
+    return m;
+}
+
+/* ---- Directive handlers --------------------------------------------- */
+
+/* A URL for a message, with any user:password replaced by "***". */
+static const char *redact_raw(apr_pool_t *p, const char *url)
+{
+    const char *scheme = strstr(url, "://");
+    const char *at;
+
+    if (!scheme || !(at = strrchr(scheme + 3, '@'))) {
+        return url;
+    }
+    return apr_pstrcat(p, apr_pstrmemdup(p, url, scheme + 3 - url), "***",
+                       at, NULL);
+}
+
+static const char *bad_value(cmd_parms *cmd, const char *what,
+                             const char *value, const char *why)
+{
+    return apr_psprintf(cmd->pool, "%s: bad %s '%s': %s", cmd->cmd->name,
+                        what, value, why);
+}
+
+/* "name=value" into its two halves; NULL when there is no '='. */
+static const char *split_opt(apr_pool_t *p, const char *word,
+                             const char **value)
+{
+    const char *eq = strchr(word, '=');
+
+    if (!eq) {
+        return NULL;
+    }
+    *value = eq + 1;
+    return apr_pstrmemdup(p, word, eq - word);
+}
+
+static const char *parse_ms(cmd_parms *cmd, const char *what,
+                            const char *value, int *out)
+{
+    int64_t ms;
+    char err[128];
+
+    if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, what, value, err);
+    }
+    if (ms < 1 || ms > 60000) {
+        return bad_value(cmd, what, value, "must be 1ms..60s");
+    }
+    *out = (int)ms;
+    return NULL;
+}
+
+static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    const char *url = ap_getword_conf(cmd->temp_pool, &args);
+    const char *word, *name, *value, *msg;
+    tb_redis_addr_t addr;
+    char err[160];
+    int64_t n;
+
+    (void)dummy;
+    if (!*url) {
+        return "TBucketRedis: a URL is required, e.g. "
+               "TBucketRedis redis://127.0.0.1:6379 timeout=50";
+    }
+    if (tb_url_parse(url, &addr, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "URL", redact_raw(cmd->temp_pool, url), err);
+    }
+    sc->url = apr_pstrdup(cmd->pool, url);
+    sc->url_set = 1;
+    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
+        name = split_opt(cmd->temp_pool, word, &value);
+        if (name && !strcmp(name, "timeout")) {
+            if ((msg = parse_ms(cmd, "timeout", value, &sc->timeout_ms))) {
+                return msg;
+            }
+            sc->timeout_set = 1;
+        }
+        else if (name && !strcmp(name, "connect_timeout")) {
+            if ((msg = parse_ms(cmd, "connect_timeout", value,
+                                &sc->connect_timeout_ms))) {
+                return msg;
+            }
+            sc->connect_timeout_set = 1;
+        }
+        else if (name && !strcmp(name, "pool")) {
+            if (tb_parse_int(value, 1, 1024, &n, err, sizeof(err))
+                != TB_OK) {
+                return bad_value(cmd, "pool", value, err);
+            }
+            sc->pool_size = (int)n;
+            sc->pool_set = 1;
+        }
+        else {
+            return apr_psprintf(cmd->pool, "TBucketRedis: unknown option "
+                                "'%s' (expected timeout=MS, "
+                                "connect_timeout=MS or pool=N)", word);
+        }
+    }
+    return NULL;
+}
+
+static const char *set_policy(cmd_parms *cmd, void *dummy, const char *arg)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+
+    (void)dummy;
+    if (tb_policy_parse(arg, &sc->policy) != TB_OK) {
+        return bad_value(cmd, "policy", arg,
+                         "expected open, closed or local");
+    }
+    sc->policy_set = 1;
+    return NULL;
+}
+
+static const char *set_replicas(cmd_parms *cmd, void *dummy,
+                                const char *arg)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    char err[128];
+    int64_t n;
+
+    (void)dummy;
+    if (tb_parse_int(arg, 1, 100000, &n, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "replica count", arg, err);
+    }
+    sc->replicas = (int)n;
+    sc->replicas_set = 1;
+    return NULL;
+}
+
+static const char *set_breaker(cmd_parms *cmd, void *dummy,
+                               const char *args)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    const char *word, *name, *value;
+    char err[128];
+    int64_t n;
+    int seen = 0;
+
+    (void)dummy;
+    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
+        name = split_opt(cmd->temp_pool, word, &value);
+        if (name && !strcmp(name, "threshold")) {
+            if (tb_parse_int(value, 1, 1000000, &n, err, sizeof(err))
+                != TB_OK) {
+                return bad_value(cmd, "threshold", value, err);
+            }
+            sc->breaker_threshold = (int)n;
+            sc->threshold_set = 1;
+        }
+        else if (name && !strcmp(name, "cooldown")) {
+            if (tb_parse_duration_ms(value, &n, err, sizeof(err)) != TB_OK) {
+                return bad_value(cmd, "cooldown", value, err);
+            }
+            if (n < 1) {
+                return bad_value(cmd, "cooldown", value, "must be > 0");
+            }
+            sc->breaker_cooldown_ms = n;
+            sc->cooldown_set = 1;
+        }
+        else {
+            return apr_psprintf(cmd->pool, "TBucketBreaker: unknown option "
+                                "'%s' (expected threshold=N "
+                                "cooldown=DURATION)", word);
+        }
+        seen++;
+    }
+    if (!seen) {
+        return "TBucketBreaker: expected threshold=N and/or "
+               "cooldown=DURATION, e.g. TBucketBreaker threshold=5 "
+               "cooldown=10s";
+    }
+    return NULL;
+}
+
+static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+
+    (void)dummy;
+    /* Room is kept for the "ip:" of fallback keys. */
+    if (!tb_prefix_valid(arg) || strlen(arg) > TB_PREFIX_MAX - 3) {
+        return bad_value(cmd, "prefix", arg,
+                         "1..61 printable characters without spaces or "
+                         "braces");
+    }
+    sc->prefix = apr_pstrdup(cmd->pool, arg);
+    sc->prefix_set = 1;
+    return NULL;
+}
+
+static const char *parse_limit(cmd_parms *cmd, const char *cap,
+                               const char *rate, tb_limit_t *lim)
+{
+    char err[128];
+    int64_t n;
+
+    if (tb_parse_int(cap, 1, (int64_t)TB_MAX_CAPACITY, &n, err, sizeof(err))
+        != TB_OK) {
+        return bad_value(cmd, "capacity", cap, err);
+    }
+    lim->capacity = (double)n;
+    if (tb_parse_rate(rate, &lim->rate_per_sec, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "rate", rate, err);
+    }
+    return NULL;
+}
+
+static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    const char *err = NULL;
+
+    /* DONT_VARY: the key must not add "Vary: X-API-Key" to responses. */
+    dc->key = ap_expr_parse_cmd(cmd, arg, AP_EXPR_FLAG_STRING_RESULT
+                                | AP_EXPR_FLAG_DONT_VARY, &err, NULL);
+    if (err || !dc->key) {
+        return apr_psprintf(cmd->pool, "TBucketKey: cannot parse "
+                            "expression '%s': %s", arg,
+                            err ? err : "unknown error");
+    }
+    dc->key_late = ap_strcasestr(arg, "REMOTE_USER") != NULL
+                   || ap_strcasestr(arg, "AUTH_TYPE") != NULL;
+    dc->key_set = 1;
+    return NULL;
+}
+
+static const char *set_limit(cmd_parms *cmd, void *dcv, const char *cap,
+                             const char *rate)
+{
+    tbucket_dir_conf *dc = dcv;
+    const char *msg = parse_limit(cmd, cap, rate, &dc->limit);
+
+    if (!msg) {
+        dc->limit_set = 1;
+    }
+    return msg;
+}
+
+static const char *set_cost(cmd_parms *cmd, void *dcv, const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    char err[128];
+    int64_t n;
+
+    if (tb_parse_int(arg, 0, (int64_t)TB_MAX_CAPACITY, &n, err, sizeof(err))
+        != TB_OK) {
+        return bad_value(cmd, "cost", arg, err);
+    }
+    dc->cost = (double)n;
+    dc->cost_set = 1;
+    return NULL;
+}
+
+static const char *set_tenant(cmd_parms *cmd, void *dcv, const char *key,
+                              const char *cap, const char *rate)
+{
+    tbucket_dir_conf *dc = dcv;
+    tb_limit_t *lim = apr_palloc(cmd->pool, sizeof(*lim));
+    const char *msg;
+
+    if (!*key) {
+        return "TBucketTenant: the tenant key must not be empty";
+    }
+    if ((msg = parse_limit(cmd, cap, rate, lim))) {
+        return msg;
+    }
+    if (!dc->tenants) {
+        dc->tenants = apr_hash_make(cmd->pool);
+    }
+    if (apr_hash_get(dc->tenants, key, APR_HASH_KEY_STRING)) {
+        return apr_psprintf(cmd->pool, "TBucketTenant: tenant '%s' is "
+                            "already set in this scope", key);
+    }
+    apr_hash_set(dc->tenants, apr_pstrdup(cmd->pool, key),
+                 APR_HASH_KEY_STRING, lim);
+    return NULL;
+}
+
+static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
+                             const char *cap, const char *rate)
+{
+    tbucket_dir_conf *dc = dcv;
+    tbucket_route rt;
+    const char *msg;
+    int i;
+
+    if (!tb_name_valid(name)) {
+        return bad_value(cmd, "route name", name,
+                         "use 1..64 of A-Z a-z 0-9 _ . -");
+    }
+    if ((msg = parse_limit(cmd, cap, rate, &rt.limit))) {
+        return msg;
+    }
+    if (!dc->routes) {
+        dc->routes = apr_array_make(cmd->pool, 2, sizeof(tbucket_route));
+    }
+    for (i = 0; i < dc->routes->nelts; i++) {
+        if (!strcmp(APR_ARRAY_IDX(dc->routes, i, tbucket_route).name,
+                    name)) {
+            return apr_psprintf(cmd->pool, "TBucketRouteLimit: route '%s' "
+                                "is already set in this scope", name);
+        }
+    }
+    if (dc->routes->nelts >= MAX_ROUTES) {
+        return apr_psprintf(cmd->pool, "TBucketRouteLimit: at most %d "
+                            "routes per scope", MAX_ROUTES);
+    }
+    rt.name = apr_pstrdup(cmd->pool, name);
+    APR_ARRAY_PUSH(dc->routes, tbucket_route) = rt;
+    return NULL;
+}
+
+static const char *set_mode(cmd_parms *cmd, void *dcv, const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+
+    if (!strcasecmp(arg, "enforce")) {
+        dc->shadow = 0;
+    }
+    else if (!strcasecmp(arg, "shadow")) {
+        dc->shadow = 1;
+    }
+    else {
+        return bad_value(cmd, "mode", arg, "expected enforce or shadow");
+    }
+    return NULL;
+}
+
+static const char *set_header_style(cmd_parms *cmd, void *dcv,
+                                    const char *arg)
+{
+    static const char *const names[] = { "legacy", "ietf", "both", "off" };
+    tbucket_dir_conf *dc = dcv;
+    int i;
+
+    for (i = 0; i < 4; i++) {
+        if (!strcasecmp(arg, names[i])) {
+            dc->headers = i;
+            return NULL;
+        }
+    }
+    return bad_value(cmd, "header style", arg,
+                     "expected legacy, ietf, both or off");
+}
+
+#define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
+
+const command_rec tbucket_cmds[] = {
+    AP_INIT_RAW_ARGS("TBucketRedis", set_redis, NULL, RSRC_CONF,
+                     "Redis URL and options, e.g. redis://127.0.0.1:6379 "
+                     "timeout=50 connect_timeout=100 pool=4"),
+    AP_INIT_TAKE1("TBucketFailurePolicy", set_policy, NULL, RSRC_CONF,
+                  "What decides when Redis cannot: open, closed or local"),
+    AP_INIT_TAKE1("TBucketReplicas", set_replicas, NULL, RSRC_CONF,
+                  "Replicas sharing the limit, for the local policy, e.g. 3"),
+    AP_INIT_RAW_ARGS("TBucketBreaker", set_breaker, NULL, RSRC_CONF,
+                     "Circuit breaker, e.g. threshold=5 cooldown=10s"),
+    AP_INIT_TAKE1("TBucketPrefix", set_prefix, NULL, RSRC_CONF,
+                  "Redis key prefix, e.g. rl:"),
+    AP_INIT_FLAG("TBucketEnable", ap_set_flag_slot,
+                 (void *)APR_OFFSETOF(tbucket_dir_conf, enable), DIR_SCOPE,
+                 "On to limit requests in this scope"),
+    AP_INIT_TAKE1("TBucketKey", set_key, NULL, DIR_SCOPE,
+                  "Client key expression, e.g. \"%{HTTP:X-API-Key}\""),
+    AP_INIT_TAKE2("TBucketLimit", set_limit, NULL, DIR_SCOPE,
+                  "Capacity and rate, e.g. 100 10/s"),
+    AP_INIT_TAKE1("TBucketCost", set_cost, NULL, DIR_SCOPE,
+                  "Tokens per request in this scope, e.g. 10"),
+    AP_INIT_TAKE3("TBucketTenant", set_tenant, NULL, DIR_SCOPE,
+                  "A tenant's own limit, e.g. key-123 1000 100/s"),
+    AP_INIT_TAKE3("TBucketRouteLimit", set_route, NULL, DIR_SCOPE,
+                  "An extra bucket for this scope, e.g. export 5 1/m"),
+    AP_INIT_TAKE1("TBucketMode", set_mode, NULL, DIR_SCOPE,
+                  "enforce, or shadow to decide and count without "
+                  "rejecting"),
+    AP_INIT_TAKE1("TBucketHeaders", set_header_style, NULL, DIR_SCOPE,
+                  "Response headers: legacy, ietf, both or off"),
+    { NULL }
+};
+
+/* ---- Configuration checks (apache2 -t shows these) ------------------ */
+
+static void warn_once(apr_hash_t *seen, server_rec *s, const char *msg)
+{
+    if (!apr_hash_get(seen, msg, APR_HASH_KEY_STRING)) {
+        apr_hash_set(seen, msg, APR_HASH_KEY_STRING, msg);
+        ap_log_error(APLOG_MARK, APLOG_WARNING | APLOG_STARTUP, 0, s,
+                     TBLOGNO(00101) "%s", msg);
+    }
+}
+
+static void check_cost(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                       const char *where, const char *what, double cost,
+                       double capacity)
+{
+    if (cost > capacity) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketCost %.0f exceeds the "
+                  "capacity %.0f of %s in %s: such requests are always "
+                  "refused with 403", cost, capacity, what, where));
+    }
+}
+
+/* Warn about what can be seen to be wrong in one effective scope. */
+static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                        const char *where, const tbucket_dir_conf *dc)
+{
+    const tbucket_dir_conf *t;
+    apr_hash_index_t *hi;
+    int i;
+
+    if (dc->enable == 1 && !dc->limit_set) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
+                  "TBucketLimit in %s: requests there are not limited",
+                  where));
+    }
+    if (dc->limit_set) {
+        check_cost(p, seen, s, where, "TBucketLimit", dc->cost,
+                   dc->limit.capacity);
+    }
+    for (t = dc; t; t = t->tenants_up) {
+        for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL; hi;
+             hi = apr_hash_next(hi)) {
+            const void *k;
+            void *v;
+
+            apr_hash_this(hi, &k, NULL, &v);
+            check_cost(p, seen, s, where,
+                       apr_psprintf(p, "TBucketTenant %s", (const char *)k),
+                       dc->cost, ((tb_limit_t *)v)->capacity);
+        }
+    }
+    for (i = 0; dc->routes && i < dc->routes->nelts; i++) {
+        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
+                                                 tbucket_route);
+
+        check_cost(p, seen, s, where,
+                   apr_psprintf(p, "TBucketRouteLimit %s", rt->name),
+                   dc->cost, rt->limit.capacity);
+    }
+}
+
+static void check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                           const char *kind, apr_array_header_t *secs)
+{
+    int i;
+
+    for (i = 0; secs && i < secs->nelts; i++) {
+        ap_conf_vector_t *sec = APR_ARRAY_IDX(secs, i, ap_conf_vector_t *);
+        core_dir_config *cd = ap_get_core_module_config(sec);
+        tbucket_dir_conf *dc = ap_get_module_config(sec, &tbucket_module);
+        tbucket_dir_conf *base = ap_get_module_config(s->lookup_defaults,
+                                                      &tbucket_module);
+
+        if (!dc) {
+            continue;
+        }
+        check_scope(p, seen, s,
+                    apr_psprintf(p, "<%s %s> of %s", kind,
+                                 cd && cd->d ? cd->d : "?",
+                                 s->defn_name ? s->defn_name
+                                              : "the main server"),
+                    tbucket_merge_dir_conf(p, base, dc));
+    }
+}
+
+/* Options of the client a server will make in each child. */
+void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
+{
+    tb_options_init(o);
+    o->url = sc->url ? sc->url : TBUCKET_DEFAULT_URL;
+    o->timeout_ms = sc->timeout_ms;
+    o->connect_timeout_ms = sc->connect_timeout_ms;
+    if (sc->pool_size > 0) {
+        o->pool_size = sc->pool_size;
+    }
+    o->breaker_threshold = sc->breaker_threshold;
+    o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
+    o->policy = sc->policy;
+    o->replicas = sc->replicas;
+}
+
+/* tbucket_check_config runs after the vhosts are merged and also under
+ * `apache2 -t`, before the error log is open, so its warnings reach the
+ * administrator's terminal. It refuses a client configuration the core
+ * would refuse (creating a client does not connect) and warns about
+ * costs that can never fit the buckets they are charged to. */
+int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
+                        apr_pool_t *ptemp, server_rec *main_s)
+{
+    apr_hash_t *seen = apr_hash_make(ptemp);
+    server_rec *s;
+
+    (void)pconf;
+    (void)plog;
+    for (s = main_s; s; s = s->next) {
+        core_server_config *core = ap_get_core_module_config(
+            s->module_config);
+        tbucket_srv_conf *sc = srv_conf(s);
+        tb_options_t o;
+        tb_client_t *c;
+        char err[TB_ERRSTR_LEN];
+
+        tbucket_client_options(sc, &o);
+        o.local_entries = 64;
+        if (!(c = tb_client_create(&o, err, sizeof(err)))) {
+            ap_log_error(APLOG_MARK, APLOG_EMERG | APLOG_STARTUP, 0, s,
+                         TBLOGNO(00102) "TBucketRedis in %s: %s",
+                         s->defn_name ? s->defn_name : "the main server",
+                         err);
+            return !OK;
+        }
+        tb_client_free(c);
+        check_scope(ptemp, seen, s,
+                    s->defn_name ? apr_psprintf(ptemp, "<VirtualHost> at "
+                                                "%s:%d", s->defn_name,
+                                                s->defn_line_number)
+                                 : "the main server",
+                    ap_get_module_config(s->lookup_defaults,
+                                         &tbucket_module));
+        check_sections(ptemp, seen, s, "Directory", core->sec_dir);
+        check_sections(ptemp, seen, s, "Location", core->sec_url);
+    }
+    return OK;
+}

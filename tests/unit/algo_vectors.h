@@ -1,0 +1,144 @@
+/* algo_vectors.h -- reads tests/vectors/<algo>.tsv for the issue-7 unit
+ * tests (test_gcra.c, test_fwindow.c, test_swindow.c, test_slog.c).
+ *
+ * Each row is one call; rows of one case run in order on state that starts
+ * missing. Columns: case, now_ms, capacity, rate, cost, allowed, remaining,
+ * retry_ms, binding, state; per-bucket values are joined by '|'. The
+ * including file defines av_reset() (a new case), av_take() (one call on
+ * its twin) and av_state_ok() (does bucket i's state match the text?). The
+ * same rows run against the real scripts in
+ * tests/integration/test_algo_vectors.py.
+ */
+#ifndef ALGO_VECTORS_H
+#define ALGO_VECTORS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tb.h"
+
+typedef struct av_row {
+    char name[64];
+    int64_t now_ms;
+    int n;
+    tb_limit_t lim[TB_MAX_BUCKETS];
+    double cost[TB_MAX_BUCKETS];
+    tb_verdict_t want;
+    char state[TB_MAX_BUCKETS][4096];
+} av_row_t;
+
+static void av_reset(int n);
+static int av_take(const av_row_t *r, tb_verdict_t *v);
+static int av_state_ok(int i, const char *text);
+
+/* Split s at sep into at most max fields (in place). */
+static int av_split(char *s, char sep, char **out, int max)
+{
+    int n = 0;
+
+    while (n < max) {
+        char *e = strchr(s, sep);
+
+        out[n++] = s;
+        if (!e) {
+            break;
+        }
+        *e = '\0';
+        s = e + 1;
+    }
+    return n;
+}
+
+static int av_parse(char *line, av_row_t *r)
+{
+    char *f[10], *caps[TB_MAX_BUCKETS], *rates[TB_MAX_BUCKETS];
+    char *costs[TB_MAX_BUCKETS], *states[TB_MAX_BUCKETS];
+    int i, n;
+
+    line[strcspn(line, "\r\n")] = '\0';
+    if (line[0] == '#' || line[0] == '\0'
+        || av_split(line, '\t', f, 10) != 10) {
+        return 0;
+    }
+    snprintf(r->name, sizeof(r->name), "%s", f[0]);
+    r->now_ms = strtoll(f[1], NULL, 10);
+    n = av_split(f[2], '|', caps, TB_MAX_BUCKETS);
+    if (av_split(f[3], '|', rates, TB_MAX_BUCKETS) != n
+        || av_split(f[4], '|', costs, TB_MAX_BUCKETS) != n
+        || av_split(f[9], '|', states, TB_MAX_BUCKETS) != n) {
+        return -1;
+    }
+    r->n = n;
+    for (i = 0; i < n; i++) {
+        r->lim[i].capacity = strtod(caps[i], NULL);
+        r->lim[i].rate_per_sec = strtod(rates[i], NULL);
+        r->cost[i] = strtod(costs[i], NULL);
+        snprintf(r->state[i], sizeof(r->state[i]), "%s", states[i]);
+    }
+    r->want.allowed = atoi(f[5]);
+    r->want.remaining = strtoll(f[6], NULL, 10);
+    r->want.retry_ms = strtoll(f[7], NULL, 10);
+    r->want.binding = atoi(f[8]);
+    return 1;
+}
+
+/* Run every row of dir/<file>; returns the number of rows checked and
+ * counts mismatches (printed) in *bad. */
+static int av_run(const char *file, int *bad)
+{
+    char path[512], line[16384], last[64] = "";
+    const char *dir = getenv("TB_TEST_VECTORS");
+    FILE *fp;
+    av_row_t r;
+    int rows = 0, lineno = 0;
+
+    *bad = 0;
+    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "tests/vectors", file);
+    fp = fopen(path, "r");
+    if (!fp) {
+        fprintf(stderr, "cannot open %s\n", path);
+        *bad = 1;
+        return 0;
+    }
+    while (fgets(line, sizeof(line), fp) && lineno < 100000) {
+        tb_verdict_t v;
+        int i, rc;
+
+        lineno++;
+        rc = av_parse(line, &r);
+        if (rc == 0) {
+            continue;
+        }
+        if (rc > 0 && strcmp(last, r.name) != 0) {
+            av_reset(r.n); /* A new case starts with no keys. */
+        }
+        if (rc < 0 || av_take(&r, &v) != TB_OK) {
+            fprintf(stderr, "%s:%d: bad row\n", path, lineno);
+            (*bad)++;
+            continue;
+        }
+        rows++;
+        if (v.allowed != r.want.allowed || v.remaining != r.want.remaining
+            || v.retry_ms != r.want.retry_ms || v.binding != r.want.binding) {
+            fprintf(stderr, "%s:%d (%s): got %d %lld %lld %d, want %d %lld "
+                    "%lld %d\n", path, lineno, r.name, v.allowed,
+                    (long long)v.remaining, (long long)v.retry_ms, v.binding,
+                    r.want.allowed, (long long)r.want.remaining,
+                    (long long)r.want.retry_ms, r.want.binding);
+            (*bad)++;
+        }
+        for (i = 0; i < r.n; i++) {
+            if (!av_state_ok(i, r.state[i])) {
+                fprintf(stderr, "%s:%d (%s): bucket %d state, want %s\n",
+                        path, lineno, r.name, i, r.state[i]);
+                (*bad)++;
+            }
+        }
+        snprintf(last, sizeof(last), "%s", r.name);
+    }
+    fclose(fp);
+    return rows;
+}
+
+#endif /* ALGO_VECTORS_H */

@@ -1,0 +1,150 @@
+/* test_fwindow.c -- unit tests of tb_fwindow_take(), the C twin of
+ * shared/tb_fwindow.lua: the shared vectors, then the documented double
+ * burst at a window boundary, exact retries and all or nothing. Time is
+ * injected; nothing sleeps.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "algo_vectors.h"
+
+static tb_window_t av_st[TB_MAX_BUCKETS];
+
+static void av_reset(int n)
+{
+    (void)n;
+    memset(av_st, 0, sizeof(av_st));
+}
+
+static int av_take(const av_row_t *r, tb_verdict_t *v)
+{
+    return tb_fwindow_take(av_st, r->lim, r->cost, r->n, r->now_ms, av_st,
+                           v);
+}
+
+static int av_state_ok(int i, const char *text)
+{
+    double w, cur, prev;
+
+    if (strcmp(text, "-") == 0) {
+        return !av_st[i].exists;
+    }
+    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3
+           && av_st[i].exists && av_st[i].w == w && av_st[i].cur == cur;
+}
+
+static int take1(tb_window_t *st, double cap, double rate, double cost,
+                 int64_t now, tb_verdict_t *v)
+{
+    tb_limit_t l = { cap, rate };
+
+    assert_int_equal(tb_fwindow_take(st, &l, &cost, 1, now, st, v), TB_OK);
+    return v->allowed;
+}
+
+static void test_fwindow_vectors(void **unused)
+{
+    int bad, rows = av_run("fixed_window.tsv", &bad);
+
+    (void)unused;
+    assert_true(rows >= 40);
+    assert_int_equal(bad, 0);
+}
+
+/* The documented edge: 100 per 1 s lets 100 through at 999 ms and 100 more
+ * at 1000 ms, so 2 * CAPACITY pass within 2 ms. */
+static void test_fwindow_boundary_double_burst(void **unused)
+{
+    tb_window_t st = { 0, 0, 0, 0 };
+    tb_verdict_t v;
+    int i, allowed = 0;
+
+    (void)unused;
+    for (i = 0; i < 150; i++) {
+        allowed += take1(&st, 100, 100, 1, 999, &v);
+    }
+    assert_int_equal(allowed, 100);
+    assert_int_equal(v.retry_ms, 1);
+    for (i = 0; i < 150; i++) {
+        allowed += take1(&st, 100, 100, 1, 1000, &v);
+    }
+    assert_int_equal(allowed, 200);
+    assert_int_equal(v.retry_ms, 1000);
+}
+
+/* Never more than CAPACITY within one window, and a refusal's retry lands
+ * exactly on the next window's first millisecond. */
+static void test_fwindow_per_window_and_retry(void **unused)
+{
+    tb_window_t st = { 0, 0, 0, 0 };
+    tb_verdict_t v;
+    int64_t t;
+    int per[10] = { 0 };
+
+    (void)unused;
+    for (t = 0; t < 10000; t += 7) {
+        if (take1(&st, 30, 30, 1, t, &v)) {
+            per[t / 1000]++;
+        }
+        else {
+            tb_window_t probe = st;
+
+            assert_true(v.retry_ms >= 1);
+            assert_int_equal((t + v.retry_ms) % 1000, 0);
+            assert_false(take1(&probe, 30, 30, 1, t + v.retry_ms - 1, &v));
+        }
+    }
+    for (t = 0; t < 10; t++) {
+        assert_int_equal(per[t], 30);
+    }
+}
+
+static void test_fwindow_all_or_nothing(void **unused)
+{
+    tb_window_t st[2];
+    tb_limit_t l[2] = { { 3, 3 }, { 10, 1 } };
+    double c[2] = { 1, 1 };
+    tb_verdict_t v;
+    int i;
+
+    (void)unused;
+    memset(st, 0, sizeof(st));
+    for (i = 0; i < 3; i++) {
+        assert_int_equal(tb_fwindow_take(st, l, c, 2, 0, st, &v), TB_OK);
+        assert_true(v.allowed);
+    }
+    assert_int_equal(tb_fwindow_take(st, l, c, 2, 0, st, &v), TB_OK);
+    assert_false(v.allowed);
+    assert_int_equal(v.binding, 0);
+    assert_true(st[1].cur == 3.0); /* Not charged for the refused call. */
+}
+
+static void test_fwindow_bad_args(void **unused)
+{
+    tb_window_t st = { 0, 0, 0, 0 };
+    tb_limit_t l = { 1, -1 };
+    double c = 1;
+    tb_verdict_t v;
+
+    (void)unused;
+    assert_int_equal(tb_fwindow_take(&st, &l, &c, 1, 0, &st, &v), TB_ERR);
+    l.rate_per_sec = 1;
+    assert_int_equal(tb_fwindow_take(&st, &l, &c, 9, 0, &st, &v), TB_ERR);
+    assert_int_equal(tb_fwindow_take(&st, &l, &c, 1, 0, NULL, &v), TB_ERR);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fwindow_vectors),
+        cmocka_unit_test(test_fwindow_boundary_double_burst),
+        cmocka_unit_test(test_fwindow_per_window_and_retry),
+        cmocka_unit_test(test_fwindow_all_or_nothing),
+        cmocka_unit_test(test_fwindow_bad_args),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,198 @@
+/* test_gcra.c -- unit tests of tb_gcra_take(), the C twin of
+ * shared/tb_gcra.lua: the shared vectors, then exact edge cases (spacing,
+ * burst tolerance, rounding near today's clock, all or nothing). Time is
+ * injected; nothing sleeps.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "algo_vectors.h"
+
+static tb_gcra_t av_st[TB_MAX_BUCKETS];
+
+static void av_reset(int n)
+{
+    (void)n;
+    memset(av_st, 0, sizeof(av_st));
+}
+
+static int av_take(const av_row_t *r, tb_verdict_t *v)
+{
+    return tb_gcra_take(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
+}
+
+static int av_state_ok(int i, const char *text)
+{
+    if (strcmp(text, "-") == 0) {
+        return !av_st[i].exists;
+    }
+    return av_st[i].exists && av_st[i].tat_ms == strtod(text, NULL);
+}
+
+static int take1(tb_gcra_t *st, double cap, double rate, double cost,
+                 int64_t now, tb_verdict_t *v)
+{
+    tb_limit_t l = { cap, rate };
+
+    assert_int_equal(tb_gcra_take(st, &l, &cost, 1, now, st, v), TB_OK);
+    return v->allowed;
+}
+
+static void test_gcra_vectors(void **unused)
+{
+    int bad, rows = av_run("gcra.tsv", &bad);
+
+    (void)unused;
+    assert_true(rows >= 50);
+    assert_int_equal(bad, 0);
+}
+
+/* CAPACITY 1: exactly one request per emission interval, and the retry
+ * says to the millisecond when the next one passes. */
+static void test_gcra_spacing(void **unused)
+{
+    tb_gcra_t st = { 0, 0 };
+    tb_verdict_t v;
+    int64_t t;
+    int allowed = 0;
+
+    (void)unused;
+    assert_true(take1(&st, 1, 10, 1, 0, &v));
+    for (t = 1; t < 100; t++) {
+        assert_false(take1(&st, 1, 10, 1, t, &v));
+        assert_int_equal(v.retry_ms, 100 - t);
+    }
+    assert_true(take1(&st, 1, 10, 1, 100, &v));
+    /* One attempt per ms for 10 s after that: one pass per 100 ms. */
+    for (t = 101; t <= 10100; t++) {
+        allowed += take1(&st, 1, 10, 1, t, &v);
+    }
+    assert_int_equal(allowed, 100);
+}
+
+/* Burst tolerance CAPACITY: a full burst at once, then the long-run rate:
+ * over T ms at most CAPACITY + RATE * T. */
+static void test_gcra_burst_tolerance(void **unused)
+{
+    tb_gcra_t st = { 0, 0 };
+    tb_verdict_t v;
+    int64_t t;
+    int i, allowed = 0;
+
+    (void)unused;
+    for (i = 0; i < 5; i++) {
+        assert_true(take1(&st, 5, 2, 1, 0, &v));
+        assert_int_equal(v.remaining, 4 - i);
+    }
+    assert_false(take1(&st, 5, 2, 1, 0, &v));
+    assert_int_equal(v.retry_ms, 500);
+    for (t = 1; t <= 10000; t++) {
+        allowed += take1(&st, 5, 2, 1, t, &v);
+    }
+    assert_int_equal(allowed, 20); /* 5 at t=0 + 2/s * 10 s = 25 total. */
+    /* Idle for the whole tolerance: a full burst again. */
+    for (i = 0; i < 5; i++) {
+        assert_true(take1(&st, 5, 2, 1, 20000, &v));
+    }
+    assert_false(take1(&st, 5, 2, 1, 20000, &v));
+}
+
+/* Near today's clock a stored TAT is rounded to ~0.24 us; EPS absorbs it,
+ * so a burst of CAPACITY at 1/3 ms intervals is never cut short. */
+static void test_gcra_big_clock_rounding(void **unused)
+{
+    const int64_t big = 1764000000000LL;
+    tb_gcra_t st = { 0, 0 };
+    tb_verdict_t v;
+    int i, allowed = 0;
+
+    (void)unused;
+    for (i = 0; i < 100; i++) {
+        allowed += take1(&st, 30, 3, 1, big, &v);
+    }
+    assert_int_equal(allowed, 30);
+    assert_int_equal(v.retry_ms, 334);
+}
+
+static void test_gcra_all_or_nothing(void **unused)
+{
+    tb_gcra_t st[2] = { { 0, 0 }, { 0, 0 } };
+    tb_limit_t l[2] = { { 5, 1 }, { 2, 10 } };
+    double c[2] = { 1, 1 };
+    tb_verdict_t v;
+
+    (void)unused;
+    assert_int_equal(tb_gcra_take(st, l, c, 2, 0, st, &v), TB_OK);
+    assert_int_equal(tb_gcra_take(st, l, c, 2, 0, st, &v), TB_OK);
+    assert_true(v.allowed);
+    assert_int_equal(v.binding, 1);
+    assert_int_equal(tb_gcra_take(st, l, c, 2, 0, st, &v), TB_OK);
+    assert_false(v.allowed);
+    assert_int_equal(v.binding, 1);
+    assert_int_equal(v.retry_ms, 100);
+    /* The first bucket was not charged for the refused call. */
+    assert_true(st[0].tat_ms == 2000.0);
+    c[1] = 3; /* More than capacity: never, whatever else waits. */
+    assert_int_equal(tb_gcra_take(st, l, c, 2, 0, st, &v), TB_OK);
+    assert_int_equal(v.retry_ms, -1);
+}
+
+static void test_gcra_bad_args(void **unused)
+{
+    tb_gcra_t st = { 0, 0 };
+    tb_limit_t l = { 0.5, 1 };
+    double c = 1;
+    tb_verdict_t v;
+
+    (void)unused;
+    assert_int_equal(tb_gcra_take(&st, &l, &c, 1, 0, &st, &v), TB_ERR);
+    l.capacity = 1;
+    l.rate_per_sec = 0;
+    assert_int_equal(tb_gcra_take(&st, &l, &c, 1, 0, &st, &v), TB_ERR);
+    l.rate_per_sec = 1;
+    assert_int_equal(tb_gcra_take(&st, &l, &c, 0, 0, &st, &v), TB_ERR);
+    assert_int_equal(tb_gcra_take(NULL, &l, &c, 1, 0, &st, &v), TB_ERR);
+    c = -1;
+    assert_int_equal(tb_gcra_take(&st, &l, &c, 1, 0, &st, &v), TB_ERR);
+}
+
+static void test_gcra_algo_names(void **unused)
+{
+    tb_algo_t a;
+    int i;
+
+    (void)unused;
+    for (i = 0; i < TB_ALGO_COUNT; i++) {
+        assert_int_equal(tb_algo_parse(tb_algo_name((tb_algo_t)i), &a),
+                         TB_OK);
+        assert_int_equal(a, i);
+        assert_non_null(tb_algo_script_source((tb_algo_t)i));
+        assert_int_equal(strlen(tb_algo_script_sha1((tb_algo_t)i)), 40);
+    }
+    assert_int_equal(tb_algo_parse("leaky", &a), TB_ERR);
+    assert_int_equal(tb_algo_parse(NULL, &a), TB_ERR);
+    assert_string_equal(tb_algo_name((tb_algo_t)99), "unknown");
+    assert_null(tb_algo_script_sha1((tb_algo_t)99));
+    assert_string_equal(tb_algo_script_sha1(TB_ALGO_TOKEN_BUCKET),
+                        tb_script_sha1);
+    assert_string_equal(tb_algo_key_suffix(TB_ALGO_TOKEN_BUCKET), "");
+    assert_string_equal(tb_algo_key_suffix(TB_ALGO_GCRA), ":gcra");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gcra_vectors),
+        cmocka_unit_test(test_gcra_spacing),
+        cmocka_unit_test(test_gcra_burst_tolerance),
+        cmocka_unit_test(test_gcra_big_clock_rounding),
+        cmocka_unit_test(test_gcra_all_or_nothing),
+        cmocka_unit_test(test_gcra_bad_args),
+        cmocka_unit_test(test_gcra_algo_names),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
