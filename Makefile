@@ -168,6 +168,13 @@ run: deps
 	$(MAKE) all
 	sh scripts/run.sh $(abspath $(BUILD))
 
+# Benchmarks (bench/README.md), never part of make test: under 10 minutes,
+# writes bench/results/latest.tsv and prints the table. A part whose .so
+# does not build is reported as not measured.
+bench: deps
+	-$(MAKE) all
+	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
+
 clean:
 	rm -rf build
 

@@ -684,6 +684,51 @@ def wrk(url, script, args, seconds, cpus, threads=2, conns=50):
     return res
 
 
+def syscall_counts(a, tmp, variants, wcpu):
+    """System calls per request in the Apache children (strace -c -f), to
+    show where the module's time goes: strace slows everything, but the
+    counts per request stay put."""
+    for name, srv, path, script in variants:
+        if name not in ("a", "b_hot", "c_429") or not isinstance(srv, Apache):
+            continue
+        out = os.path.join(tmp, "strace-" + name)
+        cmd = ["strace", "-c", "-f", "-o", out]
+        for k in children(srv.proc.pid):
+            cmd += ["-p", str(k)]
+        st = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)
+            r = wrk(srv.url(path), script, ["strace" + name], 2, wcpu,
+                    conns=10)
+        finally:
+            st.send_signal(signal.SIGINT)
+            try:
+                st.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                st.kill()
+                st.wait()
+        calls = {}
+        try:
+            with open(out) as f:
+                for line in f:
+                    m = re.match(r"\s*[0-9.]+\s+[0-9.]+\s+\d+\s+(\d+)"
+                                 r"(?:\s+\d+)?\s+(\w+)\s*$", line)
+                    if m and m.group(2) != "total":
+                        calls[m.group(2)] = int(m.group(1))
+        except OSError:
+            continue
+        req = max(r["requests"], 1)
+        record("http.%s.syscalls_per_req" % name,
+               round(sum(calls.values()) / req, 2), "calls")
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
+        log("strace %s: %d requests; per request: %s" % (
+            name, req, ", ".join("%s %.2f" % (k, v / req) for k, v in top)))
+        for k in ("getpid", "read", "write", "futex"):
+            record("http.%s.syscalls_per_req.%s" % (name, k),
+                   round(calls.get(k, 0) / req, 2), "calls")
+
+
 def ab_count(url, n, key, cpus):
     """Exactly n requests with one key; returns (complete, non2xx)."""
     cmd = pin(cpus) + ["ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10",
@@ -728,14 +773,17 @@ def part_http(a, rd, tmp, build, tool):
             if srv is None:
                 continue
             r = wrk(srv.url(path), "distinct_count.lua",
-                    ["rss" + tag, str(per_thread)], 60, wcpu)
+                    ["rss" + tag, str(per_thread)], 45, wcpu)
             kids = srv.child_rss_kb()
+            record("apache.child_rss.%s.after_requests" % tag,
+                   r["requests"], "requests")
             record("apache.child_rss.%s" % tag,
                    round(sum(kids) / max(len(kids), 1) / 1024.0, 1), "MiB")
             log("rss %s after %d requests: children %s kB" % (
                 tag, r["requests"], kids))
         if mod is not None:
-            rs = [x for x in ROWS if x[0].startswith("apache.child_rss")]
+            rs = [x for x in ROWS if x[2] == "MiB"
+                  and x[0].startswith("apache.child_rss")]
             if len(rs) == 2:
                 record("apache.child_rss.delta", round(rs[1][1] - rs[0][1], 1),
                        "MiB")
@@ -826,6 +874,8 @@ def part_http(a, rd, tmp, build, tool):
             ratio = med["b_hot"] / med["flask"]
             record("http.ratio.b_hot_over_flask", round(ratio, 2), "x",
                    ">= 8", "met" if ratio >= 8 else "MISSED")
+        if shutil.which("strace") and not over_budget():
+            syscall_counts(a, tmp, variants, wcpu)
         for srv in (bare, mod):
             if srv is None:
                 continue
@@ -964,7 +1014,7 @@ def main():
     a.top_functions = 10
     a.mem_buckets = 10000 if a.quick else 50000
     a.rss_requests = 20000 if a.quick else 100000
-    a.ab_requests = 2000 if a.quick else 10000
+    a.ab_requests = 2000 if a.quick else 5000
     a.shim_calls = 1000 if a.quick else 5000
     a.peer_workers = 2 * NCPU + 1
     if a.pin == "split" and NCPU > 1:

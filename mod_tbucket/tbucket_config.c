@@ -84,7 +84,7 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
 }
 
 /* Outer routes first, an inner route of the same name replacing the outer
- * one; past MAX_ROUTES the outermost are dropped (tbucket_check_config warns). */
+ * one; past MAX_ROUTES the outermost are dropped (check_config warns). */
 static apr_array_header_t *merge_routes(apr_pool_t *p,
                                         apr_array_header_t *base,
                                         apr_array_header_t *add)
@@ -595,6 +595,22 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     }
 }
 
+/* Routes after merging add into base, before any is dropped. */
+static int route_count(const apr_array_header_t *base,
+                       const apr_array_header_t *add)
+{
+    int i, j, n = add ? add->nelts : 0, dup;
+
+    for (i = 0; base && i < base->nelts; i++) {
+        for (dup = 0, j = 0; add && j < add->nelts && !dup; j++) {
+            dup = !strcmp(APR_ARRAY_IDX(base, i, tbucket_route).name,
+                          APR_ARRAY_IDX(add, j, tbucket_route).name);
+        }
+        n += !dup;
+    }
+    return n;
+}
+
 static void check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                            const char *kind, apr_array_header_t *secs)
 {
@@ -609,6 +625,12 @@ static void check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
 
         if (!dc) {
             continue;
+        }
+        if (route_count(base->routes, dc->routes) > MAX_ROUTES) {
+            warn_once(seen, s, apr_psprintf(p, "more than %d "
+                      "TBucketRouteLimit buckets apply in <%s %s>: the "
+                      "outermost are ignored", MAX_ROUTES, kind,
+                      cd && cd->d ? cd->d : "?"));
         }
         check_scope(p, seen, s,
                     apr_psprintf(p, "<%s %s> of %s", kind,

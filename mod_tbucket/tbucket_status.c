@@ -54,8 +54,14 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     apr_size_t size;
     apr_status_t rv;
     tbucket_shm *seg;
+    char key[64];
 
-    apr_pool_userdata_get((void **)&shm, SHM_USERDATA_KEY, pproc);
+    /* Keyed by the layout's size: a graceful restart onto a module
+     * built with another layout makes a fresh segment. The key is
+     * copied by apr_pool_userdata_set. */
+    apr_snprintf(key, sizeof(key), "%s-%" APR_SIZE_T_FMT, SHM_USERDATA_KEY,
+                 sizeof(tbucket_shm));
+    apr_pool_userdata_get((void **)&shm, key, pproc);
     if (shm) {
         return apr_shm_baseaddr_get(shm);
     }
@@ -80,8 +86,7 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     seg->local_entries = TBUCKET_LOCAL_ENTRIES;
     seg->local_off = local_offset();
     tb_local_init((char *)seg + seg->local_off, TBUCKET_LOCAL_ENTRIES);
-    apr_pool_userdata_set(shm, SHM_USERDATA_KEY, apr_pool_cleanup_null,
-                          pproc);
+    apr_pool_userdata_set(shm, key, apr_pool_cleanup_null, pproc);
     return seg;
 }
 

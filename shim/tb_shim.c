@@ -27,14 +27,17 @@
  *  - Fork: a pthread_atfork child handler only resets flags and the lock
  *    and calls tb_client_after_fork(); a pid check before each decision
  *    catches children made without fork() (raw clone).
- *  - Daemons that close every fd: before each decision the fds recorded as
- *    ours are checked (fstat: same inode?). If the program closed one, or
- *    closed it and reused the number for its own file, the client is
- *    abandoned (never freed, since freeing would close a number that now
- *    belongs to the program) and a fresh one made. This is a workaround for
- *    a gap in the core API (no "forget fds without closing" call); it is
- *    bounded to SHIM_MAX_SWAPS per process and can be switched off with
- *    TBUCKET_SHIM_FDCHECK=0.
+ *  - Daemons that close every fd: the core is created with verify_fd, so
+ *    it drops (without closing) a connection whose fd is no longer a
+ *    socket. But it does not compare the inode, so a number the program
+ *    reused for a socket of its own would get Redis protocol written into
+ *    it and then be closed. Until the core checks identity, the shim does:
+ *    before each decision the fds recorded as ours are checked (fstat:
+ *    same device and inode?). If the program closed one, or reused the
+ *    number, the client is abandoned (kept, never freed, since freeing
+ *    would close a number that now belongs to the program) and a fresh one
+ *    made. At most SHIM_MAX_SWAPS times per process; TBUCKET_SHIM_FDCHECK=0
+ *    switches it off (tests use that to check the core alone).
  *  - Never exit the host: a problem is one line on stderr, written with
  *    real_write, and the calls go through. The one exception is a bad
  *    config under `strict = true` (or TBUCKET_STRICT=1), where the program
@@ -139,6 +142,9 @@ static write_fn real_write;
 static int shim_state = ST_UNINIT;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
 static SHIM_TLS int shim_guard;
+/* Set only around tb_client_decide(): a guarded connect() then is the
+ * core's Redis connection, not one made during initialisation (NSS). */
+static SHIM_TLS int shim_in_core;
 
 /* Filled once by shim_init(), read-only afterwards. */
 static shim_conf_t shim_conf;
@@ -271,6 +277,7 @@ static void shim_atfork_child(void)
 
     pthread_mutex_init(&shim_lock, NULL);
     shim_guard = 0;
+    shim_in_core = 0;
     shim_nfds = 0;
     shim_pid = getpid();
     if (c != NULL) {
@@ -559,7 +566,9 @@ static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
     pthread_mutex_unlock(&shim_lock);
 
     c = shim_client_get();
+    shim_in_core = 1;
     tb_client_decide(c, r->prefix, key, len, &r->take, 1, res);
+    shim_in_core = 0;
 
     if (shim_nfds > 0) {
         pthread_mutex_lock(&shim_lock);
@@ -741,7 +750,7 @@ SHIM_EXPORT int connect(int fd, __CONST_SOCKADDR_ARG addr, socklen_t len)
         /* hiredis inside the core, or our own initialisation. */
         int rc = call_connect(fd, sa, len);
 
-        if (rc == 0 || errno == EINPROGRESS) {
+        if (shim_in_core && (rc == 0 || errno == EINPROGRESS)) {
             int saved = errno;
 
             fds_record(fd);

@@ -132,12 +132,49 @@ static void test_slog_bad_args(void **unused)
     assert_int_equal(tb_slog_take(&log, &l, &c, 1, 0, &v), TB_ERR);
 }
 
+/* The client refuses, before any I/O, what the log cannot store: a
+ * fractional cost, a capacity over TB_SLOG_MAX_CAPACITY, or an unknown
+ * algorithm. */
+static void test_slog_client_checks(void **unused)
+{
+    tb_options_t o;
+    tb_client_t *c;
+    tb_take_t t;
+    tb_result_t res;
+    char err[128];
+
+    (void)unused;
+    tb_options_init(&o);
+    o.url = "redis://127.0.0.1:1";
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    memset(&t, 0, sizeof(t));
+    t.limit.capacity = 10;
+    t.limit.rate_per_sec = 1;
+    t.cost = 1.5;
+    assert_int_equal(tb_client_decide_algo(c, TB_ALGO_SLIDING_LOG, "p:",
+                                           "k", 1, &t, 1, -1, &res), TB_ERR);
+    assert_int_equal(res.err, TB_ERR_ARG);
+    t.cost = 1;
+    t.limit.capacity = TB_SLOG_MAX_CAPACITY + 1;
+    assert_int_equal(tb_client_decide_algo(c, TB_ALGO_SLIDING_LOG, "p:",
+                                           "k", 1, &t, 1, -1, &res), TB_ERR);
+    assert_int_equal(res.err, TB_ERR_ARG);
+    t.limit.capacity = 10;
+    assert_int_equal(tb_client_decide_algo(c, (tb_algo_t)99, "p:", "k", 1,
+                                           &t, 1, -1, &res), TB_ERR);
+    assert_int_equal(res.err, TB_ERR_ARG);
+    assert_int_equal(tb_client_stats(c)->decisions, 0);
+    tb_client_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slog_vectors),
         cmocka_unit_test(test_slog_exact),
         cmocka_unit_test(test_slog_bad_args),
+        cmocka_unit_test(test_slog_client_checks),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
