@@ -874,7 +874,9 @@ def part_http(a, rd, tmp, build, tool):
             ratio = med["b_hot"] / med["flask"]
             record("http.ratio.b_hot_over_flask", round(ratio, 2), "x",
                    ">= 8", "met" if ratio >= 8 else "MISSED")
-        if shutil.which("strace") and not over_budget():
+        if not shutil.which("strace"):
+            miss("system calls per request", "strace is not installed")
+        elif not over_budget():
             syscall_counts(a, tmp, variants, wcpu)
         for srv in (bare, mod):
             if srv is None:

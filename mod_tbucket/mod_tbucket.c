@@ -249,12 +249,13 @@ static const tb_limit_t *tenant_limit(const tbucket_dir_conf *dc,
                                       const char *key)
 {
     const tbucket_dir_conf *t;
-    const tb_limit_t *lim;
     int hops = 0;
 
     for (t = dc; t && hops < 64; t = t->tenants_up, hops++) {
-        if (t->tenants
-            && (lim = apr_hash_get(t->tenants, key, APR_HASH_KEY_STRING))) {
+        const tb_limit_t *lim = t->tenants
+            ? apr_hash_get(t->tenants, key, APR_HASH_KEY_STRING) : NULL;
+
+        if (lim) {
             return lim;
         }
     }

@@ -17,7 +17,7 @@
 
 /* Log tags: "TB" + five digits + ": ", one number per call site, never
  * reused (the rules of httpd's docs/log-message-tags/README). 001xx are
- * in mod_tbucket.c, 002xx in tbucket_status.c. */
+ * in mod_tbucket.c and tbucket_config.c, 002xx in tbucket_status.c. */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_URL "redis://127.0.0.1:6379"

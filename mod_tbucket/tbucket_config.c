@@ -207,7 +207,7 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
     const char *url = ap_getword_conf(cmd->temp_pool, &args);
-    const char *word, *name, *value, *msg;
+    const char *word, *value, *msg;
     tb_redis_addr_t addr;
     char err[160];
     int64_t n;
@@ -223,7 +223,8 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
     sc->url = apr_pstrdup(cmd->pool, url);
     sc->url_set = 1;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        name = split_opt(cmd->temp_pool, word, &value);
+        const char *name = split_opt(cmd->temp_pool, word, &value);
+
         if (name && !strcmp(name, "timeout")) {
             if ((msg = parse_ms(cmd, "timeout", value, &sc->timeout_ms))) {
                 return msg;
@@ -287,14 +288,15 @@ static const char *set_breaker(cmd_parms *cmd, void *dummy,
                                const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *word, *name, *value;
+    const char *word, *value;
     char err[128];
     int64_t n;
     int seen = 0;
 
     (void)dummy;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        name = split_opt(cmd->temp_pool, word, &value);
+        const char *name = split_opt(cmd->temp_pool, word, &value);
+
         if (name && !strcmp(name, "threshold")) {
             if (tb_parse_int(value, 1, 1000000, &n, err, sizeof(err))
                 != TB_OK) {

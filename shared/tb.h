@@ -169,7 +169,8 @@ size_t tb_key_build(const char *prefix, const char *key, size_t len,
                     const char *route, char *out);
 
 /* Validate a key prefix (1..TB_PREFIX_MAX printable bytes, no braces or
- * spaces) or a route name ([A-Za-z0-9_.-], 1..TB_NAME_MAX). */
+ * spaces) or a route name ([A-Za-z0-9_.-], 1..TB_NAME_MAX). These are
+ * predicates: they return 1 when valid and 0 when not (not TB_OK). */
 int tb_prefix_valid(const char *prefix);
 int tb_name_valid(const char *name);
 
@@ -323,9 +324,10 @@ typedef struct tb_options {
                                  * figure; default 1000.            */
     int verify_fd;              /* Before each use, check that the
                                  * connection's fd is still the
-                                 * socket we opened (for hosts that
+                                 * socket we opened (same device and
+                                 * inode; one fstat), for hosts that
                                  * close or reuse fds under us, as
-                                 * daemons do); default 0.          */
+                                 * daemons do; default 0.           */
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);
@@ -358,6 +360,10 @@ typedef struct tb_client {
 
 /* Create a client. Parses the URL and validates options; does not connect
  * (the first decision does, so a server can start while Redis is down).
+ * Redis sockets are close-on-exec. hiredis writes with write(2): a host
+ * that does not ignore SIGPIPE (Apache does) must block it around
+ * decisions, as the shim does, or a dead Redis can kill it.
+ *
  * Returns NULL and a message in err on bad options. Thread-safe once
  * created: any number of threads may call tb_client_decide(). */
 tb_client_t *tb_client_create(const tb_options_t *o, char *err,

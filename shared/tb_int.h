@@ -13,6 +13,15 @@
 
 #include "tb.h"
 
+/* One connection slot: empty (ctx NULL), idle, or borrowed (busy). dev and
+ * ino say which socket the fd was when we opened it. */
+typedef struct tb__slot {
+    redisContext *ctx;
+    dev_t dev;
+    ino_t ino;
+    int busy;
+} tb__slot_t;
+
 /* A bounded, thread-safe pool of Redis connections for one process. */
 typedef struct tb__pool {
     pthread_mutex_t mu;
@@ -23,8 +32,7 @@ typedef struct tb__pool {
     int size;                  /* Most connections open at once.      */
     int open;                  /* Idle + borrowed + being made.       */
     int in_use;                /* Borrowed right now.                 */
-    int nidle;
-    redisContext **idle;       /* size slots, LIFO.                    */
+    tb__slot_t *slots;         /* size slots.                          */
     pid_t pid;                 /* Process that owns these sockets.    */
     int verify_fd;
     tb_stats_t *stats;

@@ -12,6 +12,7 @@
  * child drops them without a word to Redis and reconnects.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,15 +53,25 @@ static void ctx_error(tb__error_t *e, const redisContext *ctx,
                   ctx->errstr[0] ? ctx->errstr : "connection lost");
 }
 
+static void cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+
+    /* Wait against the monotonic clock: a wall-clock step must not turn
+     * a 50 ms pool wait into minutes. */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
                   int connect_timeout_ms, int size, int verify_fd,
                   tb_stats_t *stats)
 {
-    pthread_condattr_t ca;
-
     memset(p, 0, sizeof(*p));
-    p->idle = calloc((size_t)size, sizeof(*p->idle));
-    if (!p->idle) {
+    p->slots = calloc((size_t)size, sizeof(*p->slots));
+    if (!p->slots) {
         return TB_ERR;
     }
     p->addr = *addr;
@@ -71,12 +82,7 @@ int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
     p->stats = stats;
     p->pid = getpid();
     pthread_mutex_init(&p->mu, NULL);
-    /* Wait against the monotonic clock: a wall-clock step must not turn
-     * a 50 ms pool wait into minutes. */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init(&p->cv);
     return TB_OK;
 }
 
@@ -84,14 +90,17 @@ void tb__pool_destroy(tb__pool_t *p)
 {
     int i;
 
-    if (!p->idle) {
+    if (!p->slots) {
         return;
     }
-    for (i = 0; i < p->nidle; i++) {
-        redisFree(p->idle[i]);
+    for (i = 0; i < p->size; i++) {
+        /* Borrowed ones too: destroy means nobody uses the pool now. */
+        if (p->slots[i].ctx) {
+            redisFree(p->slots[i].ctx);
+        }
     }
-    free(p->idle);
-    p->idle = NULL;
+    free(p->slots);
+    p->slots = NULL;
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
 }
@@ -101,21 +110,18 @@ void tb__pool_after_fork(tb__pool_t *p)
     int i;
 
     /* Only this thread survives the fork, so no lock is held by anyone
-     * who can release it: make fresh ones. Closing our copy of each
-     * inherited fd sends nothing, so the parent's sessions are intact. */
+     * who can release it: make fresh ones. Every inherited connection is
+     * dropped, the ones other threads had borrowed included (those
+     * threads do not exist here). Closing our copy of an fd sends
+     * nothing, so the parent's sessions are intact. */
     pthread_mutex_init(&p->mu, NULL);
-    {
-        pthread_condattr_t ca;
-
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&p->cv, &ca);
-        pthread_condattr_destroy(&ca);
+    cond_init(&p->cv);
+    for (i = 0; i < p->size; i++) {
+        if (p->slots[i].ctx) {
+            redisFree(p->slots[i].ctx);
+        }
+        memset(&p->slots[i], 0, sizeof(p->slots[i]));
     }
-    for (i = 0; i < p->nidle; i++) {
-        redisFree(p->idle[i]);
-    }
-    p->nidle = 0;
     p->open = 0;
     p->in_use = 0;
     p->pid = getpid();
@@ -203,6 +209,8 @@ static redisContext *connect_one(tb__pool_t *p, tb__error_t *e)
         redisFree(ctx);
         return NULL;
     }
+    /* A CGI child or an exec'd program must not inherit our socket. */
+    fcntl(ctx->fd, F_SETFD, fcntl(ctx->fd, F_GETFD) | FD_CLOEXEC);
     if (redisSetTimeout(ctx, tv_ms(p->timeout_ms)) != REDIS_OK) {
         ctx_error(e, ctx, "set timeout");
         redisFree(ctx);
@@ -221,44 +229,79 @@ static redisContext *connect_one(tb__pool_t *p, tb__error_t *e)
     return ctx;
 }
 
-/* Is the context's fd still the socket we opened? A daemon that closed
- * every fd, and perhaps opened a file on the same number, must never get
- * Redis protocol written into it. */
-static int fd_still_ours(redisContext *ctx)
+/* Remember which socket a connection's fd is, so a later check can
+ * tell it from whatever a host put on the same number after closing it. */
+static void remember_fd(tb__slot_t *sl)
 {
     struct stat st;
 
-    return ctx->fd >= 0 && fstat(ctx->fd, &st) == 0 && S_ISSOCK(st.st_mode);
+    if (fstat(sl->ctx->fd, &st) == 0) {
+        sl->dev = st.st_dev;
+        sl->ino = st.st_ino;
+    }
+}
+
+/* Is the fd still the socket we opened? A daemon that closed every fd and
+ * opened a file or a socket of its own on the same number must never get
+ * Redis protocol written into it. */
+static int fd_still_ours(const tb__slot_t *sl)
+{
+    struct stat st;
+
+    return sl->ctx->fd >= 0 && fstat(sl->ctx->fd, &st) == 0
+           && S_ISSOCK(st.st_mode) && st.st_dev == sl->dev
+           && st.st_ino == sl->ino;
+}
+
+static struct timespec deadline_in(int ms)
+{
+    struct timespec d;
+
+    clock_gettime(CLOCK_MONOTONIC, &d);
+    d.tv_sec += ms / 1000;
+    d.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (d.tv_nsec >= 1000000000L) {
+        d.tv_sec++;
+        d.tv_nsec -= 1000000000L;
+    }
+    return d;
+}
+
+/* Under the lock: an idle slot, else an empty one to fill, else -1. */
+static int pick_slot(tb__pool_t *p, int *fresh)
+{
+    int i, empty = -1;
+
+    for (i = 0; i < p->size; i++) {
+        if (p->slots[i].busy) {
+            continue;
+        }
+        if (p->slots[i].ctx) {
+            *fresh = 0;
+            return i;
+        }
+        if (empty < 0) {
+            empty = i;
+        }
+    }
+    *fresh = 1;
+    return empty;
 }
 
 redisContext *tb__pool_get(tb__pool_t *p, tb__error_t *e)
 {
-    redisContext *ctx = NULL;
     struct timespec deadline;
+    redisContext *ctx;
+    tb__slot_t *sl;
+    int i, fresh;
 
     if (p->pid != getpid()) {
         /* Forked without tb_client_after_fork: do it now. */
         tb__pool_after_fork(p);
     }
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += p->timeout_ms / 1000;
-    deadline.tv_nsec += (long)(p->timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    deadline = deadline_in(p->timeout_ms);
     pthread_mutex_lock(&p->mu);
-    for (;;) {
-        if (p->nidle > 0) {
-            ctx = p->idle[--p->nidle];
-            p->in_use++;
-            break;
-        }
-        if (p->open < p->size) {
-            p->open++;
-            p->in_use++;
-            break;
-        }
+    while ((i = pick_slot(p, &fresh)) < 0) {
         if (pthread_cond_timedwait(&p->cv, &p->mu, &deadline) == ETIMEDOUT) {
             pthread_mutex_unlock(&p->mu);
             tb__set_error(e, TB_ERR_TIMEOUT,
@@ -267,47 +310,75 @@ redisContext *tb__pool_get(tb__pool_t *p, tb__error_t *e)
             return NULL;
         }
     }
+    sl = &p->slots[i];
+    sl->busy = 1;
+    p->in_use++;
+    if (fresh) {
+        p->open++;
+    }
     pthread_mutex_unlock(&p->mu);
-    if (ctx && p->verify_fd && !fd_still_ours(ctx)) {
+
+    ctx = sl->ctx;
+    if (ctx && p->verify_fd && !fd_still_ours(sl)) {
         /* Not ours any more: forget it without closing a stranger's fd. */
         ctx->fd = -1;
         redisFree(ctx);
         ctx = NULL;
     }
     if (!ctx) {
-        /* Connect outside the lock: it may take the connect timeout. */
+        /* Connect outside the lock: it may take the connect timeout. The
+         * slot is ours (busy) meanwhile; its fields change under the lock
+         * only, because tb__pool_put scans them. */
         ctx = connect_one(p, e);
-        if (!ctx) {
-            pthread_mutex_lock(&p->mu);
+        pthread_mutex_lock(&p->mu);
+        sl->ctx = ctx;
+        if (ctx) {
+            remember_fd(sl);
+        }
+        else {
+            sl->busy = 0;
             p->open--;
             p->in_use--;
             pthread_cond_signal(&p->cv);
-            pthread_mutex_unlock(&p->mu);
         }
+        pthread_mutex_unlock(&p->mu);
     }
     return ctx;
 }
 
 void tb__pool_put(tb__pool_t *p, redisContext *ctx, int broken)
 {
+    int i;
+
     if (p->pid != getpid()) {
-        /* Borrowed before a fork, returned in the child: not ours. */
-        redisFree(ctx);
+        /* Borrowed before a fork, returned in the child: after_fork has
+         * already freed it. */
         return;
     }
     pthread_mutex_lock(&p->mu);
+    for (i = 0; i < p->size; i++) {
+        if (p->slots[i].ctx == ctx) {
+            break;
+        }
+    }
+    if (i == p->size) {
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
     p->in_use--;
+    p->slots[i].busy = 0;
     if (broken || ctx->err) {
         p->open--;
-        pthread_mutex_unlock(&p->mu);
-        redisFree(ctx);
-        pthread_mutex_lock(&p->mu);
+        p->slots[i].ctx = NULL;
     }
     else {
-        p->idle[p->nidle++] = ctx;
+        ctx = NULL;
     }
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
+    if (ctx) {
+        redisFree(ctx);
+    }
 }
 
 static int parse_reply(const redisReply *r, tb__script_reply_t *out,

@@ -28,16 +28,10 @@
  *    and calls tb_client_after_fork(); a pid check before each decision
  *    catches children made without fork() (raw clone).
  *  - Daemons that close every fd: the core is created with verify_fd, so
- *    it drops (without closing) a connection whose fd is no longer a
- *    socket. But it does not compare the inode, so a number the program
- *    reused for a socket of its own would get Redis protocol written into
- *    it and then be closed. Until the core checks identity, the shim does:
- *    before each decision the fds recorded as ours are checked (fstat:
- *    same device and inode?). If the program closed one, or reused the
- *    number, the client is abandoned (kept, never freed, since freeing
- *    would close a number that now belongs to the program) and a fresh one
- *    made. At most SHIM_MAX_SWAPS times per process; TBUCKET_SHIM_FDCHECK=0
- *    switches it off (tests use that to check the core alone).
+ *    before each use it checks that a connection's fd is still the socket
+ *    it opened (same device and inode); if the program closed it or put a
+ *    file or a socket of its own on the number, the core forgets the
+ *    connection without writing to or closing that fd, and reconnects.
  *  - Never exit the host: a problem is one line on stderr, written with
  *    real_write, and the calls go through. The one exception is a bad
  *    config under `strict = true` (or TBUCKET_STRICT=1), where the program
@@ -117,7 +111,6 @@
 
 #define SHIM_EX_CONFIG 78      /* sysexits.h EX_CONFIG.                  */
 #define SHIM_MAX_FDS 64        /* Redis fds we keep track of.            */
-#define SHIM_MAX_SWAPS 16      /* Client replacements per process.       */
 #define SHIM_MAX_REJECTS 256   /* Refusals in one non-blocking accept.   */
 #define SHIM_429_READ_MS 10    /* Wait for the request before a 429, ms. */
 #define SHIM_MAX_WAIT_LOOPS 100000 /* Bound on `wait` iterations.        */
@@ -148,7 +141,6 @@ static SHIM_TLS int shim_in_core;
 
 /* Filled once by shim_init(), read-only afterwards. */
 static shim_conf_t shim_conf;
-static int shim_fdcheck = 1;
 
 /* The client may be replaced (see the head comment); read it with
  * shim_client_get(). An abandoned client is never freed. */
@@ -167,11 +159,7 @@ typedef struct shim_fd {
 static shim_fd_t shim_fds[SHIM_MAX_FDS];
 static int shim_nfds;
 static pid_t shim_pid;
-static int shim_swaps;
-/* Clients replaced by fds_check(), kept reachable on purpose (see there). */
-static tb_client_t *shim_abandoned[SHIM_MAX_SWAPS];
 static int shim_warned_redis;
-static int shim_warned_fds;
 
 /* ---- Logging ------------------------------------------------------- */
 
@@ -311,7 +299,6 @@ static int shim_load(void)
     int env_strict = env_flag("TBUCKET_STRICT", 0);
     tb_client_t *c;
 
-    shim_fdcheck = env_flag("TBUCKET_SHIM_FDCHECK", 1);
     if (path == NULL || *path == '\0') {
         snprintf(err, sizeof(err), "TBUCKET_CONFIG is not set");
         if (env_strict) {
@@ -459,43 +446,6 @@ static void fds_prune_closed(void)
     }
 }
 
-/* Before a decision: did the program close one of our Redis fds behind
- * the core's back (a daemon closing every fd), perhaps reusing the number?
- * Then the core's connection would read and write someone else's file, and
- * freeing it would close that file. Abandon the client and make a new one.
- * Called with shim_lock held. */
-static void fds_check(void)
-{
-    char err[SHIM_ERR_LEN];
-    tb_client_t *fresh;
-    int i, stale = 0;
-
-    for (i = 0; i < shim_nfds && !stale; i++) {
-        stale = fd_state(&shim_fds[i]) != 0;
-    }
-    if (!stale) {
-        return;
-    }
-    if (shim_swaps >= SHIM_MAX_SWAPS) {
-        shim_nfds = 0;
-        return;
-    }
-    fresh = tb_client_create(&shim_conf.opts, err, sizeof(err));
-    if (fresh == NULL) {
-        return;
-    }
-    /* The old client is left allocated on purpose: a thread may still be
-     * inside it, and its fds are no longer ours to close. */
-    shim_abandoned[shim_swaps++] = shim_client_get();
-    shim_nfds = 0;
-    __atomic_store_n(&shim_client, fresh, __ATOMIC_RELEASE);
-    if (!shim_warned_fds) {
-        shim_warned_fds = 1;
-        shim_warn("the program closed the shim's Redis connection; "
-                  "reconnecting with a fresh client");
-    }
-}
-
 /* ---- Deciding ------------------------------------------------------ */
 
 /* hiredis writes with write(2): on a connection Redis has reset, or on an
@@ -559,9 +509,6 @@ static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
         if (c != NULL) {
             tb_client_after_fork(c);
         }
-    }
-    if (shim_fdcheck) {
-        fds_check();
     }
     pthread_mutex_unlock(&shim_lock);
 

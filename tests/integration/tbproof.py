@@ -334,7 +334,11 @@ class Prober:
 
 
 def write_tsv(name, header, rows):
+    """tests/results/NAME (NAME_asan.tsv under `make asan`, so the plain
+    build's figures are not overwritten)."""
     os.makedirs(RESULTS, exist_ok=True)
+    if os.environ.get("TB_ASAN") == "1":
+        name = name.replace(".tsv", "_asan.tsv")
     path = os.path.join(RESULTS, name)
     with open(path, "w") as f:
         f.write("\t".join(header) + "\n")

@@ -251,3 +251,17 @@ TBucketPrefix m10:
     assert r.status_code == 200
     assert tokens(redis_server.client(), "m10:{alice}") == 4
     a.assert_log_clean()
+
+
+# More route buckets than one decision can take, across scopes, is a
+# warning naming the section.
+def test_module_001_11(apache_factory):
+    a = apache_factory()
+    outer = "\n".join("TBucketRouteLimit r%d 5 1/s" % i for i in range(5))
+    inner = "\n".join("TBucketRouteLimit s%d 5 1/s" % i for i in range(3))
+    rc, out = a.configtest("TBucketEnable On\nTBucketLimit 5 1/s\n%s\n"
+                           "<Location /many>\n%s\n</Location>\n"
+                           % (outer, inner))
+    assert rc == 0, out
+    assert "more than 7 TBucketRouteLimit buckets apply in <Location /many>" \
+        in out, out

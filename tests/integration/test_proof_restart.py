@@ -146,14 +146,18 @@ def test_proof_004_01(redis_server, apache_factory):  # noqa: F811
     elapsed = time.monotonic() - t0
     assert child in a.child_pids(), "the child was replaced"
     rss1 = samples[-1][1]
+    tag = "_asan" if os.environ.get("TB_ASAN") == "1" else ""
     write_tsv("rss.tsv", ["requests", "rss_kb"], samples)
     with open(os.path.join(os.path.dirname(__file__), "..", "results",
-                           "rss_summary.tsv"), "w") as f:
+                           "rss_summary%s.tsv" % tag), "w") as f:
         f.write("requests\tseconds\treq_per_s\trss_after_warmup_kb\t"
                 "rss_end_kb\tgrowth_kb\tredis_keys\n")
         f.write("%d\t%.1f\t%.0f\t%d\t%d\t%d\t%d\n" % (
             done, elapsed, done / elapsed, rss0, rss1, rss1 - rss0,
             redis_server.client().dbsize()))
     assert done >= total, (done, total)
-    assert rss1 - rss0 < 2048, samples
+    if os.environ.get("TB_ASAN") != "1":
+        # (under `make asan` the quarantine grows RSS by design: there the
+        # run is for ASan's sake, the figure comes from the plain build)
+        assert rss1 - rss0 < 2048, samples
     assert not crash_lines(a), crash_lines(a)

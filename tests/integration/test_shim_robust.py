@@ -120,33 +120,29 @@ def test_shim_300_07(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       out_rule(downstream.port, capacity=100))
     p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "sock"], shim_env(conf, TBUCKET_SHIM_FDCHECK=0), check=False)
+             "sock"], shim_env(conf), check=False)
     assert p.returncode == 0, p.returncode
     assert "ok1=5 ok2=5" in p.stdout
 
 
-# test_shim_300_14: the core alone (the shim's fd check switched off)
-# must not write into, nor close, a socket the program put on its old
-# Redis fd number.
-@pytest.mark.xfail(strict=False, reason="core verify_fd checks S_ISSOCK "
-                   "only, not the inode: it writes into the program's "
-                   "socket and closes it (the shim's fd check covers it)")
+# test_shim_300_14: the core must not write into, nor close, a socket the
+# program put on its old Redis fd number (verify_fd compares the inode).
 def test_shim_300_14(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       out_rule(downstream.port, capacity=100))
     p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "sock"], shim_env(conf, TBUCKET_SHIM_FDCHECK=0))
+             "sock"], shim_env(conf))
     assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
     assert 89.9 < bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 90.1
 
 
-# test_shim_300_08: the core alone handles a daemon that put a regular
+# test_shim_300_08: the core handles a daemon that put a regular
 # file on the old Redis fd number (it checks the fd is still a socket).
 def test_shim_300_08(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       out_rule(downstream.port, capacity=100))
     p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "file"], shim_env(conf, TBUCKET_SHIM_FDCHECK=0))
+             "file"], shim_env(conf))
     assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
     assert 89.9 < bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 90.1
 
@@ -297,3 +293,18 @@ def test_shim_300_13(redis_server, downstream, progs, tmp_path, policy, how):
         # Local bucket: capacity 8 / replicas 2 = 4 more after the outage.
         assert s["ok"] == 8 + 4, s
     assert len(stderr_lines(err)) == 1 and policy in err
+
+
+# test_shim_300_15: the commented example conf/shim.conf loads cleanly (no
+# stderr line) and its outbound rule limits connects to localhost:5432.
+def test_shim_300_15(redis_server, progs, tmp_path):
+    from tbenv import ROOT
+    text = open(os.path.join(ROOT, "conf", "shim.conf")).read()
+    text = text.replace('redis_url = "redis://127.0.0.1:6379";',
+                        'redis_url = "%s";' % redis_server.url)
+    conf = tmp_path / "example.conf"
+    conf.write_text(text)
+    (s,), err = cli(progs, ["-n", "127.0.0.1", "5432", 1], shim_env(conf))
+    assert err == ""
+    keys = [k.decode() for k in redis_server.client().keys("*")]
+    assert keys == ["tb:shim:out:legacy-db:{legacy-db}"]
