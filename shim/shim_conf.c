@@ -409,6 +409,14 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
         else if (strcmp(name, "cost") == 0) {
             rc = get_number(ld, s, 0, TB_MAX_CAPACITY, &r->take.cost);
         }
+        else if (strcmp(name, "algorithm") == 0) {
+            rc = get_string(ld, s, &str);
+            if (rc == TB_OK && tb_algo_parse(str, &r->algo) != TB_OK) {
+                rc = fail(ld, s, "algorithm \"%s\" must be token-bucket, "
+                                 "gcra, sliding-window, fixed-window or "
+                                 "sliding-log", str);
+            }
+        }
         else if (inbound && strcmp(name, "action") == 0) {
             rc = get_string(ld, s, &str);
             if (rc == TB_OK && strcmp(str, "close") == 0) {
@@ -472,6 +480,20 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     if (!have_cap || !have_rate) {
         return fail(ld, g, "rule \"%s\" needs both 'capacity' and 'rate'",
                     r->name);
+    }
+    {
+        char why[96];
+
+        if (tb_limit_check(&r->take.limit, why, sizeof(why)) != TB_OK) {
+            return fail(ld, g, "rule \"%s\": %s", r->name, why);
+        }
+    }
+    if (r->algo == TB_ALGO_SLIDING_LOG
+        && (r->take.limit.capacity > TB_SLOG_MAX_CAPACITY
+            || r->take.cost != (double)(int64_t)r->take.cost)) {
+        return fail(ld, g, "rule \"%s\": sliding-log needs capacity up to "
+                           "%d and a whole cost", r->name,
+                    (int)TB_SLOG_MAX_CAPACITY);
     }
     if (key_s != NULL) {
         if (set_key(ld, key_s, inbound, r) != TB_OK) {

@@ -514,7 +514,8 @@ static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
 
     c = shim_client_get();
     shim_in_core = 1;
-    tb_client_decide(c, r->prefix, key, len, &r->take, 1, res);
+    tb_client_decide_algo(c, r->algo, r->prefix, key, len, &r->take, 1, -1,
+                          res);
     shim_in_core = 0;
 
     if (shim_nfds > 0) {

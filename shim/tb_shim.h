@@ -57,6 +57,7 @@ typedef struct shim_rule {
     char key[TB_KEY_RAW_MAX + 1]; /* The key for FIXED and PROGRAM.        */
     size_t key_len;
     tb_take_t take;           /* Capacity (tokens), rate (tokens/s), cost.*/
+    tb_algo_t algo;           /* `algorithm`, default token-bucket.       */
     shim_action_t action;     /* Inbound only.                            */
     shim_on_limit_t on_limit; /* Outbound only.                           */
     int64_t max_wait_ms;      /* Outbound `wait`: total sleep bound, ms.  */

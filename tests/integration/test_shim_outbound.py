@@ -249,3 +249,32 @@ def test_shim_200_13(redis_server, downstream, progs, tmp_path):
     assert calls.count("connect") == 7, calls
     assert calls.count("socket") == 7, calls
     assert not {"getsockopt", "fcntl", "getsockname"} & set(calls), calls
+
+
+# test_shim_200_30: a rule's `algorithm` picks the script: each algorithm
+# admits exactly `capacity` connects from a fresh key, under its own key.
+@pytest.mark.parametrize("algo,suffix", [
+    ("gcra", ":gcra"), ("fixed-window", ":fwin"),
+    ("sliding-window", ":swin"), ("sliding-log", ":slog")])
+def test_shim_200_30(redis_server, downstream, progs, tmp_path, algo,
+                     suffix):
+    conf = write_conf(tmp_path / "s.conf", redis_server, outbound(
+        out_rule(downstream.port, algorithm=algo)))
+    (s,), err = cli(progs, ["127.0.0.1", downstream.port, 6],
+                    shim_env(conf))
+    assert s["ok"] == 3 and s["fail"] == 3, s
+    assert redis_server.client().exists("tb:shim:out:db:{db}" + suffix)
+    assert not redis_server.client().exists("tb:shim:out:db:{db}")
+    assert err == ""
+
+
+# test_shim_200_31: an unknown algorithm is one clear line naming it, and
+# the program still runs unlimited.
+def test_shim_200_31(redis_server, downstream, progs, tmp_path):
+    conf = write_conf(tmp_path / "s.conf", redis_server, outbound(
+        out_rule(downstream.port, algorithm="leaky")))
+    (s,), err = cli(progs, ["127.0.0.1", downstream.port, 5],
+                    shim_env(conf))
+    assert s["ok"] == 5
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and "leaky" in lines[0] and "algorithm" in lines[0]
