@@ -153,7 +153,6 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
     }
     c->s = s;
     c->label = c->slot ? c->slot->redis : "?";
-    c->breaker_closed = 1;
     c->tb = tb_client_create(&o, err, sizeof(err));
     if (!c->tb) {
         ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, TBLOGNO(00103)
@@ -285,25 +284,19 @@ static int build_takes(const tbucket_dir_conf *dc, const char *key,
     return n;
 }
 
-/* Log breaker transitions once per client per process, not once per
- * request: whichever thread first sees the new state logs it. */
+/* Log a breaker transition once, on the decision that made it (the core
+ * says which one did), not once per request while it lasts. */
 static void note_breaker(request_rec *r, tbucket_client *c,
                          const tb_result_t *res, const tbucket_srv_conf *sc)
 {
-    apr_uint32_t closed = tb_client_breaker_state(c->tb) == TB_BREAKER_CLOSED;
-
-    if (apr_atomic_read32(&c->breaker_closed) == closed
-        || apr_atomic_cas32(&c->breaker_closed, closed, !closed) != !closed) {
-        return;
-    }
-    if (!closed) {
+    if (res->breaker_change > 0) {
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, r->server, TBLOGNO(00105)
                      "Redis %s is failing (%s): breaker open, the %s "
                      "policy decides for %" APR_INT64_T_FMT " ms",
                      c->label, tb_err_name(res->err),
                      tb_policy_name(sc->policy), sc->breaker_cooldown_ms);
     }
-    else {
+    else if (res->breaker_change < 0) {
         ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, r->server, TBLOGNO(00106)
                      "Redis %s answers again: breaker closed", c->label);
     }
@@ -415,8 +408,10 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     }
     key = request_key(r, dc, sc, &prefix);
     n = build_takes(dc, key, takes);
-    tb_client_decide(sc->client->tb, prefix, key, strlen(key), takes, n,
-                     &res);
+    tb_client_decide_algo(sc->client->tb,
+                          dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET
+                                         : (tb_algo_t)dc->algo,
+                          prefix, key, strlen(key), takes, n, -1, &res);
     if (res.err == TB_ERR_ARG) {
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
                       "the limiter refused its arguments: not limited");

@@ -87,7 +87,6 @@ typedef struct tbucket_client {
     tb_client_t *tb;
     const char *label;                /* Redacted URL, for logs.        */
     tbucket_client_stats *slot;       /* In shared memory.              */
-    apr_uint32_t breaker_closed;      /* Last state logged: 1 closed.   */
     server_rec *s;                    /* For log lines outside requests.*/
 } tbucket_client;
 
@@ -133,6 +132,7 @@ typedef struct tbucket_dir_conf {
     int enable;                       /* -1, 0 or 1.                    */
     int shadow;                       /* -1, 0 enforce, 1 shadow.       */
     int headers;                      /* -1 or a tbucket_headers_mode.  */
+    int algo;                         /* -1 or a tb_algo_t.             */
     const ap_expr_info_t *key;        /* NULL: the client IP.           */
     int key_late;                     /* The key needs the user: decide
                                        * in fixups, after authn.        */

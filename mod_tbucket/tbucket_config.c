@@ -79,6 +79,7 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->enable = -1;
     dc->shadow = -1;
     dc->headers = -1;
+    dc->algo = -1;
     dc->cost = 1;
     return dc;
 }
@@ -133,6 +134,7 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
     m->enable = add->enable != -1 ? add->enable : base->enable;
     m->shadow = add->shadow != -1 ? add->shadow : base->shadow;
     m->headers = add->headers != -1 ? add->headers : base->headers;
+    m->algo = add->algo != -1 ? add->algo : base->algo;
     m->key_set = add->key_set | base->key_set;
     m->key = add->key_set ? add->key : base->key;
     m->key_late = add->key_set ? add->key_late : base->key_late;
@@ -360,6 +362,11 @@ static const char *parse_limit(cmd_parms *cmd, const char *cap,
     if (tb_parse_rate(rate, &lim->rate_per_sec, err, sizeof(err)) != TB_OK) {
         return bad_value(cmd, "rate", rate, err);
     }
+    if (tb_limit_check(lim, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "limit",
+                         apr_pstrcat(cmd->temp_pool, cap, " ", rate, NULL),
+                         err);
+    }
     return NULL;
 }
 
@@ -484,6 +491,21 @@ static const char *set_mode(cmd_parms *cmd, void *dcv, const char *arg)
     return NULL;
 }
 
+static const char *set_algorithm(cmd_parms *cmd, void *dcv,
+                                 const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    tb_algo_t a;
+
+    if (tb_algo_parse(arg, &a) != TB_OK) {
+        return bad_value(cmd, "algorithm", arg,
+                         "expected token-bucket, gcra, sliding-window, "
+                         "fixed-window or sliding-log");
+    }
+    dc->algo = (int)a;
+    return NULL;
+}
+
 static const char *set_header_style(cmd_parms *cmd, void *dcv,
                                     const char *arg)
 {
@@ -531,6 +553,9 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_TAKE1("TBucketMode", set_mode, NULL, DIR_SCOPE,
                   "enforce, or shadow to decide and count without "
                   "rejecting"),
+    AP_INIT_TAKE1("TBucketAlgorithm", set_algorithm, NULL, DIR_SCOPE,
+                  "token-bucket (default), gcra, sliding-window, "
+                  "fixed-window or sliding-log"),
     AP_INIT_TAKE1("TBucketHeaders", set_header_style, NULL, DIR_SCOPE,
                   "Response headers: legacy, ietf, both or off"),
     { NULL }
@@ -574,6 +599,14 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     if (dc->limit_set) {
         check_cost(p, seen, s, where, "TBucketLimit", dc->cost,
                    dc->limit.capacity);
+    }
+    if (dc->algo == TB_ALGO_SLIDING_LOG
+        && ((dc->limit_set && dc->limit.capacity > TB_SLOG_MAX_CAPACITY)
+            || dc->cost != (double)(apr_int64_t)dc->cost)) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketAlgorithm sliding-log in "
+                  "%s needs a capacity up to %d and a whole cost: requests "
+                  "there are not limited", where,
+                  (int)TB_SLOG_MAX_CAPACITY));
     }
     for (t = dc; t; t = t->tenants_up) {
         for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL; hi;

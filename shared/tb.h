@@ -299,7 +299,9 @@ typedef enum {
     TB_SRC_REDIS = 0,
     TB_SRC_OPEN = 1,
     TB_SRC_CLOSED = 2,
-    TB_SRC_LOCAL = 3
+    TB_SRC_LOCAL = 3,
+    TB_SRC_ERROR = 4   /* The arguments were refused (err TB_ERR_ARG):
+                        * nothing was decided; allowed is 0. */
 } tb_source_t;
 const char *tb_source_name(tb_source_t s);
 
@@ -349,6 +351,9 @@ typedef struct tb_result {
     tb_source_t source;
     int err;             /* TB_ERR_* of the Redis call, or TB_ERR_NONE.*/
     int64_t redis_us;    /* Time spent on Redis, 0 if not asked.       */
+    int breaker_change;  /* +1 when this decision opened the breaker,
+                          * -1 when it closed it, else 0: hosts log a
+                          * transition once, not once per request.     */
 } tb_result_t;
 
 typedef struct tb_client {

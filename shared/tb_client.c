@@ -240,6 +240,7 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
     if (!c || !c->priv || !takes || n < 1 || n > TB_MAX_BUCKETS
         || (!key && len) || !tb_algo_script_sha1(algo)) {
         res->err = TB_ERR_ARG;
+        res->source = TB_SRC_ERROR;
         return TB_ERR;
     }
     p = c->priv;
@@ -250,6 +251,7 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
             || (algo == TB_ALGO_SLIDING_LOG
                 && !slog_take_valid(&takes[i]))) {
             res->err = TB_ERR_ARG;
+            res->source = TB_SRC_ERROR;
             return TB_ERR;
         }
     }
@@ -307,6 +309,7 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
                           : tb_breaker_failure(&p->breaker, t1);
     pthread_mutex_unlock(&p->bmu);
     if (changed) {
+        res->breaker_change = rc == TB_OK ? -1 : 1;
         tb_stats_add(rc == TB_OK ? &p->stats->breaker_closes
                                  : &p->stats->breaker_opens, 1);
     }

@@ -2,12 +2,14 @@
  *
  * Byte 0 picks the parser (and, for tb_parse_int, the range); the rest
  * is the value as a C string. Invariants: the documented ranges hold on
- * success; the error message is terminated; and an accepted rate is
- * usable with every accepted capacity (1 .. TB_MAX_CAPACITY): the bucket
- * TTL stays below 1e17 ms, above which Redis 7.0 refuses the Lua script's
- * PEXPIRE ("value is not an integer or out of range", after the HSET has
- * already stored a key with no TTL), and tb_bucket_take()'s int64 casts
- * of the wait stay defined.
+ * success; the error message is terminated; and an accepted rate, with
+ * every capacity tb_limit_check() accepts it with, keeps the bucket TTL
+ * below 1e17 ms, above which Redis 7.0 refuses the Lua script's PEXPIRE
+ * ("value is not an integer or out of range", after the HSET has already
+ * stored a key with no TTL), and tb_bucket_take()'s int64 casts of the
+ * wait stay defined. (Found: rates down to 4.4e-85/s were accepted;
+ * fixed by tb_limit_check and a 1e-6/s floor; kept in the corpus as
+ * parse/regress-tiny-rate-ttl-overflow.)
  */
 #include <math.h>
 
@@ -35,27 +37,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         double r = -1;
 
         if (tb_parse_rate(s, &r, err, sizeof(err)) == TB_OK) {
-            double worst = TB_MAX_CAPACITY / r * 1000;
-
             FUZZ_CHECK(isfinite(r) && r > 0 && r <= 1e9, "rate %g", r);
-            /* TTL = ceil(capacity / rate * 1000) + 1000 must be a
-             * PEXPIRE argument Redis accepts, for every capacity. */
-            if (FUZZ_KNOWN("core-rate-min")
-                && !(isfinite(worst) && worst < 1e17)) {
-                free(s); /* Reported; tb_bucket_take would hit UB. */
-                return 0;
-            }
-            FUZZ_CHECK(isfinite(worst) && worst < 1e17,
-                       "rate '%s' = %g/s: TTL for capacity %g is %g ms",
-                       s, r, TB_MAX_CAPACITY, worst);
-            {
-                tb_limit_t l = {1.0, r};
+            /* A rate is usable with the capacities tb_limit_check() lets
+             * through: for those the TTL ceil(capacity / rate * 1000) +
+             * 1000 stays below 1e17 ms, above which Redis 7.0 refuses the
+             * scripts' PEXPIRE (after the HSET stored a key with no TTL),
+             * and tb_bucket_take()'s int64 casts stay defined. */
+            static const double caps[] = {1, 10, 1000, 1e6, 1e9};
+            size_t i;
+
+            for (i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
+                tb_limit_t l = {caps[i], r};
+                double worst = caps[i] / r * 1000;
                 tb_bucket_t in = {0, 0, 1}, out;
                 tb_verdict_t v;
-                double cost = 1.0;
+                double cost = caps[i];
 
-                /* Empty bucket: refused, with a positive wait. */
+                if (tb_limit_check(&l, NULL, 0) != TB_OK) {
+                    continue;
+                }
+                FUZZ_CHECK(isfinite(worst) && worst < 1e17,
+                           "rate '%s' = %g/s passes tb_limit_check with "
+                           "capacity %g: TTL %g ms", s, r, caps[i], worst);
                 FUZZ_CHECK(tb_bucket_ttl_ms(&l) >= 1000, "ttl");
+                /* Empty bucket, full cost: refused with a positive wait. */
                 FUZZ_CHECK(tb_bucket_take(&in, &l, &cost, 1, 0, &out, &v)
                                == TB_OK && !v.allowed && v.retry_ms > 0,
                            "empty bucket verdict");

@@ -37,6 +37,9 @@ def test_module_001_01(apache_factory):
 
 
 BAD = [
+    ("TBucketAlgorithm leaky-bucket", "TBucketAlgorithm", "'leaky-bucket'"),
+    ("TBucketLimit 1000000000 0.000001/s", "TBucketLimit",
+     "'1000000000 0.000001/s'"),
     ("TBucketLimit 0 1/s", "TBucketLimit", "'0'"),
     ("TBucketLimit 10 -1/s", "TBucketLimit", "'-1/s'"),
     ("TBucketLimit 10 0/s", "TBucketLimit", "'0/s'"),
@@ -265,3 +268,18 @@ def test_module_001_11(apache_factory):
     assert rc == 0, out
     assert "more than 7 TBucketRouteLimit buckets apply in <Location /many>" \
         in out, out
+
+
+# TBucketAlgorithm sliding-log with a capacity the log cannot hold is a
+# warning at apache2 -t (the limit and the algorithm in different scopes).
+def test_module_001_20(apache_factory):
+    a = apache_factory()
+    rc, out = a.configtest("""
+TBucketEnable On
+TBucketLimit 200000 100/s
+<Location /log>
+    TBucketAlgorithm sliding-log
+</Location>
+""")
+    assert rc == 0, out
+    assert "sliding-log" in out and "100000" in out, out

@@ -291,3 +291,33 @@ def test_module_002_11(apache_factory, redis_server):
     http_get(a.url("/limited/ok.txt"))
     assert tokens(redis_server.client(), "p11:ip:{127.0.0.1}") == 1
     a.assert_log_clean()
+
+
+# TBucketAlgorithm picks the script per scope: a fresh key gets exactly
+# CAPACITY requests under every algorithm, kept under the algorithm's own
+# Redis key, and inherits into inner scopes.
+def test_module_002_30(apache_factory, redis_server):
+    algos = [("gcra", ":gcra"), ("fixed-window", ":fwin"),
+             ("sliding-window", ":swin"), ("sliding-log", ":slog"),
+             ("token-bucket", "")]
+    body = "TBucketRedis %s timeout=500\nTBucketPrefix p30:\n" % (
+        redis_server.url)
+    for name, _ in algos:
+        body += """<Location /%s>
+    TBucketEnable On
+    TBucketKey "%%{HTTP:X-API-Key}"
+    TBucketLimit 4 1/m
+    TBucketAlgorithm %s
+</Location>
+""" % (name, name)
+    a = apache_factory()
+    a.start(body)
+    rc = redis_server.client()
+    for name, suffix in algos:
+        codes = [http_get(a.url("/%s/ok.txt" % name),
+                          headers={"X-API-Key": "k"}).status_code
+                 for _ in range(6)]
+        # No such file there: 404 until the limit, then 429.
+        assert codes == [404] * 4 + [429] * 2, (name, codes)
+        assert rc.exists("p30:{k}" + suffix), name
+    a.assert_log_clean()

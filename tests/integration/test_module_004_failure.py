@@ -4,7 +4,7 @@ under prefork."""
 import concurrent.futures
 import time
 
-from tbapache import apache_factory, http_get  # noqa: F401
+from tbapache import apache_factory, http_get, metric  # noqa: F401
 from tbenv import Redis
 
 BREAKER_TAGS = ("TB00105",)
@@ -113,7 +113,11 @@ def test_module_004_04(apache_factory, tmp_path):
 def test_module_004_05(apache_factory, redis_server):
     a = apache_factory(servers=1)
     a.start(body(redis_server.url, "open", limit="TBucketLimit 6 1/h\n"
-                 "TBucketKey \"%{HTTP:X-API-Key}\""))
+                 "TBucketKey \"%{HTTP:X-API-Key}\"") + """
+<Location /tbucket-status>
+    SetHandler tbucket-status
+</Location>
+""")
     assert decision(a) == (200, "allowed")
     redis_server.sigstop()
     try:
@@ -123,9 +127,12 @@ def test_module_004_05(apache_factory, redis_server):
             r = http_get(a.url("/cgi-bin/env.cgi"))
             times.append(time.monotonic() - t0)
             assert r.json()["TBUCKET_DECISION"] == "fallback-open"
-        assert max(times) < 1.0, times
-        # After two failures the breaker is open: no waiting at all.
-        assert min(times[3:]) < 0.09, times
+        # Bounded by the 100 ms timeout (plus CGI time on a busy box).
+        assert max(times) < 2.0, times
+        # After two failures the breaker is open: Redis is not asked.
+        text = http_get(a.url("/tbucket-status")).text
+        assert metric(text, "tbucket_breaker_skips_total",
+                      redis=redis_server.url, policy="open") >= 3
     finally:
         redis_server.sigcont()
     wait_decision(a, "allowed")
