@@ -84,7 +84,7 @@ all: $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
 ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
            shared/tb_fwindow.lua shared/tb_slog.lua
 
-$(BUILD)/shared/tb_script.c: $(ALGO_LUA) scripts/embed-lua.sh
+$(BUILD)/shared/tb_script.c: $(ALGO_LUA) scripts/embed-lua.sh Makefile
 	@mkdir -p $(dir $@)
 	sh scripts/embed-lua.sh $(ALGO_LUA) > $@.tmp && mv $@.tmp $@
 
@@ -162,6 +162,7 @@ noopt:
 # libclang-rt-14-dev. Crash inputs land in $(BUILD)/fuzz/artifacts/.
 FUZZ_TIME ?= 25
 fuzz: $(BUILD)/shared/tb_script.c
+	@sh scripts/install-deps.sh clang libclang-rt-14-dev
 	sh tests/fuzz/run.sh $(BUILD) $(FUZZ_TIME) $(FUZZ_TARGETS)
 
 run: deps

@@ -377,6 +377,9 @@ static int respond(request_rec *r, int status, const char *body)
     /* Status first: the input filter then sends no 100-continue. */
     r->status = status;
     ap_discard_request_body(r);
+    /* We answer outside httpd's error path, so add what it would add:
+     * the filters of "Header always" (CORS, HSTS) and friends. */
+    ap_run_insert_error_filter(r);
     ap_set_content_type(r, "application/json");
     ap_set_content_length(r, (apr_off_t)strlen(body));
     if (!r->header_only) {

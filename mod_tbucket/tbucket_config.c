@@ -157,16 +157,20 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
 /* ---- Directive handlers --------------------------------------------- */
 
 /* A URL for a message, with any user:password replaced by "***". */
+/* The URL as it may be shown in an error: whatever precedes the last '@'
+ * (user and password, however mistyped the scheme) becomes "***". */
 static const char *redact_raw(apr_pool_t *p, const char *url)
 {
+    const char *at = strrchr(url, '@');
     const char *scheme = strstr(url, "://");
-    const char *at;
+    const char *start;
 
-    if (!scheme || !(at = strrchr(scheme + 3, '@'))) {
+    if (!at) {
         return url;
     }
-    return apr_pstrcat(p, apr_pstrmemdup(p, url, scheme + 3 - url), "***",
-                       at, NULL);
+    start = scheme && scheme < at ? scheme + 3 : url;
+    return apr_pstrcat(p, apr_pstrmemdup(p, url, (apr_size_t)(start - url)),
+                       "***", at, NULL);
 }
 
 static const char *bad_value(cmd_parms *cmd, const char *what,

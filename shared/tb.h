@@ -168,6 +168,13 @@ size_t tb_key_sanitize(const char *key, size_t len, char *out);
 size_t tb_key_build(const char *prefix, const char *key, size_t len,
                     const char *route, char *out);
 
+/* The Redis Cluster hash slot of a key, 0..16383 (issue 6): CRC16
+ * (XMODEM) of the hash tag -- the bytes between the first '{' and the
+ * first '}' after it, when there are any -- else of the whole key, modulo
+ * 16384, exactly as Redis's keyHashSlot. Every key tb_key_build() makes
+ * for one client key has the same slot. */
+unsigned tb_key_slot(const char *key, size_t len);
+
 /* Validate a key prefix (1..TB_PREFIX_MAX printable bytes, no braces or
  * spaces) or a route name ([A-Za-z0-9_.-], 1..TB_NAME_MAX). These are
  * predicates: they return 1 when valid and 0 when not (not TB_OK). */
@@ -179,6 +186,22 @@ void tb_sha256(const void *data, size_t len, unsigned char out[32]);
 
 /* ---- Redis addresses (tb_url.c) ------------------------------------ */
 
+/* What a URL names (issue 6): one Redis, a primary found through
+ * Sentinel, or a Redis Cluster. */
+#define TB_REDIS_SINGLE 0   /* redis:// or unix:                        */
+#define TB_REDIS_SENTINEL 1 /* redis-sentinel://h:p[,h:p...]/MASTER     */
+#define TB_REDIS_CLUSTER 2  /* redis-cluster://h:p[,h:p...]             */
+
+/* The most sentinels or cluster seed nodes one URL may list. */
+#define TB_MAX_SEEDS 8
+#define TB_MASTER_NAME_MAX 128
+
+/* A host and port: a sentinel or a cluster seed. */
+typedef struct tb_redis_endpoint {
+    char host[256];
+    int port;
+} tb_redis_endpoint_t;
+
 typedef struct tb_redis_addr {
     char host[256];      /* Empty for a unix socket.                  */
     int port;            /* Default 6379.                             */
@@ -186,10 +209,22 @@ typedef struct tb_redis_addr {
     char user[128];      /* ACL user, or empty (AUTH password only).  */
     char password[256];  /* Empty: no AUTH.                           */
     int db;              /* SELECT when > 0.                          */
+    /* Issue 6, additive: zero for redis:// and unix: URLs. For the
+     * other kinds host and port are the first seed; user, password and
+     * db apply to the data nodes (sentinels are asked without AUTH). */
+    int kind;            /* TB_REDIS_*.                               */
+    int nseeds;          /* Entries used in seeds (0 for SINGLE).     */
+    tb_redis_endpoint_t seeds[TB_MAX_SEEDS]; /* Sentinels (default
+                          * port 26379) or cluster seeds (6379).      */
+    char master[TB_MASTER_NAME_MAX]; /* Sentinel's master name.       */
 } tb_redis_addr_t;
 
 /* Parse "redis://[user:password@]host[:port][/db]" (IPv6 hosts in
  * brackets, %XX escapes in user and password) or "unix:/path[?db=N]".
+ * Also (issue 6)
+ * "redis-sentinel://[user:password@]host[:port][,host[:port]...]/MASTER[/db]"
+ * and "redis-cluster://[user:password@]host[:port][,host[:port]...]"
+ * (Cluster has database 0 only), at most TB_MAX_SEEDS endpoints.
  * On error returns TB_ERR with a message naming the bad part. */
 int tb_url_parse(const char *url, tb_redis_addr_t *addr, char *err,
                  size_t errlen);

@@ -159,8 +159,15 @@ static int setup(tb__pool_t *p, redisContext *ctx, tb__error_t *e)
     }
     nauth = n;
     for (i = 0; i < TB_ALGO_COUNT; i++) {
-        redisAppendCommand(ctx, "SCRIPT LOAD %s",
-                           tb_algo_script_source((tb_algo_t)i));
+        const char *src = tb_algo_script_source((tb_algo_t)i);
+
+        if (!src) {
+            /* A library built with a stale script table: refuse rather
+             * than crash in the formatter. */
+            tb__set_error(e, TB_ERR_PROTOCOL, "no embedded script %d", i);
+            return TB_ERR;
+        }
+        redisAppendCommand(ctx, "SCRIPT LOAD %s", src);
         what[n++] = "SCRIPT LOAD";
     }
     for (i = 0; i < n; i++) {

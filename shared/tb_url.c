@@ -1,7 +1,10 @@
 /* tb_url.c -- Redis addresses: parsing and redaction.
  *
  * Accepts redis://[user:password@]host[:port][/db] (IPv6 hosts in
- * brackets, %XX escapes in the user and password) and unix:/path[?db=N].
+ * brackets, %XX escapes in the user and password) and unix:/path[?db=N],
+ * and (issue 6) redis-sentinel://[userinfo@]h[:p][,h[:p]...]/MASTER[/db]
+ * and redis-cluster://[userinfo@]h[:p][,h[:p]...], whose endpoint lists
+ * land in addr->seeds.
  * Runs at configuration time. tb_url_redact() is what logs and status
  * pages print, so a password never leaves this file in clear.
  */
@@ -17,7 +20,11 @@ static int fail(char *err, size_t errlen, const char *what, const char *url)
         /* Never echo the URL: it may hold a password. */
         snprintf(err, errlen, "bad Redis URL: %s%s", what,
                  url && strncmp(url, "redis://", 8) && strncmp(url, "unix:", 5)
-                     ? " (expected redis://host[:port][/db] or unix:/path)"
+                         && strncmp(url, "redis-sentinel://", 17)
+                         && strncmp(url, "redis-cluster://", 16)
+                     ? " (expected redis://host[:port][/db], unix:/path, "
+                       "redis-sentinel://host[:port][,...]/MASTER or "
+                       "redis-cluster://host[:port][,...])"
                      : "");
     }
     return TB_ERR;
@@ -124,7 +131,10 @@ static int host_valid(const char *h)
     return 1;
 }
 
-static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
+/* Parse "host[:port]" or "[v6]:port" from s[0..n) into host (hostsz
+ * bytes) and *port (left alone when absent). */
+static int parse_hostport(const char *s, size_t n, char *host,
+                          size_t hostsz, int *portp)
 {
     const char *port = NULL;
     size_t hlen;
@@ -136,14 +146,14 @@ static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
             return TB_ERR;
         }
         hlen = (size_t)(close - s) - 1;
-        if (hlen == 0 || hlen >= sizeof(a->host)) {
+        if (hlen == 0 || hlen >= hostsz) {
             return TB_ERR;
         }
-        memcpy(a->host, s + 1, hlen);
-        a->host[hlen] = '\0';
+        memcpy(host, s + 1, hlen);
+        host[hlen] = '\0';
         /* Brackets hold an IPv6 literal and nothing else. */
-        if (strspn(a->host, "0123456789abcdefABCDEF:.") != hlen
-            || !strchr(a->host, ':')) {
+        if (strspn(host, "0123456789abcdefABCDEF:.") != hlen
+            || !strchr(host, ':')) {
             return TB_ERR;
         }
         if (close + 1 < s + n) {
@@ -157,16 +167,16 @@ static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
         const char *colon = memchr(s, ':', n);
 
         hlen = colon ? (size_t)(colon - s) : n;
-        if (hlen == 0 || hlen >= sizeof(a->host)) {
+        if (hlen == 0 || hlen >= hostsz) {
             return TB_ERR;
         }
-        memcpy(a->host, s, hlen);
-        a->host[hlen] = '\0';
+        memcpy(host, s, hlen);
+        host[hlen] = '\0';
         if (colon) {
             port = colon + 1;
         }
     }
-    if (!host_valid(a->host)) {
+    if (!host_valid(host)) {
         return TB_ERR;
     }
     if (port) {
@@ -182,7 +192,90 @@ static int parse_hostport(const char *s, size_t n, tb_redis_addr_t *a)
         if (tb_parse_int(buf, 1, 65535, &v, NULL, 0) != TB_OK) {
             return TB_ERR;
         }
-        a->port = (int)v;
+        *portp = (int)v;
+    }
+    return TB_OK;
+}
+
+/* A comma-separated endpoint list s[0..n) into a->seeds, each with
+ * default_port unless it names one; the first also goes to host/port. */
+static int parse_seeds(const char *s, size_t n, int default_port,
+                       tb_redis_addr_t *a)
+{
+    const char *end = s + n;
+
+    while (s <= end) {
+        const char *comma = memchr(s, ',', (size_t)(end - s));
+        const char *e = comma ? comma : end;
+        tb_redis_endpoint_t *ep;
+
+        if (a->nseeds == TB_MAX_SEEDS) {
+            return TB_ERR - 1; /* Too many: a message of its own. */
+        }
+        ep = &a->seeds[a->nseeds++];
+        ep->port = default_port;
+        if (parse_hostport(s, (size_t)(e - s), ep->host, sizeof(ep->host),
+                           &ep->port) != TB_OK) {
+            return TB_ERR;
+        }
+        if (!comma) {
+            break;
+        }
+        s = comma + 1;
+    }
+    memcpy(a->host, a->seeds[0].host, sizeof(a->host));
+    a->port = a->seeds[0].port;
+    return TB_OK;
+}
+
+/* Sentinel master names: printable, no URL delimiters. */
+static int master_valid(const char *s, size_t n)
+{
+    size_t i;
+
+    if (n == 0 || n >= TB_MASTER_NAME_MAX) {
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c < 0x21 || c > 0x7e || strchr("@/?#%,\\\"'", c)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The part after the endpoints: "/MASTER[/db]" for Sentinel, nothing
+ * (or a lone "/") for Cluster. */
+static int parse_ha_path(const char *slash, tb_redis_addr_t *a, char *err,
+                         size_t errlen, const char *url)
+{
+    const char *name, *db;
+    size_t n;
+
+    if (a->kind == TB_REDIS_CLUSTER) {
+        if (slash && slash[1] != '\0') {
+            return fail(err, errlen, "Redis Cluster has no database "
+                        "(nothing may follow the nodes)", url);
+        }
+        return TB_OK;
+    }
+    if (!slash || slash[1] == '\0') {
+        return fail(err, errlen, "/MASTERNAME is required after the "
+                    "sentinels", url);
+    }
+    name = slash + 1;
+    db = strchr(name, '/');
+    n = db ? (size_t)(db - name) : strlen(name);
+    if (!master_valid(name, n)) {
+        return fail(err, errlen, "bad master name", url);
+    }
+    memcpy(a->master, name, n);
+    a->master[n] = '\0';
+    if (db && db[1] != '\0' && parse_db(db + 1, &a->db) != TB_OK) {
+        return fail(err, errlen, "database must be a number after "
+                    "'/MASTERNAME/'", url);
     }
     return TB_OK;
 }
@@ -203,10 +296,20 @@ int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
     if (strncmp(url, "unix:", 5) == 0) {
         return parse_unix(url, a, err, errlen);
     }
-    if (strncmp(url, "redis://", 8) != 0) {
+    if (strncmp(url, "redis-sentinel://", 17) == 0) {
+        a->kind = TB_REDIS_SENTINEL;
+        p = url + 17;
+    }
+    else if (strncmp(url, "redis-cluster://", 16) == 0) {
+        a->kind = TB_REDIS_CLUSTER;
+        p = url + 16;
+    }
+    else if (strncmp(url, "redis://", 8) == 0) {
+        p = url + 8;
+    }
+    else {
         return fail(err, errlen, "unknown scheme", url);
     }
-    p = url + 8;
     end = p + strlen(p);
     slash = strchr(p, '/');
     /* The userinfo ends at the last '@' before the path: passwords may
@@ -223,8 +326,18 @@ int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
         }
         p = at + 1;
     }
-    if (parse_hostport(p, (size_t)((slash ? slash : end) - p), a)
-        != TB_OK) {
+    if (a->kind != TB_REDIS_SINGLE) {
+        int rc = parse_seeds(p, (size_t)((slash ? slash : end) - p),
+                             a->kind == TB_REDIS_SENTINEL ? 26379 : 6379, a);
+
+        if (rc != TB_OK) {
+            return fail(err, errlen, rc == TB_ERR ? "bad host or port"
+                        : "too many hosts (at most 8)", url);
+        }
+        return parse_ha_path(slash, a, err, errlen, url);
+    }
+    if (parse_hostport(p, (size_t)((slash ? slash : end) - p), a->host,
+                       sizeof(a->host), &a->port) != TB_OK) {
         return fail(err, errlen, "bad host or port", url);
     }
     if (slash && slash[1] != '\0' && parse_db(slash + 1, &a->db) != TB_OK) {
@@ -233,9 +346,56 @@ int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
     return TB_OK;
 }
 
+/* Append "host:port" (brackets for IPv6) to out at *used, bounded. */
+static void put_endpoint(char *out, size_t outlen, size_t *used,
+                         const char *host, int port, const char *sep)
+{
+    int n;
+
+    if (*used >= outlen) {
+        return;
+    }
+    n = snprintf(out + *used, outlen - *used, "%s%s%s%s:%d", sep,
+                 strchr(host, ':') ? "[" : "", host,
+                 strchr(host, ':') ? "]" : "", port);
+    *used = n < 0 ? outlen : *used + (size_t)n;
+}
+
+static void redact_ha(const tb_redis_addr_t *a, char *out, size_t outlen)
+{
+    size_t used;
+    int i, n;
+
+    n = snprintf(out, outlen, "%s://%s%s%s",
+                 a->kind == TB_REDIS_SENTINEL ? "redis-sentinel"
+                                              : "redis-cluster", a->user,
+                 a->password[0] ? (a->user[0] ? ":***" : "***") : "",
+                 a->user[0] || a->password[0] ? "@" : "");
+    used = n < 0 ? outlen : (size_t)n;
+    for (i = 0; i < a->nseeds; i++) {
+        put_endpoint(out, outlen, &used, a->seeds[i].host, a->seeds[i].port,
+                     i ? "," : "");
+    }
+    if (a->kind == TB_REDIS_SENTINEL && used < outlen) {
+        n = snprintf(out + used, outlen - used, "/%s", a->master);
+        used = n < 0 ? outlen : used + (size_t)n;
+        if (a->db > 0 && used < outlen) {
+            snprintf(out + used, outlen - used, "/%d", a->db);
+        }
+    }
+}
+
 void tb_url_redact(const tb_redis_addr_t *a, char *out, size_t outlen)
 {
     char db[24] = "";
+
+    if (outlen == 0) {
+        return;
+    }
+    if (a->kind == TB_REDIS_SENTINEL || a->kind == TB_REDIS_CLUSTER) {
+        redact_ha(a, out, outlen);
+        return;
+    }
 
     if (a->path[0]) {
         if (a->db > 0) {

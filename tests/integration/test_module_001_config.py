@@ -115,6 +115,18 @@ def test_module_001_04(apache_factory):
     assert "hunter2secret" not in out
 
 
+# A mistyped scheme is refused without echoing the password either.
+@pytest.mark.parametrize("url", ["redis:/u:s3cretpw@h:6379",
+                                 "rediss//u:s3cretpw@h",
+                                 "u:s3cretpw@h:6379"])
+def test_module_001_21(apache_factory, url):
+    a = apache_factory()
+    rc, out = a.configtest("TBucketRedis %s\n" % url)
+    assert rc != 0, out
+    assert "TBucketRedis" in out
+    assert "s3cretpw" not in out, out
+
+
 # A cost that can never fit its bucket is a warning at apache2 -t, also
 # when limit and cost are set in different scopes.
 def test_module_001_05(apache_factory):

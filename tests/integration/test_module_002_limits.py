@@ -321,3 +321,17 @@ def test_module_002_30(apache_factory, redis_server):
         assert codes == [404] * 4 + [429] * 2, (name, codes)
         assert rc.exists("p30:{k}" + suffix), name
     a.assert_log_clean()
+
+
+# The module's own 429 carries what "Header always set" adds to error
+# responses (CORS, HSTS), as httpd's error path would.
+def test_module_002_31(apache_factory, redis_server):
+    a = apache_factory()
+    a.start(conf(redis_server, "p31:", "TBucketLimit 1 1/m") +
+            'Header always set Access-Control-Allow-Origin "*"\n')
+    assert http_get(a.url("/limited/ok.txt")).status_code == 200
+    r = http_get(a.url("/limited/ok.txt"))
+    assert r.status_code == 429
+    assert r.headers.get("Access-Control-Allow-Origin") == "*", r.headers
+    assert r.json()["error"] == "rate limited"
+    a.assert_log_clean()
