@@ -14,12 +14,14 @@
 #include "tb.h"
 
 /* One connection slot: empty (ctx NULL), idle, or borrowed (busy). dev and
- * ino say which socket the fd was when we opened it. */
+ * ino say which socket the fd was when we opened it; gen which primary
+ * (Sentinel) it was opened to. */
 typedef struct tb__slot {
     redisContext *ctx;
     dev_t dev;
     ino_t ino;
     int busy;
+    unsigned gen;
 } tb__slot_t;
 
 /* A bounded, thread-safe pool of Redis connections for one process. */
@@ -36,6 +38,16 @@ typedef struct tb__pool {
     pid_t pid;                 /* Process that owns these sockets.    */
     int verify_fd;
     tb_stats_t *stats;
+    /* Sentinel (issue 6; addr.kind TB_REDIS_SENTINEL): the primary the
+     * sentinels last named. Under mu, except that rmu lets one thread at
+     * a time ask the sentinels. */
+    pthread_mutex_t rmu;
+    char cur_host[256];
+    int cur_port;
+    int stale;                 /* Ask the sentinels before connecting.*/
+    unsigned gen;              /* Bumped when the primary moved: idle
+                                * slots of an older gen are dropped.   */
+    int next_sentinel;         /* Index of the one to ask first.      */
 } tb__pool_t;
 
 /* A failure: kind and message, as the hiredis contract has them. */
@@ -55,6 +67,20 @@ int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
                   tb_stats_t *stats);
 void tb__pool_destroy(tb__pool_t *p);
 void tb__pool_after_fork(tb__pool_t *p);
+
+/* Sentinel: the primary may have moved (an I/O error, a refused
+ * connect, a READONLY reply). The next connect asks the sentinels again;
+ * with drop_idle, idle connections are closed as they are next borrowed.
+ * A no-op for other kinds of address. */
+void tb__pool_suspect(tb__pool_t *p, int drop_idle);
+
+/* Ask the sentinels of a (tried in turn from *first, which is set to the
+ * one that answered) for the address of a->master. TB_OK with host and
+ * *port filled, or TB_ERR with *e naming the last failure. tb_sentinel.c.*/
+int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
+                         int connect_timeout_ms, int timeout_ms,
+                         char *host, size_t hostsz, int *port,
+                         tb__error_t *e);
 
 /* Borrow a connection (reusing an idle one, making one, or waiting up to
  * the command timeout for one to come back). NULL with *e set on failure.*/
@@ -77,6 +103,34 @@ int tb__run_script(tb__pool_t *p, int argc, const char **argv,
  * caller's to freeReplyObject. */
 int tb__command(tb__pool_t *p, int argc, const char **argv,
                 const size_t *argvlen, redisReply **reply, tb__error_t *e);
+
+/* Redis's error kinds a cluster client acts on (issue 6). */
+typedef enum {
+    TB__REDIR_NONE = 0,
+    TB__REDIR_MOVED = 1,
+    TB__REDIR_ASK = 2,
+    TB__REDIR_TRYAGAIN = 3,
+    TB__REDIR_DOWN = 4      /* CLUSTERDOWN: the slot is not served. */
+} tb__redir_kind_t;
+
+typedef struct tb__redirect {
+    tb__redir_kind_t kind;
+    int slot;
+    char host[256];         /* Empty: the node that answered.        */
+    int port;
+} tb__redirect_t;
+
+/* Map a hiredis context error to an error kind (tb_redis.c). */
+void tb__ctx_error(tb__error_t *e, const redisContext *ctx,
+                   const char *during);
+
+/* tb__run_script on one node of a cluster: with asking, ASKING is
+ * pipelined before the command (and before its EVAL retry). A MOVED, ASK,
+ * TRYAGAIN or CLUSTERDOWN reply fills *rd (and *e) and returns TB_ERR. */
+int tb__run_script_node(tb__pool_t *p, int asking, int argc,
+                        const char **argv, size_t *argvlen,
+                        tb__script_reply_t *out, tb__redirect_t *rd,
+                        tb__error_t *e);
 
 /* The failure policy's inputs (tb_policy.c). */
 typedef struct tb__policy {
