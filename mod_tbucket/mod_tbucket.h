@@ -176,7 +176,7 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s);
 void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
                    int cost_exceeded);
 
-/* The tbucket-status handler. */
+/* The tbucket-status handler: Prometheus text, or HTML with ?view=html. */
 int tbucket_status_handler(request_rec *r);
 
 /* The local-policy table in the segment, or NULL. */

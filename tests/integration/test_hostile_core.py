@@ -7,7 +7,7 @@ key: no crash, each lands on its documented Redis key (tb.h: raw when
 safe, else '#' + 32 hex of SHA-256), every Redis key stays inside the
 prefix{...} shape, and no other client's bucket moves. Then thousands of
 distinct keys per second: Redis memory per key is bounded and every key
-expires by its TTL (figures in tests/results/hostile_keys.tsv).
+expires by its TTL (figures in $TB_BUILD/results/hostile_keys.tsv).
 """
 import os
 import re
@@ -17,13 +17,12 @@ import pytest
 
 from tbenv import ROOT
 from tbcore import drivers, pct, redis_key, wait_until  # noqa: F401
+from tbproof import RESULTS
 
 PREFIX = "hz:"
 H1 = 1 / 3600.0  # one token an hour
 SAFE_KEY = re.compile(rb"^hz:\{([\x21-\x7a\x7c\x7e]{0,128}|#[0-9a-f]{32})\}"
                       rb"(:route:[A-Za-z0-9_.-]{1,64})?$")
-RESULTS = os.path.join(ROOT, "tests", "results")
-
 HOSTILE = [
     b"",
     b"a" * (1 << 20),

@@ -15,7 +15,7 @@ then Redis comes back. Checked for every policy:
    counts exactly (X-RateLimit-Remaining 99, 98, 97 on a fresh key);
  - no child crashed (error log), no connection leaked (CLIENT LIST and
    the child's sockets to Redis, at most the pool size).
-Per-fault figures go to tests/results/chaos.tsv.
+Per-fault figures go to $TB_BUILD/results/chaos.tsv.
 """
 import math
 import os

@@ -16,7 +16,7 @@ now and then (and a stall just before the end of the window loses the
 tokens that refilled during it), the lower bound is checked against an
 ideal bucket replayed over the very arrival times the replicas logged
 ("ideal"): >= 98% of it; the ratio to capacity + rate*T is recorded too.
-Figures go to tests/results/replicas.tsv.
+Figures go to $TB_BUILD/results/replicas.tsv.
 Then several wrk processes with one key against a single Apache, event
 and prefork MPMs: the same bounds.
 """

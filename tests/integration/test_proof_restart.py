@@ -9,7 +9,7 @@
    children's sockets to Redis).
  - An event-MPM child's resident memory across TB_RSS_REQUESTS (default
    30,000; the issue's figure is 100,000) requests with distinct keys:
-   growth after warm-up stays under 2 MB. Figures in tests/results/rss.tsv.
+   growth after warm-up stays under 2 MB. Figures in $TB_BUILD/results/rss.tsv.
 """
 import os
 import time
@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from tbapache import apache_factory  # noqa: F401
-from tbproof import (start_wrk, finish_wrk, run_wrk, module_clients,
+from tbproof import (RESULTS, start_wrk, finish_wrk, run_wrk, module_clients,
                      redis_sockets, rss_kb, write_tsv, crash_lines)
 
 POOL = 2
@@ -148,8 +148,7 @@ def test_proof_004_01(redis_server, apache_factory):  # noqa: F811
     rss1 = samples[-1][1]
     tag = "_asan" if os.environ.get("TB_ASAN") == "1" else ""
     write_tsv("rss.tsv", ["requests", "rss_kb"], samples)
-    with open(os.path.join(os.path.dirname(__file__), "..", "results",
-                           "rss_summary%s.tsv" % tag), "w") as f:
+    with open(os.path.join(RESULTS, "rss_summary%s.tsv" % tag), "w") as f:
         f.write("requests\tseconds\treq_per_s\trss_after_warmup_kb\t"
                 "rss_end_kb\tgrowth_kb\tredis_keys\n")
         f.write("%d\t%.1f\t%.0f\t%d\t%d\t%d\t%d\n" % (
