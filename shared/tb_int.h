@@ -48,6 +48,12 @@ typedef struct tb__pool {
     unsigned gen;              /* Bumped when the primary moved: idle
                                 * slots of an older gen are dropped.   */
     int next_sentinel;         /* Index of the one to ask first.      */
+    redisContext *watch;       /* SUBSCRIBE +switch-master on one
+                                * sentinel, or NULL; under rmu.       */
+    dev_t watch_dev;           /* Which socket watch's fd was.        */
+    ino_t watch_ino;
+    int watch_next;            /* Sentinel to subscribe to next.      */
+    tb_monotime_us watch_retry_us; /* No new subscription before.    */
 } tb__pool_t;
 
 /* A failure: kind and message, as the hiredis contract has them. */
@@ -73,6 +79,19 @@ void tb__pool_after_fork(tb__pool_t *p);
  * with drop_idle, idle connections are closed as they are next borrowed.
  * A no-op for other kinds of address. */
 void tb__pool_suspect(tb__pool_t *p, int drop_idle);
+
+/* Subscribe to +switch-master on a sentinel of a (tried from *next,
+ * which advances past one that failed). The context, or NULL with *e.
+ * tb_sentinel.c. */
+redisContext *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
+                                 int connect_timeout_ms, int timeout_ms,
+                                 tb__error_t *e);
+
+/* Read what a watch has received without waiting. 1 with host and *port
+ * set when a +switch-master for a->master arrived (the last one wins), 0
+ * when nothing did, -1 when the watch is dead and must be freed. */
+int tb__sentinel_poll(redisContext *watch, const tb_redis_addr_t *a,
+                      char *host, size_t hostsz, int *port);
 
 /* Ask the sentinels of a (tried in turn from *first, which is set to the
  * one that answered) for the address of a->master. TB_OK with host and
@@ -131,6 +150,12 @@ int tb__run_script_node(tb__pool_t *p, int asking, int argc,
                         const char **argv, size_t *argvlen,
                         tb__script_reply_t *out, tb__redirect_t *rd,
                         tb__error_t *e);
+
+/* tb__command on one node of a cluster, as tb__run_script_node. */
+int tb__command_node(tb__pool_t *p, int asking, int argc,
+                     const char **argv, const size_t *argvlen,
+                     redisReply **reply, tb__redirect_t *rd,
+                     tb__error_t *e);
 
 /* The failure policy's inputs (tb_policy.c). */
 typedef struct tb__policy {
