@@ -161,9 +161,15 @@ noopt:
 # libFuzzer targets (tests/fuzz/), FUZZ_TIME seconds each; needs clang and
 # libclang-rt-14-dev. Crash inputs land in $(BUILD)/fuzz/artifacts/.
 FUZZ_TIME ?= 25
+# Configs for the apache2 -t fuzz of the directive handlers.
+DIRECTIVE_FUZZ ?= 3000
 fuzz: $(BUILD)/shared/tb_script.c
 	@sh scripts/install-deps.sh clang libclang-rt-14-dev
 	sh tests/fuzz/run.sh $(BUILD) $(FUZZ_TIME) $(FUZZ_TARGETS)
+	$(MAKE) all
+	TB_BUILD=$(abspath $(BUILD)) TB_DIRECTIVE_FUZZ=$(DIRECTIVE_FUZZ) \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider \
+	    tests/integration/test_module_009_directive_fuzz.py
 
 run: deps
 	$(MAKE) all

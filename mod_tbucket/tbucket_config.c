@@ -374,10 +374,42 @@ static const char *parse_limit(cmd_parms *cmd, const char *cap,
     return NULL;
 }
 
+/* httpd's ap_expr scanner (2.4) calls exit() -- "flex scanner jammed" --
+ * on a quote inside the argument of %{NAME:arg}, taking `apache2 -t` down
+ * without naming the line. Refuse that form ourselves, with the directive
+ * named, before the scanner sees it. */
+static const char *quote_in_var_arg(const char *arg)
+{
+    const char *p = arg;
+
+    while ((p = strstr(p, "%{")) != NULL) {
+        const char *end = strchr(p, '}');
+        const char *colon = strchr(p, ':');
+
+        if (!end) {
+            break;
+        }
+        if (colon && colon < end
+            && (memchr(colon, '\'', (size_t)(end - colon))
+                || memchr(colon, '"', (size_t)(end - colon)))) {
+            return p;
+        }
+        p = end + 1;
+    }
+    return NULL;
+}
+
 static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
     const char *err = NULL;
+
+    if (quote_in_var_arg(arg)) {
+        return apr_psprintf(cmd->pool, "TBucketKey: cannot parse "
+                            "expression '%s': a quote inside %%{NAME:arg} "
+                            "(httpd's expression scanner cannot take it)",
+                            arg);
+    }
 
     /* DONT_VARY: the key must not add "Vary: X-API-Key" to responses. */
     dc->key = ap_expr_parse_cmd(cmd, arg, AP_EXPR_FLAG_STRING_RESULT
