@@ -178,7 +178,8 @@ run: deps
 # Benchmarks (bench/README.md), never part of make test: under 10 minutes,
 # writes bench/results/latest.tsv and prints the table. A part whose .so
 # does not build is reported as not measured.
-bench: deps
+bench:
+	@sh scripts/install-deps.sh python3-flask gunicorn valgrind strace
 	-$(MAKE) all
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
 

@@ -42,6 +42,17 @@
  *       bucket in the same Redis call: all are deducted or none is.
  *   TBucketMode enforce|shadow                 (default enforce)
  *   TBucketHeaders legacy|ietf|both|off        (default legacy)
+ *   TBucketLease N [ttl=DURATION] | Off        (default Off, ttl 1s)
+ *       One Redis call takes up to N tokens from the main bucket for the
+ *       whole server (all children, shared memory); later requests spend
+ *       them without asking Redis until they run out or the ttl passes.
+ *       Unspent tokens expire. Needs one token bucket: refused with
+ *       TBucketRouteLimit or another TBucketAlgorithm (ignored where
+ *       apache2 -t cannot see it, in .htaccess).
+ *   TBucketShards K                            (default 1, at most 64)
+ *       Each key's buckets become K sub-buckets of capacity/K and rate/K
+ *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
+ *       a hot key's load spreads over K Redis Cluster slots.
  *
  *   SetHandler tbucket-status                  Prometheus counters.
  *
@@ -54,8 +65,11 @@
  * final request, for CGI, PHP and LogFormat %{...}e.
  */
 #include "apr_atomic.h"
+#include "apr_general.h"
 #include "apr_hash.h"
 #include "apr_strings.h"
+
+#include <unistd.h>
 
 #include "ap_mpm.h"
 #include "httpd.h"
@@ -76,6 +90,10 @@ typedef struct tbucket_req {
     tbucket_outcome outcome;
     const char *remaining;   /* TBUCKET_REMAINING, as text. */
 } tbucket_req;
+
+/* Per-process state of the shard choice (issue 6; see pick_shard). */
+static apr_uint64_t shard_seed;
+static volatile apr_uint32_t shard_seq;
 
 static tbucket_srv_conf *srv_conf(const server_rec *s)
 {
@@ -172,6 +190,13 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
 {
     apr_hash_t *made = apr_hash_make(pchild);
     server_rec *s;
+
+    /* Each child its own shard sequence (issue 6). */
+    if (apr_generate_random_bytes((unsigned char *)&shard_seed,
+                                  sizeof(shard_seed)) != APR_SUCCESS) {
+        shard_seed = (apr_uint64_t)getpid() * 0x2545f4914f6cdd1dULL
+                     ^ (apr_uint64_t)apr_time_now();
+    }
 
     for (s = main_s; s; s = s->next) {
         tbucket_srv_conf *sc = srv_conf(s);
@@ -284,6 +309,84 @@ static int build_takes(const tbucket_dir_conf *dc, const char *key,
     return n;
 }
 
+/* ---- Issue 6: hot-tenant shards and token leases -------------------- */
+
+/* The shard of a request: uniform at random, from a per-process seed and
+ * an atomic sequence through splitmix64, so threads need no lock and
+ * children no shared state. Random rather than round-robin: a counter
+ * shared by every key aliases with interleaved clients (two tenants
+ * taking turns under K = 2 would each see one shard only), and a
+ * counter per key would need a shared table and a lock per request.
+ * Whatever the choice, K shards of capacity/K and rate/K never admit
+ * more than the whole bucket; random only costs some early refusals of
+ * a client close to its limit (the README measures it). */
+static int pick_shard(int k)
+{
+    apr_uint64_t z = shard_seed
+                     + 0x9e3779b97f4a7c15ULL
+                       * ((apr_uint64_t)apr_atomic_inc32(&shard_seq) + 1);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (int)(z % (apr_uint64_t)k);
+}
+
+/* Divide every limit of the call by k: shard i holds capacity/k tokens
+ * and refills at rate/k. */
+static void split_takes(tb_take_t *takes, int n, int k)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        takes[i].limit.capacity /= k;
+        takes[i].limit.rate_per_sec /= k;
+    }
+}
+
+/* The request's decision with a lease: spend from the server's lease
+ * when it holds the cost, else one Redis call that decides the request
+ * and takes up to `lease` tokens, the rest kept in shared memory until
+ * the lease's ttl. res->remaining is then what this server may still
+ * spend: the lease's remainder on a hit (a lower bound: the shared
+ * bucket may hold more), the shared bucket's plus the new remainder on
+ * a refill (which is what it would have kept without the lease). */
+static void lease_decide(const tbucket_dir_conf *dc, tbucket_srv_conf *sc,
+                         const char *prefix, const char *key, int shard,
+                         const tb_take_t *take, tb_result_t *res)
+{
+    tb_lease_t *lt = tbucket_lease_table();
+    char rkey[TB_KEY_BUF];
+    int64_t now_ms = tb_clock_now_us() / 1000, granted = 0;
+    double left, want = dc->lease > take->cost ? dc->lease : take->cost;
+    size_t len = strlen(key);
+
+    if (lt && !tb_key_build_shard(prefix, key, len, shard, NULL, rkey)) {
+        lt = NULL;  /* The core refuses such a key too. */
+    }
+    if (lt && tb_lease_spend(lt, rkey, take->cost, now_ms, &left) == 1) {
+        memset(res, 0, sizeof(*res));
+        res->allowed = 1;
+        res->remaining = (int64_t)left;
+        res->limit = take->limit.capacity;
+        res->source = TB_SRC_REDIS;
+        tbucket_count_lease(sc, 1, 0);
+        return;
+    }
+    tb_client_lease_shard(sc->client->tb, prefix, key, len, shard, take,
+                          want, -1, res, &granted);
+    if (granted > 0) {
+        tbucket_count_lease(sc, 0, granted);
+        if (lt && granted > take->cost) {
+            double extra = (double)granted - take->cost;
+
+            tb_lease_store(lt, rkey, extra, now_ms,
+                           now_ms + dc->lease_ttl_ms);
+            res->remaining += (int64_t)extra;
+        }
+    }
+}
+
 /* Log a breaker transition once, on the decision that made it (the core
  * says which one did), not once per request while it lasts. */
 static void note_breaker(request_rec *r, tbucket_client *c,
@@ -394,12 +497,15 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
                          request_rec *root)
 {
     tbucket_srv_conf *sc = srv_conf(r->server);
-    tb_take_t takes[TB_MAX_BUCKETS];
+    tb_take_t takes[TB_MAX_BUCKETS], call[TB_MAX_BUCKETS];
     tb_result_t res;
     tbucket_req *rq;
     const char *key, *prefix;
     apr_int64_t retry_s = 0;
     int n, shadow = dc->shadow == 1, cost_exceeded;
+    int k = dc->shards > 1 ? dc->shards : 1, shard = -1;
+    tb_algo_t algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET
+                                    : (tb_algo_t)dc->algo;
 
     if (!dc->limit_set) {
         return DECLINED;
@@ -411,10 +517,28 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     }
     key = request_key(r, dc, sc, &prefix);
     n = build_takes(dc, key, takes);
-    tb_client_decide_algo(sc->client->tb,
-                          dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET
-                                         : (tb_algo_t)dc->algo,
-                          prefix, key, strlen(key), takes, n, -1, &res);
+    memcpy(call, takes, sizeof(call));
+    if (k > 1) {
+        shard = pick_shard(k);
+        split_takes(call, n, k);
+    }
+    /* A lease needs one token bucket and a cost of at least one token;
+     * check_config refuses the rest where it can see them (not in
+     * .htaccess), and here they decide without. */
+    if (dc->lease > 0 && n == 1 && algo == TB_ALGO_TOKEN_BUCKET
+        && call[0].cost >= 1) {
+        lease_decide(dc, sc, prefix, key, shard, call, &res);
+    }
+    else {
+        tb_client_decide_shard(sc->client->tb, algo, prefix, key,
+                               strlen(key), shard, call, n, -1, &res);
+    }
+    if (k > 1) {
+        /* The headers and TBUCKET_REMAINING speak for the whole bucket:
+         * the shard's figure times K, an estimate (add_limit_headers
+         * caps it at the capacity). */
+        res.remaining *= k;
+    }
     if (res.err == TB_ERR_ARG) {
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
                       "the limiter refused its arguments: not limited");
@@ -437,6 +561,11 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     rq->outcome = outcome_of(&res, shadow);
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
                                  res.remaining > 0 ? res.remaining : 0);
+    if (k > 1 && res.remaining
+                 > (apr_int64_t)takes[res.binding].limit.capacity) {
+        rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
+                (apr_int64_t)takes[res.binding].limit.capacity);
+    }
     ap_set_module_config(root->request_config, &tbucket_module, rq);
     set_env(r, rq);
     add_limit_headers(r, dc, takes, &res, retry_s);

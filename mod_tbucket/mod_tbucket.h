@@ -46,12 +46,18 @@ extern const char *const tbucket_outcome_names[TBUCKET_OUTCOMES];
                                        * and policy.                    */
 #define TBUCKET_NAME_LEN 160          /* Bytes, NUL included.           */
 #define TBUCKET_LOCAL_ENTRIES 16384   /* Buckets in the local table.    */
+#define TBUCKET_LEASE_ENTRIES 4096    /* Leases held at once (issue 6). */
 
 typedef struct tbucket_vhost_stats {
     char name[TBUCKET_NAME_LEN];      /* "host:port" of the vhost.      */
     uint64_t outcome[TBUCKET_OUTCOMES];
     uint64_t cost_exceeded;           /* Requests whose cost can never
                                        * fit their bucket.              */
+    /* Token leasing (issue 6). */
+    uint64_t lease_hits;              /* Requests spent from a lease,
+                                       * without asking Redis.          */
+    uint64_t lease_refills;           /* Leases taken from Redis.       */
+    uint64_t lease_tokens;            /* Tokens those leases granted.   */
 } tbucket_vhost_stats;
 
 typedef struct tbucket_client_stats {
@@ -77,6 +83,8 @@ typedef struct tbucket_shm {
     tbucket_client_stats clients[TBUCKET_MAX_CLIENTS];
     size_t local_entries;
     size_t local_off;                 /* Bytes from the segment start.  */
+    size_t lease_entries;             /* The lease table (issue 6).     */
+    size_t lease_off;                 /* Bytes from the segment start.  */
 } tbucket_shm;
 
 /* ---- Configuration -------------------------------------------------- */
@@ -147,6 +155,13 @@ typedef struct tbucket_dir_conf {
     /* Route buckets (tbucket_route), outer first, at most
      * TB_MAX_BUCKETS - 1 after a merge. */
     apr_array_header_t *routes;
+    /* Issue 6. lease: -1 unset, 0 off, else the tokens one Redis call
+     * takes for this server (TBucketLease N); lease_ttl_ms how long they
+     * may be spent. shards: -1 unset, else K sub-buckets of capacity/K
+     * and rate/K (TBucketShards K, 1..TB_MAX_SHARDS). */
+    int lease;
+    int lease_ttl_ms;
+    int shards;
 } tbucket_dir_conf;
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
@@ -181,5 +196,13 @@ int tbucket_status_handler(request_rec *r);
 
 /* The local-policy table in the segment, or NULL. */
 tb_local_t *tbucket_local_table(void);
+
+/* The lease table in the segment, or NULL (issue 6). */
+tb_lease_t *tbucket_lease_table(void);
+
+/* Count a lease hit (granted 0) or a refill that granted `granted`
+ * tokens, for a server. Thread- and process-safe. */
+void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
+                         int64_t granted);
 
 #endif /* MOD_TBUCKET_H */

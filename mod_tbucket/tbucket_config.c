@@ -81,6 +81,8 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->headers = -1;
     dc->algo = -1;
     dc->cost = 1;
+    dc->lease = -1;
+    dc->shards = -1;
     return dc;
 }
 
@@ -151,6 +153,15 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->tenants_up = base->tenants_up;
     }
     m->routes = merge_routes(p, base->routes, add->routes);
+    if (add->lease != -1) {
+        m->lease = add->lease;
+        m->lease_ttl_ms = add->lease_ttl_ms;
+    }
+    else {
+        m->lease = base->lease;
+        m->lease_ttl_ms = base->lease_ttl_ms;
+    }
+    m->shards = add->shards != -1 ? add->shards : base->shards;
     return m;
 }
 
@@ -559,6 +570,59 @@ static const char *set_header_style(cmd_parms *cmd, void *dcv,
                      "expected legacy, ietf, both or off");
 }
 
+/* TBucketLease N [ttl=DURATION] | Off (issue 6). */
+static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+    const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
+    const char *word, *value;
+    char err[128];
+    int64_t n, ms;
+
+    if (!*n_arg) {
+        return "TBucketLease: expected the tokens per lease, e.g. "
+               "TBucketLease 20 ttl=1s (or Off)";
+    }
+    dc->lease_ttl_ms = 1000;
+    if (!strcasecmp(n_arg, "off")) {
+        dc->lease = 0;
+        return *args ? "TBucketLease: Off takes no options" : NULL;
+    }
+    if (tb_parse_int(n_arg, 1, 1000000, &n, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "lease size", n_arg, err);
+    }
+    dc->lease = (int)n;
+    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
+        const char *name = split_opt(cmd->temp_pool, word, &value);
+
+        if (!name || strcmp(name, "ttl")) {
+            return apr_psprintf(cmd->pool, "TBucketLease: unknown option "
+                                "'%s' (expected ttl=DURATION)", word);
+        }
+        if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
+            return bad_value(cmd, "ttl", value, err);
+        }
+        if (ms < 1 || ms > 60000) {
+            return bad_value(cmd, "ttl", value, "must be 1ms..60s");
+        }
+        dc->lease_ttl_ms = (int)ms;
+    }
+    return NULL;
+}
+
+static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    char err[128];
+    int64_t n;
+
+    if (tb_parse_int(arg, 1, TB_MAX_SHARDS, &n, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "shard count", arg, err);
+    }
+    dc->shards = (int)n;
+    return NULL;
+}
+
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
@@ -594,6 +658,11 @@ const command_rec tbucket_cmds[] = {
                   "fixed-window or sliding-log"),
     AP_INIT_TAKE1("TBucketHeaders", set_header_style, NULL, DIR_SCOPE,
                   "Response headers: legacy, ietf, both or off"),
+    AP_INIT_RAW_ARGS("TBucketLease", set_lease, NULL, DIR_SCOPE,
+                     "Tokens taken per Redis call and spent locally, e.g. "
+                     "20 ttl=1s, or Off"),
+    AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
+                  "Split each key's buckets into K sub-buckets, e.g. 8"),
     { NULL }
 };
 
@@ -625,6 +694,7 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
 {
     const tbucket_dir_conf *t;
     apr_hash_index_t *hi;
+    double shards = dc->shards > 1 ? dc->shards : 1;
     int i;
 
     if (dc->enable == 1 && !dc->limit_set) {
@@ -634,7 +704,12 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     }
     if (dc->limit_set) {
         check_cost(p, seen, s, where, "TBucketLimit", dc->cost,
-                   dc->limit.capacity);
+                   dc->limit.capacity / shards);
+    }
+    if (dc->lease > 0 && dc->lease < dc->cost) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketLease %d is below "
+                  "TBucketCost %.0f in %s: each lease covers one request",
+                  dc->lease, dc->cost, where));
     }
     if (dc->algo == TB_ALGO_SLIDING_LOG
         && ((dc->limit_set && dc->limit.capacity > TB_SLOG_MAX_CAPACITY)
@@ -653,7 +728,7 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
             apr_hash_this(hi, &k, NULL, &v);
             check_cost(p, seen, s, where,
                        apr_psprintf(p, "TBucketTenant %s", (const char *)k),
-                       dc->cost, ((tb_limit_t *)v)->capacity);
+                       dc->cost, ((tb_limit_t *)v)->capacity / shards);
         }
     }
     for (i = 0; dc->routes && i < dc->routes->nelts; i++) {
@@ -662,8 +737,79 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
 
         check_cost(p, seen, s, where,
                    apr_psprintf(p, "TBucketRouteLimit %s", rt->name),
-                   dc->cost, rt->limit.capacity);
+                   dc->cost, rt->limit.capacity / shards);
     }
+}
+
+/* Issue 6: what one effective scope asks that cannot work, or NULL. A
+ * lease takes one token bucket; a shard must keep at least one token of
+ * every bucket it splits (capacity / K >= 1) and a valid rate. */
+static const char *shard_limit_bad(const tb_limit_t *l, int k)
+{
+    tb_limit_t d;
+
+    d.capacity = l->capacity / k;
+    d.rate_per_sec = l->rate_per_sec / k;
+    return tb_limit_check(&d, NULL, 0) == TB_OK ? NULL : "";
+}
+
+static const char *refuse_scope(apr_pool_t *p, const char *where,
+                                const tbucket_dir_conf *dc)
+{
+    const tbucket_dir_conf *t;
+    apr_hash_index_t *hi;
+    int i, k = dc->shards > 1 ? dc->shards : 1;
+    const char *bad = NULL;
+
+    if (dc->lease > 0 && dc->routes && dc->routes->nelts) {
+        return apr_psprintf(p, "TBucketLease in %s: a lease takes one "
+                            "bucket, and TBucketRouteLimit applies there",
+                            where);
+    }
+    if (dc->lease > 0 && dc->algo > 0) {
+        return apr_psprintf(p, "TBucketLease in %s: leases need "
+                            "TBucketAlgorithm token-bucket, not %s", where,
+                            tb_algo_name((tb_algo_t)dc->algo));
+    }
+    if (k == 1) {
+        return NULL;
+    }
+    if (dc->limit_set && shard_limit_bad(&dc->limit, k)) {
+        bad = "TBucketLimit";
+    }
+    for (t = dc; !bad && t; t = t->tenants_up) {
+        for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL;
+             hi && !bad; hi = apr_hash_next(hi)) {
+            const void *key;
+            void *v;
+
+            apr_hash_this(hi, &key, NULL, &v);
+            if (shard_limit_bad(v, k)) {
+                bad = apr_psprintf(p, "TBucketTenant %s",
+                                   (const char *)key);
+            }
+        }
+    }
+    for (i = 0; !bad && dc->routes && i < dc->routes->nelts; i++) {
+        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
+                                                 tbucket_route);
+
+        if (shard_limit_bad(&rt->limit, k)) {
+            bad = apr_psprintf(p, "TBucketRouteLimit %s", rt->name);
+        }
+    }
+    return bad ? apr_psprintf(p, "TBucketShards %d in %s: %s split %d ways "
+                              "leaves less than one token (or too slow a "
+                              "rate) per shard", k, where, bad, k)
+               : NULL;
+}
+
+/* Log a refusal at startup and under apache2 -t. */
+static int refused(server_rec *s, const char *msg)
+{
+    ap_log_error(APLOG_MARK, APLOG_EMERG | APLOG_STARTUP, 0, s,
+                 TBLOGNO(00113) "%s", msg);
+    return !OK;
 }
 
 /* Routes after merging add into base, before any is dropped. */
@@ -682,8 +828,8 @@ static int route_count(const apr_array_header_t *base,
     return n;
 }
 
-static void check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
-                           const char *kind, apr_array_header_t *secs)
+static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                          const char *kind, apr_array_header_t *secs)
 {
     int i;
 
@@ -703,13 +849,19 @@ static void check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                       "outermost are ignored", MAX_ROUTES, kind,
                       cd && cd->d ? cd->d : "?"));
         }
-        check_scope(p, seen, s,
-                    apr_psprintf(p, "<%s %s> of %s", kind,
-                                 cd && cd->d ? cd->d : "?",
-                                 s->defn_name ? s->defn_name
-                                              : "the main server"),
-                    tbucket_merge_dir_conf(p, base, dc));
+        const char *where = apr_psprintf(p, "<%s %s> of %s", kind,
+                                         cd && cd->d ? cd->d : "?",
+                                         s->defn_name ? s->defn_name
+                                                      : "the main server");
+        const tbucket_dir_conf *m = tbucket_merge_dir_conf(p, base, dc);
+        const char *msg = refuse_scope(p, where, m);
+
+        if (msg) {
+            return refused(s, msg);
+        }
+        check_scope(p, seen, s, where, m);
     }
+    return OK;
 }
 
 /* Options of the client a server will make in each child. */
@@ -745,6 +897,8 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
         core_server_config *core = ap_get_core_module_config(
             s->module_config);
         tbucket_srv_conf *sc = srv_conf(s);
+        const tbucket_dir_conf *dc;
+        const char *where, *msg;
         tb_options_t o;
         tb_client_t *c;
         char err[TB_ERRSTR_LEN];
@@ -759,15 +913,20 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
             return !OK;
         }
         tb_client_free(c);
-        check_scope(ptemp, seen, s,
-                    s->defn_name ? apr_psprintf(ptemp, "<VirtualHost> at "
-                                                "%s:%d", s->defn_name,
-                                                s->defn_line_number)
-                                 : "the main server",
-                    ap_get_module_config(s->lookup_defaults,
-                                         &tbucket_module));
-        check_sections(ptemp, seen, s, "Directory", core->sec_dir);
-        check_sections(ptemp, seen, s, "Location", core->sec_url);
+        where = s->defn_name ? apr_psprintf(ptemp, "<VirtualHost> at %s:%d",
+                                            s->defn_name,
+                                            s->defn_line_number)
+                             : "the main server";
+        dc = ap_get_module_config(s->lookup_defaults, &tbucket_module);
+        if ((msg = refuse_scope(ptemp, where, dc))) {
+            return refused(s, msg);
+        }
+        check_scope(ptemp, seen, s, where, dc);
+        if (check_sections(ptemp, seen, s, "Directory", core->sec_dir) != OK
+            || check_sections(ptemp, seen, s, "Location", core->sec_url)
+                   != OK) {
+            return !OK;
+        }
     }
     return OK;
 }

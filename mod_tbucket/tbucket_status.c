@@ -71,7 +71,8 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     if (shm) {
         return apr_shm_baseaddr_get(shm);
     }
-    size = local_offset() + tb_local_size(TBUCKET_LOCAL_ENTRIES);
+    size = local_offset() + tb_local_size(TBUCKET_LOCAL_ENTRIES)
+           + tb_lease_size(TBUCKET_LEASE_ENTRIES);
     rv = apr_shm_create(&shm, size, NULL, pproc);
     if (rv == APR_ENOTIMPL) {
         /* No anonymous shared memory here: fall back to a file. */
@@ -92,6 +93,11 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     seg->local_entries = TBUCKET_LOCAL_ENTRIES;
     seg->local_off = local_offset();
     tb_local_init((char *)seg + seg->local_off, TBUCKET_LOCAL_ENTRIES);
+    /* Both tables are blocks of 8-byte fields: the lease table follows
+     * the local one directly. */
+    seg->lease_entries = TBUCKET_LEASE_ENTRIES;
+    seg->lease_off = seg->local_off + tb_local_size(TBUCKET_LOCAL_ENTRIES);
+    tb_lease_init((char *)seg + seg->lease_off, TBUCKET_LEASE_ENTRIES);
     apr_pool_userdata_set(shm, key, apr_pool_cleanup_null, pproc);
     return seg;
 }
@@ -206,6 +212,34 @@ void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
     }
 }
 
+void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
+                         int64_t granted)
+{
+    tbucket_vhost_stats *v;
+
+    if (!tbucket_shm_seg || sc->vhost_slot < 0
+        || sc->vhost_slot >= TBUCKET_MAX_VHOSTS) {
+        return;
+    }
+    v = &tbucket_shm_seg->vhosts[sc->vhost_slot];
+    if (hit) {
+        tb_stats_add(&v->lease_hits, 1);
+    }
+    else {
+        tb_stats_add(&v->lease_refills, 1);
+        tb_stats_add(&v->lease_tokens, (uint64_t)granted);
+    }
+}
+
+tb_lease_t *tbucket_lease_table(void)
+{
+    if (!tbucket_shm_seg || !tbucket_shm_seg->lease_off) {
+        return NULL;
+    }
+    return (tb_lease_t *)((char *)tbucket_shm_seg
+                          + tbucket_shm_seg->lease_off);
+}
+
 tb_local_t *tbucket_local_table(void)
 {
     if (!tbucket_shm_seg) {
@@ -300,6 +334,23 @@ static void add(metric_family *f, const char *suffix,
     s->micro = 0;
 }
 
+/* One counter of tbucket_vhost_stats per virtual host; field is its
+ * offset. */
+static void collect_vhost_counter(metric_table *t, const tbucket_shm *seg,
+                                  const char *name, const char *help,
+                                  apr_size_t field)
+{
+    metric_family *f = fam_add(t, name, "counter", help);
+    metric_labels l;
+    uint32_t i;
+
+    for (i = 0; i < seg->nvhosts; i++) {
+        l = with(NULL, "vhost", seg->vhosts[i].name);
+        add(f, "", &l, tb_stats_get((const uint64_t *)
+            ((const char *)&seg->vhosts[i] + field)));
+    }
+}
+
 static void collect_decisions(metric_table *t, const tbucket_shm *seg)
 {
     uint64_t total[TBUCKET_OUTCOMES] = { 0 };
@@ -337,6 +388,17 @@ static void collect_decisions(metric_table *t, const tbucket_shm *seg)
         l = with(NULL, "vhost", seg->vhosts[i].name);
         add(f, "", &l, tb_stats_get(&seg->vhosts[i].cost_exceeded));
     }
+    collect_vhost_counter(t, seg, "tbucket_lease_hits_total",
+                          "Requests allowed from a token lease, without "
+                          "asking Redis (TBucketLease).",
+                          APR_OFFSETOF(tbucket_vhost_stats, lease_hits));
+    collect_vhost_counter(t, seg, "tbucket_lease_refills_total",
+                          "Leases taken from Redis (one script call each).",
+                          APR_OFFSETOF(tbucket_vhost_stats, lease_refills));
+    collect_vhost_counter(t, seg, "tbucket_lease_tokens_granted_total",
+                          "Tokens granted by those leases; unspent ones "
+                          "expire.",
+                          APR_OFFSETOF(tbucket_vhost_stats, lease_tokens));
 }
 
 /* One counter of tb_stats_t for every Redis configuration; field is the
@@ -530,6 +592,9 @@ static metric_table *collect(apr_pool_t *p, const tbucket_shm *seg)
     f = fam_add(t, "tbucket_local_entries_max", "gauge",
                 "Size of the shared local-policy table.");
     add(f, "", NULL, (uint64_t)seg->local_entries);
+    f = fam_add(t, "tbucket_lease_entries_used", "gauge",
+                "Leases held in the shared lease table (TBucketLease).");
+    add(f, "", NULL, (uint64_t)tb_lease_used(tbucket_lease_table()));
     f = fam_add(t, "tbucket_config_generation", "gauge",
                 "Configuration loads since the server started.");
     add(f, "", NULL, seg->generation);
@@ -1072,6 +1137,19 @@ static void render_html(request_rec *r, const metric_table *t)
     html_fig(r, t, "buckets held", "tbucket_local_entries_used", "", &none);
     html_fig(r, t, "buckets at most", "tbucket_local_entries_max", "",
              &none);
+    ap_rputs("</table>", r);
+    ap_rputs("<h2>Token leases</h2><div class=\"grid\"><div>"
+             "<h3>requests from a lease</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_lease_hits_total"), &none,
+                  "vhost", 0);
+    ap_rputs("</div><div><h3>leases taken</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_lease_refills_total"), &none,
+                  "vhost", 0);
+    ap_rputs("</div><div><h3>tokens granted</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_lease_tokens_granted_total"),
+                  &none, "vhost", 0);
+    ap_rputs("</div></div><table class=\"kv\">", r);
+    html_fig(r, t, "leases held", "tbucket_lease_entries_used", "", &none);
     ap_rputs("</table>", r);
     html_all(r, t);
     ap_rputs("<footer>mod_tbucket &middot; no script, no external "

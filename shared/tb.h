@@ -130,6 +130,18 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v);
 
+/* Issue 6, token leasing: tb_bucket_take() for one bucket that also
+ * grants a lease, the C twin of tb_bucket.lua called with its optional
+ * last argument `want`. When allowed (tokens >= cost after the refill),
+ * g = min(floor(tokens), want), raised to cost if below it, is deducted
+ * instead of cost and returned in *granted (0 when refused);
+ * v->remaining is floor(tokens - g). With whole cost and want, g is
+ * whole and cost <= g <= tokens. TB_ERR for bad arguments as
+ * tb_bucket_take, or want < cost. */
+int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
+                    double cost, double want, int64_t now_ms,
+                    tb_bucket_t *out, tb_verdict_t *v, int64_t *granted);
+
 /* The longest time to fill a bucket from empty, capacity / rate, in ms
  * (about 31,700 years). Past it the scripts' TTLs would print in exponent
  * form, which PEXPIRE refuses. */
@@ -154,8 +166,9 @@ int64_t tb_bucket_ttl_ms(const tb_limit_t *lim);
 #define TB_KEY_RAW_MAX 128
 #define TB_PREFIX_MAX 64
 #define TB_NAME_MAX 64
-/* Room for prefix + "{" + key + "}:route:" + name + NUL. */
-#define TB_KEY_BUF (TB_PREFIX_MAX + TB_KEY_RAW_MAX + TB_NAME_MAX + 16)
+/* Room for prefix + "{" + key + " s63" + "}:route:" + name + an
+ * algorithm suffix (issue 7) + NUL. */
+#define TB_KEY_BUF (TB_PREFIX_MAX + TB_KEY_RAW_MAX + TB_NAME_MAX + 24)
 
 /* Write the sanitised form of an untrusted client key (len bytes, may
  * hold NUL) into out (at least TB_KEY_RAW_MAX + 1 bytes). Returns its
@@ -174,6 +187,20 @@ size_t tb_key_build(const char *prefix, const char *key, size_t len,
  * 16384, exactly as Redis's keyHashSlot. Every key tb_key_build() makes
  * for one client key has the same slot. */
 unsigned tb_key_slot(const char *key, size_t len);
+
+/* Issue 6, hot-tenant splitting: the most sub-buckets (shards) one
+ * client key may be split into. */
+#define TB_MAX_SHARDS 64
+
+/* tb_key_build() for shard `shard` (0 .. TB_MAX_SHARDS - 1) of a client
+ * key: "<prefix>{<sanitised key> s<shard>}" (":route:<name>" after it as
+ * usual), so each shard has its own hash tag and Cluster slot. A raw
+ * client key never holds a space (tb_key_sanitize hashes one that does),
+ * so no client key can name a shard of another, or a shard at all. A
+ * negative shard is exactly tb_key_build(). Returns the length, or 0 on
+ * a bad prefix, name or shard. */
+size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
+                          int shard, const char *route, char *out);
 
 /* Validate a key prefix (1..TB_PREFIX_MAX printable bytes, no braces or
  * spaces) or a route name ([A-Za-z0-9_.-], 1..TB_NAME_MAX). These are
@@ -317,6 +344,35 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
                   int replicas, int64_t now_ms, tb_verdict_t *v);
 /* Entries in use, for metrics. */
 size_t tb_local_used(tb_local_t *t);
+
+/* ---- Lease table (tb_local.c; issue 6, token leasing) -------------- */
+
+/* Tokens a server took from a shared bucket in one call (a lease) and
+ * spends locally until they run out or expire. Same storage rules as the
+ * local table (one pointer-free block, fixed size, LRU eviction within a
+ * probe window, a lock that a dead holder cannot wedge) and the same
+ * entry identity: 16 bytes of SHA-256 of the full Redis key. Times are
+ * milliseconds of one clock shared by every user of the table (the
+ * module uses tb_clock_now_us() / 1000: CLOCK_MONOTONIC is system-wide).
+ * Unused tokens of an expired or evicted lease are dropped, never
+ * returned. */
+typedef struct tb_local tb_lease_t;
+
+size_t tb_lease_size(size_t entries);
+tb_lease_t *tb_lease_init(void *mem, size_t entries);
+/* Spend cost tokens of key's lease. 1 when a lease valid at now_ms held
+ * them (*left: the tokens it keeps), 0 when the caller must ask Redis.
+ * -1 on bad arguments. */
+int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
+                   int64_t now_ms, double *left);
+/* Add tokens to key's lease, valid until expires_ms. A lease still valid
+ * at now_ms keeps its tokens (two children that refilled at once lose
+ * nothing) and takes the later expiry; an expired one is replaced.
+ * TB_OK, or TB_ERR on bad arguments. */
+int tb_lease_store(tb_lease_t *t, const char *key, double tokens,
+                   int64_t now_ms, int64_t expires_ms);
+/* Entries in use, for metrics. */
+size_t tb_lease_used(tb_lease_t *t);
 
 /* ---- The client: pool + script + breaker + policy (tb_client.c) ---- */
 
@@ -553,6 +609,42 @@ int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
                  int n, int64_t now_ms, tb_verdict_t *v);
 
 /* ---- end of issue 7 block ------------------------------------------ */
+
+/* ---- Issue 6: token leasing and hot-tenant splitting (additive) --- */
+
+/* Issue 6, hot-tenant splitting: tb_client_decide_algo() on shard
+ * `shard` of the key (tb_key_build_shard; -1: the plain key). takes[]
+ * carry the limits of the shard (the caller divides). */
+int tb_client_decide_shard(tb_client_t *c, tb_algo_t algo,
+                           const char *prefix, const char *key, size_t len,
+                           int shard, const tb_take_t *takes, int n,
+                           int64_t now_ms_for_tests, tb_result_t *res);
+
+/* Issue 6, token leasing: the largest lease one call may ask for. */
+#define TB_MAX_LEASE TB_MAX_CAPACITY
+
+/* Decide one request on one token bucket (take->route must be NULL) and,
+ * when it is allowed, take up to `want` tokens in the same round trip:
+ * *granted = min(floor(tokens), want) >= take->cost, all deducted from
+ * the shared bucket; the caller spends granted - cost later without
+ * asking Redis. res->remaining is what the shared bucket keeps after the
+ * grant. take->cost and want must be whole, 1 <= cost <= want <=
+ * TB_MAX_LEASE, or res->err is TB_ERR_ARG. *granted is 0 when refused
+ * and whenever the failure policy answered (Redis down, breaker open):
+ * the policy decides this request only and no lease may be made from it.
+ * Breaker, policy, counters and return value as tb_client_decide_at(). */
+int tb_client_lease(tb_client_t *c, const char *prefix, const char *key,
+                    size_t len, const tb_take_t *take, double want,
+                    int64_t now_ms_for_tests, tb_result_t *res,
+                    int64_t *granted);
+/* tb_client_lease() on shard `shard` of the key (-1: the plain key). */
+int tb_client_lease_shard(tb_client_t *c, const char *prefix,
+                          const char *key, size_t len, int shard,
+                          const tb_take_t *take, double want,
+                          int64_t now_ms_for_tests, tb_result_t *res,
+                          int64_t *granted);
+
+/* ---- end of issue 6 block ------------------------------------------ */
 
 #ifdef __cplusplus
 }

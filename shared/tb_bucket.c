@@ -131,6 +131,46 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
     return TB_OK;
 }
 
+/* The same steps as tb_bucket_take() for one bucket, then the lease of
+ * tb_bucket.lua's optional last argument: g = floor(tokens), capped at
+ * want, raised to cost, deducted instead of cost. */
+int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
+                    double cost, double want, int64_t now_ms,
+                    tb_bucket_t *out, tb_verdict_t *v, int64_t *granted)
+{
+    double grant = 0;
+    int64_t wait = 0;
+
+    if (!in || !lim || !out || !v || !granted || !limit_valid(lim, cost)
+        || !(want >= cost) || want > TB_MAX_CAPACITY) {
+        return TB_ERR;
+    }
+    refill(in, lim, now_ms, out);
+    if (cost > lim->capacity) {
+        wait = -1;
+    }
+    else if (out->tokens < cost) {
+        wait = (int64_t)ceil((cost - out->tokens) * 1000
+                             / lim->rate_per_sec);
+    }
+    if (wait == 0) {
+        grant = floor(out->tokens);
+        if (grant > want) {
+            grant = want;
+        }
+        if (grant < cost) {
+            grant = cost;
+        }
+        out->tokens = out->tokens - grant;
+    }
+    v->allowed = wait == 0;
+    v->remaining = (int64_t)floor(out->tokens);
+    v->retry_ms = wait;
+    v->binding = 0;
+    *granted = (int64_t)grant;
+    return TB_OK;
+}
+
 int64_t tb_bucket_ttl_ms(const tb_limit_t *lim)
 {
     return (int64_t)ceil(lim->capacity / lim->rate_per_sec * 1000) + 1000;

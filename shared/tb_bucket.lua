@@ -9,6 +9,10 @@
 -- ARGV[1]   "" to use Redis's TIME, or a clock in ms (tests only).
 -- ARGV[2+3(i-1)..4+3(i-1)]  capacity, rate (tokens per second), cost of
 --           bucket i.
+-- ARGV[2+3n]  optional, n = 1 only: want, a lease size (issue 6). If
+--           allowed, take g = min(floor(tokens), want) (at least cost),
+--           not cost; g is a 5th reply element (0 if refused). C twin:
+--           tb_bucket_lease(); vectors: tests/vectors/lease.tsv.
 --
 -- All or nothing: the request is allowed only if every bucket holds its
 -- cost; then every bucket is deducted, otherwise none is and nothing is
@@ -34,6 +38,15 @@ local allowed = 1
 local remaining = -1
 local retry = 0
 local binding = 0
+local want = nil
+local grant = 0
+
+if #ARGV == 2 + 3 * n then
+  want = tonumber(ARGV[2 + 3 * n])
+  if n ~= 1 or want == nil then
+    return redis.error_reply('ERR bad lease')
+  end
+end
 
 for i = 1, n do
   local base = 2 + (i - 1) * 3
@@ -80,11 +93,21 @@ for i = 1, n do
   end
 end
 
+if want ~= nil and allowed == 1 then
+  grant = math.floor(level[1])
+  if grant > want then grant = want end
+  if grant < tonumber(ARGV[4]) then grant = tonumber(ARGV[4]) end
+end
+
 for i = 1, n do
   local base = 2 + (i - 1) * 3
   local left = level[i]
   if allowed == 1 then
-    left = left - tonumber(ARGV[base + 2])
+    if want ~= nil then
+      left = left - grant
+    else
+      left = left - tonumber(ARGV[base + 2])
+    end
   end
   local whole = math.floor(left)
   if remaining < 0 or whole < remaining then
@@ -99,9 +122,13 @@ if allowed == 1 then
     local cap = tonumber(ARGV[base])
     local rate = tonumber(ARGV[base + 1])
     local left = level[i] - tonumber(ARGV[base + 2])
+    if want ~= nil then left = level[i] - grant end
     redis.call('HSET', KEYS[i], 'tokens', left, 'ts', stamp[i])
     redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate * 1000) + 1000)
   end
 end
 
+if want ~= nil then
+  return {allowed, remaining, retry, binding, grant}
+end
 return {allowed, remaining, retry, binding}

@@ -1,4 +1,6 @@
 /* tb_client.c -- one decision: keys, breaker, script call, failure policy.
+ * Also (issue 6) the same decision on one shard of a split key, and with
+ * a token lease taken in the same call.
  *
  * tb_client_decide() is the request path of both hosts. It builds the
  * bucket keys from the untrusted client key, asks the breaker whether Redis
@@ -6,7 +8,9 @@
  * Redis cannot decide, answers by the declared policy: open, closed, or a
  * local bucket of limit/replicas from a bounded table. It reads the clock
  * once per decision and never logs: counters and the result say what
- * happened, and the host logs.
+ * happened, and the host logs. With a redis-cluster:// URL the script call
+ * and the tools' commands go through tb_cluster.c instead of the pool;
+ * Sentinel is the pool's business (tb_redis.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +21,7 @@
 
 struct tb_client_priv {
     tb__pool_t pool;
+    tb__cluster_t *cluster; /* redis-cluster:// only; the pool is idle. */
     pthread_mutex_t bmu;   /* Guards the breaker. */
     tb_breaker_t breaker;
     tb_policy_t policy;
@@ -104,6 +109,12 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
                       o->verify_fd, p->stats) != TB_OK) {
         return fail(err, errlen, "out of memory", c);
     }
+    if (addr.kind == TB_REDIS_CLUSTER
+        && !(p->cluster = tb__cluster_create(&addr, o->timeout_ms, cto,
+                                             o->pool_size, o->verify_fd,
+                                             p->stats))) {
+        return fail(err, errlen, "out of memory", c);
+    }
     pthread_mutex_init(&p->bmu, NULL);
     tb_breaker_init(&p->breaker, o->breaker_threshold,
                     o->breaker_cooldown_ms);
@@ -132,6 +143,7 @@ void tb_client_free(tb_client_t *c)
     }
     if (c->priv) {
         tb__pool_destroy(&c->priv->pool);
+        tb__cluster_free(c->priv->cluster);
         pthread_mutex_destroy(&c->priv->bmu);
         free(c->priv->own_local);
         free(c->priv);
@@ -145,6 +157,7 @@ void tb_client_after_fork(tb_client_t *c)
         return;
     }
     tb__pool_after_fork(&c->priv->pool);
+    tb__cluster_after_fork(c->priv->cluster);
     pthread_mutex_init(&c->priv->bmu, NULL);
 }
 
@@ -187,8 +200,27 @@ static void answer(tb_client_t *c, char keys[][TB_KEY_BUF],
 /* Format a double so that Lua's tonumber() reads back the same value. */
 static size_t fmt_num(char *buf, size_t len, double v)
 {
-    int n = snprintf(buf, len, "%.17g", v);
+    int n;
 
+    /* Whole numbers (most capacities, rates and costs) the cheap way:
+     * snprintf("%.17g") was a third of the client's instructions per
+     * decision (bench/README.md). The digits are those %.17g prints. */
+    if (v >= 0 && v < 1e15 && v == floor(v) && len >= 17) {
+        char tmp[17];
+        uint64_t u = (uint64_t)v;
+        size_t k = 0, i;
+
+        do {
+            tmp[k++] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        for (i = 0; i < k; i++) {
+            buf[i] = tmp[k - 1 - i];
+        }
+        buf[k] = '\0';
+        return k;
+    }
+    n = snprintf(buf, len, "%.17g", v);
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -213,6 +245,12 @@ static int add_suffix(char *key, tb_algo_t algo)
     return 1;
 }
 
+static int decide(tb_client_t *c, tb_algo_t algo, const char *prefix,
+                  const char *key, size_t len, int shard,
+                  const tb_take_t *takes, int n, double want,
+                  int64_t now_ms_for_tests, tb_result_t *res,
+                  int64_t *granted);
+
 int tb_client_decide_at(tb_client_t *c, const char *prefix,
                         const char *key, size_t len, const tb_take_t *takes,
                         int n, int64_t now_ms_for_tests, tb_result_t *res)
@@ -226,11 +264,73 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
                           const tb_take_t *takes, int n,
                           int64_t now_ms_for_tests, tb_result_t *res)
 {
+    return tb_client_decide_shard(c, algo, prefix, key, len, -1, takes, n,
+                                  now_ms_for_tests, res);
+}
+
+int tb_client_decide_shard(tb_client_t *c, tb_algo_t algo,
+                           const char *prefix, const char *key, size_t len,
+                           int shard, const tb_take_t *takes, int n,
+                           int64_t now_ms_for_tests, tb_result_t *res)
+{
+    return decide(c, algo, prefix, key, len, shard, takes, n, -1,
+                  now_ms_for_tests, res, NULL);
+}
+
+int tb_client_lease(tb_client_t *c, const char *prefix, const char *key,
+                    size_t len, const tb_take_t *take, double want,
+                    int64_t now_ms_for_tests, tb_result_t *res,
+                    int64_t *granted)
+{
+    return tb_client_lease_shard(c, prefix, key, len, -1, take, want,
+                                 now_ms_for_tests, res, granted);
+}
+
+/* Issue 6: a lease is whole tokens from one main token bucket. */
+static int lease_valid(const tb_take_t *t, double want)
+{
+    return t && !t->route && t->cost >= 1 && t->cost == floor(t->cost)
+           && want >= t->cost && want <= TB_MAX_LEASE
+           && want == floor(want);
+}
+
+int tb_client_lease_shard(tb_client_t *c, const char *prefix,
+                          const char *key, size_t len, int shard,
+                          const tb_take_t *take, double want,
+                          int64_t now_ms_for_tests, tb_result_t *res,
+                          int64_t *granted)
+{
+    int64_t dummy;
+
+    if (!granted) {
+        granted = &dummy;
+    }
+    *granted = 0;
+    if (!lease_valid(take, want)) {
+        memset(res, 0, sizeof(*res));
+        res->err = TB_ERR_ARG;
+        res->source = TB_SRC_ERROR;
+        return TB_ERR;
+    }
+    return decide(c, TB_ALGO_TOKEN_BUCKET, prefix, key, len, shard, take, 1,
+                  want, now_ms_for_tests, res, granted);
+}
+
+/* One decision: the keys of shard `shard` (-1: none), one script call
+ * (with a lease of `want` tokens when want > 0; *granted gets the grant),
+ * or the policy's answer. */
+static int decide(tb_client_t *c, tb_algo_t algo, const char *prefix,
+                  const char *key, size_t len, int shard,
+                  const tb_take_t *takes, int n, double want,
+                  int64_t now_ms_for_tests, tb_result_t *res,
+                  int64_t *granted)
+{
     struct tb_client_priv *p;
     char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
-    char nums[2 + TB_MAX_BUCKETS * 3][32]; /* numkeys, now, 3 per bucket */
-    const char *argv[3 + TB_MAX_BUCKETS * 4 + 1];
-    size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 1];
+    char nums[3 + TB_MAX_BUCKETS * 3][32]; /* numkeys, now, 3 per bucket,
+                                            * want */
+    const char *argv[3 + TB_MAX_BUCKETS * 4 + 2];
+    size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 2];
     tb__script_reply_t rep;
     tb__error_t e = { 0, "" };
     tb_monotime_us now, t1;
@@ -246,7 +346,8 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
     p = c->priv;
     for (i = 0; i < n; i++) {
         if (!take_valid(&takes[i])
-            || !tb_key_build(prefix, key, len, takes[i].route, keys[i])
+            || !tb_key_build_shard(prefix, key, len, shard, takes[i].route,
+                                   keys[i])
             || !add_suffix(keys[i], algo)
             || (algo == TB_ALGO_SLIDING_LOG
                 && !slog_take_valid(&takes[i]))) {
@@ -297,9 +398,16 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
         argv[argc] = b + 64;
         argvlen[argc++] = fmt_num(b + 64, 32, takes[i].cost);
     }
+    if (want > 0) {
+        /* The lease: the script's optional last argument. */
+        argv[argc] = nums[2 + 3 * n];
+        argvlen[argc++] = fmt_num(nums[2 + 3 * n], 32, want);
+    }
 
     tb_stats_add(&p->stats->redis_calls, 1);
-    rc = tb__run_script(&p->pool, argc, argv, argvlen, &rep, &e);
+    rc = p->cluster ? tb__cluster_run_script(p->cluster, keys[0], argc, argv,
+                                             argvlen, &rep, &e)
+                    : tb__run_script(&p->pool, argc, argv, argvlen, &rep, &e);
     t1 = tb_clock_now_us();
     res->redis_us = t1 - now;
     tb_stats_latency(p->stats, res->redis_us);
@@ -327,6 +435,11 @@ int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
     res->limit = takes[res->binding].limit.capacity;
     res->source = TB_SRC_REDIS;
     res->err = TB_ERR_NONE;
+    if (granted && res->allowed) {
+        /* A reply without a grant means only the cost was taken. */
+        *granted = rep.v[4] >= takes[0].cost ? rep.v[4]
+                                             : (int64_t)takes[0].cost;
+    }
 
 count:
     tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
@@ -338,6 +451,18 @@ int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
                      tb_result_t *res)
 {
     return tb_client_decide_at(c, prefix, key, len, takes, n, -1, res);
+}
+
+/* A tool's command about one key: to the pool, or to the key's node. */
+static int key_command(tb_client_t *c, const char *rkey, int argc,
+                       const char **argv, const size_t *argvlen,
+                       redisReply **r, tb__error_t *e)
+{
+    if (c->priv->cluster) {
+        return tb__cluster_command(c->priv->cluster, rkey, argc, argv,
+                                   argvlen, r, e);
+    }
+    return tb__command(&c->priv->pool, argc, argv, argvlen, r, e);
 }
 
 int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
@@ -355,7 +480,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
     }
     argvlen[1] = pl[1] = strlen(rkey);
     memset(b, 0, sizeof(*b));
-    if (tb__command(&c->priv->pool, 4, argv, argvlen, &r, &e) != TB_OK) {
+    if (key_command(c, rkey, 4, argv, argvlen, &r, &e) != TB_OK) {
         goto err;
     }
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2
@@ -367,7 +492,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
     }
     freeReplyObject(r);
     r = NULL;
-    if (tb__command(&c->priv->pool, 2, pv, pl, &r, &e) != TB_OK) {
+    if (key_command(c, rkey, 2, pv, pl, &r, &e) != TB_OK) {
         goto err;
     }
     *ttl_ms = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
@@ -392,7 +517,7 @@ int tb_client_reset(tb_client_t *c, const char *rkey)
         return TB_ERR;
     }
     argvlen[1] = strlen(rkey);
-    if (tb__command(&c->priv->pool, 2, argv, argvlen, &r, &e) != TB_OK) {
+    if (key_command(c, rkey, 2, argv, argvlen, &r, &e) != TB_OK) {
         if (r) {
             freeReplyObject(r);
         }
@@ -422,6 +547,10 @@ void tb_client_pool_usage(tb_client_t *c, int *size, int *open, int *in_use)
 {
     tb__pool_t *p = &c->priv->pool;
 
+    if (c->priv->cluster) {
+        tb__cluster_usage(c->priv->cluster, size, open, in_use);
+        return;
+    }
     pthread_mutex_lock(&p->mu);
     *size = p->size;
     *open = p->open;

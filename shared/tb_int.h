@@ -109,7 +109,7 @@ void tb__pool_put(tb__pool_t *p, redisContext *ctx, int broken);
 
 /* The script's reply. */
 typedef struct tb__script_reply {
-    int64_t v[4]; /* allowed, remaining, retry_ms, binding */
+    int64_t v[5]; /* allowed, remaining, retry_ms, binding, granted */
 } tb__script_reply_t;
 
 /* Run the bucket script once over argv (EVALSHA form) on a borrowed
@@ -156,6 +156,30 @@ int tb__command_node(tb__pool_t *p, int asking, int argc,
                      const char **argv, const size_t *argvlen,
                      redisReply **reply, tb__redirect_t *rd,
                      tb__error_t *e);
+
+/* Redis Cluster (tb_cluster.c): the slot map and a pool per node. */
+typedef struct tb__cluster tb__cluster_t;
+
+/* A client for the cluster whose seeds, user and password are in a (kind
+ * TB_REDIS_CLUSTER); pool_size connections per node. Connects nothing.
+ * NULL when out of memory. */
+tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a, int timeout_ms,
+                                  int connect_timeout_ms, int pool_size,
+                                  int verify_fd, tb_stats_t *stats);
+void tb__cluster_free(tb__cluster_t *c);
+void tb__cluster_after_fork(tb__cluster_t *c);
+/* Sums over the nodes' pools. */
+void tb__cluster_usage(tb__cluster_t *c, int *size, int *open,
+                       int *in_use);
+
+/* tb__run_script / tb__command on the primary of key's slot, following
+ * MOVED and ASK. key is one of the command's keys (all share a slot). */
+int tb__cluster_run_script(tb__cluster_t *c, const char *key, int argc,
+                           const char **argv, size_t *argvlen,
+                           tb__script_reply_t *out, tb__error_t *e);
+int tb__cluster_command(tb__cluster_t *c, const char *key, int argc,
+                        const char **argv, const size_t *argvlen,
+                        redisReply **reply, tb__error_t *e);
 
 /* The failure policy's inputs (tb_policy.c). */
 typedef struct tb__policy {

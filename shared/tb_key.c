@@ -1,7 +1,8 @@
 /* tb_key.c -- Redis key names from untrusted client keys.
  *
  * A bucket lives at "<prefix>{<client key>}" and a route bucket at
- * "<prefix>{<client key>}:route:<name>", so all of one client's buckets
+ * "<prefix>{<client key>}:route:<name>" (shard i of a split key, issue 6:
+ * "<prefix>{<client key> s<i>}"), so all of one client's buckets
  * share a Redis Cluster hash slot and one script call decides them
  * atomically. The client key comes from a request header or a peer
  * address and is hostile until proven otherwise: a key that is too long,
@@ -91,10 +92,19 @@ int tb_name_valid(const char *name)
 size_t tb_key_build(const char *prefix, const char *key, size_t len,
                     const char *route, char *out)
 {
+    return tb_key_build_shard(prefix, key, len, -1, route, out);
+}
+
+/* The shard sits inside the braces, after a space: its own hash tag, and
+ * a byte no raw client key holds, so "<key> s<i>" is read back one way
+ * only and no client key can spell it. */
+size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
+                          int shard, const char *route, char *out)
+{
     size_t n, p;
 
     if (!tb_prefix_valid(prefix) || (route && !tb_name_valid(route))
-        || (!key && len)) {
+        || (!key && len) || shard >= TB_MAX_SHARDS) {
         return 0;
     }
     p = strlen(prefix);
@@ -102,6 +112,14 @@ size_t tb_key_build(const char *prefix, const char *key, size_t len,
     out[p++] = '{';
     n = tb_key_sanitize(key, len, out + p);
     p += n;
+    if (shard >= 0) {
+        out[p++] = ' ';
+        out[p++] = 's';
+        if (shard >= 10) {
+            out[p++] = (char)('0' + shard / 10);
+        }
+        out[p++] = (char)('0' + shard % 10);
+    }
     out[p++] = '}';
     if (route) {
         size_t r = strlen(route);

@@ -1,5 +1,5 @@
 /* tb_local.c -- the bounded table of local buckets behind the `local`
- * failure policy.
+ * failure policy, and the same table holding token leases (issue 6).
  *
  * When Redis cannot decide, each server falls back to its own buckets,
  * sized limit/replicas so that N replicas together still admit about the
@@ -23,6 +23,7 @@
 #include "tb.h"
 
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
+#define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table (issue 6). */
 #define PROBE 8
 #define LOCK_STEAL_US 100000
 
@@ -193,4 +194,103 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
 size_t tb_local_used(tb_local_t *t)
 {
     return t ? (size_t)__atomic_load_n(&t->used, __ATOMIC_RELAXED) : 0;
+}
+
+/* ---- The lease table (issue 6) ---------------------------------------
+ *
+ * The same block, lock, probe window and LRU eviction, with another
+ * magic; an entry's tokens are the lease's unspent tokens and its ts_ms
+ * the lease's expiry. Spending is a look-up and a subtraction under the
+ * lock, so a lease is never spent twice across children. */
+
+size_t tb_lease_size(size_t entries)
+{
+    return tb_local_size(entries);
+}
+
+tb_lease_t *tb_lease_init(void *mem, size_t entries)
+{
+    tb_lease_t *t = tb_local_init(mem, entries);
+
+    if (t) {
+        t->magic = LEASE_MAGIC;
+    }
+    return t;
+}
+
+/* The entry of id, or NULL; claims nothing. */
+static local_entry_t *find(tb_local_t *t, const unsigned char id[16])
+{
+    uint64_t h, i;
+
+    memcpy(&h, id, sizeof(h));
+    for (i = 0; i < PROBE; i++) {
+        local_entry_t *e = &t->e[(h + i) & t->mask];
+
+        if (e->inuse && memcmp(e->id, id, 16) == 0) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
+                   int64_t now_ms, double *left)
+{
+    unsigned char id[32];
+    local_entry_t *e;
+    int hit = 0;
+
+    if (!t || t->magic != LEASE_MAGIC || !key || !left || !(cost >= 0)
+        || cost > TB_MAX_CAPACITY) {
+        return -1;
+    }
+    tb_sha256(key, strlen(key), id);
+    lock(t);
+    e = find(t, id);
+    if (e && now_ms < e->ts_ms && e->tokens >= cost) {
+        e->tokens -= cost;
+        e->used_ms = now_ms;
+        *left = e->tokens;
+        hit = 1;
+    }
+    unlock(t);
+    return hit;
+}
+
+int tb_lease_store(tb_lease_t *t, const char *key, double tokens,
+                   int64_t now_ms, int64_t expires_ms)
+{
+    unsigned char id[32];
+    local_entry_t *e;
+    int found;
+
+    if (!t || t->magic != LEASE_MAGIC || !key || !(tokens >= 0)
+        || tokens > TB_MAX_CAPACITY) {
+        return TB_ERR;
+    }
+    tb_sha256(key, strlen(key), id);
+    lock(t);
+    e = slot(t, id, &found);
+    if (found && now_ms < e->ts_ms) {
+        /* Another child refilled too: keep both grants. */
+        e->tokens += tokens;
+        if (expires_ms > e->ts_ms) {
+            e->ts_ms = expires_ms;
+        }
+    }
+    else {
+        memcpy(e->id, id, 16);
+        e->inuse = 1;
+        e->tokens = tokens;
+        e->ts_ms = expires_ms;
+    }
+    e->used_ms = now_ms;
+    unlock(t);
+    return TB_OK;
+}
+
+size_t tb_lease_used(tb_lease_t *t)
+{
+    return tb_local_used(t);
 }

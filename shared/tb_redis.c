@@ -50,6 +50,30 @@ void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
     va_end(ap);
 }
 
+/* This process's pid without a system call per decision (glibc does not
+ * cache getpid()): read once, and again in the child of every fork() by
+ * an atfork handler. A child made by a raw clone() keeps its parent's
+ * figure; the shim checks for that itself. */
+static pid_t cached_pid;
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+
+static void pid_refresh(void)
+{
+    cached_pid = getpid();
+}
+
+static void pid_init(void)
+{
+    pid_refresh();
+    pthread_atfork(NULL, NULL, pid_refresh);
+}
+
+static pid_t self_pid(void)
+{
+    pthread_once(&pid_once, pid_init);
+    return cached_pid;
+}
+
 /* Map a hiredis context error to our kinds: EAGAIN on a blocking socket
  * with SO_RCVTIMEO is how hiredis 0.14 reports a timeout. */
 void tb__ctx_error(tb__error_t *e, const redisContext *ctx,
@@ -97,7 +121,7 @@ int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
     p->size = size;
     p->verify_fd = verify_fd;
     p->stats = stats;
-    p->pid = getpid();
+    p->pid = self_pid();
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->rmu, NULL);
     cond_init(&p->cv);
@@ -272,7 +296,7 @@ void tb__pool_after_fork(tb__pool_t *p)
     }
     p->open = 0;
     p->in_use = 0;
-    p->pid = getpid();
+    p->pid = self_pid();
     /* Closing our copy sends nothing: the parent stays subscribed. */
     watch_drop(p, 0);
     p->watch_retry_us = 0;
@@ -493,7 +517,7 @@ redisContext *tb__pool_get(tb__pool_t *p, tb__error_t *e)
     int i, fresh;
     unsigned gen = 0;
 
-    if (p->pid != getpid()) {
+    if (p->pid != self_pid()) {
         /* Forked without tb_client_after_fork: do it now. */
         tb__pool_after_fork(p);
     }
@@ -558,7 +582,7 @@ void tb__pool_put(tb__pool_t *p, redisContext *ctx, int broken)
 {
     int i;
 
-    if (p->pid != getpid()) {
+    if (p->pid != self_pid()) {
         /* Borrowed before a fork, returned in the child: after_fork has
          * already freed it. */
         return;
@@ -589,18 +613,21 @@ void tb__pool_put(tb__pool_t *p, redisContext *ctx, int broken)
     }
 }
 
+/* The scripts answer {allowed, remaining, retry_ms, binding} and, for a
+ * lease, a fifth element: the tokens granted. */
 static int parse_reply(const redisReply *r, tb__script_reply_t *out,
                        tb__error_t *e)
 {
     size_t i;
 
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 || r->elements > 5) {
         tb__set_error(e, TB_ERR_PROTOCOL,
-                      "script reply is not an array of 4 (type %d)",
+                      "script reply is not an array of 4 or 5 (type %d)",
                       r->type);
         return TB_ERR;
     }
-    for (i = 0; i < 4; i++) {
+    out->v[4] = 0;
+    for (i = 0; i < r->elements; i++) {
         if (r->element[i]->type != REDIS_REPLY_INTEGER) {
             tb__set_error(e, TB_ERR_PROTOCOL,
                           "script reply element %zu is not an integer", i);

@@ -26,7 +26,14 @@
  *       total, redis (decided by Redis) and first_us / last_us, the
  *       CLOCK_REALTIME microseconds just before the first call and just
  *       after the last, so that several drivers' windows can be combined.
+ *   lease SHARD KEY CAP RATE COST WANT
+ *   lease_at NOW_MS SHARD KEY CAP RATE COST WANT
+ *       A decision with a lease (issue 6; SHARD -1: the plain key):
+ *       granted= and then what take prints.
+ *   take_shard SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]
+ *       take on one shard of the key (issue 6).
  *   key KEY [ROUTE]   the Redis key the client uses, hex-encoded
+ *   slot KEY          tb_key_slot() of the raw bytes of KEY (issue 6)
  *   stats             every counter of tb_stats_t
  *   breaker           the breaker state
  *   pool              pool size, open and in-use connections
@@ -200,6 +207,51 @@ static void cmd_hammer(tb_client_t *c, char **av, int ac)
            (long long)redis, (long long)first, (long long)last);
 }
 
+/* Issue 6: lease[_at [NOW_MS]] SHARD KEY CAP RATE COST WANT, and
+ * take_shard SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]. SHARD -1
+ * is the plain key. */
+static void cmd_lease(tb_client_t *c, char **av, int ac, int with_now)
+{
+    tb_take_t t[TB_MAX_BUCKETS];
+    tb_result_t r;
+    int64_t now = -1, shard, granted = -1, t0;
+    double want;
+    long klen;
+    int n, rc;
+
+    if ((with_now && (ac < 1 || to_i64(av[0], &now)))
+        || ac != 6 + with_now || to_i64(av[with_now], &shard)
+        || to_double(av[ac - 1], &want)
+        || parse_takes(av + with_now + 1, 4, &klen, t, &n)) {
+        printf("error usage: lease[_at NOW_MS] SHARD KEY CAP RATE COST "
+               "WANT\n");
+        return;
+    }
+    t0 = tb_clock_monotonic_us();
+    rc = tb_client_lease_shard(c, prefix, av[with_now + 1], (size_t)klen,
+                               (int)shard, t, want, now, &r, &granted);
+    printf("ok granted=%lld ", (long long)granted);
+    print_result(rc, &r, tb_clock_monotonic_us() - t0);
+}
+
+static void cmd_take_shard(tb_client_t *c, char **av, int ac)
+{
+    tb_take_t t[TB_MAX_BUCKETS];
+    tb_result_t r;
+    int64_t shard;
+    long klen;
+    int n, rc;
+
+    if (ac < 1 || to_i64(av[0], &shard)
+        || parse_takes(av + 1, ac - 1, &klen, t, &n)) {
+        printf("error usage: take_shard SHARD KEY CAP RATE COST ...\n");
+        return;
+    }
+    rc = tb_client_decide_shard(c, TB_ALGO_TOKEN_BUCKET, prefix, av[1],
+                                (size_t)klen, (int)shard, t, n, -1, &r);
+    print_result(rc, &r, 0);
+}
+
 static void cmd_key(char **av, int ac)
 {
     char out[TB_KEY_BUF];
@@ -221,6 +273,17 @@ static void cmd_key(char **av, int ac)
         printf("%02x", (unsigned char)out[i]);
     }
     printf("\n");
+}
+
+static void cmd_slot(char **av, int ac)
+{
+    long klen;
+
+    if (ac != 1 || (klen = unescape(av[0])) < 0) {
+        printf("error usage: slot KEY\n");
+        return;
+    }
+    printf("ok slot=%u\n", tb_key_slot(av[0], (size_t)klen));
 }
 
 static void cmd_stats(tb_client_t *c)
@@ -333,11 +396,23 @@ int main(int argc, char **argv)
         else if (strcmp(av[0], "take_at") == 0) {
             cmd_take(c, av + 1, ac - 1, 1);
         }
+        else if (strcmp(av[0], "lease") == 0) {
+            cmd_lease(c, av + 1, ac - 1, 0);
+        }
+        else if (strcmp(av[0], "lease_at") == 0) {
+            cmd_lease(c, av + 1, ac - 1, 1);
+        }
+        else if (strcmp(av[0], "take_shard") == 0) {
+            cmd_take_shard(c, av + 1, ac - 1);
+        }
         else if (strcmp(av[0], "hammer") == 0) {
             cmd_hammer(c, av + 1, ac - 1);
         }
         else if (strcmp(av[0], "key") == 0) {
             cmd_key(av + 1, ac - 1);
+        }
+        else if (strcmp(av[0], "slot") == 0) {
+            cmd_slot(av + 1, ac - 1);
         }
         else if (strcmp(av[0], "stats") == 0) {
             cmd_stats(c);

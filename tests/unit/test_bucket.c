@@ -223,6 +223,161 @@ static void test_bucket_vectors(void **state)
     }
 }
 
+/* ---- Leases (issue 6): tests/vectors/lease.tsv ------------------------ */
+
+#define LEASE_COLS 16
+
+/* One row: the call and what it must give. Fails the test on any
+ * difference. Returns 1 when the row was checked. */
+static int check_lease_row(char **col, int line)
+{
+    tb_bucket_t in, out;
+    tb_limit_t lim;
+    tb_verdict_t v;
+    int64_t granted = -7;
+    double cost, want;
+
+    in.exists = (int)inum(col[1], line);
+    in.tokens = num(col[2], line);
+    in.ts_ms = inum(col[3], line);
+    lim.capacity = num(col[5], line);
+    lim.rate_per_sec = num(col[6], line);
+    cost = num(col[7], line);
+    want = num(col[8], line);
+    memset(&out, 0x5a, sizeof(out));
+    assert_int_equal(tb_bucket_lease(&in, &lim, cost, want,
+                                     inum(col[4], line), &out, &v,
+                                     &granted), TB_OK);
+    if (v.allowed != inum(col[9], line) || v.remaining != inum(col[10], line)
+        || v.retry_ms != inum(col[11], line) || v.binding != 0
+        || granted != inum(col[12], line)
+        || out.tokens != num(col[13], line)
+        || out.ts_ms != inum(col[14], line)
+        || tb_bucket_ttl_ms(&lim) != inum(col[15], line)) {
+        fail_msg("lease.tsv:%d %s: allowed=%d remaining=%lld retry=%lld "
+                 "granted=%lld tokens=%.17g ts=%lld", line, col[0],
+                 v.allowed, (long long)v.remaining, (long long)v.retry_ms,
+                 (long long)granted, out.tokens, (long long)out.ts_ms);
+    }
+    /* out may alias in. */
+    assert_int_equal(tb_bucket_lease(&in, &lim, cost, want,
+                                     inum(col[4], line), &in, &v,
+                                     &granted), TB_OK);
+    assert_true(in.tokens == out.tokens && in.ts_ms == out.ts_ms);
+    return 1;
+}
+
+static void test_bucket_lease_vectors(void **state)
+{
+    const char *dir = getenv("TB_TEST_VECTORS");
+    char path[4096], buf[1024];
+    FILE *f;
+    int line = 0, rows = 0;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/lease.tsv", dir ? dir : "tests/vectors");
+    f = fopen(path, "r");
+    if (!f) {
+        fail_msg("cannot open %s: %s", path, strerror(errno));
+    }
+    while (fgets(buf, sizeof(buf), f)) {
+        char *col[LEASE_COLS], *save = NULL, *tok;
+        int ncol = 0;
+
+        line++;
+        buf[strcspn(buf, "\r\n")] = '\0';
+        if (buf[0] == '#' || buf[0] == '\0') {
+            continue;
+        }
+        for (tok = strtok_r(buf, "\t", &save); tok && ncol < LEASE_COLS;
+             tok = strtok_r(NULL, "\t", &save)) {
+            col[ncol++] = tok;
+        }
+        if (ncol != LEASE_COLS || tok) {
+            fail_msg("lease.tsv:%d: want %d columns", line, LEASE_COLS);
+        }
+        rows += check_lease_row(col, line);
+    }
+    fclose(f);
+    assert_true(rows >= 15);
+}
+
+/* want == cost is tb_bucket_take() to the last bit, over a sweep of
+ * states, times and limits; and a lease never grants more than the
+ * bucket holds nor fewer than the cost. */
+static void test_bucket_lease_matches_take(void **state)
+{
+    static const double caps[] = { 1, 3, 10, 1000 };
+    static const double rates[] = { 0.1, 1, 3.3, 1000 };
+    int a, b, k;
+
+    (void)state;
+    for (a = 0; a < 4; a++) {
+        for (b = 0; b < 4; b++) {
+            for (k = 0; k < 200; k++) {
+                tb_bucket_t in, o1, o2;
+                tb_limit_t lim;
+                tb_verdict_t v1, v2;
+                double cost = (double)(k % 3);
+                int64_t g;
+
+                lim.capacity = caps[a];
+                lim.rate_per_sec = rates[b];
+                in.exists = k % 7 != 0;
+                in.tokens = (k * 0.37) - floor(k * 0.37 / caps[a]) * caps[a];
+                in.ts_ms = 1000;
+                assert_int_equal(tb_bucket_take(&in, &lim, &cost, 1,
+                                                 1000 + k * 13, &o1, &v1),
+                                 TB_OK);
+                assert_int_equal(tb_bucket_lease(&in, &lim, cost, cost,
+                                                 1000 + k * 13, &o2, &v2,
+                                                 &g), TB_OK);
+                assert_true(o1.tokens == o2.tokens && o1.ts_ms == o2.ts_ms);
+                assert_true(v1.allowed == v2.allowed
+                            && v1.remaining == v2.remaining
+                            && v1.retry_ms == v2.retry_ms
+                            && v1.binding == v2.binding);
+                assert_true(g == (v1.allowed ? (int64_t)cost : 0));
+                assert_int_equal(tb_bucket_lease(&in, &lim, cost, 50,
+                                                 1000 + k * 13, &o2, &v2,
+                                                 &g), TB_OK);
+                assert_int_equal(v2.allowed, v1.allowed);
+                if (v2.allowed) {
+                    assert_true(g >= cost && g <= 50 && o2.tokens >= 0);
+                }
+                else {
+                    assert_int_equal(g, 0);
+                }
+            }
+        }
+    }
+}
+
+static void test_bucket_lease_bad_arguments(void **state)
+{
+    tb_bucket_t in = { 5, 0, 1 }, out;
+    tb_limit_t lim = { 10, 1 };
+    tb_verdict_t v;
+    int64_t g;
+
+    (void)state;
+    /* want below cost, NaN, too large; bad limit; NULLs. */
+    assert_int_equal(tb_bucket_lease(&in, &lim, 2, 1, 0, &out, &v, &g),
+                     TB_ERR);
+    assert_int_equal(tb_bucket_lease(&in, &lim, 1, NAN, 0, &out, &v, &g),
+                     TB_ERR);
+    assert_int_equal(tb_bucket_lease(&in, &lim, 1, 2e9, 0, &out, &v, &g),
+                     TB_ERR);
+    lim.capacity = 0.5;
+    assert_int_equal(tb_bucket_lease(&in, &lim, 1, 2, 0, &out, &v, &g),
+                     TB_ERR);
+    lim.capacity = 10;
+    assert_int_equal(tb_bucket_lease(NULL, &lim, 1, 2, 0, &out, &v, &g),
+                     TB_ERR);
+    assert_int_equal(tb_bucket_lease(&in, &lim, 1, 2, 0, &out, &v, NULL),
+                     TB_ERR);
+}
+
 /* ---- Named behaviours, with injected time ----------------------------- */
 
 /* One bucket, one call: a small helper for the sequences below. */
@@ -587,6 +742,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket_vectors),
+        cmocka_unit_test(test_bucket_lease_vectors),
+        cmocka_unit_test(test_bucket_lease_matches_take),
+        cmocka_unit_test(test_bucket_lease_bad_arguments),
         cmocka_unit_test(test_bucket_missing_key_is_full),
         cmocka_unit_test(test_bucket_full_after_idle),
         cmocka_unit_test(test_bucket_partial_refill),

@@ -286,6 +286,93 @@ static void test_key_build_hostile_keys_stay_apart(void **state)
     }
 }
 
+/* Issue 6: shard i of a key is "<prefix>{<key> s<i>}", each shard has
+ * its own slot, and a negative shard is the plain key. */
+static void test_key_build_shard_form(void **state)
+{
+    char out[TB_KEY_BUF], plain[TB_KEY_BUF], d[34], want[TB_KEY_BUF];
+    unsigned slots[8];
+    size_t n;
+    int i, j;
+
+    (void)state;
+    n = tb_key_build_shard("tb:", "alice", 5, 3, NULL, out);
+    assert_string_equal(out, "tb:{alice s3}");
+    assert_int_equal(n, strlen(out));
+    tb_key_build_shard("tb:", "alice", 5, 63, "export", out);
+    assert_string_equal(out, "tb:{alice s63}:route:export");
+    tb_key_build_shard("tb:", "alice", 5, 0, NULL, out);
+    assert_string_equal(out, "tb:{alice s0}");
+    tb_key_build_shard("tb:", "alice", 5, -1, "r", out);
+    tb_key_build("tb:", "alice", 5, "r", plain);
+    assert_string_equal(out, plain);
+    /* A hashed key is sharded in its digest form. */
+    tb_key_build_shard("tb:", "a b", 3, 7, NULL, out);
+    digest_form("a b", 3, d);
+    snprintf(want, sizeof(want), "tb:{%s s7}", d);
+    assert_string_equal(out, want);
+    assert_int_equal(tb_key_build_shard("tb:", "x", 1, TB_MAX_SHARDS, NULL,
+                                        out), 0);
+    assert_int_equal(tb_key_build_shard("t b", "x", 1, 1, NULL, out), 0);
+    /* The slot is CRC16 of "alice s<i>": eight different slots here. */
+    for (i = 0; i < 8; i++) {
+        n = tb_key_build_shard("tb:", "alice", 5, i, NULL, out);
+        slots[i] = tb_key_slot(out, n);
+        snprintf(want, sizeof(want), "alice s%d", i);
+        assert_int_equal(slots[i], tb_key_slot(want, strlen(want)));
+        for (j = 0; j < i; j++) {
+            assert_int_not_equal(slots[i], slots[j]);
+        }
+    }
+}
+
+/* No client key names a shard: a key holding the separator is hashed,
+ * so "alice s3" never reaches alice's shard 3 (nor anything in the braces
+ * of a shard key); and distinct (key, shard) pairs give distinct keys. */
+static void test_key_shard_cannot_be_forged(void **state)
+{
+    static const char *const hostile[] = {
+        "alice s3", "alice s3}", "alice\ts3", "alice s03", "alice s",
+        "alice  s3", " s3", "alice s3 ", "alice}{alice s3", "alice_s3",
+        "alices3", "alice", "#alice s3",
+    };
+    enum { N = sizeof(hostile) / sizeof(hostile[0]), K = 12 };
+    char keys[N * (K + 1)][TB_KEY_BUF];
+    size_t i, j, m = 0;
+    int k;
+
+    (void)state;
+    for (i = 0; i < N; i++) {
+        const char *h = hostile[i];
+
+        for (k = -1; k < K; k++) {
+            const char *open, *close, *sp;
+
+            assert_true(tb_key_build_shard("tb:", h, strlen(h), k, NULL,
+                                           keys[m]) > 0);
+            open = strchr(keys[m], '{');
+            close = strchr(keys[m], '}');
+            sp = strchr(keys[m], ' ');
+            /* One hash tag; a space only for a shard, once, inside it. */
+            assert_null(strchr(open + 1, '{'));
+            assert_null(strchr(close + 1, '}'));
+            if (k < 0) {
+                assert_null(sp);
+            }
+            else {
+                assert_true(sp > open && sp < close);
+                assert_null(strchr(sp + 1, ' '));
+            }
+            for (j = 0; j < m; j++) {
+                if (strcmp(keys[m], keys[j]) == 0) {
+                    fail_msg("'%s' shard %d collides: %s", h, k, keys[m]);
+                }
+            }
+            m++;
+        }
+    }
+}
+
 static void test_key_prefix_and_name_validation(void **state)
 {
     static const char *good_prefix[] = {"tb:", "a", "rl:v2:", "x-y_z.0#"};
@@ -350,6 +437,8 @@ int main(void)
         cmocka_unit_test(test_key_build_routes),
         cmocka_unit_test(test_key_build_longest_fits),
         cmocka_unit_test(test_key_build_hostile_keys_stay_apart),
+        cmocka_unit_test(test_key_build_shard_form),
+        cmocka_unit_test(test_key_shard_cannot_be_forged),
         cmocka_unit_test(test_key_prefix_and_name_validation),
     };
 

@@ -7,6 +7,7 @@
  * through now_ms; nothing sleeps. Threads hammer one key to check that the
  * lock makes the count exact.
  */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -392,6 +393,123 @@ static void test_local_bad_arguments(void **state)
 }
 
 /* NULL pointers are bad arguments too: TB_ERR, not a crash. */
+/* ---- The lease table (issue 6) ---------------------------------------- */
+
+static void test_local_lease_spend_and_expire(void **state)
+{
+    table_t tab;
+    tb_lease_t *l;
+    double left = -1;
+
+    (void)state;
+    tab.size = tb_lease_size(64);
+    tab.mem = malloc(tab.size + GUARD);
+    assert_non_null(tab.mem);
+    memset(tab.mem, 0xa5, tab.size + GUARD);
+    l = tb_lease_init(tab.mem, 64);
+    assert_non_null(l);
+    /* No lease yet: ask Redis. */
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 1000, &left), 0);
+    assert_int_equal(tb_lease_store(l, "tb:{a}", 3, 1000, 2000), TB_OK);
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 1500, &left), 1);
+    assert_true(left == 2);
+    /* Another key is not served from it. */
+    assert_int_equal(tb_lease_spend(l, "tb:{b}", 1, 1500, &left), 0);
+    /* A second grant while valid adds up and keeps the later expiry. */
+    assert_int_equal(tb_lease_store(l, "tb:{a}", 4, 1600, 1900), TB_OK);
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 5, 1999, &left), 1);
+    assert_true(left == 1);
+    /* Too few tokens left, then expired: both miss, nothing returned. */
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 2, 1999, &left), 0);
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 2000, &left), 0);
+    /* An expired lease is replaced, not added to. */
+    assert_int_equal(tb_lease_store(l, "tb:{a}", 2, 2100, 3000), TB_OK);
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 2, 2100, &left), 1);
+    assert_true(left == 0);
+    assert_int_equal(tb_lease_used(l), 1);
+    /* A local table is not a lease table, and back. */
+    assert_int_equal(tb_lease_spend((tb_lease_t *)tb_local_init(tab.mem, 64),
+                                    "k", 1, 0, &left), -1);
+    l = tb_lease_init(tab.mem, 64);
+    assert_int_equal(tb_lease_spend(l, NULL, 1, 0, &left), -1);
+    assert_int_equal(tb_lease_spend(l, "k", -1, 0, &left), -1);
+    assert_int_equal(tb_lease_store(l, "k", NAN, 0, 1), TB_ERR);
+    assert_int_equal(tb_lease_spend(NULL, "k", 1, 0, &left), -1);
+    table_free(&tab);
+}
+
+/* Children of a fork share the lease: 2 processes x 4 threads spend a
+ * lease of 4000 tokens exactly, never one twice. */
+typedef struct lease_arg {
+    tb_lease_t *l;
+    int hits;
+} lease_arg_t;
+
+static void *lease_worker(void *p)
+{
+    lease_arg_t *a = p;
+    double left;
+    int k;
+
+    for (k = 0; k < 1500; k++) {
+        a->hits += tb_lease_spend(a->l, "tb:{hot}", 1, 10, &left) == 1;
+    }
+    return NULL;
+}
+
+static int lease_spend_threads(tb_lease_t *l)
+{
+    pthread_t th[4];
+    lease_arg_t a[4];
+    int i, hits = 0;
+
+    for (i = 0; i < 4; i++) {
+        a[i].l = l;
+        a[i].hits = 0;
+        pthread_create(&th[i], NULL, lease_worker, &a[i]);
+    }
+    for (i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        hits += a[i].hits;
+    }
+    return hits;
+}
+
+static void test_local_lease_shared_across_fork(void **state)
+{
+    size_t size = tb_lease_size(64);
+    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    tb_lease_t *l;
+    int pipefd[2], st, mine, theirs = -1;
+    pid_t pid;
+
+    (void)state;
+    assert_true(mem != MAP_FAILED);
+    l = tb_lease_init(mem, 64);
+    assert_int_equal(tb_lease_store(l, "tb:{hot}", 4000, 0, 1000), TB_OK);
+    assert_int_equal(pipe(pipefd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int h = lease_spend_threads(l);
+
+        if (write(pipefd[1], &h, sizeof(h)) != sizeof(h)) {
+            _exit(1);
+        }
+        _exit(0);
+    }
+    mine = lease_spend_threads(l);
+    assert_int_equal(read(pipefd[0], &theirs, sizeof(theirs)),
+                     sizeof(theirs));
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(mine + theirs, 4000);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    munmap(mem, size);
+}
+
 static void test_local_null_arguments(void **state)
 {
     const char *keys[2] = {"tb:{x}", NULL};
@@ -431,6 +549,8 @@ int main(void)
         cmocka_unit_test(test_local_shared_memory_across_fork),
         cmocka_unit_test(test_local_bad_arguments),
         cmocka_unit_test(test_local_null_arguments),
+        cmocka_unit_test(test_local_lease_spend_and_expire),
+        cmocka_unit_test(test_local_lease_shared_across_fork),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -257,6 +257,122 @@ static void test_url_redact_round_trip(void **state)
     assert_string_equal(b.password, "***");
 }
 
+/* Issue 6: Sentinel and Cluster URLs fill the endpoint list, the master
+ * name and the kind; the first endpoint is also host and port. */
+static void test_url_parse_sentinel_cluster(void **state)
+{
+    tb_redis_addr_t a;
+    char err[160];
+    int i;
+
+    (void)state;
+    assert_int_equal(tb_url_parse("redis-sentinel://u:p%40w@10.0.0.1,"
+                                  "[::1]:26380,s3:7/mymaster/2", &a, err,
+                                  sizeof(err)), TB_OK);
+    assert_int_equal(a.kind, TB_REDIS_SENTINEL);
+    assert_int_equal(a.nseeds, 3);
+    assert_string_equal(a.seeds[0].host, "10.0.0.1");
+    assert_int_equal(a.seeds[0].port, 26379);
+    assert_string_equal(a.seeds[1].host, "::1");
+    assert_int_equal(a.seeds[1].port, 26380);
+    assert_string_equal(a.seeds[2].host, "s3");
+    assert_int_equal(a.seeds[2].port, 7);
+    assert_string_equal(a.host, "10.0.0.1");
+    assert_int_equal(a.port, 26379);
+    assert_string_equal(a.master, "mymaster");
+    assert_string_equal(a.user, "u");
+    assert_string_equal(a.password, "p@w");
+    assert_int_equal(a.db, 2);
+
+    assert_int_equal(tb_url_parse("redis-cluster://h1,h2:7001/", &a, err,
+                                  sizeof(err)), TB_OK);
+    assert_int_equal(a.kind, TB_REDIS_CLUSTER);
+    assert_int_equal(a.nseeds, 2);
+    assert_int_equal(a.seeds[0].port, 6379);
+    assert_int_equal(a.seeds[1].port, 7001);
+    assert_int_equal(a.db, 0);
+    assert_string_equal(a.master, "");
+
+    /* Plain URLs keep kind 0 and no seeds. */
+    assert_int_equal(tb_url_parse("redis://h:1", &a, err, sizeof(err)),
+                     TB_OK);
+    assert_int_equal(a.kind, TB_REDIS_SINGLE);
+    assert_int_equal(a.nseeds, 0);
+
+    {
+        static const char *bad_ha[] = {
+            "redis-sentinel://h1,h2",          /* no master name */
+            "redis-sentinel://h1/",
+            "redis-sentinel://h1/na me",
+            "redis-sentinel://h1/m/x",
+            "redis-sentinel://,h1/m",
+            "redis-sentinel://h1,/m",
+            "redis-sentinel://h1:0/m",
+            "redis-cluster://h1/3",            /* Cluster has db 0 only */
+            "redis-cluster://",
+            "redis-cluster://h1,,h2",
+            "redis-cluster://h:1,h:2,h:3,h:4,h:5,h:6,h:7,h:8,h:9",
+        };
+        size_t k;
+
+        for (k = 0; k < sizeof(bad_ha) / sizeof(bad_ha[0]); k++) {
+            err[0] = '\0';
+            if (tb_url_parse(bad_ha[k], &a, err, sizeof(err)) != TB_ERR
+                || !err[0]) {
+                fail_msg("'%s' accepted or refused without a message",
+                         bad_ha[k]);
+            }
+        }
+    }
+    /* Eight endpoints is the most. */
+    assert_int_equal(tb_url_parse("redis-cluster://h:1,h:2,h:3,h:4,h:5,h:6,"
+                                  "h:7,h:8", &a, err, sizeof(err)), TB_OK);
+    for (i = 0; i < 8; i++) {
+        assert_int_equal(a.seeds[i].port, i + 1);
+    }
+}
+
+/* Redacted Sentinel and Cluster URLs hide the password, keep every
+ * endpoint and the master name, and parse back to the same place. */
+static void test_url_redact_sentinel_cluster(void **state)
+{
+    static const char *urls[] = {
+        "redis-sentinel://alice:hunter2@a:1,[::1]:2/mymaster/3",
+        "redis-cluster://:hunter2@a:1,b:2,c:3",
+        "redis-cluster://a:1",
+    };
+    size_t k, len;
+
+    (void)state;
+    for (k = 0; k < sizeof(urls) / sizeof(urls[0]); k++) {
+        tb_redis_addr_t a, b;
+        char out[1024], err[160];
+        int i;
+
+        assert_int_equal(tb_url_parse(urls[k], &a, err, sizeof(err)), TB_OK);
+        tb_url_redact(&a, out, sizeof(out));
+        assert_null(strstr(out, "hunter"));
+        assert_int_equal(tb_url_parse(out, &b, err, sizeof(err)), TB_OK);
+        assert_int_equal(b.kind, a.kind);
+        assert_int_equal(b.nseeds, a.nseeds);
+        for (i = 0; i < a.nseeds; i++) {
+            assert_string_equal(b.seeds[i].host, a.seeds[i].host);
+            assert_int_equal(b.seeds[i].port, a.seeds[i].port);
+        }
+        assert_string_equal(b.master, a.master);
+        assert_int_equal(b.db, a.db);
+        for (len = 1; len < 64; len++) {
+            char small[64 + 8];
+
+            memset(small, 0x5a, sizeof(small));
+            tb_url_redact(&a, small, len);
+            assert_non_null(memchr(small, '\0', len));
+            assert_null(strstr(small, "hun"));
+            assert_int_equal((unsigned char)small[len], 0x5a);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -266,6 +382,8 @@ int main(void)
         cmocka_unit_test(test_url_parse_null_arguments),
         cmocka_unit_test(test_url_redact_hides_password),
         cmocka_unit_test(test_url_redact_round_trip),
+        cmocka_unit_test(test_url_parse_sentinel_cluster),
+        cmocka_unit_test(test_url_redact_sentinel_cluster),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
