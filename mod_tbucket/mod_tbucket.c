@@ -547,8 +547,9 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     note_breaker(r, sc->client, &res, sc);
     if (res.err != TB_ERR_NONE) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00109)
-                      "Redis did not decide (%s): %s policy answered",
-                      tb_err_name(res.err), tb_policy_name(sc->policy));
+                      "Redis did not decide (%s: %s): %s policy answered",
+                      tb_err_name(res.err), sc->client->tb->errstr,
+                      tb_policy_name(sc->policy));
     }
     cost_exceeded = !res.allowed && res.retry_ms < 0;
     if (!res.allowed && !cost_exceeded) {

@@ -56,6 +56,7 @@ struct tb__cluster {
     short slots[TB__SLOTS];      /* Index into nodes, or -1.           */
     int stale;                   /* Refresh before the next call.      */
     int refreshing;              /* A thread is asking CLUSTER SLOTS.  */
+    pthread_cond_t refreshed;    /* Signalled when it is done.          */
     tb_monotime_us next_refresh_us;
     int next_ask;                /* Node to ask for the map first.     */
 };
@@ -99,6 +100,16 @@ unsigned tb_key_slot(const char *key, size_t len)
 }
 
 /* ---- Nodes ----------------------------------------------------------- */
+
+static void cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
 
 /* Under mu: the node at host:port, added (not connected) if new. NULL
  * when the table is full or out of memory. */
@@ -155,6 +166,7 @@ tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a, int timeout_ms,
         return NULL;
     }
     pthread_mutex_init(&c->mu, NULL);
+    cond_init_monotonic(&c->refreshed);
     c->addr = *a;
     c->timeout_ms = timeout_ms;
     c->connect_timeout_ms = connect_timeout_ms;
@@ -185,6 +197,7 @@ void tb__cluster_free(tb__cluster_t *c)
         tb__pool_destroy(&c->nodes[i]->pool);
         free(c->nodes[i]);
     }
+    pthread_cond_destroy(&c->refreshed);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -198,6 +211,7 @@ void tb__cluster_after_fork(tb__cluster_t *c)
     }
     /* As tb__pool_after_fork: only this thread exists in the child. */
     pthread_mutex_init(&c->mu, NULL);
+    cond_init_monotonic(&c->refreshed);
     c->refreshing = 0;
     for (i = 0; i < c->nnodes; i++) {
         tb__pool_after_fork(&c->nodes[i]->pool);
@@ -297,6 +311,25 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
     int k, n, first, rc = TB_ERR;
 
     pthread_mutex_lock(&c->mu);
+    if (c->refreshing && force) {
+        /* Another thread is asking already: wait for its map (bounded by
+         * the command timeout) rather than fail the call at once, as a
+         * burst of first requests on an empty map would. */
+        struct timespec d;
+
+        clock_gettime(CLOCK_MONOTONIC, &d);
+        d.tv_sec += c->timeout_ms / 1000;
+        d.tv_nsec += (long)(c->timeout_ms % 1000) * 1000000L;
+        if (d.tv_nsec >= 1000000000L) {
+            d.tv_sec++;
+            d.tv_nsec -= 1000000000L;
+        }
+        while (c->refreshing
+               && pthread_cond_timedwait(&c->refreshed, &c->mu, &d) == 0) {
+        }
+        pthread_mutex_unlock(&c->mu);
+        return TB_OK;
+    }
     if (c->refreshing || (!force && (!c->stale || now < c->next_refresh_us))) {
         pthread_mutex_unlock(&c->mu);
         return TB_OK;
@@ -337,6 +370,7 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
     free(map);
     pthread_mutex_lock(&c->mu);
     c->refreshing = 0;
+    pthread_cond_broadcast(&c->refreshed);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
