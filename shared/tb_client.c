@@ -163,7 +163,8 @@ void tb_client_after_fork(tb_client_t *c)
 
 static int take_valid(const tb_take_t *t)
 {
-    return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0 && t->cost <= TB_MAX_CAPACITY
+    return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0
+           && t->cost <= TB_MAX_CAPACITY
            && (!t->route || tb_name_valid(t->route));
 }
 

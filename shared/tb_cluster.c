@@ -12,7 +12,8 @@
  * A call goes to the slot's primary. MOVED points the slot at the named
  * node at once and marks the map stale; ASK sends ASKING and the command
  * to the named node, once, without touching the map; TRYAGAIN (some keys
- * of the slot moved, some not, mid-migration) asks the owner again; CLUSTERDOWN and I/O errors mark the map stale
+ * of the slot moved, some not, mid-migration) asks the owner again;
+ * CLUSTERDOWN and I/O errors mark the map stale
  * and fail the call, which the failure policy answers. A stale map is
  * refreshed by the next call, by one thread at a time and at most every
  * TB__REFRESH_GAP_US, so a resharding cannot turn into a storm of CLUSTER

@@ -544,7 +544,8 @@ static int load_rules(loader_t *ld, const config_setting_t *list,
     }
     /* Publish only complete tables. */
     for (i = 0; i < n; i++) {
-        bitmap[rules[i].port >> 3] |= (unsigned char)(1u << (rules[i].port & 7));
+        bitmap[rules[i].port >> 3] |=
+            (unsigned char)(1u << (rules[i].port & 7));
     }
     *count = n;
     return TB_OK;
