@@ -263,7 +263,7 @@ static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
         key = NULL;
     }
     if (!key || !*key) {
-        *prefix = apr_pstrcat(r->pool, sc->prefix, "ip:", NULL);
+        *prefix = sc->ip_prefix;
         return r->useragent_ip;
     }
     return key;

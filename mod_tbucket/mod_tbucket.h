@@ -111,6 +111,9 @@ typedef struct tbucket_srv_conf {
     int breaker_threshold;            /* Consecutive failures.          */
     apr_int64_t breaker_cooldown_ms;
     const char *prefix;               /* Redis key prefix.              */
+    const char *ip_prefix;            /* prefix + "ip:", made at config
+                                       * time for keys that fell back to
+                                       * the client IP.                 */
     unsigned int url_set:1, timeout_set:1, connect_timeout_set:1,
         pool_set:1, policy_set:1, replicas_set:1, threshold_set:1,
         cooldown_set:1, prefix_set:1;

@@ -38,6 +38,7 @@ void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
     sc->breaker_threshold = 5;
     sc->breaker_cooldown_ms = 10000;
     sc->prefix = TBUCKET_DEFAULT_PREFIX;
+    sc->ip_prefix = TBUCKET_DEFAULT_PREFIX "ip:";
     sc->vhost_slot = -1;
     sc->client_slot = -1;
     return sc;
@@ -65,6 +66,7 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(breaker_threshold, threshold_set);
     TAKE(breaker_cooldown_ms, cooldown_set);
     TAKE(prefix, prefix_set);
+    TAKE(ip_prefix, prefix_set);
 #undef TAKE
     m->vhost_slot = -1;
     m->client_slot = -1;
@@ -359,6 +361,7 @@ static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
                          "braces");
     }
     sc->prefix = apr_pstrdup(cmd->pool, arg);
+    sc->ip_prefix = apr_pstrcat(cmd->pool, arg, "ip:", NULL);
     sc->prefix_set = 1;
     return NULL;
 }

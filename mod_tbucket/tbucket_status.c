@@ -196,16 +196,24 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
     return OK;
 }
 
+/* This vhost's counters in shared memory, or NULL before there is any. */
+static tbucket_vhost_stats *vhost_stats(const tbucket_srv_conf *sc)
+{
+    if (!tbucket_shm_seg || sc->vhost_slot < 0
+        || sc->vhost_slot >= TBUCKET_MAX_VHOSTS) {
+        return NULL;
+    }
+    return &tbucket_shm_seg->vhosts[sc->vhost_slot];
+}
+
 void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
                    int cost_exceeded)
 {
-    tbucket_vhost_stats *v;
+    tbucket_vhost_stats *v = vhost_stats(sc);
 
-    if (!tbucket_shm_seg || sc->vhost_slot < 0
-        || sc->vhost_slot >= TBUCKET_MAX_VHOSTS) {
+    if (!v) {
         return;
     }
-    v = &tbucket_shm_seg->vhosts[sc->vhost_slot];
     tb_stats_add(&v->outcome[o], 1);
     if (cost_exceeded) {
         tb_stats_add(&v->cost_exceeded, 1);
@@ -215,13 +223,11 @@ void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
 void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
                          int64_t granted)
 {
-    tbucket_vhost_stats *v;
+    tbucket_vhost_stats *v = vhost_stats(sc);
 
-    if (!tbucket_shm_seg || sc->vhost_slot < 0
-        || sc->vhost_slot >= TBUCKET_MAX_VHOSTS) {
+    if (!v) {
         return;
     }
-    v = &tbucket_shm_seg->vhosts[sc->vhost_slot];
     if (hit) {
         tb_stats_add(&v->lease_hits, 1);
     }

@@ -24,9 +24,8 @@ static inline int tb__algo_args_ok(const tb_limit_t *lim, const double *cost,
         return 0;
     }
     for (i = 0; i < n; i++) {
-        if (!(lim[i].capacity >= 1.0 && lim[i].capacity <= TB_MAX_CAPACITY
-              && lim[i].rate_per_sec > 0.0 && isfinite(lim[i].rate_per_sec)
-              && cost[i] >= 0.0 && cost[i] <= TB_MAX_CAPACITY)) {
+        if (tb_limit_check(&lim[i], NULL, 0) != TB_OK || !(cost[i] >= 0.0)
+            || cost[i] > TB_MAX_CAPACITY) {
             return 0;
         }
     }
@@ -69,6 +68,24 @@ static inline void tb__fold_left(tb_verdict_t *v, int i, double left)
         if (v->allowed) {
             v->binding = i;
         }
+    }
+}
+
+/* Fold the room left in every window-style bucket: capacity - used[i],
+ * less the cost when the request is allowed. */
+static inline void tb__fold_room(tb_verdict_t *v, const tb_limit_t *lim,
+                                 const double *cost, const double *used,
+                                 int n)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        double left = lim[i].capacity - used[i];
+
+        if (v->allowed) {
+            left = left - cost[i];
+        }
+        tb__fold_left(v, i, left);
     }
 }
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "tb.h"
+#include "tb_algo_int.h"
 
 int tb_limit_check(const tb_limit_t *l, char *err, size_t errlen)
 {
@@ -77,17 +78,12 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v)
 {
-    int i, allowed = 1, binding = 0;
-    int64_t retry = 0, remaining = -1;
+    int i;
 
-    if (n < 1 || n > TB_MAX_BUCKETS || !in || !lim || !cost || !out || !v) {
+    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
         return TB_ERR;
     }
-    for (i = 0; i < n; i++) {
-        if (!limit_valid(&lim[i], cost[i])) {
-            return TB_ERR;
-        }
-    }
+    tb__fold_init(v);
     for (i = 0; i < n; i++) {
         int64_t wait = 0;
 
@@ -99,35 +95,15 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
             wait = (int64_t)ceil((cost[i] - out[i].tokens) * 1000
                                  / lim[i].rate_per_sec);
         }
-        if (wait != 0) {
-            /* The largest wait decides; "never" beats any wait. */
-            if (allowed || (retry != -1 && (wait == -1 || wait > retry))) {
-                retry = wait;
-                binding = i;
-            }
-            allowed = 0;
-        }
+        /* The largest wait decides; "never" beats any wait. */
+        tb__fold_wait(v, i, wait);
     }
     for (i = 0; i < n; i++) {
-        double left = out[i].tokens;
-        int64_t whole;
-
-        if (allowed) {
-            left = left - cost[i];
-            out[i].tokens = left;
+        if (v->allowed) {
+            out[i].tokens = out[i].tokens - cost[i];
         }
-        whole = (int64_t)floor(left);
-        if (remaining < 0 || whole < remaining) {
-            remaining = whole;
-            if (allowed) {
-                binding = i;
-            }
-        }
+        tb__fold_left(v, i, out[i].tokens);
     }
-    v->allowed = allowed;
-    v->remaining = remaining;
-    v->retry_ms = retry;
-    v->binding = binding;
     return TB_OK;
 }
 

@@ -48,14 +48,7 @@ int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
         }
         tb__fold_wait(v, i, wait);
     }
-    for (i = 0; i < n; i++) {
-        double left = lim[i].capacity - counts[i];
-
-        if (v->allowed) {
-            left = left - cost[i];
-        }
-        tb__fold_left(v, i, left);
-    }
+    tb__fold_room(v, lim, cost, counts, n);
     for (i = 0; i < n; i++) {
         if (v->allowed) {
             out[i].w = wins[i];

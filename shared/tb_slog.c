@@ -83,14 +83,7 @@ int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
         }
         tb__fold_wait(v, i, wait);
     }
-    for (i = 0; i < n; i++) {
-        double left = lim[i].capacity - counts[i];
-
-        if (v->allowed) {
-            left = left - cost[i];
-        }
-        tb__fold_left(v, i, left);
-    }
+    tb__fold_room(v, lim, cost, counts, n);
     if (v->allowed) {
         for (i = 0; i < n; i++) {
             if (logs[i].len + (size_t)cost[i] > logs[i].slots) {

@@ -72,14 +72,7 @@ int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
         }
         tb__fold_wait(v, i, wait);
     }
-    for (i = 0; i < n; i++) {
-        double left = lim[i].capacity - ests[i];
-
-        if (v->allowed) {
-            left = left - cost[i];
-        }
-        tb__fold_left(v, i, left);
-    }
+    tb__fold_room(v, lim, cost, ests, n);
     for (i = 0; i < n; i++) {
         if (v->allowed) {
             out[i].w = st[i].w;
