@@ -53,7 +53,7 @@ def keys_on_every_primary(cluster, prefix):
 def test_ha_012_01(cluster, apache_factory, haproxy_factory):  # noqa: F811
     apaches = []
     for _ in range(3):
-        a = apache_factory(servers=1)
+        a = apache_factory(servers=2)  # 16 threads > 12 wrk connections
         a.start("""
 TBucketRedis %s timeout=200
 TBucketPrefix cr:

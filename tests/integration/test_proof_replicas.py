@@ -122,7 +122,7 @@ def test_proof_001_01(n, rows, redis_server, apache_factory,  # noqa: F811
     dead = free_port()
     apaches = []
     for _ in range(n):
-        a = apache_factory(servers=1)
+        a = apache_factory(servers=2)  # 16 threads > 12 wrk connections
         lp = (free_port(), free_port())
         a.local_ports = lp
         a.start(body(redis_server.url, dead, n, lp) + timed_log_conf(a))
