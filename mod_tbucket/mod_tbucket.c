@@ -332,18 +332,6 @@ static int pick_shard(int k)
     return (int)(z % (apr_uint64_t)k);
 }
 
-/* Divide every limit of the call by k: shard i holds capacity/k tokens
- * and refills at rate/k. */
-static void split_takes(tb_take_t *takes, int n, int k)
-{
-    int i;
-
-    for (i = 0; i < n; i++) {
-        takes[i].limit.capacity /= k;
-        takes[i].limit.rate_per_sec /= k;
-    }
-}
-
 /* The request's decision with a lease: spend from the server's lease
  * when it holds the cost, else one Redis call that decides the request
  * and takes up to `lease` tokens, the rest kept in shared memory until
@@ -352,33 +340,35 @@ static void split_takes(tb_take_t *takes, int n, int k)
  * bucket may hold more), the shared bucket's plus the new remainder on
  * a refill (which is what it would have kept without the lease). */
 static void lease_decide(const tbucket_dir_conf *dc, tbucket_srv_conf *sc,
-                         const char *prefix, const char *key, int shard,
-                         const tb_take_t *take, tb_result_t *res)
+                         tb_request_t *q, tb_result_t *res)
 {
     tb_lease_t *lt = tbucket_lease_table();
+    const tb_take_t *take = &q->takes[0];
     char rkey[TB_KEY_BUF];
-    int64_t now_ms = tb_clock_now_us() / 1000, granted = 0;
-    double left, want = dc->lease > take->cost ? dc->lease : take->cost;
-    size_t len = strlen(key);
+    int64_t now_ms = tb_clock_now_us() / 1000;
+    double left;
 
-    if (lt && !tb_key_build_shard(prefix, key, len, shard, NULL, rkey)) {
+    if (lt && !tb_key_build_shard(q->prefix, q->key, q->key_len,
+                                  q->shards > 1 ? q->shard : -1, NULL,
+                                  rkey)) {
         lt = NULL;  /* The core refuses such a key too. */
     }
     if (lt && tb_lease_spend(lt, rkey, take->cost, now_ms, &left) == 1) {
         memset(res, 0, sizeof(*res));
         res->allowed = 1;
         res->remaining = (int64_t)left;
-        res->limit = take->limit.capacity;
+        res->limit = take->limit.capacity
+                     / (q->shards > 1 ? q->shards : 1);
         res->source = TB_SRC_REDIS;
         tbucket_count_lease(sc, 1, 0);
         return;
     }
-    tb_client_lease_shard(sc->client->tb, prefix, key, len, shard, take,
-                          want, -1, res, &granted);
-    if (granted > 0) {
-        tbucket_count_lease(sc, 0, granted);
-        if (lt && granted > take->cost) {
-            double extra = (double)granted - take->cost;
+    q->lease = dc->lease > take->cost ? dc->lease : take->cost;
+    tb_client_run(sc->client->tb, q, res);
+    if (res->granted > 0) {
+        tbucket_count_lease(sc, 0, res->granted);
+        if (lt && res->granted > take->cost) {
+            double extra = (double)res->granted - take->cost;
 
             tb_lease_store(lt, rkey, extra, now_ms,
                            now_ms + dc->lease_ttl_ms);
@@ -497,15 +487,14 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
                          request_rec *root)
 {
     tbucket_srv_conf *sc = srv_conf(r->server);
-    tb_take_t takes[TB_MAX_BUCKETS], call[TB_MAX_BUCKETS];
+    tb_take_t takes[TB_MAX_BUCKETS];
+    tb_request_t q;
     tb_result_t res;
     tbucket_req *rq;
     const char *key, *prefix;
     apr_int64_t retry_s = 0;
     int n, shadow = dc->shadow == 1, cost_exceeded;
-    int k = dc->shards > 1 ? dc->shards : 1, shard = -1;
-    tb_algo_t algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET
-                                    : (tb_algo_t)dc->algo;
+    int k = dc->shards > 1 ? dc->shards : 1;
 
     if (!dc->limit_set) {
         return DECLINED;
@@ -517,21 +506,26 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     }
     key = request_key(r, dc, sc, &prefix);
     n = build_takes(dc, key, takes);
-    memcpy(call, takes, sizeof(call));
+    memset(&q, 0, sizeof(q));
+    q.prefix = prefix;
+    q.key = key;
+    q.key_len = strlen(key);
+    q.takes = takes;
+    q.ntakes = n;
+    q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
     if (k > 1) {
-        shard = pick_shard(k);
-        split_takes(call, n, k);
+        q.shards = k;
+        q.shard = pick_shard(k);
     }
     /* A lease needs one token bucket and a cost of at least one token;
      * check_config refuses the rest where it can see them (not in
      * .htaccess), and here they decide without. */
-    if (dc->lease > 0 && n == 1 && algo == TB_ALGO_TOKEN_BUCKET
-        && call[0].cost >= 1) {
-        lease_decide(dc, sc, prefix, key, shard, call, &res);
+    if (dc->lease > 0 && n == 1 && q.algo == TB_ALGO_TOKEN_BUCKET
+        && takes[0].cost >= 1) {
+        lease_decide(dc, sc, &q, &res);
     }
     else {
-        tb_client_decide_shard(sc->client->tb, algo, prefix, key,
-                               strlen(key), shard, call, n, -1, &res);
+        tb_client_run(sc->client->tb, &q, &res);
     }
     if (k > 1) {
         /* The headers and TBUCKET_REMAINING speak for the whole bucket:

@@ -19,7 +19,7 @@ emit_text() {
 
 echo "/* Generated from $* by scripts/embed-lua.sh. */"
 echo '#include <stddef.h>'
-echo '#include "tb.h"'
+echo '#include "tb_algo_int.h"'
 first="$1"
 echo "const char tb_script_sha1[41] = \"$(sha1sum "$first" | cut -d' ' -f1)\";"
 echo 'const char tb_script_source[] ='

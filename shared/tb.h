@@ -1,12 +1,15 @@
-/* tb.h -- the single public header of libtb, the mod_tbucket limiter core.
+/* tb.h -- the public header of libtb, the mod_tbucket limiter core: what
+ * the hosts (the Apache module, the LD_PRELOAD shim, the tbucket tool)
+ * call, grouped by topic.
  *
  * libtb decides whether a client may spend tokens from one or more shared
- * token buckets kept in Redis. It owns the bucket arithmetic (in Lua for
- * Redis and in C for the local fallback, kept identical by shared test
- * vectors), the Redis connection pool, the circuit breaker and the failure
- * policy. It is C99 + POSIX + hiredis: no APR, httpd or libconfig header
- * appears here, so the Apache module and the LD_PRELOAD shim link the same
- * library.
+ * buckets kept in Redis. It owns the bucket arithmetic (in Lua for Redis
+ * and in C for the local fallback, kept identical by shared test vectors),
+ * the Redis connections, the circuit breaker and the failure policy. It is
+ * C99 + POSIX + hiredis: no APR, httpd or libconfig header appears here,
+ * so every host links the same library. What only the library and its
+ * unit tests use lives in tb_algo_int.h (the C twins of the scripts) and
+ * tb_int.h (breaker, transport, policy).
  *
  * Conventions (as in hiredis):
  *  - Functions return TB_OK / TB_ERR, or a pointer that is NULL on error.
@@ -15,8 +18,9 @@
  *  - Every tb_x_create has a tb_x_free; tb_x_free(NULL) does nothing.
  *  - Being over the limit is a result (tb_result_t.allowed == 0), not an
  *    error. "Could not ask Redis" is an error path that the failure policy
- *    turns into a result; tb_client_decide() therefore always fills a
- *    result.
+ *    turns into a result; a decision therefore always fills a result.
+ *  - Input structs (tb_options_t, tb_request_t) grow by fields whose zero
+ *    value keeps the old meaning: zero them before filling them.
  *  - The core never logs, prints or exits.
  *
  * Units are in the names: _ms milliseconds, _us microseconds, _per_sec per
@@ -34,7 +38,7 @@
 extern "C" {
 #endif
 
-/* ---- Return codes and error kinds ---------------------------------- */
+/* ==== Errors ========================================================= */
 
 #define TB_OK 0
 #define TB_ERR (-1)
@@ -55,7 +59,7 @@ extern "C" {
 /* Human-readable name of an error kind ("io", "timeout", ...). */
 const char *tb_err_name(int err);
 
-/* ---- Time ---------------------------------------------------------- */
+/* ==== Time =========================================================== */
 
 /* Monotonic time in microseconds, as redis's monotime. */
 typedef int64_t tb_monotime_us;
@@ -66,7 +70,7 @@ typedef int64_t tb_monotime_us;
 extern tb_monotime_us (*tb_clock_now_us)(void);
 tb_monotime_us tb_clock_monotonic_us(void);
 
-/* ---- Parsing helpers shared by the module, the shim and tools ------ */
+/* ==== Parsing configuration values =================================== */
 
 /* Parse a rate: "N/s", "N/m", "N/h" or a bare "N" (per second); N may be
  * fractional ("0.5/s"). Stores tokens per second in *per_sec. Returns
@@ -83,7 +87,7 @@ int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
 int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,
                  char *err, size_t errlen);
 
-/* ---- The bucket arithmetic (tb_bucket.c) --------------------------- */
+/* ==== Limits and the token bucket ==================================== */
 
 /* The most buckets one decision may take: a main bucket plus routes. */
 #define TB_MAX_BUCKETS 8
@@ -92,19 +96,34 @@ int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,
  * intermediate value of the arithmetic exact in a double. */
 #define TB_MAX_CAPACITY 1000000000.0
 
-/* The state of one bucket, as stored in the Redis hash (fields `tokens`
- * and `ts`). exists == 0 means "no key": a full bucket. */
-typedef struct tb_bucket {
-    double tokens;  /* Tokens in the bucket at ts (fractional).       */
-    int64_t ts_ms;  /* Clock of the last refill, in milliseconds.      */
-    int exists;
-} tb_bucket_t;
+/* The longest time to fill a bucket from empty, capacity / rate, in ms
+ * (about 31,700 years). Past it the scripts' TTLs would print in exponent
+ * form, which PEXPIRE refuses. */
+#define TB_MAX_FILL_MS 1e15
 
 /* A limit: capacity (the largest burst, tokens) and refill rate. */
 typedef struct tb_limit {
     double capacity;     /* Tokens, >= 1.                            */
     double rate_per_sec; /* Tokens per second, > 0.                   */
 } tb_limit_t;
+
+/* Check a limit: capacity 1..TB_MAX_CAPACITY, rate 1e-6..1e9 per second,
+ * and capacity / rate within TB_MAX_FILL_MS. TB_OK, or TB_ERR with a
+ * message in err (may be NULL). Hosts call it at configuration time; the
+ * core calls it again on every decision. */
+int tb_limit_check(const tb_limit_t *l, char *err, size_t errlen);
+
+/* Time-to-live of a bucket key in ms: ceil(capacity / rate * 1000) + 1000,
+ * the time to refill from empty plus a second of slack. */
+int64_t tb_bucket_ttl_ms(const tb_limit_t *lim);
+
+/* The state of one token bucket, as stored in the Redis hash (fields
+ * `tokens` and `ts`). exists == 0 means "no key": a full bucket. */
+typedef struct tb_bucket {
+    double tokens;  /* Tokens in the bucket at ts (fractional).       */
+    int64_t ts_ms;  /* Clock of the last refill, in milliseconds.      */
+    int exists;
+} tb_bucket_t;
 
 /* The outcome for one or more buckets. */
 typedef struct tb_verdict {
@@ -125,50 +144,65 @@ typedef struct tb_verdict {
  * alias in); on refusal out[] holds the refilled but undeducted states and
  * the caller may skip writing them. No clock, I/O or allocation. Returns
  * TB_ERR only for bad arguments (n out of range, capacity < 1, rate <= 0,
- * negative cost). */
+ * negative cost). The tool uses it to show a stored bucket refilled to
+ * now. */
 int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v);
 
-/* Issue 6, token leasing: tb_bucket_take() for one bucket that also
- * grants a lease, the C twin of tb_bucket.lua called with its optional
- * last argument `want`. When allowed (tokens >= cost after the refill),
- * g = min(floor(tokens), want), raised to cost if below it, is deducted
- * instead of cost and returned in *granted (0 when refused);
- * v->remaining is floor(tokens - g). With whole cost and want, g is
- * whole and cost <= g <= tokens. TB_ERR for bad arguments as
- * tb_bucket_take, or want < cost. */
-int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
-                    double cost, double want, int64_t now_ms,
-                    tb_bucket_t *out, tb_verdict_t *v, int64_t *granted);
+/* ==== Algorithms ===================================================== */
 
-/* The longest time to fill a bucket from empty, capacity / rate, in ms
- * (about 31,700 years). Past it the scripts' TTLs would print in exponent
- * form, which PEXPIRE refuses. */
-#define TB_MAX_FILL_MS 1e15
+/* One limit CAPACITY RATE keeps one meaning whatever the algorithm: the
+ * long-run rate is RATE and the largest burst is CAPACITY.
+ *  - token-bucket: lazy refill at RATE up to CAPACITY.
+ *  - gcra: emission interval 1000/RATE ms, burst tolerance CAPACITY
+ *    requests (CAPACITY 1 is strict spacing). State: one number.
+ *  - fixed-window: CAPACITY per window of CAPACITY*1000/RATE ms aligned to
+ *    the epoch; up to 2*CAPACITY can pass around a boundary.
+ *  - sliding-window: the same window length, estimated from the current
+ *    and previous window counts (previous weighted by its overlap): an
+ *    approximation, O(1).
+ *  - sliding-log: exact, one sorted-set member per admitted unit of cost:
+ *    memory and time grow with CAPACITY (at most TB_SLOG_MAX_CAPACITY).
+ * The keys of the algorithms other than the token bucket get a suffix
+ * (tb_algo_key_suffix) so that switching the algorithm of a live limit
+ * never reads another algorithm's state. The local failure policy decides
+ * with the token bucket whatever the algorithm. */
+typedef enum {
+    TB_ALGO_TOKEN_BUCKET = 0,
+    TB_ALGO_GCRA = 1,
+    TB_ALGO_SLIDING_WINDOW = 2,
+    TB_ALGO_FIXED_WINDOW = 3,
+    TB_ALGO_SLIDING_LOG = 4
+} tb_algo_t;
+#define TB_ALGO_COUNT 5
 
-/* Check a limit: capacity 1..TB_MAX_CAPACITY, rate 1e-6..1e9 per second,
- * and capacity / rate within TB_MAX_FILL_MS. TB_OK, or TB_ERR with a
- * message in err (may be NULL). Hosts call it at configuration time; the
- * core calls it again on every decision. */
-int tb_limit_check(const tb_limit_t *l, char *err, size_t errlen);
+/* Largest capacity the sliding log accepts (members per key). */
+#define TB_SLOG_MAX_CAPACITY 100000.0
 
-/* Time-to-live of a bucket key in ms: ceil(capacity / rate * 1000) + 1000,
- * the time to refill from empty plus a second of slack. */
-int64_t tb_bucket_ttl_ms(const tb_limit_t *lim);
+/* Parse "token-bucket" | "gcra" | "sliding-window" | "fixed-window" |
+ * "sliding-log" (the TBucketAlgorithm values). TB_ERR on anything else. */
+int tb_algo_parse(const char *s, tb_algo_t *a);
+/* The name tb_algo_parse() accepts, or "unknown". */
+const char *tb_algo_name(tb_algo_t a);
+/* The Redis key suffix of an algorithm ("" for the token bucket). */
+const char *tb_algo_key_suffix(tb_algo_t a);
 
-/* ---- Keys (tb_key.c) ----------------------------------------------- */
+/* ==== Keys =========================================================== */
 
-/* A client key longer than this, or holding a byte outside 0x21..0x7e, a
- * brace, or starting with '#', is replaced by '#' + 32 hex digits of its
- * SHA-256. Raw keys can never start with '#', so no client can name the
- * hashed key of another. */
+/* A client key longer than TB_KEY_RAW_MAX, or holding a byte outside
+ * 0x21..0x7e, a brace, or starting with '#', is replaced by '#' + 32 hex
+ * digits of its SHA-256. Raw keys can never start with '#', so no client
+ * can name the hashed key of another. */
 #define TB_KEY_RAW_MAX 128
 #define TB_PREFIX_MAX 64
 #define TB_NAME_MAX 64
 /* Room for prefix + "{" + key + " s63" + "}:route:" + name + an
- * algorithm suffix (issue 7) + NUL. */
+ * algorithm suffix + NUL. */
 #define TB_KEY_BUF (TB_PREFIX_MAX + TB_KEY_RAW_MAX + TB_NAME_MAX + 24)
+
+/* The most sub-buckets (shards) one client key may be split into. */
+#define TB_MAX_SHARDS 64
 
 /* Write the sanitised form of an untrusted client key (len bytes, may
  * hold NUL) into out (at least TB_KEY_RAW_MAX + 1 bytes). Returns its
@@ -181,17 +215,6 @@ size_t tb_key_sanitize(const char *key, size_t len, char *out);
 size_t tb_key_build(const char *prefix, const char *key, size_t len,
                     const char *route, char *out);
 
-/* The Redis Cluster hash slot of a key, 0..16383 (issue 6): CRC16
- * (XMODEM) of the hash tag -- the bytes between the first '{' and the
- * first '}' after it, when there are any -- else of the whole key, modulo
- * 16384, exactly as Redis's keyHashSlot. Every key tb_key_build() makes
- * for one client key has the same slot. */
-unsigned tb_key_slot(const char *key, size_t len);
-
-/* Issue 6, hot-tenant splitting: the most sub-buckets (shards) one
- * client key may be split into. */
-#define TB_MAX_SHARDS 64
-
 /* tb_key_build() for shard `shard` (0 .. TB_MAX_SHARDS - 1) of a client
  * key: "<prefix>{<sanitised key> s<shard>}" (":route:<name>" after it as
  * usual), so each shard has its own hash tag and Cluster slot. A raw
@@ -202,19 +225,26 @@ unsigned tb_key_slot(const char *key, size_t len);
 size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
                           int shard, const char *route, char *out);
 
+/* The Redis Cluster hash slot of a key, 0..16383: CRC16 (XMODEM) of the
+ * hash tag -- the bytes between the first '{' and the first '}' after
+ * it, when there are any -- else of the whole key, modulo 16384, exactly
+ * as Redis's keyHashSlot. Every key tb_key_build() makes for one client
+ * key has the same slot. */
+unsigned tb_key_slot(const char *key, size_t len);
+
 /* Validate a key prefix (1..TB_PREFIX_MAX printable bytes, no braces or
  * spaces) or a route name ([A-Za-z0-9_.-], 1..TB_NAME_MAX). These are
  * predicates: they return 1 when valid and 0 when not (not TB_OK). */
 int tb_prefix_valid(const char *prefix);
 int tb_name_valid(const char *name);
 
-/* SHA-256 (tb_sha256.c), for key hashing and the local table. */
-void tb_sha256(const void *data, size_t len, unsigned char out[32]);
+/* ==== Redis addresses ================================================ */
 
-/* ---- Redis addresses (tb_url.c) ------------------------------------ */
+/* The URL every host uses when none is configured. */
+#define TB_DEFAULT_URL "redis://127.0.0.1:6379"
 
-/* What a URL names (issue 6): one Redis, a primary found through
- * Sentinel, or a Redis Cluster. */
+/* What a URL names: one Redis, a primary found through Sentinel, or a
+ * Redis Cluster. */
 #define TB_REDIS_SINGLE 0   /* redis:// or unix:                        */
 #define TB_REDIS_SENTINEL 1 /* redis-sentinel://h:p[,h:p...]/MASTER     */
 #define TB_REDIS_CLUSTER 2  /* redis-cluster://h:p[,h:p...]             */
@@ -236,9 +266,9 @@ typedef struct tb_redis_addr {
     char user[128];      /* ACL user, or empty (AUTH password only).  */
     char password[256];  /* Empty: no AUTH.                           */
     int db;              /* SELECT when > 0.                          */
-    /* Issue 6, additive: zero for redis:// and unix: URLs. For the
-     * other kinds host and port are the first seed; user, password and
-     * db apply to the data nodes (sentinels are asked without AUTH). */
+    /* Zero for redis:// and unix: URLs. For the other kinds host and
+     * port are the first seed; user, password and db apply to the data
+     * nodes (sentinels are asked without AUTH). */
     int kind;            /* TB_REDIS_*.                               */
     int nseeds;          /* Entries used in seeds (0 for SINGLE).     */
     tb_redis_endpoint_t seeds[TB_MAX_SEEDS]; /* Sentinels (default
@@ -247,10 +277,9 @@ typedef struct tb_redis_addr {
 } tb_redis_addr_t;
 
 /* Parse "redis://[user:password@]host[:port][/db]" (IPv6 hosts in
- * brackets, %XX escapes in user and password) or "unix:/path[?db=N]".
- * Also (issue 6)
+ * brackets, %XX escapes in user and password), "unix:/path[?db=N]",
  * "redis-sentinel://[user:password@]host[:port][,host[:port]...]/MASTER[/db]"
- * and "redis-cluster://[user:password@]host[:port][,host[:port]...]"
+ * or "redis-cluster://[user:password@]host[:port][,host[:port]...]"
  * (Cluster has database 0 only), at most TB_MAX_SEEDS endpoints.
  * On error returns TB_ERR with a message naming the bad part. */
 int tb_url_parse(const char *url, tb_redis_addr_t *addr, char *err,
@@ -260,7 +289,7 @@ int tb_url_parse(const char *url, tb_redis_addr_t *addr, char *err,
  * status page. */
 void tb_url_redact(const tb_redis_addr_t *addr, char *out, size_t outlen);
 
-/* ---- Statistics (tb_stats.c) --------------------------------------- */
+/* ==== Counters ======================================================= */
 
 /* Latency histogram upper bounds in microseconds; the last is +Inf. */
 #define TB_LAT_BUCKETS 12
@@ -270,7 +299,7 @@ extern const int64_t tb_lat_bounds_us[TB_LAT_BUCKETS - 1];
  * memory shared by several processes (the module puts it in shared
  * memory). Plain data: zero it to initialise. */
 typedef struct tb_stats {
-    uint64_t decisions;         /* Every tb_client_decide call.       */
+    uint64_t decisions;         /* Every decision asked of a client.  */
     uint64_t allowed;
     uint64_t rejected;
     uint64_t redis_calls;       /* Script calls sent to Redis.        */
@@ -288,41 +317,12 @@ typedef struct tb_stats {
     uint64_t lat_sum_us;
 } tb_stats_t;
 
+/* Atomic add and read of one counter, for hosts that keep counters of
+ * their own beside the core's in shared memory. */
 void tb_stats_add(uint64_t *counter, uint64_t n);
 uint64_t tb_stats_get(const uint64_t *counter);
-void tb_stats_latency(tb_stats_t *s, int64_t us);
 
-/* ---- Circuit breaker (tb_breaker.c) -------------------------------- */
-
-typedef enum {
-    TB_BREAKER_CLOSED = 0,
-    TB_BREAKER_OPEN = 1,
-    TB_BREAKER_HALF_OPEN = 2
-} tb_breaker_state_t;
-
-/* Plain data, no locks: the client serialises access. */
-typedef struct tb_breaker {
-    int threshold;            /* Consecutive failures that open it.  */
-    int64_t cooldown_us;      /* Time open before a probe.           */
-    tb_breaker_state_t state;
-    int failures;             /* Consecutive failures so far.        */
-    tb_monotime_us opened_at_us;
-    int probe_in_flight;
-} tb_breaker_t;
-
-void tb_breaker_init(tb_breaker_t *b, int threshold, int64_t cooldown_ms);
-/* 1 when a call may go to Redis now; in OPEN past the cooldown this moves
- * to HALF_OPEN and lets exactly one probe through. */
-int tb_breaker_allow(tb_breaker_t *b, tb_monotime_us now);
-/* Report a call's outcome. Return 1 when this report changed the state
- * between closed and open (for logging a transition once). */
-int tb_breaker_success(tb_breaker_t *b, tb_monotime_us now);
-int tb_breaker_failure(tb_breaker_t *b, tb_monotime_us now);
-/* Milliseconds until a probe will be allowed (0 unless open). */
-int64_t tb_breaker_wait_ms(const tb_breaker_t *b, tb_monotime_us now);
-const char *tb_breaker_state_name(tb_breaker_state_t s);
-
-/* ---- Local fallback table (tb_local.c) ----------------------------- */
+/* ==== Tables in caller memory: local buckets and leases ============== */
 
 /* A fixed-size table of local buckets for the `local` failure policy. It
  * never grows: when a key's probe window is full the least recently used
@@ -337,15 +337,8 @@ typedef struct tb_local tb_local_t;
 size_t tb_local_size(size_t entries);
 /* Initialise a table in caller memory of tb_local_size(entries) bytes. */
 tb_local_t *tb_local_init(void *mem, size_t entries);
-/* Decide n buckets with limits divided by `replicas`, at now_ms. Keys are
- * the full Redis keys. Returns TB_ERR on bad arguments. */
-int tb_local_take(tb_local_t *t, const char *const *keys,
-                  const tb_limit_t *lim, const double *cost, int n,
-                  int replicas, int64_t now_ms, tb_verdict_t *v);
 /* Entries in use, for metrics. */
 size_t tb_local_used(tb_local_t *t);
-
-/* ---- Lease table (tb_local.c; issue 6, token leasing) -------------- */
 
 /* Tokens a server took from a shared bucket in one call (a lease) and
  * spends locally until they run out or expire. Same storage rules as the
@@ -374,7 +367,7 @@ int tb_lease_store(tb_lease_t *t, const char *key, double tokens,
 /* Entries in use, for metrics. */
 size_t tb_lease_used(tb_lease_t *t);
 
-/* ---- The client: pool + script + breaker + policy (tb_client.c) ---- */
+/* ==== The client: options ============================================ */
 
 typedef enum {
     TB_POLICY_OPEN = 0,   /* Allow when Redis cannot decide.            */
@@ -386,20 +379,10 @@ typedef enum {
 int tb_policy_parse(const char *s, tb_policy_t *p);
 const char *tb_policy_name(tb_policy_t p);
 
-typedef enum {
-    TB_SRC_REDIS = 0,
-    TB_SRC_OPEN = 1,
-    TB_SRC_CLOSED = 2,
-    TB_SRC_LOCAL = 3,
-    TB_SRC_ERROR = 4   /* The arguments were refused (err TB_ERR_ARG):
-                        * nothing was decided; allowed is 0. */
-} tb_source_t;
-const char *tb_source_name(tb_source_t s);
-
 /* Client options: a small value struct on the caller's stack. Call
  * tb_options_init() first for the defaults. */
 typedef struct tb_options {
-    const char *url;            /* Default redis://127.0.0.1:6379.  */
+    const char *url;            /* Default TB_DEFAULT_URL.          */
     int timeout_ms;             /* Command timeout, default 50.     */
     int connect_timeout_ms;     /* Default: timeout_ms.             */
     int pool_size;              /* Connections per process, def. 4. */
@@ -425,6 +408,8 @@ typedef struct tb_options {
 
 void tb_options_init(tb_options_t *o);
 
+/* ==== The client: one decision ======================================= */
+
 /* One bucket of a request: a limit, the tokens to take and an optional
  * route name ("<prefix>{key}:route:<name>"). */
 typedef struct tb_take {
@@ -433,18 +418,69 @@ typedef struct tb_take {
     const char *route; /* NULL for the main bucket. */
 } tb_take_t;
 
+/* The most tokens one lease may ask for. */
+#define TB_MAX_LEASE TB_MAX_CAPACITY
+
+/* What to decide. Zero it, then fill what applies: the zero value of each
+ * optional field is the plain case (the token bucket, the whole key, no
+ * lease, Redis's own clock). Nothing here is kept after the call. */
+typedef struct tb_request {
+    const char *prefix;     /* Key prefix, e.g. "rl:" (tb_prefix_valid).*/
+    const char *key;        /* The client key: untrusted, key_len bytes,
+                             * may hold NUL; sanitised by the core.     */
+    size_t key_len;
+    const tb_take_t *takes; /* The buckets, all decided in one script
+                             * call, all or nothing: takes[0] is the
+                             * main bucket, routes follow.             */
+    int ntakes;             /* 1 .. TB_MAX_BUCKETS.                     */
+    tb_algo_t algo;         /* The script of every bucket. Sliding log:
+                             * whole costs, capacity at most
+                             * TB_SLOG_MAX_CAPACITY.                    */
+    int shards;             /* 0 or 1: the key's own buckets. K > 1
+                             * (at most TB_MAX_SHARDS): the key is split
+                             * into K sub-buckets of capacity/K and
+                             * rate/K each, and this decision takes from
+                             * sub-bucket `shard` (0 .. K-1); the core
+                             * divides the limits.                     */
+    int shard;
+    double lease;           /* 0: no lease. Else, when the request is
+                             * allowed, take up to `lease` tokens in the
+                             * same call (res->granted): token bucket,
+                             * one main take, whole cost and lease,
+                             * cost <= lease <= TB_MAX_LEASE.           */
+    const int64_t *now_ms;  /* Tests only: Redis's clock replaced by
+                             * *now_ms. NULL in production.             */
+} tb_request_t;
+
+typedef enum {
+    TB_SRC_REDIS = 0,
+    TB_SRC_OPEN = 1,
+    TB_SRC_CLOSED = 2,
+    TB_SRC_LOCAL = 3,
+    TB_SRC_ERROR = 4   /* The arguments were refused (err TB_ERR_ARG):
+                        * nothing was decided; allowed is 0. */
+} tb_source_t;
+const char *tb_source_name(tb_source_t s);
+
 typedef struct tb_result {
     int allowed;
     int64_t remaining;   /* Tokens left in the binding bucket.         */
     int64_t retry_ms;    /* 0 if allowed, -1 if cost > capacity.       */
-    double limit;        /* Capacity of the binding bucket.            */
-    int binding;         /* Index into the request's buckets.          */
+    double limit;        /* Capacity of the binding bucket (of the
+                          * shard, for a split key).                   */
+    int binding;         /* Index into the request's takes.            */
     tb_source_t source;
     int err;             /* TB_ERR_* of the Redis call, or TB_ERR_NONE.*/
     int64_t redis_us;    /* Time spent on Redis, 0 if not asked.       */
     int breaker_change;  /* +1 when this decision opened the breaker,
                           * -1 when it closed it, else 0: hosts log a
                           * transition once, not once per request.     */
+    int64_t granted;     /* Lease requests: the tokens taken from the
+                          * shared bucket, cost included (0 when
+                          * refused, and whenever the failure policy
+                          * answered: no lease is made from a guess).
+                          * res->remaining is what the bucket keeps
+                          * after the grant.                           */
 } tb_result_t;
 
 typedef struct tb_client {
@@ -461,190 +497,48 @@ typedef struct tb_client {
  * decisions, as the shim does, or a dead Redis can kill it.
  *
  * Returns NULL and a message in err on bad options. Thread-safe once
- * created: any number of threads may call tb_client_decide(). */
+ * created: any number of threads may make decisions at once. */
 tb_client_t *tb_client_create(const tb_options_t *o, char *err,
                               size_t errlen);
 void tb_client_free(tb_client_t *c);
 
-/* Decide a request for `key` (untrusted, len bytes) over n buckets in one
- * Redis round trip, or by the failure policy when Redis cannot answer.
- * Always fills *res. Returns TB_OK when Redis decided and TB_ERR when the
- * policy did (res->err says why); the result is valid either way.
- * now_ms_for_tests, when >= 0, replaces Redis's clock (tests only). */
+/* Decide *req in one Redis script call, or by the failure policy when
+ * Redis cannot answer. Always fills *res. Returns TB_OK when Redis
+ * decided and TB_ERR when the policy did or the request was refused as
+ * malformed (res->source and res->err say which). */
+int tb_client_run(tb_client_t *c, const tb_request_t *req, tb_result_t *res);
+
+/* The plain case of tb_client_run(): n token buckets of the client key
+ * `key` (len bytes) under prefix. */
 int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
                      size_t len, const tb_take_t *takes, int n,
                      tb_result_t *res);
-int tb_client_decide_at(tb_client_t *c, const char *prefix,
-                        const char *key, size_t len, const tb_take_t *takes,
-                        int n, int64_t now_ms_for_tests, tb_result_t *res);
 
 /* Call in a forked child before its first decision: drops (closes without
  * a word to Redis) every connection inherited from the parent and resets
  * the locks. Safe to call from a pthread_atfork child handler. */
 void tb_client_after_fork(tb_client_t *c);
 
-/* Ask Redis for a bucket's stored state (for tools): tokens, ts and the
- * key's TTL in ms (-2 missing, -1 no TTL). */
+/* ==== The client: tools and metrics ================================== */
+
+/* Ask Redis for a token bucket's stored state (for tools): tokens, ts and
+ * the key's TTL in ms (-2 missing, -1 no TTL). */
 int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
                       int64_t *ttl_ms);
 /* Delete a bucket key; returns TB_OK. */
 int tb_client_reset(tb_client_t *c, const char *rkey);
 
-/* Introspection for metrics. */
+typedef enum {
+    TB_BREAKER_CLOSED = 0,
+    TB_BREAKER_OPEN = 1,
+    TB_BREAKER_HALF_OPEN = 2
+} tb_breaker_state_t;
+const char *tb_breaker_state_name(tb_breaker_state_t s);
+
 tb_breaker_state_t tb_client_breaker_state(tb_client_t *c);
 const tb_stats_t *tb_client_stats(tb_client_t *c);
 void tb_client_pool_usage(tb_client_t *c, int *size, int *open,
                           int *in_use);
-
-/* The embedded script and its SHA-1 (generated at build time from
- * shared/tb_bucket.lua). */
-extern const char tb_script_source[];
-extern const char tb_script_sha1[41];
-
-/* ---- Algorithms beyond the token bucket (issue 7) ------------------ */
-/* tb_algo.c, tb_gcra.c, tb_fwindow.c, tb_swindow.c, tb_slog.c; the
- * Lua twins are shared/tb_gcra.lua, tb_swindow.lua, tb_fwindow.lua and
- * tb_slog.lua. Everything in this block is additive: a zero value means
- * the token bucket, and tb_client_decide()/tb_client_decide_at() keep
- * deciding with the token bucket.
- *
- * One limit CAPACITY RATE keeps one meaning for users: the long-run rate
- * is RATE and the largest burst is CAPACITY.
- *  - gcra: emission interval 1000/RATE ms, burst tolerance CAPACITY
- *    requests (CAPACITY 1 is strict spacing). State: one number.
- *  - fixed-window: CAPACITY per window of CAPACITY*1000/RATE ms aligned to
- *    the epoch; up to 2*CAPACITY can pass around a boundary.
- *  - sliding-window: the same window length, estimated from the current
- *    and previous window counts (previous weighted by its overlap): an
- *    approximation, O(1).
- *  - sliding-log: exact, one sorted-set member per admitted unit of cost:
- *    memory and time grow with CAPACITY (at most TB_SLOG_MAX_CAPACITY).
- * Every script uses the ARGV convention and the reply of tb_bucket.lua,
- * Redis's clock (or an injected one for tests), a TTL on every key, and
- * all-or-nothing over several buckets with a cost each.
- *
- * The Redis keys of the new algorithms get a suffix (":gcra", ":fwin",
- * ":swin", ":slog") so that switching the algorithm of a live limit never
- * reads another algorithm's state (or hits WRONGTYPE); token-bucket keys
- * are unchanged. The local failure policy decides with the token bucket
- * whatever the algorithm (same CAPACITY and RATE, divided by replicas). */
-
-typedef enum {
-    TB_ALGO_TOKEN_BUCKET = 0,
-    TB_ALGO_GCRA = 1,
-    TB_ALGO_SLIDING_WINDOW = 2,
-    TB_ALGO_FIXED_WINDOW = 3,
-    TB_ALGO_SLIDING_LOG = 4
-} tb_algo_t;
-#define TB_ALGO_COUNT 5
-
-/* Largest capacity the sliding log accepts (members per key). */
-#define TB_SLOG_MAX_CAPACITY 100000.0
-
-/* Parse "token-bucket" | "gcra" | "sliding-window" | "fixed-window" |
- * "sliding-log" (the TBucketAlgorithm values). TB_ERR on anything else. */
-int tb_algo_parse(const char *s, tb_algo_t *a);
-/* The name tb_algo_parse() accepts, or "unknown". */
-const char *tb_algo_name(tb_algo_t a);
-/* The Redis key suffix of an algorithm ("" for the token bucket). */
-const char *tb_algo_key_suffix(tb_algo_t a);
-/* The embedded script text and its SHA-1 (40 hex digits), generated at
- * build time from shared/tb_*.lua; NULL for an unknown algorithm. The
- * token bucket's are tb_script_source and tb_script_sha1. */
-const char *tb_algo_script_source(tb_algo_t a);
-const char *tb_algo_script_sha1(tb_algo_t a);
-
-/* tb_client_decide_at() with an algorithm: every bucket of the call is
- * decided by the one script of `algo`. TB_ALGO_TOKEN_BUCKET is exactly
- * tb_client_decide_at(). Sliding log: cost must be whole and capacity at
- * most TB_SLOG_MAX_CAPACITY, or res->err is TB_ERR_ARG. */
-int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
-                          const char *prefix, const char *key, size_t len,
-                          const tb_take_t *takes, int n,
-                          int64_t now_ms_for_tests, tb_result_t *res);
-
-/* The pure C twins: no clock, I/O or allocation; same arguments, checks
- * and verdict as tb_bucket_take() (out may alias in; out receives what
- * the script stores: on refusal a copy of in, as the script writes
- * nothing). Each performs the double operations of its Lua script in the
- * same order. */
-
-/* GCRA state: the theoretical arrival time in ms (exists == 0: no key). */
-typedef struct tb_gcra {
-    double tat_ms;
-    int exists;
-} tb_gcra_t;
-
-int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
-                 const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
-                 tb_verdict_t *v);
-
-/* Window state: window number (floor(now_ms / window_ms)), cost spent in
- * it (cur) and in the one before (prev, sliding window only). */
-typedef struct tb_window {
-    double w;
-    double cur;
-    double prev;
-    int exists;
-} tb_window_t;
-
-int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
-                    const double *cost, int n, int64_t now_ms,
-                    tb_window_t *out, tb_verdict_t *v);
-int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
-                    const double *cost, int n, int64_t now_ms,
-                    tb_window_t *out, tb_verdict_t *v);
-
-/* Sliding-log state: the times (ms) of admitted units, ascending, in
- * caller storage of `slots` entries (slots >= capacity). Updated in place:
- * expired entries are always trimmed, cost entries are appended when
- * allowed. TB_ERR also for a fractional cost or too few slots. */
-typedef struct tb_slog {
-    int64_t *ts_ms;
-    size_t len;
-    size_t slots;
-} tb_slog_t;
-
-int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
-                 int n, int64_t now_ms, tb_verdict_t *v);
-
-/* ---- end of issue 7 block ------------------------------------------ */
-
-/* ---- Issue 6: token leasing and hot-tenant splitting (additive) --- */
-
-/* Issue 6, hot-tenant splitting: tb_client_decide_algo() on shard
- * `shard` of the key (tb_key_build_shard; -1: the plain key). takes[]
- * carry the limits of the shard (the caller divides). */
-int tb_client_decide_shard(tb_client_t *c, tb_algo_t algo,
-                           const char *prefix, const char *key, size_t len,
-                           int shard, const tb_take_t *takes, int n,
-                           int64_t now_ms_for_tests, tb_result_t *res);
-
-/* Issue 6, token leasing: the largest lease one call may ask for. */
-#define TB_MAX_LEASE TB_MAX_CAPACITY
-
-/* Decide one request on one token bucket (take->route must be NULL) and,
- * when it is allowed, take up to `want` tokens in the same round trip:
- * *granted = min(floor(tokens), want) >= take->cost, all deducted from
- * the shared bucket; the caller spends granted - cost later without
- * asking Redis. res->remaining is what the shared bucket keeps after the
- * grant. take->cost and want must be whole, 1 <= cost <= want <=
- * TB_MAX_LEASE, or res->err is TB_ERR_ARG. *granted is 0 when refused
- * and whenever the failure policy answered (Redis down, breaker open):
- * the policy decides this request only and no lease may be made from it.
- * Breaker, policy, counters and return value as tb_client_decide_at(). */
-int tb_client_lease(tb_client_t *c, const char *prefix, const char *key,
-                    size_t len, const tb_take_t *take, double want,
-                    int64_t now_ms_for_tests, tb_result_t *res,
-                    int64_t *granted);
-/* tb_client_lease() on shard `shard` of the key (-1: the plain key). */
-int tb_client_lease_shard(tb_client_t *c, const char *prefix,
-                          const char *key, size_t len, int shard,
-                          const tb_take_t *take, double want,
-                          int64_t now_ms_for_tests, tb_result_t *res,
-                          int64_t *granted);
-
-/* ---- end of issue 6 block ------------------------------------------ */
 
 #ifdef __cplusplus
 }

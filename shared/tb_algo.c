@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "tb.h"
+#include "tb_algo_int.h"
 
 static const char *const names[TB_ALGO_COUNT] = {
     "token-bucket", "gcra", "sliding-window", "fixed-window", "sliding-log"

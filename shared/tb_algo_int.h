@@ -1,5 +1,8 @@
-/* tb_algo_int.h -- helpers shared by the C twins of the algorithm scripts
- * (tb_gcra.c, tb_fwindow.c, tb_swindow.c, tb_slog.c). Internal.
+/* tb_algo_int.h -- the pure side of the core that hosts never call: the
+ * embedded Lua scripts, their C twins (tb_bucket.c, tb_gcra.c,
+ * tb_fwindow.c, tb_swindow.c, tb_slog.c), the local policy's take, and the
+ * fold the twins share. Internal: the library and its unit tests include
+ * it; hosts include tb.h only.
  *
  * Every script folds its buckets into one verdict the same way as
  * tb_bucket.lua: the largest wait decides (-1, "never", beats any wait),
@@ -12,6 +15,78 @@
 #include <math.h>
 
 #include "tb.h"
+
+/* ---- The embedded scripts (generated into tb_script.c) ------------ */
+
+/* The script text of an algorithm and its SHA-1 (40 hex digits), made at
+ * build time from shared/tb_*.lua; NULL for an unknown algorithm. */
+const char *tb_algo_script_source(tb_algo_t a);
+const char *tb_algo_script_sha1(tb_algo_t a);
+
+/* ---- The C twins of the scripts ------------------------------------ */
+
+/* tb_bucket_take() (tb.h) for one bucket that also grants a lease, the C
+ * twin of tb_bucket.lua called with its optional last argument `want`.
+ * When allowed (tokens >= cost after the refill), g = min(floor(tokens),
+ * want), raised to cost if below it, is deducted instead of cost and
+ * returned in *granted (0 when refused); v->remaining is floor(tokens -
+ * g). With whole cost and want, g is whole and cost <= g <= tokens.
+ * TB_ERR for bad arguments as tb_bucket_take, or want < cost. */
+int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
+                    double cost, double want, int64_t now_ms,
+                    tb_bucket_t *out, tb_verdict_t *v, int64_t *granted);
+
+/* The pure C twins: no clock, I/O or allocation; same arguments, checks
+ * and verdict as tb_bucket_take() (out may alias in; out receives what
+ * the script stores: on refusal a copy of in, as the script writes
+ * nothing). Each performs the double operations of its Lua script in the
+ * same order. */
+
+/* GCRA state: the theoretical arrival time in ms (exists == 0: no key). */
+typedef struct tb_gcra {
+    double tat_ms;
+    int exists;
+} tb_gcra_t;
+
+int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
+                 const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
+                 tb_verdict_t *v);
+
+/* Window state: window number (floor(now_ms / window_ms)), cost spent in
+ * it (cur) and in the one before (prev, sliding window only). */
+typedef struct tb_window {
+    double w;
+    double cur;
+    double prev;
+    int exists;
+} tb_window_t;
+
+int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
+                    const double *cost, int n, int64_t now_ms,
+                    tb_window_t *out, tb_verdict_t *v);
+int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
+                    const double *cost, int n, int64_t now_ms,
+                    tb_window_t *out, tb_verdict_t *v);
+
+/* Sliding-log state: the times (ms) of admitted units, ascending, in
+ * caller storage of `slots` entries (slots >= capacity). Updated in place:
+ * expired entries are always trimmed, cost entries are appended when
+ * allowed. TB_ERR also for a fractional cost or too few slots. */
+typedef struct tb_slog {
+    int64_t *ts_ms;
+    size_t len;
+    size_t slots;
+} tb_slog_t;
+
+int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
+                 int n, int64_t now_ms, tb_verdict_t *v);
+
+/* The local failure policy's decision (tb_local.c): n token buckets
+ * with limits divided by `replicas`, at now_ms, in the caller's table.
+ * Keys are the full Redis keys. Returns TB_ERR on bad arguments. */
+int tb_local_take(tb_local_t *t, const char *const *keys,
+                  const tb_limit_t *lim, const double *cost, int n,
+                  int replicas, int64_t now_ms, tb_verdict_t *v);
 
 /* Arguments every twin checks, as tb_bucket_take() does. */
 static inline int tb__algo_args_ok(const tb_limit_t *lim, const double *cost,

@@ -7,7 +7,7 @@
  * it for another cooldown. The states follow ap_proxy_retry_worker. Time is
  * passed in; the caller serialises access (tb_client.c holds its lock).
  */
-#include "tb.h"
+#include "tb_int.h"
 
 void tb_breaker_init(tb_breaker_t *b, int threshold, int64_t cooldown_ms)
 {

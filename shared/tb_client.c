@@ -1,8 +1,6 @@
 /* tb_client.c -- one decision: keys, breaker, script call, failure policy.
- * Also (issue 6) the same decision on one shard of a split key, and with
- * a token lease taken in the same call.
  *
- * tb_client_decide() is the request path of both hosts. It builds the
+ * tb_client_run() is the request path of every host. It builds the
  * bucket keys from the untrusted client key, asks the breaker whether Redis
  * may be called, makes exactly one script call through the pool and, when
  * Redis cannot decide, answers by the declared policy: open, closed, or a
@@ -36,7 +34,7 @@ struct tb_client_priv {
 void tb_options_init(tb_options_t *o)
 {
     memset(o, 0, sizeof(*o));
-    o->url = "redis://127.0.0.1:6379";
+    o->url = TB_DEFAULT_URL;
     o->timeout_ms = 50;
     o->connect_timeout_ms = 0;
     o->pool_size = 4;
@@ -225,15 +223,15 @@ static size_t fmt_num(char *buf, size_t len, double v)
     return n < 0 ? 0 : (size_t)n;
 }
 
-/* Issue 7: may the sliding log take this? Its work and memory grow
- * with capacity, and it stores one member per whole unit of cost. */
+/* May the sliding log take this? Its work and memory grow with capacity,
+ * and it stores one member per whole unit of cost. */
 static int slog_take_valid(const tb_take_t *t)
 {
     return t->limit.capacity <= TB_SLOG_MAX_CAPACITY
            && t->cost == floor(t->cost);
 }
 
-/* Issue 7: append the algorithm's key suffix, if it fits. */
+/* Append the algorithm's key suffix, if it fits. */
 static int add_suffix(char *key, tb_algo_t algo)
 {
     const char *sfx = tb_algo_key_suffix(algo);
@@ -246,144 +244,74 @@ static int add_suffix(char *key, tb_algo_t algo)
     return 1;
 }
 
-static int decide(tb_client_t *c, tb_algo_t algo, const char *prefix,
-                  const char *key, size_t len, int shard,
-                  const tb_take_t *takes, int n, double want,
-                  int64_t now_ms_for_tests, tb_result_t *res,
-                  int64_t *granted);
-
-int tb_client_decide_at(tb_client_t *c, const char *prefix,
-                        const char *key, size_t len, const tb_take_t *takes,
-                        int n, int64_t now_ms_for_tests, tb_result_t *res)
+/* A lease is whole tokens from one main token bucket. */
+static int lease_valid(const tb_request_t *q)
 {
-    return tb_client_decide_algo(c, TB_ALGO_TOKEN_BUCKET, prefix, key, len,
-                                 takes, n, now_ms_for_tests, res);
+    const tb_take_t *t = &q->takes[0];
+
+    return q->algo == TB_ALGO_TOKEN_BUCKET && q->ntakes == 1 && !t->route
+           && t->cost >= 1 && t->cost == floor(t->cost)
+           && q->lease >= t->cost && q->lease <= TB_MAX_LEASE
+           && q->lease == floor(q->lease);
 }
 
-int tb_client_decide_algo(tb_client_t *c, tb_algo_t algo,
-                          const char *prefix, const char *key, size_t len,
-                          const tb_take_t *takes, int n,
-                          int64_t now_ms_for_tests, tb_result_t *res)
+/* Check a request and build what the script call needs: the takes with
+ * the limits of the shard (a split key's sub-buckets hold capacity/K and
+ * refill at rate/K) and the full Redis key of every bucket. 0 when the
+ * request is malformed. */
+static int prepare(const tb_request_t *q, tb_take_t *takes,
+                   char keys[][TB_KEY_BUF])
 {
-    return tb_client_decide_shard(c, algo, prefix, key, len, -1, takes, n,
-                                  now_ms_for_tests, res);
-}
+    int i, split = q->shards > 1, shard = split ? q->shard : -1;
 
-int tb_client_decide_shard(tb_client_t *c, tb_algo_t algo,
-                           const char *prefix, const char *key, size_t len,
-                           int shard, const tb_take_t *takes, int n,
-                           int64_t now_ms_for_tests, tb_result_t *res)
-{
-    return decide(c, algo, prefix, key, len, shard, takes, n, -1,
-                  now_ms_for_tests, res, NULL);
-}
-
-int tb_client_lease(tb_client_t *c, const char *prefix, const char *key,
-                    size_t len, const tb_take_t *take, double want,
-                    int64_t now_ms_for_tests, tb_result_t *res,
-                    int64_t *granted)
-{
-    return tb_client_lease_shard(c, prefix, key, len, -1, take, want,
-                                 now_ms_for_tests, res, granted);
-}
-
-/* Issue 6: a lease is whole tokens from one main token bucket. */
-static int lease_valid(const tb_take_t *t, double want)
-{
-    return t && !t->route && t->cost >= 1 && t->cost == floor(t->cost)
-           && want >= t->cost && want <= TB_MAX_LEASE
-           && want == floor(want);
-}
-
-int tb_client_lease_shard(tb_client_t *c, const char *prefix,
-                          const char *key, size_t len, int shard,
-                          const tb_take_t *take, double want,
-                          int64_t now_ms_for_tests, tb_result_t *res,
-                          int64_t *granted)
-{
-    int64_t dummy;
-
-    if (!granted) {
-        granted = &dummy;
+    if (!q->takes || q->ntakes < 1 || q->ntakes > TB_MAX_BUCKETS
+        || (!q->key && q->key_len) || !tb_algo_script_sha1(q->algo)
+        || q->shards < 0 || q->shards > TB_MAX_SHARDS
+        || (split && (q->shard < 0 || q->shard >= q->shards))
+        || q->lease < 0 || (q->lease > 0 && !lease_valid(q))) {
+        return 0;
     }
-    *granted = 0;
-    if (!lease_valid(take, want)) {
-        memset(res, 0, sizeof(*res));
-        res->err = TB_ERR_ARG;
-        res->source = TB_SRC_ERROR;
-        return TB_ERR;
-    }
-    return decide(c, TB_ALGO_TOKEN_BUCKET, prefix, key, len, shard, take, 1,
-                  want, now_ms_for_tests, res, granted);
-}
-
-/* One decision: the keys of shard `shard` (-1: none), one script call
- * (with a lease of `want` tokens when want > 0; *granted gets the grant),
- * or the policy's answer. */
-static int decide(tb_client_t *c, tb_algo_t algo, const char *prefix,
-                  const char *key, size_t len, int shard,
-                  const tb_take_t *takes, int n, double want,
-                  int64_t now_ms_for_tests, tb_result_t *res,
-                  int64_t *granted)
-{
-    struct tb_client_priv *p;
-    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
-    char nums[3 + TB_MAX_BUCKETS * 3][32]; /* numkeys, now, 3 per bucket,
-                                            * want */
-    const char *argv[3 + TB_MAX_BUCKETS * 4 + 2];
-    size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 2];
-    tb__script_reply_t rep;
-    tb__error_t e = { 0, "" };
-    tb_monotime_us now, t1;
-    int i, argc = 0, allow, changed, rc;
-
-    memset(res, 0, sizeof(*res));
-    if (!c || !c->priv || !takes || n < 1 || n > TB_MAX_BUCKETS
-        || (!key && len) || !tb_algo_script_sha1(algo)) {
-        res->err = TB_ERR_ARG;
-        res->source = TB_SRC_ERROR;
-        return TB_ERR;
-    }
-    p = c->priv;
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < q->ntakes; i++) {
+        takes[i] = q->takes[i];
+        if (split) {
+            takes[i].limit.capacity /= q->shards;
+            takes[i].limit.rate_per_sec /= q->shards;
+        }
         if (!take_valid(&takes[i])
-            || !tb_key_build_shard(prefix, key, len, shard, takes[i].route,
-                                   keys[i])
-            || !add_suffix(keys[i], algo)
-            || (algo == TB_ALGO_SLIDING_LOG
+            || !tb_key_build_shard(q->prefix, q->key, q->key_len, shard,
+                                   takes[i].route, keys[i])
+            || !add_suffix(keys[i], q->algo)
+            || (q->algo == TB_ALGO_SLIDING_LOG
                 && !slog_take_valid(&takes[i]))) {
-            res->err = TB_ERR_ARG;
-            res->source = TB_SRC_ERROR;
-            return TB_ERR;
+            return 0;
         }
     }
-    tb_stats_add(&p->stats->decisions, 1);
-    now = tb_clock_now_us();
+    return 1;
+}
 
-    pthread_mutex_lock(&p->bmu);
-    allow = tb_breaker_allow(&p->breaker, now);
-    pthread_mutex_unlock(&p->bmu);
-    if (!allow) {
-        tb_stats_add(&p->stats->breaker_skips, 1);
-        answer(c, keys, takes, n, TB_ERR_BREAKER, now, res);
-        goto count;
-    }
+/* The script's arguments, EVALSHA form: digest, the keys, the clock ("" for
+ * Redis's own), capacity, rate and cost per bucket, and the lease size
+ * when one is asked for. nums holds the formatted numbers. Returns argc. */
+static int build_argv(const tb_request_t *q, const tb_take_t *takes,
+                      char keys[][TB_KEY_BUF], char nums[][32],
+                      const char **argv, size_t *argvlen)
+{
+    int i, argc = 0, n = q->ntakes;
 
     argv[argc] = "EVALSHA";
     argvlen[argc++] = 7;
-    argv[argc] = tb_algo_script_sha1(algo);
+    argv[argc] = tb_algo_script_sha1(q->algo);
     argvlen[argc++] = 40;
     argv[argc] = nums[0];
-    argvlen[argc++] = (size_t)snprintf(nums[0], sizeof(nums[0]), "%d", n);
+    argvlen[argc++] = fmt_num(nums[0], 32, n);
     for (i = 0; i < n; i++) {
         argv[argc] = keys[i];
         argvlen[argc++] = strlen(keys[i]);
     }
-    if (now_ms_for_tests >= 0) {
+    if (q->now_ms) {
         argv[argc] = nums[1];
-        argvlen[argc++] = (size_t)snprintf(nums[1], sizeof(nums[1]),
-                                           "%lld",
-                                           (long long)now_ms_for_tests);
+        argvlen[argc++] = (size_t)snprintf(nums[1], 32, "%lld",
+                                           (long long)*q->now_ms);
     }
     else {
         argv[argc] = "";
@@ -399,12 +327,68 @@ static int decide(tb_client_t *c, tb_algo_t algo, const char *prefix,
         argv[argc] = b + 64;
         argvlen[argc++] = fmt_num(b + 64, 32, takes[i].cost);
     }
-    if (want > 0) {
+    if (q->lease > 0) {
         /* The lease: the script's optional last argument. */
         argv[argc] = nums[2 + 3 * n];
-        argvlen[argc++] = fmt_num(nums[2 + 3 * n], 32, want);
+        argvlen[argc++] = fmt_num(nums[2 + 3 * n], 32, q->lease);
+    }
+    return argc;
+}
+
+/* Turn the script's reply into the result. */
+static void take_reply(const tb__script_reply_t *rep, const tb_request_t *q,
+                       const tb_take_t *takes, tb_result_t *res)
+{
+    int n = q->ntakes;
+
+    res->allowed = rep->v[0] == 1;
+    res->remaining = rep->v[1];
+    res->retry_ms = rep->v[2];
+    res->binding = rep->v[3] >= 0 && rep->v[3] < n ? (int)rep->v[3] : 0;
+    res->limit = takes[res->binding].limit.capacity;
+    res->source = TB_SRC_REDIS;
+    res->err = TB_ERR_NONE;
+    if (q->lease > 0 && res->allowed) {
+        /* A reply without a grant means only the cost was taken. */
+        res->granted = rep->v[4] >= takes[0].cost ? rep->v[4]
+                                                  : (int64_t)takes[0].cost;
+    }
+}
+
+int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
+{
+    struct tb_client_priv *p;
+    tb_take_t takes[TB_MAX_BUCKETS];
+    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
+    char nums[3 + TB_MAX_BUCKETS * 3][32]; /* numkeys, now, 3 per bucket,
+                                            * lease */
+    const char *argv[3 + TB_MAX_BUCKETS * 4 + 2];
+    size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 2];
+    tb__script_reply_t rep;
+    tb__error_t e = { 0, "" };
+    tb_monotime_us now, t1;
+    int argc, allow, changed, rc;
+
+    memset(res, 0, sizeof(*res));
+    if (!c || !c->priv || !q || !prepare(q, takes, keys)) {
+        res->err = TB_ERR_ARG;
+        res->source = TB_SRC_ERROR;
+        return TB_ERR;
+    }
+    p = c->priv;
+    tb_stats_add(&p->stats->decisions, 1);
+    now = tb_clock_now_us();
+
+    pthread_mutex_lock(&p->bmu);
+    allow = tb_breaker_allow(&p->breaker, now);
+    pthread_mutex_unlock(&p->bmu);
+    if (!allow) {
+        tb_stats_add(&p->stats->breaker_skips, 1);
+        answer(c, keys, takes, q->ntakes, TB_ERR_BREAKER, now, res);
+        goto count;
     }
 
+    argc = build_argv(q, takes, keys, nums, argv, argvlen);
     tb_stats_add(&p->stats->redis_calls, 1);
     rc = p->cluster ? tb__cluster_run_script(p->cluster, keys[0], argc, argv,
                                              argvlen, &rep, &e)
@@ -426,21 +410,10 @@ static int decide(tb_client_t *c, tb_algo_t algo, const char *prefix,
         tb_stats_add(&p->stats->redis_errors, 1);
         tb_stats_add(&p->stats->errors[e.err], 1);
         set_error(c, &e);
-        answer(c, keys, takes, n, e.err, t1, res);
+        answer(c, keys, takes, q->ntakes, e.err, t1, res);
         goto count;
     }
-    res->allowed = rep.v[0] == 1;
-    res->remaining = rep.v[1];
-    res->retry_ms = rep.v[2];
-    res->binding = rep.v[3] >= 0 && rep.v[3] < n ? (int)rep.v[3] : 0;
-    res->limit = takes[res->binding].limit.capacity;
-    res->source = TB_SRC_REDIS;
-    res->err = TB_ERR_NONE;
-    if (granted && res->allowed) {
-        /* A reply without a grant means only the cost was taken. */
-        *granted = rep.v[4] >= takes[0].cost ? rep.v[4]
-                                             : (int64_t)takes[0].cost;
-    }
+    take_reply(&rep, q, takes, res);
 
 count:
     tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
@@ -451,7 +424,15 @@ int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
                      size_t len, const tb_take_t *takes, int n,
                      tb_result_t *res)
 {
-    return tb_client_decide_at(c, prefix, key, len, takes, n, -1, res);
+    tb_request_t q;
+
+    memset(&q, 0, sizeof(q));
+    q.prefix = prefix;
+    q.key = key;
+    q.key_len = len;
+    q.takes = takes;
+    q.ntakes = n;
+    return tb_client_run(c, &q, res);
 }
 
 /* A tool's command about one key: to the pool, or to the key's node. */

@@ -102,16 +102,6 @@ unsigned tb_key_slot(const char *key, size_t len)
 
 /* ---- Nodes ----------------------------------------------------------- */
 
-static void cond_init_monotonic(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
 /* Under mu: the node at host:port, added (not connected) if new. NULL
  * when the table is full or out of memory. */
 static tb__cnode_t *node_get(tb__cluster_t *c, const char *host, int port,
@@ -167,7 +157,7 @@ tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a, int timeout_ms,
         return NULL;
     }
     pthread_mutex_init(&c->mu, NULL);
-    cond_init_monotonic(&c->refreshed);
+    tb__cond_init(&c->refreshed);
     c->addr = *a;
     c->timeout_ms = timeout_ms;
     c->connect_timeout_ms = connect_timeout_ms;
@@ -212,7 +202,7 @@ void tb__cluster_after_fork(tb__cluster_t *c)
     }
     /* As tb__pool_after_fork: only this thread exists in the child. */
     pthread_mutex_init(&c->mu, NULL);
-    cond_init_monotonic(&c->refreshed);
+    tb__cond_init(&c->refreshed);
     c->refreshing = 0;
     for (i = 0; i < c->nnodes; i++) {
         tb__pool_after_fork(&c->nodes[i]->pool);

@@ -1,7 +1,8 @@
-/* tb_int.h -- internals shared between the core's own files (tb__ names).
- *
- * Not installed and not for callers: the pool and the script call live in
- * tb_redis.c, the decision and the policy in tb_client.c.
+/* tb_int.h -- the I/O side of the core that hosts never call: the circuit
+ * breaker, the Redis connection pool and script call (tb_redis.c), Sentinel
+ * (tb_sentinel.c), Cluster (tb_cluster.c) and the failure policy
+ * (tb_policy.c). Internal: the library's files and its unit tests include
+ * it; hosts include tb.h only.
  */
 #ifndef TB_INT_H
 #define TB_INT_H
@@ -12,6 +13,42 @@
 #include <hiredis/hiredis.h>
 
 #include "tb.h"
+#include "tb_algo_int.h"
+
+/* ---- Small helpers -------------------------------------------------- */
+
+/* SHA-256 (tb_sha256.c), for key hashing and the local table. */
+void tb_sha256(const void *data, size_t len, unsigned char out[32]);
+
+/* Count one Redis call's latency in the histogram (tb_stats.c). */
+void tb_stats_latency(tb_stats_t *s, int64_t us);
+
+/* A condition variable that waits against CLOCK_MONOTONIC, so that a
+ * wall-clock step cannot stretch a bounded wait (tb_redis.c). */
+void tb__cond_init(pthread_cond_t *cv);
+
+/* ---- Circuit breaker (tb_breaker.c) -------------------------------- */
+
+/* Plain data, no locks: the client serialises access. */
+typedef struct tb_breaker {
+    int threshold;            /* Consecutive failures that open it.  */
+    int64_t cooldown_us;      /* Time open before a probe.           */
+    tb_breaker_state_t state;
+    int failures;             /* Consecutive failures so far.        */
+    tb_monotime_us opened_at_us;
+    int probe_in_flight;
+} tb_breaker_t;
+
+void tb_breaker_init(tb_breaker_t *b, int threshold, int64_t cooldown_ms);
+/* 1 when a call may go to Redis now; in OPEN past the cooldown this moves
+ * to HALF_OPEN and lets exactly one probe through. */
+int tb_breaker_allow(tb_breaker_t *b, tb_monotime_us now);
+/* Report a call's outcome. Return 1 when this report changed the state
+ * between closed and open (for logging a transition once). */
+int tb_breaker_success(tb_breaker_t *b, tb_monotime_us now);
+int tb_breaker_failure(tb_breaker_t *b, tb_monotime_us now);
+/* Milliseconds until a probe will be allowed (0 unless open). */
+int64_t tb_breaker_wait_ms(const tb_breaker_t *b, tb_monotime_us now);
 
 /* One connection slot: empty (ctx NULL), idle, or borrowed (busy). dev and
  * ino say which socket the fd was when we opened it; gen which primary

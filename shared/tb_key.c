@@ -13,7 +13,7 @@
  */
 #include <string.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 static int safe_byte(unsigned char c)
 {

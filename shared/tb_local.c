@@ -20,7 +20,7 @@
 #include <sched.h>
 #include <string.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
 #define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table (issue 6). */

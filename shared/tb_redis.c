@@ -94,7 +94,7 @@ void tb__ctx_error(tb__error_t *e, const redisContext *ctx,
                   ctx->errstr[0] ? ctx->errstr : "connection lost");
 }
 
-static void cond_init(pthread_cond_t *cv)
+void tb__cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t ca;
 
@@ -124,7 +124,7 @@ int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
     p->pid = self_pid();
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->rmu, NULL);
-    cond_init(&p->cv);
+    tb__cond_init(&p->cv);
     /* Nothing is known about the primary until a sentinel is asked. */
     p->stale = addr->kind == TB_REDIS_SENTINEL;
     return TB_OK;
@@ -287,7 +287,7 @@ void tb__pool_after_fork(tb__pool_t *p)
      * nothing, so the parent's sessions are intact. */
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->rmu, NULL);
-    cond_init(&p->cv);
+    tb__cond_init(&p->cv);
     for (i = 0; i < p->size; i++) {
         if (p->slots[i].ctx) {
             redisFree(p->slots[i].ctx);
@@ -761,7 +761,7 @@ static int run_script(tb__pool_t *p, int asking, int argc,
          * caller's argv is borrowed for the retry and put back. */
         const char *av0 = argv[0], *av1 = argv[1];
         size_t l0 = argvlen[0], l1 = argvlen[1];
-        const char *text = tb_script_source;
+        const char *text = tb_algo_script_source(TB_ALGO_TOKEN_BUCKET);
         int a;
 
         /* The digest says which algorithm's script to send (issue 7). */

@@ -484,7 +484,7 @@ static void sigpipe_restore(sigpipe_guard_t *g)
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-/* Ask the core for one token-bucket decision on rule r for `key`. Always
+/* Ask the core for one decision on rule r for `key`. Always
  * fills *res (the core applies the failure policy). The guard is raised
  * for the whole call, so hiredis's connect() goes straight to libc, and
  * cancellation is held off so that a cancelled thread cannot leave a core
@@ -493,10 +493,12 @@ static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
                         tb_result_t *res)
 {
     sigpipe_guard_t sp;
+    tb_request_t q;
     tb_client_t *c;
     pid_t pid = getpid();
     int cancel;
 
+    memset(&q, 0, sizeof(q));
     shim_guard++;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
     sigpipe_block(&sp);
@@ -514,8 +516,13 @@ static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
 
     c = shim_client_get();
     shim_in_core = 1;
-    tb_client_decide_algo(c, r->algo, r->prefix, key, len, &r->take, 1, -1,
-                          res);
+    q.prefix = r->prefix;
+    q.key = key;
+    q.key_len = len;
+    q.takes = &r->take;
+    q.ntakes = 1;
+    q.algo = r->algo;
+    tb_client_run(c, &q, res);
     shim_in_core = 0;
 
     if (shim_nfds > 0) {

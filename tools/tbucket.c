@@ -572,6 +572,7 @@ static int64_t retry_seconds(int64_t retry_ms)
 static int cmd_take(const tool_t *t)
 {
     tb_take_t take;
+    tb_request_t q;
     tb_result_t res;
     tb_client_t *c;
     int rc;
@@ -592,8 +593,14 @@ static int cmd_take(const tool_t *t)
     if (!c) {
         return EXIT_USAGE;
     }
-    rc = tb_client_decide_algo(c, t->algo, t->prefix, t->key,
-                               strlen(t->key), &take, 1, -1, &res);
+    memset(&q, 0, sizeof(q));
+    q.prefix = t->prefix;
+    q.key = t->key;
+    q.key_len = strlen(t->key);
+    q.takes = &take;
+    q.ntakes = 1;
+    q.algo = t->algo;
+    rc = tb_client_run(c, &q, &res);
     if (rc != TB_OK) {
         redis_error(t, res.err == TB_ERR_ARG ? "bad key or prefix"
                                              : c->errstr,

@@ -55,6 +55,7 @@ int main(int argc, char **argv)
     tb_options_t o;
     tb_client_t *c;
     tb_take_t take;
+    tb_request_t q;
     tb_result_t res;
     tb_algo_t algo;
     char err[256];
@@ -90,15 +91,20 @@ int main(int argc, char **argv)
     take.limit.capacity = atof(argv[3]);
     take.limit.rate_per_sec = atof(argv[4]);
     take.cost = atof(argv[5]);
+    memset(&q, 0, sizeof(q));
+    q.prefix = argv[7];
+    q.key = argv[8];
+    q.key_len = strlen(argv[8]);
+    q.takes = &take;
+    q.ntakes = 1;
+    q.algo = algo;
     first = real_ms();
     deadline = first + atoll(argv[6]);
     do {
         if (calls == flush_after && flush_scripts(argv[1]) != 0) {
             fprintf(stderr, "SCRIPT FLUSH failed\n");
         }
-        if (tb_client_decide_algo(c, algo, argv[7], argv[8],
-                                  strlen(argv[8]), &take, 1, -1, &res)
-            != TB_OK) {
+        if (tb_client_run(c, &q, &res) != TB_OK) {
             errors++;
             if (errors == 1) {
                 fprintf(stderr, "decide: %s\n", c->errstr);

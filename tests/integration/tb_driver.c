@@ -26,14 +26,15 @@
  *       total, redis (decided by Redis) and first_us / last_us, the
  *       CLOCK_REALTIME microseconds just before the first call and just
  *       after the last, so that several drivers' windows can be combined.
- *   lease SHARD KEY CAP RATE COST WANT
- *   lease_at NOW_MS SHARD KEY CAP RATE COST WANT
- *       A decision with a lease (issue 6; SHARD -1: the plain key):
- *       granted= and then what take prints.
- *   take_shard SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]
- *       take on one shard of the key (issue 6).
+ *   lease K SHARD KEY CAP RATE COST WANT
+ *   lease_at NOW_MS K SHARD KEY CAP RATE COST WANT
+ *       A decision with a lease on shard SHARD of a key split in K (K 0:
+ *       the plain key): granted= and then what take prints.
+ *   take_shard K SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]
+ *       take on shard SHARD of a key split in K; the limits are the whole
+ *       key's (the core divides them by K).
  *   key KEY [ROUTE]   the Redis key the client uses, hex-encoded
- *   slot KEY          tb_key_slot() of the raw bytes of KEY (issue 6)
+ *   slot KEY          tb_key_slot() of the raw bytes of KEY
  *   stats             every counter of tb_stats_t
  *   breaker           the breaker state
  *   pool              pool size, open and in-use connections
@@ -157,11 +158,24 @@ static void print_result(int rc, const tb_result_t *r, int64_t elapsed_us)
            rc, r->binding, r->limit, (long long)r->redis_us);
 }
 
+/* A request for the client key av[0] (escaped) over n takes. */
+static void request_init(tb_request_t *q, const char *key, long klen,
+                         const tb_take_t *t, int n)
+{
+    memset(q, 0, sizeof(*q));
+    q->prefix = prefix;
+    q->key = key;
+    q->key_len = (size_t)klen;
+    q->takes = t;
+    q->ntakes = n;
+}
+
 static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
 {
     tb_take_t t[TB_MAX_BUCKETS];
+    tb_request_t q;
     tb_result_t r;
-    int64_t now = -1, t0;
+    int64_t now = 0, t0;
     long klen;
     int n, rc;
 
@@ -174,9 +188,10 @@ static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
                "...\n");
         return;
     }
+    request_init(&q, av[with_now], klen, t, n);
+    q.now_ms = with_now ? &now : NULL;
     t0 = tb_clock_monotonic_us();
-    rc = tb_client_decide_at(c, prefix, av[with_now], (size_t)klen, t, n,
-                             now, &r);
+    rc = tb_client_run(c, &q, &r);
     print_result(rc, &r, tb_clock_monotonic_us() - t0);
 }
 
@@ -207,48 +222,69 @@ static void cmd_hammer(tb_client_t *c, char **av, int ac)
            (long long)redis, (long long)first, (long long)last);
 }
 
-/* Issue 6: lease[_at [NOW_MS]] SHARD KEY CAP RATE COST WANT, and
- * take_shard SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]. SHARD -1
- * is the plain key. */
+/* Read "K SHARD" into the request: K 0 or 1 is the plain key. */
+static int parse_shard(char **av, tb_request_t *q)
+{
+    int64_t k, shard;
+
+    if (to_i64(av[0], &k) || to_i64(av[1], &shard)) {
+        return 1;
+    }
+    q->shards = (int)k;
+    q->shard = (int)shard;
+    return 0;
+}
+
+/* lease[_at NOW_MS] K SHARD KEY CAP RATE COST WANT */
 static void cmd_lease(tb_client_t *c, char **av, int ac, int with_now)
 {
     tb_take_t t[TB_MAX_BUCKETS];
+    tb_request_t q;
     tb_result_t r;
-    int64_t now = -1, shard, granted = -1, t0;
+    int64_t now = 0, t0;
     double want;
     long klen;
     int n, rc;
 
     if ((with_now && (ac < 1 || to_i64(av[0], &now)))
-        || ac != 6 + with_now || to_i64(av[with_now], &shard)
-        || to_double(av[ac - 1], &want)
-        || parse_takes(av + with_now + 1, 4, &klen, t, &n)) {
-        printf("error usage: lease[_at NOW_MS] SHARD KEY CAP RATE COST "
+        || ac != 7 + with_now || to_double(av[ac - 1], &want)
+        || parse_takes(av + with_now + 2, 4, &klen, t, &n)) {
+        printf("error usage: lease[_at NOW_MS] K SHARD KEY CAP RATE COST "
                "WANT\n");
         return;
     }
+    request_init(&q, av[with_now + 2], klen, t, n);
+    if (parse_shard(av + with_now, &q)) {
+        printf("error usage: lease[_at NOW_MS] K SHARD ...\n");
+        return;
+    }
+    q.now_ms = with_now ? &now : NULL;
+    q.lease = want;
     t0 = tb_clock_monotonic_us();
-    rc = tb_client_lease_shard(c, prefix, av[with_now + 1], (size_t)klen,
-                               (int)shard, t, want, now, &r, &granted);
-    printf("ok granted=%lld ", (long long)granted);
+    rc = tb_client_run(c, &q, &r);
+    printf("ok granted=%lld ", (long long)r.granted);
     print_result(rc, &r, tb_clock_monotonic_us() - t0);
 }
 
+/* take_shard K SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...] */
 static void cmd_take_shard(tb_client_t *c, char **av, int ac)
 {
     tb_take_t t[TB_MAX_BUCKETS];
+    tb_request_t q;
     tb_result_t r;
-    int64_t shard;
     long klen;
     int n, rc;
 
-    if (ac < 1 || to_i64(av[0], &shard)
-        || parse_takes(av + 1, ac - 1, &klen, t, &n)) {
-        printf("error usage: take_shard SHARD KEY CAP RATE COST ...\n");
+    if (ac < 2 || parse_takes(av + 2, ac - 2, &klen, t, &n)) {
+        printf("error usage: take_shard K SHARD KEY CAP RATE COST ...\n");
         return;
     }
-    rc = tb_client_decide_shard(c, TB_ALGO_TOKEN_BUCKET, prefix, av[1],
-                                (size_t)klen, (int)shard, t, n, -1, &r);
+    request_init(&q, av[2], klen, t, n);
+    if (parse_shard(av, &q)) {
+        printf("error usage: take_shard K SHARD ...\n");
+        return;
+    }
+    rc = tb_client_run(c, &q, &r);
     print_result(rc, &r, 0);
 }
 

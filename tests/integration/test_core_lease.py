@@ -110,7 +110,7 @@ def test_core_020_03(redis_server, drivers):
         client = "c-" + row["id"]
         key = b"L:{" + client.encode() + b"}"
         put_state(r, key, row)
-        res = d.cmd("lease_at %s -1 %s %s %s %s %s" % (
+        res = d.cmd("lease_at %s 0 0 %s %s %s %s %s" % (
             row["now_ms"], client, num(row["capacity"]), num(row["rate"]),
             num(row["cost"]), num(row["want"])))
         if float(row["cost"]) < 1:
@@ -131,8 +131,9 @@ def test_core_020_03(redis_server, drivers):
 def test_core_020_04(redis_server, drivers):
     r = redis_server.client()
     d = drivers(redis_server.url)
-    for args in ("-1 k 10 1 1.5 5", "-1 k 10 1 1 2.5", "-1 k 10 1 3 2",
-                 "-1 k 10 1 0 5", "64 k 10 1 1 5"):
+    for args in ("0 0 k 10 1 1.5 5", "0 0 k 10 1 1 2.5", "0 0 k 10 1 3 2",
+                 "0 0 k 10 1 0 5", "64 64 k 10 1 1 5", "65 3 k 10 1 1 5",
+                 "4 -1 k 10 1 1 5"):
         res = d.cmd("lease " + args)
         assert res["err"] == "arg" and res["granted"] == 0, (args, res)
     assert info_commandstats(r).get("evalsha", 0) == 0
@@ -144,7 +145,7 @@ def test_core_020_04(redis_server, drivers):
 def test_core_020_05(drivers):
     for policy, allowed in (("open", 1), ("closed", 0), ("local", 1)):
         d = drivers("redis://127.0.0.1:1", policy=policy, timeout=50)
-        res = d.cmd("lease -1 k 10 1 1 5")
+        res = d.cmd("lease 0 0 k 10 1 1 5")
         assert res["source"] == policy and res["allowed"] == allowed, res
         assert res["granted"] == 0, res
 
@@ -176,7 +177,7 @@ def test_core_020_06(redis_server, drivers):
     r = redis_server.client()
     d = drivers(redis_server.url, prefix="S:")
     for i in range(8):
-        res = d.cmd("take_shard %d tenant 10 1 1 rt 5 1 1" % i)
+        res = d.cmd("take_shard 8 %d tenant 80 8 1 rt 40 8 1" % i)
         assert res["allowed"] == 1 and res["source"] == "redis"
     keys = sorted(r.keys("*"))
     want = sorted([b"S:{tenant s%d}" % i for i in range(8)]
@@ -202,13 +203,13 @@ def test_core_020_06(redis_server, drivers):
 def test_core_020_07(redis_server, drivers):
     r = redis_server.client()
     d = drivers(redis_server.url, prefix="F:")
-    assert d.cmd("take_shard 3 tenant 2 0.001 2")["allowed"] == 1
-    assert d.cmd("take_shard 3 tenant 2 0.001 1")["allowed"] == 0
+    assert d.cmd("take_shard 4 3 tenant 8 0.004 2")["allowed"] == 1
+    assert d.cmd("take_shard 4 3 tenant 8 0.004 1")["allowed"] == 0
     for forged in ("tenant s3", "tenant%20s3", "tenant s3}", "{tenant s3}",
                    "tenant\ts3"):
         res = d.take(forged.replace("%20", " "), 2, 0.001, 1)
         assert res["allowed"] == 1, forged
-    assert d.cmd("take_shard 3 tenant 2 0.001 1")["allowed"] == 0
+    assert d.cmd("take_shard 4 3 tenant 8 0.004 1")["allowed"] == 0
     for k in r.keys("*"):
         if k != b"F:{tenant s3}":
             assert b" " not in k, k

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 typedef struct av_row {
     char name[64];

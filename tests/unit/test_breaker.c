@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 #define MS 1000 /* Microseconds per millisecond. */
 

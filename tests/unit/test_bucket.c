@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 /* ---- The vector table ------------------------------------------------ */
 

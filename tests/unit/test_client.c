@@ -26,7 +26,7 @@
 
 #include <cmocka.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 /* ---- Fixtures ----------------------------------------------------------- */
 

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 static const struct {
     const char *key;

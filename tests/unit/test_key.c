@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 /* The documented digest form: '#' + the first 16 bytes of SHA-256 as 32
  * lowercase hex digits. */

@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "tb.h"
+#include "tb_int.h"
 
 #define GUARD 256
 

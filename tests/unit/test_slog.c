@@ -140,6 +140,7 @@ static void test_slog_client_checks(void **unused)
     tb_options_t o;
     tb_client_t *c;
     tb_take_t t;
+    tb_request_t q;
     tb_result_t res;
     char err[128];
 
@@ -152,17 +153,22 @@ static void test_slog_client_checks(void **unused)
     t.limit.capacity = 10;
     t.limit.rate_per_sec = 1;
     t.cost = 1.5;
-    assert_int_equal(tb_client_decide_algo(c, TB_ALGO_SLIDING_LOG, "p:",
-                                           "k", 1, &t, 1, -1, &res), TB_ERR);
+    memset(&q, 0, sizeof(q));
+    q.prefix = "p:";
+    q.key = "k";
+    q.key_len = 1;
+    q.takes = &t;
+    q.ntakes = 1;
+    q.algo = TB_ALGO_SLIDING_LOG;
+    assert_int_equal(tb_client_run(c, &q, &res), TB_ERR);
     assert_int_equal(res.err, TB_ERR_ARG);
     t.cost = 1;
     t.limit.capacity = TB_SLOG_MAX_CAPACITY + 1;
-    assert_int_equal(tb_client_decide_algo(c, TB_ALGO_SLIDING_LOG, "p:",
-                                           "k", 1, &t, 1, -1, &res), TB_ERR);
+    assert_int_equal(tb_client_run(c, &q, &res), TB_ERR);
     assert_int_equal(res.err, TB_ERR_ARG);
     t.limit.capacity = 10;
-    assert_int_equal(tb_client_decide_algo(c, (tb_algo_t)99, "p:", "k", 1,
-                                           &t, 1, -1, &res), TB_ERR);
+    q.algo = (tb_algo_t)99;
+    assert_int_equal(tb_client_run(c, &q, &res), TB_ERR);
     assert_int_equal(res.err, TB_ERR_ARG);
     assert_int_equal(tb_client_stats(c)->decisions, 0);
     tb_client_free(c);
