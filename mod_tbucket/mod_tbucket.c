@@ -3,58 +3,14 @@
  * Every replica of a server checks and deducts the same buckets in Redis,
  * through libtb (shared/tb.h), in one round trip per request, so a
  * client's limit does not depend on how many replicas there are. This file
- * holds the directives, the configuration records and their merges, and
- * the hooks; the counters and the status page are in tbucket_status.c.
- *
- * Server and virtual-host scope (a virtual host inherits what it does not
- * set):
- *
- *   TBucketRedis URL [timeout=MS] [connect_timeout=MS] [pool=N]
- *       redis://[user:password@]host[:port][/db] or unix:/path[?db=N].
- *       Default redis://127.0.0.1:6379, timeout 50 ms, connect timeout the
- *       same, pool 1 connection per child under prefork and 4 per child
- *       under threaded MPMs.
- *   TBucketFailurePolicy open|closed|local     (default open)
- *       What answers when Redis cannot: allow, refuse with 429, or decide
- *       on a bucket of capacity/N and rate/N kept in shared memory.
- *   TBucketReplicas N                          (default 1; the N above)
- *   TBucketBreaker threshold=N cooldown=DURATION  (default 5 and 10s)
- *   TBucketPrefix STRING                       (default "rl:")
- *
- * Directory scope (<VirtualHost>, <Location>, <Directory>, <If>, and
- * .htaccess under AllowOverride Limit), merged from outer to inner:
- *
- *   TBucketEnable On|Off                       (default Off)
- *   TBucketKey EXPR
- *       An ap_expr string, e.g. "%{HTTP:X-API-Key}". Default and fallback
- *       for an empty result: the client IP (r->useragent_ip, so
- *       mod_remoteip applies). A fallback IP is kept in its own key space
- *       ("<prefix>ip:{IP}") so that no client can name another client's
- *       IP bucket through the key header. A key that mentions REMOTE_USER
- *       or AUTH_TYPE is evaluated after authentication.
- *   TBucketLimit CAPACITY RATE                 RATE: N/s, N/m, N/h or N
- *   TBucketCost N                              (default 1)
- *       Tokens each request takes from every bucket it passes.
- *   TBucketTenant KEY CAPACITY RATE            (repeatable)
- *       The main bucket's limit for the client whose key is KEY.
- *   TBucketRouteLimit NAME CAPACITY RATE       (repeatable)
- *       An extra bucket "<prefix>{key}:route:NAME", decided with the main
- *       bucket in the same Redis call: all are deducted or none is.
- *   TBucketMode enforce|shadow                 (default enforce)
- *   TBucketHeaders legacy|ietf|both|off        (default legacy)
- *   TBucketLease N [ttl=DURATION] | Off        (default Off, ttl 1s)
- *       One Redis call takes up to N tokens from the main bucket for the
- *       whole server (all children, shared memory); later requests spend
- *       them without asking Redis until they run out or the ttl passes.
- *       Unspent tokens expire. Needs one token bucket: refused with
- *       TBucketRouteLimit or another TBucketAlgorithm (ignored where
- *       apache2 -t cannot see it, in .htaccess).
- *   TBucketShards K                            (default 1, at most 64)
- *       Each key's buckets become K sub-buckets of capacity/K and rate/K
- *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
- *       a hot key's load spreads over K Redis Cluster slots.
- *
- *   SetHandler tbucket-status                  Prometheus counters.
+ * holds the module record, the hooks and the request path: post_config
+ * and child_init make the shared memory slots and each child's clients;
+ * check_access and fixups decide each request (its key, the buckets it
+ * takes, shard and lease, the decision) and answer it. The directives,
+ * their manual and the configuration records are in tbucket_config.c, the
+ * checks across scopes in tbucket_check.c, the shared memory segment in
+ * tbucket_shm.c, and the status page in tbucket_status.c and
+ * tbucket_status_html.c.
  *
  * A limited request is counted once, however many sub-requests, internal
  * redirects (PHP through mod_actions) or ErrorDocument redirects it makes.
@@ -91,7 +47,7 @@ typedef struct tbucket_req {
     const char *remaining;   /* TBUCKET_REMAINING, as text. */
 } tbucket_req;
 
-/* Per-process state of the shard choice (issue 6; see pick_shard). */
+/* Per-process state of the shard choice (see pick_shard). */
 static apr_uint64_t shard_seed;
 static volatile apr_uint32_t shard_seq;
 
@@ -165,8 +121,8 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
 
     tbucket_client_options(sc, &o);
     o.local = tbucket_local_table();
-    if (tbucket_shm_seg && sc->client_slot >= 0) {
-        c->slot = &tbucket_shm_seg->clients[sc->client_slot];
+    c->slot = tbucket_shm_client(sc);
+    if (c->slot) {
         o.stats = &c->slot->stats;
     }
     c->s = s;
@@ -191,7 +147,7 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
     apr_hash_t *made = apr_hash_make(pchild);
     server_rec *s;
 
-    /* Each child its own shard sequence (issue 6). */
+    /* Each child its own shard sequence. */
     if (apr_generate_random_bytes((unsigned char *)&shard_seed,
                                   sizeof(shard_seed)) != APR_SUCCESS) {
         shard_seed = (apr_uint64_t)getpid() * 0x2545f4914f6cdd1dULL
@@ -309,7 +265,7 @@ static int build_takes(const tbucket_dir_conf *dc, const char *key,
     return n;
 }
 
-/* ---- Issue 6: hot-tenant shards and token leases -------------------- */
+/* ---- Hot-tenant shards and token leases ------------------------------ */
 
 /* The shard of a request: uniform at random, from a per-process seed and
  * an atomic sequence through splitmix64, so threads need no lock and

@@ -1,8 +1,10 @@
-/* mod_tbucket.h -- what mod_tbucket.c and tbucket_status.c share.
+/* mod_tbucket.h -- what the files of mod_tbucket share.
  *
- * The configuration records, the per-child client record and the layout of
- * the server-wide shared memory segment. Only the module's own files
- * include this; the core's public header is shared/tb.h.
+ * The configuration records, the per-child client record, the counter
+ * slots of the shared memory segment and the functions each file offers
+ * the others. Only the module's own files include this; the core's public
+ * header is shared/tb.h, and the status page's table of metrics is in
+ * tbucket_status.h.
  */
 #ifndef MOD_TBUCKET_H
 #define MOD_TBUCKET_H
@@ -17,7 +19,8 @@
 
 /* Log tags: "TB" + five digits + ": ", one number per call site, never
  * reused (the rules of httpd's docs/log-message-tags/README). 001xx are
- * in mod_tbucket.c and tbucket_config.c, 002xx in tbucket_status.c. */
+ * in mod_tbucket.c, tbucket_config.c and tbucket_check.c, 002xx in
+ * tbucket_shm.c. */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_URL "redis://127.0.0.1:6379"
@@ -35,25 +38,21 @@ typedef enum {
     TBUCKET_OUTCOMES
 } tbucket_outcome;
 
-/* The TBUCKET_DECISION value of each outcome. */
+/* The TBUCKET_DECISION value of each outcome, also the outcome label of
+ * the metrics (defined in tbucket_shm.c, with the counters). */
 extern const char *const tbucket_outcome_names[TBUCKET_OUTCOMES];
 
-/* ---- Shared memory (one segment per parent process) ---------------- */
+/* ---- Shared memory slots (the segment is private to tbucket_shm.c) -- */
 
-#define TBUCKET_SHM_MAGIC 0x74627531u /* "tbu1" */
-#define TBUCKET_MAX_VHOSTS 256        /* Slots; the last one is "other". */
-#define TBUCKET_MAX_CLIENTS 64        /* Stats slots, one per Redis URL
-                                       * and policy.                    */
 #define TBUCKET_NAME_LEN 160          /* Bytes, NUL included.           */
-#define TBUCKET_LOCAL_ENTRIES 16384   /* Buckets in the local table.    */
-#define TBUCKET_LEASE_ENTRIES 4096    /* Leases held at once (issue 6). */
 
+/* The counters of one virtual host. Children only add to them, with
+ * tb_stats_add; readers use tb_stats_get. */
 typedef struct tbucket_vhost_stats {
     char name[TBUCKET_NAME_LEN];      /* "host:port" of the vhost.      */
     uint64_t outcome[TBUCKET_OUTCOMES];
     uint64_t cost_exceeded;           /* Requests whose cost can never
                                        * fit their bucket.              */
-    /* Token leasing (issue 6). */
     uint64_t lease_hits;              /* Requests spent from a lease,
                                        * without asking Redis.          */
     uint64_t lease_refills;           /* Leases taken from Redis.       */
@@ -67,25 +66,17 @@ typedef struct tbucket_client_stats {
                                        * every child's client.          */
 } tbucket_client_stats;
 
-/* The segment. Made once per parent process, in the first real
- * post_config, and kept across graceful restarts (it hangs off the
- * process pool), so counters never go backwards and children of an old
- * generation that are still finishing requests keep valid pointers.
- * Slots are only added, by the parent, while no child of the new
- * generation exists yet; children only do atomic adds. */
-typedef struct tbucket_shm {
-    uint32_t magic;
-    uint32_t nvhosts;                 /* Slots in use.                  */
-    uint32_t nclients;
-    uint32_t pad;
+/* What the status page reads of the segment: the slots in use and the
+ * segment's own figures. The slot arrays are in shared memory; read
+ * their counters with tb_stats_get only. */
+typedef struct tbucket_shm_view {
+    uint32_t nvhosts;                 /* Slots in use in vhosts.        */
+    uint32_t nclients;                /* Slots in use in clients.       */
+    const tbucket_vhost_stats *vhosts;
+    const tbucket_client_stats *clients;
+    size_t local_entries;             /* Size of the local table.       */
     uint64_t generation;              /* Config loads since start.      */
-    tbucket_vhost_stats vhosts[TBUCKET_MAX_VHOSTS];
-    tbucket_client_stats clients[TBUCKET_MAX_CLIENTS];
-    size_t local_entries;
-    size_t local_off;                 /* Bytes from the segment start.  */
-    size_t lease_entries;             /* The lease table (issue 6).     */
-    size_t lease_off;                 /* Bytes from the segment start.  */
-} tbucket_shm;
+} tbucket_shm_view;
 
 /* ---- Configuration -------------------------------------------------- */
 
@@ -120,8 +111,8 @@ typedef struct tbucket_srv_conf {
 
     /* Filled in post_config (parent) and child_init (child). */
     const char *signature;            /* Identity of the client config. */
-    int vhost_slot;                   /* Index in shm->vhosts.          */
-    int client_slot;                  /* Index in shm->clients.         */
+    int vhost_slot;                   /* Slot of the vhost's counters.  */
+    int client_slot;                  /* Slot of the client's counters. */
     tbucket_client *client;           /* This child's client.           */
 } tbucket_srv_conf;
 
@@ -158,10 +149,10 @@ typedef struct tbucket_dir_conf {
     /* Route buckets (tbucket_route), outer first, at most
      * TB_MAX_BUCKETS - 1 after a merge. */
     apr_array_header_t *routes;
-    /* Issue 6. lease: -1 unset, 0 off, else the tokens one Redis call
-     * takes for this server (TBucketLease N); lease_ttl_ms how long they
-     * may be spent. shards: -1 unset, else K sub-buckets of capacity/K
-     * and rate/K (TBucketShards K, 1..TB_MAX_SHARDS). */
+    /* lease: -1 unset, 0 off, else the tokens one Redis call takes for
+     * this server (TBucketLease N); lease_ttl_ms how long they may be
+     * spent. shards: -1 unset, else K sub-buckets of capacity/K and
+     * rate/K (TBucketShards K, 1..TB_MAX_SHARDS). */
     int lease;
     int lease_ttl_ms;
     int shards;
@@ -171,41 +162,55 @@ extern module AP_MODULE_DECLARE_DATA tbucket_module;
 
 /* ---- tbucket_config.c ---------------------------------------------- */
 
+/* The directive table; the head comment of tbucket_config.c is the
+ * directive manual. */
 extern const command_rec tbucket_cmds[];
 void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s);
 void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
 void *tbucket_create_dir_conf(apr_pool_t *p, char *dir);
 void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv);
-int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
-                         apr_pool_t *ptemp, server_rec *s);
 /* The options of the client a server makes in each child. */
 void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o);
 
-/* ---- tbucket_status.c ---------------------------------------------- */
+/* ---- tbucket_check.c ----------------------------------------------- */
 
-/* The segment, or NULL before the first post_config. */
-extern tbucket_shm *tbucket_shm_seg;
+/* The check_config hook: refuses what cannot work and warns about what
+ * can be seen to be wrong across scopes, also under apache2 -t. */
+int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
+                         apr_pool_t *ptemp, server_rec *s);
+
+/* ---- tbucket_shm.c ------------------------------------------------- */
 
 /* Create (once per parent) or re-attach the segment; assign the slots of
  * every server. Runs in post_config. */
 int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s);
 
+/* The stats slot of a server's Redis configuration, or NULL before the
+ * first post_config. For child_init: the client counts into it. */
+tbucket_client_stats *tbucket_shm_client(const tbucket_srv_conf *sc);
+
 /* Count one decision for a server. Thread- and process-safe. */
 void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
                    int cost_exceeded);
-
-/* The tbucket-status handler: Prometheus text, or HTML with ?view=html. */
-int tbucket_status_handler(request_rec *r);
-
-/* The local-policy table in the segment, or NULL. */
-tb_local_t *tbucket_local_table(void);
-
-/* The lease table in the segment, or NULL (issue 6). */
-tb_lease_t *tbucket_lease_table(void);
 
 /* Count a lease hit (granted 0) or a refill that granted `granted`
  * tokens, for a server. Thread- and process-safe. */
 void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
                          int64_t granted);
+
+/* The local-policy table in the segment, or NULL. */
+tb_local_t *tbucket_local_table(void);
+
+/* The lease table in the segment, or NULL. */
+tb_lease_t *tbucket_lease_table(void);
+
+/* Fill *v with a view of the segment: 1, or 0 before the first
+ * post_config (v untouched). */
+int tbucket_shm_view_get(tbucket_shm_view *v);
+
+/* ---- tbucket_status.c ---------------------------------------------- */
+
+/* The tbucket-status handler: Prometheus text, or HTML with ?view=html. */
+int tbucket_status_handler(request_rec *r);
 
 #endif /* MOD_TBUCKET_H */

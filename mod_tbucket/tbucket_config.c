@@ -1,12 +1,76 @@
 /* tbucket_config.c -- mod_tbucket's directives and configuration records.
  *
- * The directive handlers validate every value with the core's parsers at
- * config time, so the request path never parses; a bad value is refused
- * with a message naming the directive and the value. The create and merge
- * functions follow httpd's conventions (mod_proxy's _set flags,
- * mod_headers' merges), and check_config warns, also under apache2 -t,
- * about what can be seen to be wrong across scopes. The directives
- * themselves are described in the head comment of mod_tbucket.c.
+ * The directive table and its handlers, the server and directory records
+ * with their create and merge functions, and the client options a
+ * server's record stands for. The handlers validate every value with the
+ * core's parsers at config time, so the request path never parses; a bad
+ * value is refused with a message naming the directive and the value.
+ * The create and merge functions follow httpd's conventions (mod_proxy's
+ * _set flags, mod_headers' merges). What can only be judged once scopes
+ * are merged is checked in tbucket_check.c.
+ *
+ * Server and virtual-host scope (a virtual host inherits what it does not
+ * set):
+ *
+ *   TBucketRedis URL [timeout=MS] [connect_timeout=MS] [pool=N]
+ *       redis://[user:password@]host[:port][/db] or unix:/path[?db=N].
+ *       Default redis://127.0.0.1:6379, timeout 50 ms, connect timeout the
+ *       same, pool 1 connection per child under prefork and 4 per child
+ *       under threaded MPMs.
+ *   TBucketFailurePolicy open|closed|local     (default open)
+ *       What answers when Redis cannot: allow, refuse with 429, or decide
+ *       on a bucket of capacity/N and rate/N kept in shared memory.
+ *   TBucketReplicas N                          (default 1; the N above)
+ *   TBucketBreaker threshold=N cooldown=DURATION  (default 5 and 10s)
+ *   TBucketPrefix STRING                       (default "rl:")
+ *
+ * Directory scope (<VirtualHost>, <Location>, <Directory>, <If>, and
+ * .htaccess under AllowOverride Limit), merged from outer to inner:
+ *
+ *   TBucketEnable On|Off                       (default Off)
+ *   TBucketKey EXPR
+ *       An ap_expr string, e.g. "%{HTTP:X-API-Key}". Default and fallback
+ *       for an empty result: the client IP (r->useragent_ip, so
+ *       mod_remoteip applies). A fallback IP is kept in its own key space
+ *       ("<prefix>ip:{IP}") so that no client can name another client's
+ *       IP bucket through the key header. A key that mentions REMOTE_USER
+ *       or AUTH_TYPE is evaluated after authentication.
+ *   TBucketLimit CAPACITY RATE                 RATE: N/s, N/m, N/h or N
+ *   TBucketCost N                              (default 1)
+ *       Tokens each request takes from every bucket it passes.
+ *   TBucketTenant KEY CAPACITY RATE            (repeatable)
+ *       The main bucket's limit for the client whose key is KEY.
+ *   TBucketRouteLimit NAME CAPACITY RATE       (repeatable)
+ *       An extra bucket "<prefix>{key}:route:NAME", decided with the main
+ *       bucket in the same Redis call: all are deducted or none is.
+ *   TBucketMode enforce|shadow                 (default enforce)
+ *   TBucketAlgorithm token-bucket|gcra|sliding-window|fixed-window|
+ *                    sliding-log               (default token-bucket)
+ *       TBucketLimit keeps one meaning: a long-run rate of RATE and a
+ *       largest burst of CAPACITY. gcra spaces requests evenly;
+ *       fixed-window and sliding-window allow CAPACITY per window of
+ *       CAPACITY/RATE seconds (fixed: up to twice that around a window's
+ *       edge; sliding: a weighted estimate); sliding-log is exact, keeps
+ *       one entry per admitted token and needs a capacity up to 100000
+ *       and a whole cost. Keys of the other algorithms carry a suffix
+ *       (:gcra, :swin, :fwin, :slog). The local failure policy uses a
+ *       token bucket for all of them.
+ *   TBucketHeaders legacy|ietf|both|off        (default legacy)
+ *   TBucketLease N [ttl=DURATION] | Off        (default Off, ttl 1s)
+ *       One Redis call takes up to N tokens from the main bucket for the
+ *       whole server (all children, shared memory); later requests spend
+ *       them without asking Redis until they run out or the ttl passes.
+ *       Unspent tokens expire. Needs one token bucket: refused with
+ *       TBucketRouteLimit or another TBucketAlgorithm (ignored where
+ *       apache2 -t cannot see it, in .htaccess).
+ *   TBucketShards K                            (default 1, at most 64)
+ *       Each key's buckets become K sub-buckets of capacity/K and rate/K
+ *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
+ *       a hot key's load spreads over K Redis Cluster slots.
+ *
+ *   SetHandler tbucket-status
+ *       The counters in the Prometheus text format, or with ?view=html as
+ *       a page for a browser (tbucket_status.c).
  */
 #include "apr_hash.h"
 #include "apr_strings.h"
@@ -71,6 +135,22 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     m->vhost_slot = -1;
     m->client_slot = -1;
     return m;
+}
+
+/* Options of the client a server will make in each child. */
+void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
+{
+    tb_options_init(o);
+    o->url = sc->url ? sc->url : TBUCKET_DEFAULT_URL;
+    o->timeout_ms = sc->timeout_ms;
+    o->connect_timeout_ms = sc->connect_timeout_ms;
+    if (sc->pool_size > 0) {
+        o->pool_size = sc->pool_size;
+    }
+    o->breaker_threshold = sc->breaker_threshold;
+    o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
+    o->policy = sc->policy;
+    o->replicas = sc->replicas;
 }
 
 void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
@@ -573,7 +653,7 @@ static const char *set_header_style(cmd_parms *cmd, void *dcv,
                      "expected legacy, ietf, both or off");
 }
 
-/* TBucketLease N [ttl=DURATION] | Off (issue 6). */
+/* TBucketLease N [ttl=DURATION] | Off. */
 static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
 {
     tbucket_dir_conf *dc = dcv;
@@ -668,268 +748,3 @@ const command_rec tbucket_cmds[] = {
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
     { NULL }
 };
-
-/* ---- Configuration checks (apache2 -t shows these) ------------------ */
-
-static void warn_once(apr_hash_t *seen, server_rec *s, const char *msg)
-{
-    if (!apr_hash_get(seen, msg, APR_HASH_KEY_STRING)) {
-        apr_hash_set(seen, msg, APR_HASH_KEY_STRING, msg);
-        ap_log_error(APLOG_MARK, APLOG_WARNING | APLOG_STARTUP, 0, s,
-                     TBLOGNO(00101) "%s", msg);
-    }
-}
-
-static void check_cost(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
-                       const char *where, const char *what, double cost,
-                       double capacity)
-{
-    if (cost > capacity) {
-        warn_once(seen, s, apr_psprintf(p, "TBucketCost %.0f exceeds the "
-                  "capacity %.0f of %s in %s: such requests are always "
-                  "refused with 403", cost, capacity, what, where));
-    }
-}
-
-/* Warn about what can be seen to be wrong in one effective scope. */
-static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
-                        const char *where, const tbucket_dir_conf *dc)
-{
-    const tbucket_dir_conf *t;
-    apr_hash_index_t *hi;
-    double shards = dc->shards > 1 ? dc->shards : 1;
-    int i;
-
-    if (dc->enable == 1 && !dc->limit_set) {
-        warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
-                  "TBucketLimit in %s: requests there are not limited",
-                  where));
-    }
-    if (dc->limit_set) {
-        check_cost(p, seen, s, where, "TBucketLimit", dc->cost,
-                   dc->limit.capacity / shards);
-    }
-    if (dc->lease > 0 && dc->lease < dc->cost) {
-        warn_once(seen, s, apr_psprintf(p, "TBucketLease %d is below "
-                  "TBucketCost %.0f in %s: each lease covers one request",
-                  dc->lease, dc->cost, where));
-    }
-    if (dc->algo == TB_ALGO_SLIDING_LOG
-        && ((dc->limit_set && dc->limit.capacity > TB_SLOG_MAX_CAPACITY)
-            || dc->cost != (double)(apr_int64_t)dc->cost)) {
-        warn_once(seen, s, apr_psprintf(p, "TBucketAlgorithm sliding-log in "
-                  "%s needs a capacity up to %d and a whole cost: requests "
-                  "there are not limited", where,
-                  (int)TB_SLOG_MAX_CAPACITY));
-    }
-    for (t = dc; t; t = t->tenants_up) {
-        for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL; hi;
-             hi = apr_hash_next(hi)) {
-            const void *k;
-            void *v;
-
-            apr_hash_this(hi, &k, NULL, &v);
-            check_cost(p, seen, s, where,
-                       apr_psprintf(p, "TBucketTenant %s", (const char *)k),
-                       dc->cost, ((tb_limit_t *)v)->capacity / shards);
-        }
-    }
-    for (i = 0; dc->routes && i < dc->routes->nelts; i++) {
-        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
-                                                 tbucket_route);
-
-        check_cost(p, seen, s, where,
-                   apr_psprintf(p, "TBucketRouteLimit %s", rt->name),
-                   dc->cost, rt->limit.capacity / shards);
-    }
-}
-
-/* Issue 6: what one effective scope asks that cannot work, or NULL. A
- * lease takes one token bucket; a shard must keep at least one token of
- * every bucket it splits (capacity / K >= 1) and a valid rate. */
-static const char *shard_limit_bad(const tb_limit_t *l, int k)
-{
-    tb_limit_t d;
-
-    d.capacity = l->capacity / k;
-    d.rate_per_sec = l->rate_per_sec / k;
-    return tb_limit_check(&d, NULL, 0) == TB_OK ? NULL : "";
-}
-
-static const char *refuse_scope(apr_pool_t *p, const char *where,
-                                const tbucket_dir_conf *dc)
-{
-    const tbucket_dir_conf *t;
-    apr_hash_index_t *hi;
-    int i, k = dc->shards > 1 ? dc->shards : 1;
-    const char *bad = NULL;
-
-    if (dc->lease > 0 && dc->routes && dc->routes->nelts) {
-        return apr_psprintf(p, "TBucketLease in %s: a lease takes one "
-                            "bucket, and TBucketRouteLimit applies there",
-                            where);
-    }
-    if (dc->lease > 0 && dc->algo > 0) {
-        return apr_psprintf(p, "TBucketLease in %s: leases need "
-                            "TBucketAlgorithm token-bucket, not %s", where,
-                            tb_algo_name((tb_algo_t)dc->algo));
-    }
-    if (k == 1) {
-        return NULL;
-    }
-    if (dc->limit_set && shard_limit_bad(&dc->limit, k)) {
-        bad = "TBucketLimit";
-    }
-    for (t = dc; !bad && t; t = t->tenants_up) {
-        for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL;
-             hi && !bad; hi = apr_hash_next(hi)) {
-            const void *key;
-            void *v;
-
-            apr_hash_this(hi, &key, NULL, &v);
-            if (shard_limit_bad(v, k)) {
-                bad = apr_psprintf(p, "TBucketTenant %s",
-                                   (const char *)key);
-            }
-        }
-    }
-    for (i = 0; !bad && dc->routes && i < dc->routes->nelts; i++) {
-        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
-                                                 tbucket_route);
-
-        if (shard_limit_bad(&rt->limit, k)) {
-            bad = apr_psprintf(p, "TBucketRouteLimit %s", rt->name);
-        }
-    }
-    return bad ? apr_psprintf(p, "TBucketShards %d in %s: %s split %d ways "
-                              "leaves less than one token (or too slow a "
-                              "rate) per shard", k, where, bad, k)
-               : NULL;
-}
-
-/* Log a refusal at startup and under apache2 -t. */
-static int refused(server_rec *s, const char *msg)
-{
-    ap_log_error(APLOG_MARK, APLOG_EMERG | APLOG_STARTUP, 0, s,
-                 TBLOGNO(00113) "%s", msg);
-    return !OK;
-}
-
-/* Routes after merging add into base, before any is dropped. */
-static int route_count(const apr_array_header_t *base,
-                       const apr_array_header_t *add)
-{
-    int i, j, n = add ? add->nelts : 0, dup;
-
-    for (i = 0; base && i < base->nelts; i++) {
-        for (dup = 0, j = 0; add && j < add->nelts && !dup; j++) {
-            dup = !strcmp(APR_ARRAY_IDX(base, i, tbucket_route).name,
-                          APR_ARRAY_IDX(add, j, tbucket_route).name);
-        }
-        n += !dup;
-    }
-    return n;
-}
-
-static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
-                          const char *kind, apr_array_header_t *secs)
-{
-    int i;
-
-    for (i = 0; secs && i < secs->nelts; i++) {
-        ap_conf_vector_t *sec = APR_ARRAY_IDX(secs, i, ap_conf_vector_t *);
-        core_dir_config *cd = ap_get_core_module_config(sec);
-        tbucket_dir_conf *dc = ap_get_module_config(sec, &tbucket_module);
-        tbucket_dir_conf *base = ap_get_module_config(s->lookup_defaults,
-                                                      &tbucket_module);
-
-        if (!dc) {
-            continue;
-        }
-        if (route_count(base->routes, dc->routes) > MAX_ROUTES) {
-            warn_once(seen, s, apr_psprintf(p, "more than %d "
-                      "TBucketRouteLimit buckets apply in <%s %s>: the "
-                      "outermost are ignored", MAX_ROUTES, kind,
-                      cd && cd->d ? cd->d : "?"));
-        }
-        const char *where = apr_psprintf(p, "<%s %s> of %s", kind,
-                                         cd && cd->d ? cd->d : "?",
-                                         s->defn_name ? s->defn_name
-                                                      : "the main server");
-        const tbucket_dir_conf *m = tbucket_merge_dir_conf(p, base, dc);
-        const char *msg = refuse_scope(p, where, m);
-
-        if (msg) {
-            return refused(s, msg);
-        }
-        check_scope(p, seen, s, where, m);
-    }
-    return OK;
-}
-
-/* Options of the client a server will make in each child. */
-void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
-{
-    tb_options_init(o);
-    o->url = sc->url ? sc->url : TBUCKET_DEFAULT_URL;
-    o->timeout_ms = sc->timeout_ms;
-    o->connect_timeout_ms = sc->connect_timeout_ms;
-    if (sc->pool_size > 0) {
-        o->pool_size = sc->pool_size;
-    }
-    o->breaker_threshold = sc->breaker_threshold;
-    o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
-    o->policy = sc->policy;
-    o->replicas = sc->replicas;
-}
-
-/* tbucket_check_config runs after the vhosts are merged and also under
- * `apache2 -t`, before the error log is open, so its warnings reach the
- * administrator's terminal. It refuses a client configuration the core
- * would refuse (creating a client does not connect) and warns about
- * costs that can never fit the buckets they are charged to. */
-int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
-                        apr_pool_t *ptemp, server_rec *main_s)
-{
-    apr_hash_t *seen = apr_hash_make(ptemp);
-    server_rec *s;
-
-    (void)pconf;
-    (void)plog;
-    for (s = main_s; s; s = s->next) {
-        core_server_config *core = ap_get_core_module_config(
-            s->module_config);
-        tbucket_srv_conf *sc = srv_conf(s);
-        const tbucket_dir_conf *dc;
-        const char *where, *msg;
-        tb_options_t o;
-        tb_client_t *c;
-        char err[TB_ERRSTR_LEN];
-
-        tbucket_client_options(sc, &o);
-        o.local_entries = 64;
-        if (!(c = tb_client_create(&o, err, sizeof(err)))) {
-            ap_log_error(APLOG_MARK, APLOG_EMERG | APLOG_STARTUP, 0, s,
-                         TBLOGNO(00102) "TBucketRedis in %s: %s",
-                         s->defn_name ? s->defn_name : "the main server",
-                         err);
-            return !OK;
-        }
-        tb_client_free(c);
-        where = s->defn_name ? apr_psprintf(ptemp, "<VirtualHost> at %s:%d",
-                                            s->defn_name,
-                                            s->defn_line_number)
-                             : "the main server";
-        dc = ap_get_module_config(s->lookup_defaults, &tbucket_module);
-        if ((msg = refuse_scope(ptemp, where, dc))) {
-            return refused(s, msg);
-        }
-        check_scope(ptemp, seen, s, where, dc);
-        if (check_sections(ptemp, seen, s, "Directory", core->sec_dir) != OK
-            || check_sections(ptemp, seen, s, "Location", core->sec_url)
-                   != OK) {
-            return !OK;
-        }
-    }
-    return OK;
-}

@@ -1,0 +1,277 @@
+/* tbucket_check.c -- mod_tbucket's check_config hook.
+ *
+ * The directive handlers (tbucket_config.c) validate each value alone;
+ * what only shows once scopes are merged is checked here, after the
+ * virtual hosts are merged and also under `apache2 -t`, before the error
+ * log is open, so the messages reach the administrator's terminal. What
+ * cannot work is refused: a client configuration the core would refuse,
+ * a lease with route buckets or another algorithm, shards too small to
+ * keep one token and a valid rate each. What works but is likely a
+ * mistake draws one warning each: a cost that never fits its bucket,
+ * TBucketEnable without a limit, more route buckets than a request can
+ * take, a lease smaller than the cost, sliding-log beyond its capacity.
+ * The main server, every virtual host and each of their <Directory> and
+ * <Location> sections (merged with the server's defaults) are checked;
+ * .htaccess files are not read at this point.
+ */
+#include "apr_hash.h"
+#include "apr_strings.h"
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_core.h"
+#include "http_log.h"
+
+#include "mod_tbucket.h"
+
+APLOG_USE_MODULE(tbucket);
+
+static void warn_once(apr_hash_t *seen, server_rec *s, const char *msg)
+{
+    if (!apr_hash_get(seen, msg, APR_HASH_KEY_STRING)) {
+        apr_hash_set(seen, msg, APR_HASH_KEY_STRING, msg);
+        ap_log_error(APLOG_MARK, APLOG_WARNING | APLOG_STARTUP, 0, s,
+                     TBLOGNO(00101) "%s", msg);
+    }
+}
+
+static void check_cost(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                       const char *where, const char *what, double cost,
+                       double capacity)
+{
+    if (cost > capacity) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketCost %.0f exceeds the "
+                  "capacity %.0f of %s in %s: such requests are always "
+                  "refused with 403", cost, capacity, what, where));
+    }
+}
+
+/* Warn about what can be seen to be wrong in one effective scope. */
+static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                        const char *where, const tbucket_dir_conf *dc)
+{
+    const tbucket_dir_conf *t;
+    apr_hash_index_t *hi;
+    double shards = dc->shards > 1 ? dc->shards : 1;
+    int i;
+
+    if (dc->enable == 1 && !dc->limit_set) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
+                  "TBucketLimit in %s: requests there are not limited",
+                  where));
+    }
+    if (dc->limit_set) {
+        check_cost(p, seen, s, where, "TBucketLimit", dc->cost,
+                   dc->limit.capacity / shards);
+    }
+    if (dc->lease > 0 && dc->lease < dc->cost) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketLease %d is below "
+                  "TBucketCost %.0f in %s: each lease covers one request",
+                  dc->lease, dc->cost, where));
+    }
+    if (dc->algo == TB_ALGO_SLIDING_LOG
+        && ((dc->limit_set && dc->limit.capacity > TB_SLOG_MAX_CAPACITY)
+            || dc->cost != (double)(apr_int64_t)dc->cost)) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketAlgorithm sliding-log in "
+                  "%s needs a capacity up to %d and a whole cost: requests "
+                  "there are not limited", where,
+                  (int)TB_SLOG_MAX_CAPACITY));
+    }
+    for (t = dc; t; t = t->tenants_up) {
+        for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL; hi;
+             hi = apr_hash_next(hi)) {
+            const void *k;
+            void *v;
+
+            apr_hash_this(hi, &k, NULL, &v);
+            check_cost(p, seen, s, where,
+                       apr_psprintf(p, "TBucketTenant %s", (const char *)k),
+                       dc->cost, ((tb_limit_t *)v)->capacity / shards);
+        }
+    }
+    for (i = 0; dc->routes && i < dc->routes->nelts; i++) {
+        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
+                                                 tbucket_route);
+
+        check_cost(p, seen, s, where,
+                   apr_psprintf(p, "TBucketRouteLimit %s", rt->name),
+                   dc->cost, rt->limit.capacity / shards);
+    }
+}
+
+/* Non-NULL when one of k shards of l is no valid limit: a shard must
+ * keep at least one token of every bucket it splits (capacity / K >= 1)
+ * and a valid rate. */
+static const char *shard_limit_bad(const tb_limit_t *l, int k)
+{
+    tb_limit_t d;
+
+    d.capacity = l->capacity / k;
+    d.rate_per_sec = l->rate_per_sec / k;
+    return tb_limit_check(&d, NULL, 0) == TB_OK ? NULL : "";
+}
+
+/* What one effective scope asks that cannot work, as a message naming
+ * the directive and the scope, or NULL. A lease takes one token bucket;
+ * shards must each keep a valid limit (shard_limit_bad). */
+static const char *refuse_scope(apr_pool_t *p, const char *where,
+                                const tbucket_dir_conf *dc)
+{
+    const tbucket_dir_conf *t;
+    apr_hash_index_t *hi;
+    int i, k = dc->shards > 1 ? dc->shards : 1;
+    const char *bad = NULL;
+
+    if (dc->lease > 0 && dc->routes && dc->routes->nelts) {
+        return apr_psprintf(p, "TBucketLease in %s: a lease takes one "
+                            "bucket, and TBucketRouteLimit applies there",
+                            where);
+    }
+    if (dc->lease > 0 && dc->algo > 0) {
+        return apr_psprintf(p, "TBucketLease in %s: leases need "
+                            "TBucketAlgorithm token-bucket, not %s", where,
+                            tb_algo_name((tb_algo_t)dc->algo));
+    }
+    if (k == 1) {
+        return NULL;
+    }
+    if (dc->limit_set && shard_limit_bad(&dc->limit, k)) {
+        bad = "TBucketLimit";
+    }
+    for (t = dc; !bad && t; t = t->tenants_up) {
+        for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL;
+             hi && !bad; hi = apr_hash_next(hi)) {
+            const void *key;
+            void *v;
+
+            apr_hash_this(hi, &key, NULL, &v);
+            if (shard_limit_bad(v, k)) {
+                bad = apr_psprintf(p, "TBucketTenant %s",
+                                   (const char *)key);
+            }
+        }
+    }
+    for (i = 0; !bad && dc->routes && i < dc->routes->nelts; i++) {
+        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
+                                                 tbucket_route);
+
+        if (shard_limit_bad(&rt->limit, k)) {
+            bad = apr_psprintf(p, "TBucketRouteLimit %s", rt->name);
+        }
+    }
+    return bad ? apr_psprintf(p, "TBucketShards %d in %s: %s split %d ways "
+                              "leaves less than one token (or too slow a "
+                              "rate) per shard", k, where, bad, k)
+               : NULL;
+}
+
+/* Log a refusal at startup and under apache2 -t. */
+static int refused(server_rec *s, const char *msg)
+{
+    ap_log_error(APLOG_MARK, APLOG_EMERG | APLOG_STARTUP, 0, s,
+                 TBLOGNO(00113) "%s", msg);
+    return !OK;
+}
+
+/* Routes after merging add into base, before any is dropped. */
+static int route_count(const apr_array_header_t *base,
+                       const apr_array_header_t *add)
+{
+    int i, j, n = add ? add->nelts : 0, dup;
+
+    for (i = 0; base && i < base->nelts; i++) {
+        for (dup = 0, j = 0; add && j < add->nelts && !dup; j++) {
+            dup = !strcmp(APR_ARRAY_IDX(base, i, tbucket_route).name,
+                          APR_ARRAY_IDX(add, j, tbucket_route).name);
+        }
+        n += !dup;
+    }
+    return n;
+}
+
+static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                          const char *kind, apr_array_header_t *secs)
+{
+    int i;
+
+    for (i = 0; secs && i < secs->nelts; i++) {
+        ap_conf_vector_t *sec = APR_ARRAY_IDX(secs, i, ap_conf_vector_t *);
+        core_dir_config *cd = ap_get_core_module_config(sec);
+        tbucket_dir_conf *dc = ap_get_module_config(sec, &tbucket_module);
+        tbucket_dir_conf *base = ap_get_module_config(s->lookup_defaults,
+                                                      &tbucket_module);
+
+        if (!dc) {
+            continue;
+        }
+        if (route_count(base->routes, dc->routes) > MAX_ROUTES) {
+            warn_once(seen, s, apr_psprintf(p, "more than %d "
+                      "TBucketRouteLimit buckets apply in <%s %s>: the "
+                      "outermost are ignored", MAX_ROUTES, kind,
+                      cd && cd->d ? cd->d : "?"));
+        }
+        const char *where = apr_psprintf(p, "<%s %s> of %s", kind,
+                                         cd && cd->d ? cd->d : "?",
+                                         s->defn_name ? s->defn_name
+                                                      : "the main server");
+        const tbucket_dir_conf *m = tbucket_merge_dir_conf(p, base, dc);
+        const char *msg = refuse_scope(p, where, m);
+
+        if (msg) {
+            return refused(s, msg);
+        }
+        check_scope(p, seen, s, where, m);
+    }
+    return OK;
+}
+
+/* Every server and each of its sections, in configuration order; the
+ * first refusal stops the check (and the start) with !OK. A client is
+ * created and freed for each server to let the core judge its options:
+ * creating a client does not connect. */
+int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
+                         apr_pool_t *ptemp, server_rec *main_s)
+{
+    apr_hash_t *seen = apr_hash_make(ptemp);
+    server_rec *s;
+
+    (void)pconf;
+    (void)plog;
+    for (s = main_s; s; s = s->next) {
+        core_server_config *core = ap_get_core_module_config(
+            s->module_config);
+        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                    &tbucket_module);
+        const tbucket_dir_conf *dc;
+        const char *where, *msg;
+        tb_options_t o;
+        tb_client_t *c;
+        char err[TB_ERRSTR_LEN];
+
+        tbucket_client_options(sc, &o);
+        o.local_entries = 64;
+        if (!(c = tb_client_create(&o, err, sizeof(err)))) {
+            ap_log_error(APLOG_MARK, APLOG_EMERG | APLOG_STARTUP, 0, s,
+                         TBLOGNO(00102) "TBucketRedis in %s: %s",
+                         s->defn_name ? s->defn_name : "the main server",
+                         err);
+            return !OK;
+        }
+        tb_client_free(c);
+        where = s->defn_name ? apr_psprintf(ptemp, "<VirtualHost> at %s:%d",
+                                            s->defn_name,
+                                            s->defn_line_number)
+                             : "the main server";
+        dc = ap_get_module_config(s->lookup_defaults, &tbucket_module);
+        if ((msg = refuse_scope(ptemp, where, dc))) {
+            return refused(s, msg);
+        }
+        check_scope(ptemp, seen, s, where, dc);
+        if (check_sections(ptemp, seen, s, "Directory", core->sec_dir) != OK
+            || check_sections(ptemp, seen, s, "Location", core->sec_url)
+                   != OK) {
+            return !OK;
+        }
+    }
+    return OK;
+}

@@ -1,0 +1,294 @@
+/* tbucket_shm.c -- mod_tbucket's shared memory segment.
+ *
+ * One anonymous shared memory segment per parent process holds everything
+ * that must be the same whichever child answers: the decision and lease
+ * counters of every virtual host, the core's counters (tb_stats_t) of
+ * every distinct Redis configuration, the table of local buckets behind
+ * the `local` failure policy and the table of token leases. The segment
+ * is made in the first real post_config and hangs off the process pool,
+ * so a graceful restart keeps it: counters do not go backwards, and
+ * children of the old generation that are still finishing requests keep
+ * writing to valid memory.
+ *
+ * This file is the only one that sees the segment's layout. Other files
+ * reach it through functions: tbucket_shm_setup (post_config), the slot
+ * of a server's client (child_init), the counting functions and the two
+ * tables (request path), and a read-only view (status page). Nothing here
+ * renders or logs figures; the status page does.
+ */
+#include "apr_shm.h"
+#include "apr_strings.h"
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_log.h"
+
+#include "mod_tbucket.h"
+
+APLOG_USE_MODULE(tbucket);
+
+#define SHM_USERDATA_KEY "mod_tbucket_shm"
+#define SHM_MAGIC 0x74627531u         /* "tbu1" */
+#define MAX_VHOSTS 256                /* Slots; the last one is "other". */
+#define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
+                                       * and policy.                    */
+#define LOCAL_ENTRIES 16384           /* Buckets in the local table.    */
+#define LEASE_ENTRIES 4096            /* Leases held at once.           */
+
+/* The segment. Slots are only added, by the parent, while no child of
+ * the new generation exists yet; children only do atomic adds. */
+typedef struct tbucket_shm {
+    uint32_t magic;
+    uint32_t nvhosts;                 /* Slots in use.                  */
+    uint32_t nclients;
+    uint32_t pad;
+    uint64_t generation;              /* Config loads since start.      */
+    tbucket_vhost_stats vhosts[MAX_VHOSTS];
+    tbucket_client_stats clients[MAX_CLIENTS];
+    size_t local_entries;
+    size_t local_off;                 /* Bytes from the segment start.  */
+    size_t lease_entries;             /* The lease table.               */
+    size_t lease_off;                 /* Bytes from the segment start.  */
+} tbucket_shm;
+
+/* This parent's segment, or NULL before the first post_config. Set in
+ * the parent before any child of the generation exists, so children
+ * inherit it and only read it. */
+static tbucket_shm *shm_seg = NULL;
+
+const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
+    "allowed", "rejected", "shadow-rejected", "fallback-open",
+    "fallback-closed", "fallback-local"
+};
+
+/* Bytes before the local table: the header rounded up to a cache line. */
+static apr_size_t local_offset(void)
+{
+    return APR_ALIGN(sizeof(tbucket_shm), 64);
+}
+
+/* Make the segment, or find the one made by an earlier config load of
+ * this same parent. The userdata lives in the process pool, which
+ * survives restarts; the module's DSO does not, so no function of ours
+ * may be registered as a cleanup there. */
+static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
+{
+    apr_pool_t *pproc = s->process->pool;
+    apr_shm_t *shm = NULL;
+    apr_size_t size;
+    apr_status_t rv;
+    tbucket_shm *seg;
+    char key[64];
+
+    /* Keyed by the layout's size: a graceful restart onto a module
+     * built with another layout makes a fresh segment. The key is
+     * copied by apr_pool_userdata_set. */
+    apr_snprintf(key, sizeof(key), "%s-%" APR_SIZE_T_FMT, SHM_USERDATA_KEY,
+                 sizeof(tbucket_shm));
+    apr_pool_userdata_get((void **)&shm, key, pproc);
+    if (shm) {
+        return apr_shm_baseaddr_get(shm);
+    }
+    size = local_offset() + tb_local_size(LOCAL_ENTRIES)
+           + tb_lease_size(LEASE_ENTRIES);
+    rv = apr_shm_create(&shm, size, NULL, pproc);
+    if (rv == APR_ENOTIMPL) {
+        /* No anonymous shared memory here: fall back to a file. */
+        const char *fname = ap_runtime_dir_relative(pconf, "tbucket.shm");
+
+        apr_shm_remove(fname, pconf);
+        rv = apr_shm_create(&shm, size, fname, pproc);
+    }
+    if (rv != APR_SUCCESS) {
+        ap_log_error(APLOG_MARK, APLOG_EMERG, rv, s, TBLOGNO(00201)
+                     "cannot create %" APR_SIZE_T_FMT " bytes of shared "
+                     "memory for the counters and the local table", size);
+        return NULL;
+    }
+    seg = apr_shm_baseaddr_get(shm);
+    memset(seg, 0, size);
+    seg->magic = SHM_MAGIC;
+    seg->local_entries = LOCAL_ENTRIES;
+    seg->local_off = local_offset();
+    tb_local_init((char *)seg + seg->local_off, LOCAL_ENTRIES);
+    /* Both tables are blocks of 8-byte fields: the lease table follows
+     * the local one directly. */
+    seg->lease_entries = LEASE_ENTRIES;
+    seg->lease_off = seg->local_off + tb_local_size(LOCAL_ENTRIES);
+    tb_lease_init((char *)seg + seg->lease_off, LEASE_ENTRIES);
+    apr_pool_userdata_set(shm, key, apr_pool_cleanup_null, pproc);
+    return seg;
+}
+
+/* The slot of a virtual host, by its name; new names take a free slot,
+ * and when none is left they share the last one. Parent only. */
+static int vhost_slot(tbucket_shm *seg, const char *name)
+{
+    uint32_t i;
+
+    for (i = 0; i < seg->nvhosts; i++) {
+        if (!strcmp(seg->vhosts[i].name, name)) {
+            return (int)i;
+        }
+    }
+    if (seg->nvhosts == MAX_VHOSTS - 1) {
+        apr_cpystrn(seg->vhosts[i].name, "other", TBUCKET_NAME_LEN);
+        return MAX_VHOSTS - 1;
+    }
+    if (seg->nvhosts >= MAX_VHOSTS) {
+        return MAX_VHOSTS - 1;
+    }
+    apr_cpystrn(seg->vhosts[i].name, name, TBUCKET_NAME_LEN);
+    seg->nvhosts++;
+    return (int)i;
+}
+
+/* The stats slot of a Redis configuration, by redacted URL and policy. */
+static int client_slot(tbucket_shm *seg, const char *redis,
+                       const char *policy)
+{
+    uint32_t i;
+
+    for (i = 0; i < seg->nclients; i++) {
+        if (!strcmp(seg->clients[i].redis, redis)
+            && !strcmp(seg->clients[i].policy, policy)) {
+            return (int)i;
+        }
+    }
+    if (seg->nclients >= MAX_CLIENTS) {
+        return MAX_CLIENTS - 1;
+    }
+    apr_cpystrn(seg->clients[i].redis, redis, TBUCKET_NAME_LEN);
+    apr_cpystrn(seg->clients[i].policy, policy, sizeof(seg->clients[i].policy));
+    seg->nclients++;
+    return (int)i;
+}
+
+static const char *vhost_name(apr_pool_t *p, const server_rec *s)
+{
+    apr_port_t port = s->port;
+
+    if (!port && s->addrs) {
+        port = s->addrs->host_port;
+    }
+    if (!port) {
+        return s->server_hostname ? s->server_hostname : "-";
+    }
+    return apr_psprintf(p, "%s:%u",
+                        s->server_hostname ? s->server_hostname : "-",
+                        (unsigned)port);
+}
+
+/* Attach the segment and give each server its vhost and client slots.
+ * Runs in the parent during post_config, before any child of this
+ * generation exists, so plain writes to the slot names are safe. */
+int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
+{
+    tbucket_shm *seg = shm_attach(pconf, s);
+
+    (void)plog;
+    if (!seg) {
+        return HTTP_INTERNAL_SERVER_ERROR;
+    }
+    shm_seg = seg;
+    seg->generation++;
+    for (; s; s = s->next) {
+        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                    &tbucket_module);
+        tb_redis_addr_t addr;
+        char redacted[TBUCKET_NAME_LEN];
+        char err[160];
+
+        sc->vhost_slot = vhost_slot(seg, vhost_name(pconf, s));
+        if (tb_url_parse(sc->url ? sc->url : TBUCKET_DEFAULT_URL,
+                         &addr, err, sizeof(err)) != TB_OK) {
+            /* Refused at config time already; keep a slot anyway. */
+            apr_cpystrn(redacted, "invalid", sizeof(redacted));
+        }
+        else {
+            tb_url_redact(&addr, redacted, sizeof(redacted));
+        }
+        sc->client_slot = client_slot(seg, redacted,
+                                      tb_policy_name(sc->policy));
+    }
+    return OK;
+}
+
+tbucket_client_stats *tbucket_shm_client(const tbucket_srv_conf *sc)
+{
+    if (!shm_seg || sc->client_slot < 0
+        || sc->client_slot >= MAX_CLIENTS) {
+        return NULL;
+    }
+    return &shm_seg->clients[sc->client_slot];
+}
+
+/* This vhost's counters in shared memory, or NULL before there is any. */
+static tbucket_vhost_stats *vhost_stats(const tbucket_srv_conf *sc)
+{
+    if (!shm_seg || sc->vhost_slot < 0 || sc->vhost_slot >= MAX_VHOSTS) {
+        return NULL;
+    }
+    return &shm_seg->vhosts[sc->vhost_slot];
+}
+
+void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
+                   int cost_exceeded)
+{
+    tbucket_vhost_stats *v = vhost_stats(sc);
+
+    if (!v) {
+        return;
+    }
+    tb_stats_add(&v->outcome[o], 1);
+    if (cost_exceeded) {
+        tb_stats_add(&v->cost_exceeded, 1);
+    }
+}
+
+void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
+                         int64_t granted)
+{
+    tbucket_vhost_stats *v = vhost_stats(sc);
+
+    if (!v) {
+        return;
+    }
+    if (hit) {
+        tb_stats_add(&v->lease_hits, 1);
+    }
+    else {
+        tb_stats_add(&v->lease_refills, 1);
+        tb_stats_add(&v->lease_tokens, (uint64_t)granted);
+    }
+}
+
+tb_lease_t *tbucket_lease_table(void)
+{
+    if (!shm_seg || !shm_seg->lease_off) {
+        return NULL;
+    }
+    return (tb_lease_t *)((char *)shm_seg + shm_seg->lease_off);
+}
+
+tb_local_t *tbucket_local_table(void)
+{
+    if (!shm_seg) {
+        return NULL;
+    }
+    return (tb_local_t *)((char *)shm_seg + shm_seg->local_off);
+}
+
+int tbucket_shm_view_get(tbucket_shm_view *v)
+{
+    if (!shm_seg) {
+        return 0;
+    }
+    v->nvhosts = shm_seg->nvhosts;
+    v->nclients = shm_seg->nclients;
+    v->vhosts = shm_seg->vhosts;
+    v->clients = shm_seg->clients;
+    v->local_entries = shm_seg->local_entries;
+    v->generation = shm_seg->generation;
+    return 1;
+}

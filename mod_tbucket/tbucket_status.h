@@ -1,0 +1,62 @@
+/* tbucket_status.h -- the table of metrics behind the status page.
+ *
+ * Both views of the page are rendered from one table, built once per
+ * request by tbucket_status.c: a list of families (name, type, help),
+ * each with its samples (a suffix, labels and a value). Label values are
+ * stored raw; each renderer escapes them for its own format, so a vhost
+ * name is escaped once for Prometheus and once for HTML and never twice.
+ * The figures of the two views cannot drift because neither reads the
+ * segment. tbucket_status.c prints the Prometheus text and
+ * tbucket_status_html.c the HTML view; only these two include this.
+ */
+#ifndef TBUCKET_STATUS_H
+#define TBUCKET_STATUS_H
+
+#include "httpd.h"
+#include "apr_tables.h"
+
+#define TBUCKET_MAX_LABELS 4
+
+typedef struct tbucket_labels {
+    int n;
+    const char *name[TBUCKET_MAX_LABELS];
+    const char *value[TBUCKET_MAX_LABELS];  /* Raw, unescaped. */
+} tbucket_labels;
+
+typedef struct tbucket_sample {
+    const char *suffix;               /* "" or "_bucket", "_sum", "_count". */
+    tbucket_labels labels;
+    uint64_t value;                   /* In millionths when micro is 1.   */
+    int micro;
+} tbucket_sample;
+
+typedef struct tbucket_family {
+    const char *name;
+    const char *type;                 /* "counter", "gauge", "histogram". */
+    const char *help;
+    apr_array_header_t *samples;      /* tbucket_sample, in output order. */
+} tbucket_family;
+
+typedef struct tbucket_metrics {
+    apr_pool_t *p;
+    apr_array_header_t *families;     /* tbucket_family *, in output order. */
+} tbucket_metrics;
+
+/* A copy of base with one more label (base may be NULL); past
+ * TBUCKET_MAX_LABELS the label is dropped. */
+tbucket_labels tbucket_labels_with(const tbucket_labels *base,
+                                   const char *name, const char *value);
+
+/* The labels in Prometheus syntax, without the braces ("" when none),
+ * from p. */
+const char *tbucket_prom_labels(apr_pool_t *p, const tbucket_labels *l);
+
+/* A sample's value as both views print it, from p: an integer, or
+ * seconds with six decimals for values kept in microseconds. */
+const char *tbucket_sample_text(apr_pool_t *p, const tbucket_sample *s);
+
+/* The HTML view of t, the body of the response to r
+ * (tbucket_status_html.c). */
+void tbucket_status_html(request_rec *r, const tbucket_metrics *t);
+
+#endif /* TBUCKET_STATUS_H */

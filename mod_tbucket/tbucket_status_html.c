@@ -1,0 +1,491 @@
+/* tbucket_status_html.c -- the HTML view of the status page.
+ *
+ * A page for a person at a browser (`?view=html`): the table of metrics
+ * that tbucket_status.c builds, laid out by topic. Self-contained (inline
+ * CSS, no script, no external resource; the Content-Security-Policy
+ * header that tbucket_status.c sends says so to the browser too). Every
+ * figure that comes from the table is printed in an element carrying
+ * data-metric and data-labels (the sample's name and its Prometheus
+ * labels), so a test can match each one to a line of the text view.
+ * Everything that comes from configuration goes through ap_escape_html,
+ * and attributes are always double-quoted. This file reads no counter
+ * itself: every figure comes from the table.
+ */
+#include "apr_strings.h"
+
+#include <unistd.h>
+
+#include "httpd.h"
+#include "http_protocol.h"
+
+#include "mod_tbucket.h"
+#include "tbucket_status.h"
+
+static const char html_css[] =
+    "body{font:14px/1.45 system-ui,-apple-system,\"Segoe UI\",Roboto,"
+    "sans-serif;color:#1f2328;background:#f6f8fa;margin:0;padding:20px}"
+    "main{max-width:940px;margin:0 auto}"
+    "h1{font-size:22px;margin:0 0 4px}"
+    "h2{font-size:17px;margin:22px 0 8px;padding-bottom:4px;"
+    "border-bottom:1px solid #d0d7de}"
+    "h3{font-size:14px;margin:14px 0 6px;color:#57606a}"
+    ".meta{color:#57606a;margin:0 0 8px}"
+    ".card{background:#fff;border:1px solid #d0d7de;border-radius:6px;"
+    "padding:10px 14px;margin:10px 0}"
+    ".grid{display:flex;flex-wrap:wrap;gap:0 28px}"
+    ".grid>div{flex:1 1 260px}"
+    "table{border-collapse:collapse;width:100%;background:#fff}"
+    "th,td{padding:3px 8px;border-bottom:1px solid #eaeef2;"
+    "text-align:left;vertical-align:top}"
+    "th{background:#f6f8fa;font-weight:600}"
+    "td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;"
+    "white-space:nowrap}"
+    "td.bar{width:45%}"
+    ".kv th{background:none;font-weight:normal;color:#424a53}"
+    ".bar span{display:block;height:12px;background:#54aeff;"
+    "border-radius:2px;min-width:1px}"
+    "code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;"
+    "word-break:break-all}"
+    ".badge{display:inline-block;padding:0 8px;border-radius:10px;"
+    "font-weight:600;color:#fff}"
+    ".s0{background:#1a7f37}.s1{background:#cf222e}.s2{background:#bf8700}"
+    ".zero{color:#8c959f}"
+    "details{margin-top:22px}summary{cursor:pointer;font-weight:600}"
+    "footer{margin-top:18px;color:#57606a;font-size:12px}";
+
+static const tbucket_family *fam_find(const tbucket_metrics *t,
+                                      const char *name)
+{
+    int i;
+
+    for (i = 0; i < t->families->nelts; i++) {
+        const tbucket_family *f = APR_ARRAY_IDX(t->families, i,
+                                                tbucket_family *);
+
+        if (!strcmp(f->name, name)) {
+            return f;
+        }
+    }
+    return NULL;
+}
+
+static const char *label_get(const tbucket_labels *l, const char *name)
+{
+    int i;
+
+    for (i = 0; i < l->n; i++) {
+        if (!strcmp(l->name[i], name)) {
+            return l->value[i];
+        }
+    }
+    return NULL;
+}
+
+/* 1 when have carries every label of want with the same value. */
+static int labels_include(const tbucket_labels *have,
+                          const tbucket_labels *want)
+{
+    int k;
+
+    for (k = 0; k < want->n; k++) {
+        const char *v = label_get(have, want->name[k]);
+
+        if (!v || strcmp(v, want->value[k])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The first sample of f with this suffix that carries every label of
+ * want (and perhaps more), or NULL. Linear: the HTML view asks a few
+ * questions per Redis configuration or vhost, of small families. */
+static const tbucket_sample *sample_find(const tbucket_family *f,
+                                         const char *suffix,
+                                        const tbucket_labels *want)
+{
+    int i;
+
+    for (i = 0; f && i < f->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
+                                                 tbucket_sample);
+
+        if (!strcmp(s->suffix, suffix) && labels_include(&s->labels, want)) {
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static const char *h(request_rec *r, const char *s)
+{
+    return ap_escape_html(r->pool, s);
+}
+
+/* One figure, in a <td> (cell) or a <span>, tagged for the tests; a
+ * dash when the table has no such sample (a Redis configuration that
+ * the answering process has no client for). */
+static void html_value(request_rec *r, const tbucket_family *f,
+                       const tbucket_sample *s, int cell)
+{
+    const char *tag = cell ? "td" : "span";
+
+    if (!f || !s) {
+        ap_rprintf(r, "<%s class=\"n zero\">&ndash;</%s>", tag, tag);
+        return;
+    }
+    ap_rprintf(r, "<%s class=\"n%s\" data-metric=\"%s%s\" "
+               "data-labels=\"%s\">%s</%s>", tag, s->value ? "" : " zero",
+               f->name, s->suffix,
+               h(r, tbucket_prom_labels(r->pool, &s->labels)),
+               tbucket_sample_text(r->pool, s), tag);
+}
+
+/* A bar cell, n out of max, as a percentage width. */
+static void html_bar(request_rec *r, uint64_t n, uint64_t max)
+{
+    unsigned pct = max ? (unsigned)((n * 100 + max - 1) / max) : 0;
+
+    if (!n) {
+        ap_rputs("<td class=\"bar\"></td>", r);
+        return;
+    }
+    ap_rprintf(r, "<td class=\"bar\"><span style=\"width:%u%%\"></span>"
+               "</td>", pct > 100 ? 100 : pct);
+}
+
+/* A table of one family's samples that carry the labels of want: the
+ * value of one label, the figure and, with bars, a bar against the
+ * largest figure of the table. */
+static void html_by_label(request_rec *r, const tbucket_family *f,
+                          const tbucket_labels *want, const char *label,
+                          int bars)
+{
+    uint64_t max = 0;
+    int i, pass;
+
+    ap_rprintf(r, "<table><tr><th>%s</th><th class=\"n\">count</th>%s"
+               "</tr>", h(r, label), bars ? "<th></th>" : "");
+    for (pass = 0; f && pass < 2; pass++) {
+        for (i = 0; i < f->samples->nelts; i++) {
+            const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
+                                                     tbucket_sample);
+            const char *v = label_get(&s->labels, label);
+
+            if (!v || !labels_include(&s->labels, want)) {
+                continue;
+            }
+            if (pass == 0) {
+                max = s->value > max ? s->value : max;
+                continue;
+            }
+            ap_rprintf(r, "<tr><td>%s</td>", h(r, v));
+            html_value(r, f, s, 1);
+            if (bars) {
+                html_bar(r, s->value, max);
+            }
+            ap_rputs("</tr>", r);
+        }
+    }
+    ap_rputs("</table>", r);
+}
+
+/* Decisions by virtual host: one row per vhost, one column per outcome.
+ * collect_decisions writes each vhost's outcomes together and in
+ * tbucket_outcome_names order, which is the order of the columns. */
+static void html_vhosts(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_vhost_decisions_total");
+    const tbucket_family *ce = fam_find(t, "tbucket_cost_exceeded_total");
+    const char *row = NULL;
+    tbucket_labels want;
+    int i, o;
+
+    ap_rputs("<h2>Decisions by virtual host</h2><table><tr>"
+             "<th>virtual host</th>", r);
+    for (o = 0; o < TBUCKET_OUTCOMES; o++) {
+        ap_rprintf(r, "<th class=\"n\">%s</th>",
+                   h(r, tbucket_outcome_names[o]));
+    }
+    ap_rputs("<th class=\"n\">cost exceeded</th></tr>", r);
+    for (i = 0; f && i <= f->samples->nelts; i++) {
+        const tbucket_sample *s = i < f->samples->nelts
+            ? &APR_ARRAY_IDX(f->samples, i, tbucket_sample) : NULL;
+        const char *outcome = s ? label_get(&s->labels, "outcome") : NULL;
+
+        if (row && (!s || !strcmp(outcome, tbucket_outcome_names[0]))) {
+            want = tbucket_labels_with(NULL, "vhost", row);
+            html_value(r, ce, sample_find(ce, "", &want), 1);
+            ap_rputs("</tr>", r);
+            row = NULL;
+        }
+        if (!s) {
+            break;
+        }
+        if (!row) {
+            row = label_get(&s->labels, "vhost");
+            ap_rprintf(r, "<tr><td><code>%s</code></td>", h(r, row));
+        }
+        html_value(r, f, s, 1);
+    }
+    ap_rputs("</table>", r);
+}
+
+/* A row of a figures table: a name and one sample of a family. */
+static void html_fig(request_rec *r, const tbucket_metrics *t,
+                     const char *title, const char *name,
+                     const char *suffix, const tbucket_labels *want)
+{
+    const tbucket_family *f = fam_find(t, name);
+
+    ap_rprintf(r, "<tr><th>%s</th>", h(r, title));
+    html_value(r, f, sample_find(f, suffix, want), 1);
+    ap_rputs("</tr>", r);
+}
+
+/* The breaker of the answering process, as a coloured badge beside its
+ * number. */
+static void html_breaker(request_rec *r, const tbucket_metrics *t,
+                         const tbucket_labels *want)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_breaker_state");
+    const tbucket_sample *s = sample_find(f, "", want);
+
+    ap_rputs("<tr><th>breaker state</th><td class=\"n\">", r);
+    if (s && s->value <= TB_BREAKER_HALF_OPEN) {
+        ap_rprintf(r, "<span class=\"badge s%u\">%s</span> ",
+                   (unsigned)s->value,
+                   tb_breaker_state_name((tb_breaker_state_t)s->value));
+    }
+    html_value(r, f, s, 0);
+    ap_rputs("</td></tr>", r);
+}
+
+/* A bound in microseconds for people: "250 &micro;s", "2.5 ms". */
+static const char *us_text(apr_pool_t *p, int64_t us)
+{
+    if (us < 1000) {
+        return apr_psprintf(p, "%d &micro;s", (int)us);
+    }
+    if (us % 1000) {
+        return apr_psprintf(p, "%d.%d ms", (int)(us / 1000),
+                            (int)(us % 1000 / 100));
+    }
+    return apr_psprintf(p, "%d ms", (int)(us / 1000));
+}
+
+/* The row title of a histogram bucket, from its le label ("0.000250",
+ * six decimals as collect_latency writes it, or "+Inf"); *prev_us keeps
+ * the last finite bound for the +Inf row. HTML, already escaped. */
+static const char *le_text(apr_pool_t *p, const char *le, int64_t *prev_us)
+{
+    const char *dot = strchr(le, '.');
+
+    if (!dot) {
+        return apr_pstrcat(p, "&gt; ", us_text(p, *prev_us), NULL);
+    }
+    *prev_us = apr_atoi64(le) * 1000000 + apr_atoi64(dot + 1);
+    return apr_pstrcat(p, "&le; ", us_text(p, *prev_us), NULL);
+}
+
+/* The latency histogram of one Redis configuration as a bar table: the
+ * calls in each bucket (the difference of two cumulative figures), the
+ * cumulative figure itself as Prometheus has it, and a bar. */
+static void html_latency(request_rec *r, const tbucket_metrics *t,
+                         const tbucket_labels *want)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_redis_latency_seconds");
+    uint64_t max = 0;
+    int64_t prev_us = 0;
+    int i, pass;
+
+    ap_rputs("<h3>Redis latency (pool wait included)</h3><table><tr>"
+             "<th>latency</th><th class=\"n\">calls</th>"
+             "<th class=\"n\">cumulative</th><th></th></tr>", r);
+    for (pass = 0; f && pass < 2; pass++) {
+        uint64_t prev = 0;
+
+        for (i = 0; i < f->samples->nelts; i++) {
+            const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
+                                                     tbucket_sample);
+            const char *le = label_get(&s->labels, "le");
+            uint64_t n;
+
+            if (strcmp(s->suffix, "_bucket") || !le
+                || !labels_include(&s->labels, want)) {
+                continue;
+            }
+            n = s->value >= prev ? s->value - prev : 0;
+            prev = s->value;
+            if (pass == 0) {
+                max = n > max ? n : max;
+                continue;
+            }
+            ap_rprintf(r, "<tr><td>%s</td><td class=\"n%s\">%"
+                       APR_UINT64_T_FMT "</td>",
+                       le_text(r->pool, le, &prev_us), n ? "" : " zero",
+                       (apr_uint64_t)n);
+            html_value(r, f, s, 1);
+            html_bar(r, n, max);
+            ap_rputs("</tr>", r);
+        }
+    }
+    ap_rputs("</table>", r);
+}
+
+/* The mean of a histogram, in microseconds, or "-" with no calls. */
+static const char *mean_text(request_rec *r, const tbucket_metrics *t,
+                             const tbucket_labels *want)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_redis_latency_seconds");
+    const tbucket_sample *sum = sample_find(f, "_sum", want);
+    const tbucket_sample *count = sample_find(f, "_count", want);
+
+    if (!sum || !count || !count->value) {
+        return "&ndash;";
+    }
+    return us_text(r->pool, (int64_t)(sum->value / count->value));
+}
+
+/* Everything about one Redis configuration (redacted URL and policy). */
+static void html_client(request_rec *r, const tbucket_metrics *t,
+                        const tbucket_labels *cl)
+{
+    ap_rprintf(r, "<h2>Redis <code>%s</code> &middot; policy %s</h2>"
+               "<div class=\"card\"><div class=\"grid\"><div>"
+               "<h3>Breaker and pool (answering process)</h3>"
+               "<table class=\"kv\">",
+               h(r, label_get(cl, "redis")), h(r, label_get(cl, "policy")));
+    html_breaker(r, t, cl);
+    html_fig(r, t, "breaker opened", "tbucket_breaker_opens_total", "", cl);
+    html_fig(r, t, "breaker closed", "tbucket_breaker_closes_total", "",
+             cl);
+    html_fig(r, t, "decided without Redis (open)",
+             "tbucket_breaker_skips_total", "", cl);
+    html_fig(r, t, "pool size", "tbucket_pool_size", "", cl);
+    html_fig(r, t, "connections open", "tbucket_pool_connections_open", "",
+             cl);
+    html_fig(r, t, "connections in use", "tbucket_pool_connections_in_use",
+             "", cl);
+    ap_rputs("</table></div><div><h3>Calls (all children)</h3>"
+             "<table class=\"kv\">", r);
+    html_fig(r, t, "script calls", "tbucket_redis_calls_total", "", cl);
+    html_fig(r, t, "failed calls", "tbucket_redis_failures_total", "", cl);
+    html_fig(r, t, "connections opened", "tbucket_redis_connects_total", "",
+             cl);
+    html_fig(r, t, "NOSCRIPT reloads",
+             "tbucket_redis_noscript_reloads_total", "", cl);
+    html_fig(r, t, "latency, total seconds",
+             "tbucket_redis_latency_seconds", "_sum", cl);
+    ap_rprintf(r, "<tr><th>latency, mean</th><td class=\"n\">%s</td></tr>"
+               "</table></div></div><div class=\"grid\"><div>"
+               "<h3>Errors by kind</h3>", mean_text(r, t, cl));
+    html_by_label(r, fam_find(t, "tbucket_redis_errors_total"), cl, "kind",
+                  0);
+    ap_rputs("</div><div><h3>Fallback decisions (Redis could not "
+             "decide)</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_fallback_decisions_total"), cl,
+                  "fallback", 0);
+    ap_rputs("</div></div>", r);
+    html_latency(r, t, cl);
+    ap_rputs("</div>", r);
+}
+
+/* One card per Redis configuration, found through the family that has
+ * a sample for each of them. */
+static void html_clients(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_redis_calls_total");
+    int i;
+
+    for (i = 0; f && i < f->samples->nelts; i++) {
+        html_client(r, t, &APR_ARRAY_IDX(f->samples, i,
+                                         tbucket_sample).labels);
+    }
+    if (!f || !f->samples->nelts) {
+        ap_rputs("<h2>Redis</h2><p class=\"meta\">No Redis configuration "
+                 "yet.</p>", r);
+    }
+}
+
+/* Every sample, as the text view lists them, folded away by default. */
+static void html_all(request_rec *r, const tbucket_metrics *t)
+{
+    int i, j;
+
+    ap_rputs("<details><summary>Every figure, as in the Prometheus "
+             "text</summary><table><tr><th>metric</th><th>labels</th>"
+             "<th class=\"n\">value</th></tr>", r);
+    for (i = 0; i < t->families->nelts; i++) {
+        const tbucket_family *f = APR_ARRAY_IDX(t->families, i,
+                                                tbucket_family *);
+
+        ap_rprintf(r, "<tr><th colspan=\"3\"><code>%s</code> (%s): %s"
+                   "</th></tr>", h(r, f->name), h(r, f->type),
+                   h(r, f->help));
+        for (j = 0; j < f->samples->nelts; j++) {
+            const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, j,
+                                                     tbucket_sample);
+
+            ap_rprintf(r, "<tr><td><code>%s%s</code></td>"
+                       "<td><code>%s</code></td>", h(r, f->name), s->suffix,
+                       h(r, tbucket_prom_labels(r->pool, &s->labels)));
+            html_value(r, f, s, 1);
+            ap_rputs("</tr>", r);
+        }
+    }
+    ap_rputs("</table></details>", r);
+}
+
+void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_family *gen = fam_find(t, "tbucket_config_generation");
+    tbucket_labels none;
+
+    memset(&none, 0, sizeof(none));
+    ap_rprintf(r, "<!DOCTYPE html>\n<html lang=\"en\"><head>"
+               "<meta charset=\"utf-8\">"
+               "<meta name=\"viewport\" content=\"width=device-width\">"
+               "<title>mod_tbucket status</title><style>%s</style></head>"
+               "<body><main><h1>mod_tbucket status</h1>"
+               "<p class=\"meta\">%s &middot; answered by process %"
+               APR_PID_T_FMT " &middot; %s &middot; configuration "
+               "generation ", html_css, h(r, r->server->server_hostname
+                                             ? r->server->server_hostname
+                                             : "-"),
+               getpid(), ap_ht_time(r->pool, r->request_time,
+                                    "%Y-%m-%d %H:%M:%S UTC", 1));
+    html_value(r, gen, sample_find(gen, "", &none), 0);
+    ap_rprintf(r, "</p><p class=\"meta\">Counters cover every child; "
+               "breaker state and pool figures are those of the process "
+               "that answered. Prometheus text: <a href=\"%s\">%s</a></p>"
+               "<h2>Decisions by outcome</h2>",
+               h(r, ap_escape_uri(r->pool, r->uri)),
+               h(r, ap_escape_uri(r->pool, r->uri)));
+    html_by_label(r, fam_find(t, "tbucket_decisions_total"), &none,
+                  "outcome", 1);
+    html_vhosts(r, t);
+    html_clients(r, t);
+    ap_rputs("<h2>Local fallback table</h2><table class=\"kv\">", r);
+    html_fig(r, t, "buckets held", "tbucket_local_entries_used", "", &none);
+    html_fig(r, t, "buckets at most", "tbucket_local_entries_max", "",
+             &none);
+    ap_rputs("</table>", r);
+    ap_rputs("<h2>Token leases</h2><div class=\"grid\"><div>"
+             "<h3>requests from a lease</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_lease_hits_total"), &none,
+                  "vhost", 0);
+    ap_rputs("</div><div><h3>leases taken</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_lease_refills_total"), &none,
+                  "vhost", 0);
+    ap_rputs("</div><div><h3>tokens granted</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_lease_tokens_granted_total"),
+                  &none, "vhost", 0);
+    ap_rputs("</div></div><table class=\"kv\">", r);
+    html_fig(r, t, "leases held", "tbucket_lease_entries_used", "", &none);
+    ap_rputs("</table>", r);
+    html_all(r, t);
+    ap_rputs("<footer>mod_tbucket &middot; no script, no external "
+             "resource; reload to refresh.</footer></main></body></html>\n",
+             r);
+}
