@@ -61,7 +61,7 @@ static tbucket_srv_conf *srv_conf(const server_rec *s)
 static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
 {
     return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT,
-                        sc->url ? sc->url : TBUCKET_DEFAULT_URL, sc->timeout_ms,
+                        sc->url ? sc->url : TB_DEFAULT_URL, sc->timeout_ms,
                         sc->connect_timeout_ms, sc->pool_size,
                         (int)sc->policy, sc->replicas,
                         sc->breaker_threshold, sc->breaker_cooldown_ms);

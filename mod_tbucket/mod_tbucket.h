@@ -23,7 +23,6 @@
  * tbucket_shm.c. */
 #define TBLOGNO(n) "TB" #n ": "
 
-#define TBUCKET_DEFAULT_URL "redis://127.0.0.1:6379"
 #define TBUCKET_DEFAULT_PREFIX "rl:"
 #define MAX_ROUTES (TB_MAX_BUCKETS - 1)
 

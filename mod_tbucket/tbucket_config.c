@@ -141,7 +141,7 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
 void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
 {
     tb_options_init(o);
-    o->url = sc->url ? sc->url : TBUCKET_DEFAULT_URL;
+    o->url = sc->url ? sc->url : TB_DEFAULT_URL;
     o->timeout_ms = sc->timeout_ms;
     o->connect_timeout_ms = sc->connect_timeout_ms;
     if (sc->pool_size > 0) {

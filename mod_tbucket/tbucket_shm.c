@@ -200,7 +200,7 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
         char err[160];
 
         sc->vhost_slot = vhost_slot(seg, vhost_name(pconf, s));
-        if (tb_url_parse(sc->url ? sc->url : TBUCKET_DEFAULT_URL,
+        if (tb_url_parse(sc->url ? sc->url : TB_DEFAULT_URL,
                          &addr, err, sizeof(err)) != TB_OK) {
             /* Refused at config time already; keep a slot anyway. */
             apr_cpystrn(redacted, "invalid", sizeof(redacted));
