@@ -365,7 +365,7 @@ int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
     const char *argv[3 + TB_MAX_BUCKETS * 4 + 2];
     size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 2];
     tb__script_reply_t rep;
-    tb__error_t e = { 0, "" };
+    tb__error_t e = { 0, 0, "" };
     tb_monotime_us now, t1;
     int argc, allow, changed, rc;
 
@@ -397,10 +397,15 @@ int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
     res->redis_us = t1 - now;
     tb_stats_latency(p->stats, res->redis_us);
 
-    pthread_mutex_lock(&p->bmu);
-    changed = rc == TB_OK ? tb_breaker_success(&p->breaker, t1)
-                          : tb_breaker_failure(&p->breaker, t1);
-    pthread_mutex_unlock(&p->bmu);
+    /* A batch that failed is one failure however many decisions rode on
+     * it: only its first member reports it. */
+    changed = 0;
+    if (rc == TB_OK || !e.shared) {
+        pthread_mutex_lock(&p->bmu);
+        changed = rc == TB_OK ? tb_breaker_success(&p->breaker, t1)
+                              : tb_breaker_failure(&p->breaker, t1);
+        pthread_mutex_unlock(&p->bmu);
+    }
     if (changed) {
         res->breaker_change = rc == TB_OK ? -1 : 1;
         tb_stats_add(rc == TB_OK ? &p->stats->breaker_closes
@@ -455,7 +460,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
     const char *pv[2] = { "PTTL", rkey };
     size_t pl[2] = { 4, 0 };
     redisReply *r = NULL;
-    tb__error_t e = { 0, "" };
+    tb__error_t e = { 0, 0, "" };
 
     if (!c || !rkey || !b || !ttl_ms) {
         return TB_ERR;
@@ -493,7 +498,7 @@ int tb_client_reset(tb_client_t *c, const char *rkey)
     const char *argv[2] = { "DEL", rkey };
     size_t argvlen[2] = { 3, 0 };
     redisReply *r = NULL;
-    tb__error_t e = { 0, "" };
+    tb__error_t e = { 0, 0, "" };
 
     if (!c || !rkey) {
         return TB_ERR;
@@ -527,15 +532,10 @@ const tb_stats_t *tb_client_stats(tb_client_t *c)
 
 void tb_client_pool_usage(tb_client_t *c, int *size, int *open, int *in_use)
 {
-    tb__pool_t *p = &c->priv->pool;
-
     if (c->priv->cluster) {
         tb__cluster_usage(c->priv->cluster, size, open, in_use);
         return;
     }
-    pthread_mutex_lock(&p->mu);
-    *size = p->size;
-    *open = p->open;
-    *in_use = p->in_use;
-    pthread_mutex_unlock(&p->mu);
+    *size = c->priv->pool.size;
+    tb__pool_usage(&c->priv->pool, open, in_use);
 }

@@ -216,13 +216,12 @@ void tb__cluster_usage(tb__cluster_t *c, int *size, int *open, int *in_use)
     *size = *open = *in_use = 0;
     pthread_mutex_lock(&c->mu);
     for (i = 0; i < c->nnodes; i++) {
-        tb__pool_t *p = &c->nodes[i]->pool;
+        int o, b;
 
-        pthread_mutex_lock(&p->mu);
-        *size += p->size;
-        *open += p->open;
-        *in_use += p->in_use;
-        pthread_mutex_unlock(&p->mu);
+        tb__pool_usage(&c->nodes[i]->pool, &o, &b);
+        *size += c->nodes[i]->pool.size;
+        *open += o;
+        *in_use += b;
     }
     pthread_mutex_unlock(&c->mu);
 }

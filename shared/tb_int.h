@@ -50,52 +50,13 @@ int tb_breaker_failure(tb_breaker_t *b, tb_monotime_us now);
 /* Milliseconds until a probe will be allowed (0 unless open). */
 int64_t tb_breaker_wait_ms(const tb_breaker_t *b, tb_monotime_us now);
 
-/* One connection slot: empty (ctx NULL), idle, or borrowed (busy). dev and
- * ino say which socket the fd was when we opened it; gen which primary
- * (Sentinel) it was opened to. */
-typedef struct tb__slot {
-    redisContext *ctx;
-    dev_t dev;
-    ino_t ino;
-    int busy;
-    unsigned gen;
-} tb__slot_t;
-
-/* A bounded, thread-safe pool of Redis connections for one process. */
-typedef struct tb__pool {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;         /* Signalled when a connection returns. */
-    tb_redis_addr_t addr;
-    int timeout_ms;
-    int connect_timeout_ms;
-    int size;                  /* Most connections open at once.      */
-    int open;                  /* Idle + borrowed + being made.       */
-    int in_use;                /* Borrowed right now.                 */
-    tb__slot_t *slots;         /* size slots.                          */
-    pid_t pid;                 /* Process that owns these sockets.    */
-    int verify_fd;
-    tb_stats_t *stats;
-    /* Sentinel (issue 6; addr.kind TB_REDIS_SENTINEL): the primary the
-     * sentinels last named. Under mu, except that rmu lets one thread at
-     * a time ask the sentinels. */
-    pthread_mutex_t rmu;
-    char cur_host[256];
-    int cur_port;
-    int stale;                 /* Ask the sentinels before connecting.*/
-    unsigned gen;              /* Bumped when the primary moved: idle
-                                * slots of an older gen are dropped.   */
-    int next_sentinel;         /* Index of the one to ask first.      */
-    redisContext *watch;       /* SUBSCRIBE +switch-master on one
-                                * sentinel, or NULL; under rmu.       */
-    dev_t watch_dev;           /* Which socket watch's fd was.        */
-    ino_t watch_ino;
-    int watch_next;            /* Sentinel to subscribe to next.      */
-    tb_monotime_us watch_retry_us; /* No new subscription before.    */
-} tb__pool_t;
-
-/* A failure: kind and message, as the hiredis contract has them. */
+/* A failure: kind and message, as the hiredis contract has them. shared
+ * is set on every decision of a failed batch but the first, so that the
+ * breaker counts one failed write-and-read once, not once per decision
+ * that rode on it. */
 typedef struct tb__error {
     int err;
+    int shared;
     char errstr[TB_ERRSTR_LEN];
 } tb__error_t;
 
@@ -105,29 +66,164 @@ void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
 #endif
     ;
 
+/* The monotonic clock ms milliseconds from now. */
+tb_monotime_us tb__deadline_ms(int ms);
+
+/* ---- RESP output (tb_resp.c) --------------------------------------- */
+
+/* A growable byte buffer, kept by its owner between uses. Zero it to
+ * initialise. */
+typedef struct tb__buf {
+    char *p;
+    size_t len;
+    size_t cap;
+} tb__buf_t;
+
+/* Append one command, argv[0..argc-1] (argvlen[i] bytes each, binary
+ * safe), in RESP. TB_ERR when out of memory (the buffer is unchanged). */
+int tb__buf_argv(tb__buf_t *b, int argc, const char **argv,
+                 const size_t *argvlen);
+void tb__buf_free(tb__buf_t *b);
+
+/* ---- One connection (tb_conn.c) ------------------------------------ */
+
+typedef struct tb__conn tb__conn_t;
+
+/* Connect to path (a unix socket) when it is non-empty, else host:port,
+ * by deadline. NULL with *e on failure. The socket is non-blocking and
+ * close-on-exec. */
+tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
+                          tb_monotime_us deadline, tb__error_t *e);
+/* Close and free. tb__conn_free(NULL) does nothing. */
+void tb__conn_free(tb__conn_t *c);
+/* Free without closing the fd: the host closed it and may have reused
+ * the number. */
+void tb__conn_forget(tb__conn_t *c);
+/* Close the fd but free nothing: a forked child's copy of a connection
+ * that another thread of the parent was using (its reader may have been
+ * half-way through growing its buffer). */
+void tb__conn_abandon(tb__conn_t *c);
+/* 1 when the fd is still the socket we opened (same device and inode). */
+int tb__conn_is_ours(const tb__conn_t *c);
+int tb__conn_fd(const tb__conn_t *c);
+/* Write len bytes by deadline. */
+int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
+                   tb_monotime_us deadline, tb__error_t *e);
+/* The next reply, waiting until deadline. The reply is the caller's to
+ * freeReplyObject. */
+int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
+                  tb__error_t *e);
+/* The next reply if one has arrived, without waiting: 1 with *r, 0 none
+ * yet, -1 the connection is dead. */
+int tb__conn_poll(tb__conn_t *c, redisReply **r);
+/* Write one command and read its reply, by deadline. */
+int tb__conn_command(tb__conn_t *c, int argc, const char **argv,
+                     const size_t *argvlen, tb_monotime_us deadline,
+                     redisReply **r, tb__error_t *e);
+
+/* ---- The pool: connections shared by a process's threads (tb_redis.c)
+ *
+ * A thread that finds a connection idle sends its command at once. One
+ * that finds every connection busy with a write-and-read in flight joins
+ * the batch queued behind the least loaded one: the batch's first member
+ * leads it when the connection is free, writing every queued command in
+ * one write and reading every reply, and each member gets its own reply.
+ */
+
+/* The most commands one batch carries. */
+#define TB__BATCH_MAX 64
+
+typedef struct tb__waiter tb__waiter_t;
+
+/* Commands queued on one connection for one write. */
+typedef struct tb__batch {
+    tb__waiter_t *w[TB__BATCH_MAX]; /* Members; NULL when one gave up.  */
+    unsigned char ncmds[TB__BATCH_MAX]; /* Commands of each (ASKING). */
+    size_t off[TB__BATCH_MAX];      /* Where each one's bytes start.   */
+    int n;
+    tb__buf_t out;                  /* Their encoded commands.         */
+    tb_monotime_us deadline;        /* The earliest member's.          */
+} tb__batch_t;
+
+/* One connection of the pool and its two batches: b[cur] is being
+ * written and read while busy, b[1 - cur] collects the next. */
+typedef struct tb__link {
+    tb__conn_t *conn;               /* NULL: not connected.            */
+    int busy;                       /* A leader is connecting, writing
+                                     * or reading.                    */
+    unsigned gen;                   /* The primary it was opened to.   */
+    int cur;
+    tb__batch_t b[2];
+} tb__link_t;
+
+/* The connections of one process to one Redis (one node of a cluster). */
+typedef struct tb__pool {
+    pthread_mutex_t mu;        /* Guards the links and the waiters.   */
+    pthread_cond_t cv;         /* Signalled when a link goes idle.    */
+    tb_redis_addr_t addr;
+    int timeout_ms;
+    int connect_timeout_ms;
+    int size;                  /* Most connections open at once.      */
+    tb__link_t *links;         /* size links.                          */
+    pid_t pid;                 /* Process that owns these sockets.    */
+    int verify_fd;
+    tb_stats_t *stats;
+    /* Sentinel (addr.kind TB_REDIS_SENTINEL): the primary the sentinels
+     * last named. Under mu, except that rmu lets one thread at a time
+     * ask the sentinels. */
+    pthread_mutex_t rmu;
+    char cur_host[256];
+    int cur_port;
+    int stale;                 /* Ask the sentinels before connecting.*/
+    unsigned gen;              /* Bumped when the primary moved: links
+                                * of an older gen reconnect.          */
+    int next_sentinel;         /* Index of the one to ask first.      */
+    tb__conn_t *watch;         /* SUBSCRIBE +switch-master on one
+                                * sentinel, or NULL; under rmu.       */
+    int watch_next;            /* Sentinel to subscribe to next.      */
+    tb_monotime_us watch_retry_us; /* No new subscription before.    */
+} tb__pool_t;
+
 int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
                   int connect_timeout_ms, int size, int verify_fd,
                   tb_stats_t *stats);
 void tb__pool_destroy(tb__pool_t *p);
 void tb__pool_after_fork(tb__pool_t *p);
+/* Connections open (or being opened) and busy, for metrics. */
+void tb__pool_usage(tb__pool_t *p, int *open, int *busy);
 
 /* Sentinel: the primary may have moved (an I/O error, a refused
  * connect, a READONLY reply). The next connect asks the sentinels again;
- * with drop_idle, idle connections are closed as they are next borrowed.
+ * with drop_idle, open connections reconnect before their next use.
  * A no-op for other kinds of address. */
 void tb__pool_suspect(tb__pool_t *p, int drop_idle);
 
+/* One command through the pool (with asking, ASKING before it in the
+ * same write), sharing a write and a read with other threads' commands
+ * when the connections are busy. TB_OK with *reply (the caller's to
+ * freeReplyObject; it may be an error reply), or TB_ERR with *e when
+ * the command got no reply (I/O, timeout, protocol; e->shared as above).
+ * Never waits past the command timeout plus, when it has to connect,
+ * the connect timeout. */
+int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
+                  const size_t *argvlen, redisReply **reply, tb__error_t *e);
+
+/* Set up a new connection to a (tb_redis.c): AUTH, SELECT, SCRIPT LOAD of
+ * every algorithm and, for Sentinel, ROLE, pipelined; by deadline. */
+int tb__setup(const tb_redis_addr_t *a, tb__conn_t *c,
+              tb_monotime_us deadline, tb__error_t *e);
+
 /* Subscribe to +switch-master on a sentinel of a (tried from *next,
- * which advances past one that failed). The context, or NULL with *e.
+ * which advances past one that failed). The connection, or NULL with *e.
  * tb_sentinel.c. */
-redisContext *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
-                                 int connect_timeout_ms, int timeout_ms,
-                                 tb__error_t *e);
+tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
+                               int connect_timeout_ms, int timeout_ms,
+                               tb__error_t *e);
 
 /* Read what a watch has received without waiting. 1 with host and *port
  * set when a +switch-master for a->master arrived (the last one wins), 0
  * when nothing did, -1 when the watch is dead and must be freed. */
-int tb__sentinel_poll(redisContext *watch, const tb_redis_addr_t *a,
+int tb__sentinel_poll(tb__conn_t *watch, const tb_redis_addr_t *a,
                       char *host, size_t hostsz, int *port);
 
 /* Ask the sentinels of a (tried in turn from *first, which is set to the
@@ -138,29 +234,24 @@ int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
                          char *host, size_t hostsz, int *port,
                          tb__error_t *e);
 
-/* Borrow a connection (reusing an idle one, making one, or waiting up to
- * the command timeout for one to come back). NULL with *e set on failure.*/
-redisContext *tb__pool_get(tb__pool_t *p, tb__error_t *e);
-/* Return it; a broken one is freed and its slot released. */
-void tb__pool_put(tb__pool_t *p, redisContext *ctx, int broken);
-
 /* The script's reply. */
 typedef struct tb__script_reply {
     int64_t v[5]; /* allowed, remaining, retry_ms, binding, granted */
 } tb__script_reply_t;
 
-/* Run the bucket script once over argv (EVALSHA form) on a borrowed
- * connection; on NOSCRIPT send it again as EVAL. */
+/* Run a script once over argv (EVALSHA form) through the pool; on
+ * NOSCRIPT send it again as EVAL. argv is borrowed for the retry and
+ * given back as it was. */
 int tb__run_script(tb__pool_t *p, int argc, const char **argv,
                    size_t *argvlen, tb__script_reply_t *out,
                    tb__error_t *e);
 
-/* Run one ad-hoc command, for tools (inspect, reset). The reply is the
- * caller's to freeReplyObject. */
+/* Run one ad-hoc command, for tools (inspect, reset) and CLUSTER SLOTS.
+ * The reply is the caller's to freeReplyObject. */
 int tb__command(tb__pool_t *p, int argc, const char **argv,
                 const size_t *argvlen, redisReply **reply, tb__error_t *e);
 
-/* Redis's error kinds a cluster client acts on (issue 6). */
+/* Redis's error kinds a cluster client acts on. */
 typedef enum {
     TB__REDIR_NONE = 0,
     TB__REDIR_MOVED = 1,
@@ -175,10 +266,6 @@ typedef struct tb__redirect {
     char host[256];         /* Empty: the node that answered.        */
     int port;
 } tb__redirect_t;
-
-/* Map a hiredis context error to an error kind (tb_redis.c). */
-void tb__ctx_error(tb__error_t *e, const redisContext *ctx,
-                   const char *during);
 
 /* tb__run_script on one node of a cluster: with asking, ASKING is
  * pipelined before the command (and before its EVAL retry). A MOVED, ASK,

@@ -1,4 +1,4 @@
-/* tb_sentinel.c -- asking Redis Sentinel where the primary is (issue 6).
+/* tb_sentinel.c -- asking Redis Sentinel where the primary is.
  *
  * One question, SENTINEL get-master-addr-by-name, over a short-lived
  * connection to one sentinel after another until one names the primary.
@@ -9,53 +9,40 @@
  * keeps accepting writes until the sentinels reconfigure it (up to about
  * ten seconds), and a limiter writing there would admit twice. So the pool
  * also keeps one connection subscribed to +switch-master on one sentinel
- * and reads it without waiting (one poll(2) per borrow, no thread): the
+ * and reads it without waiting (one read attempt per call, no thread): the
  * switch is seen on the first decision after the sentinels announce it.
  * Sentinels are asked without AUTH (a URL's user and password are for the
  * data nodes).
  */
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include "tb_int.h"
-
-static struct timeval tv_ms(int ms)
-{
-    struct timeval tv;
-
-    tv.tv_sec = ms / 1000;
-    tv.tv_usec = (ms % 1000) * 1000;
-    return tv;
-}
 
 /* Ask one sentinel. TB_OK with host and *port, or TB_ERR and *e. */
 static int ask_one(const tb_redis_endpoint_t *s, const char *master,
                    int connect_timeout_ms, int timeout_ms, char *host,
                    size_t hostsz, int *port, tb__error_t *e)
 {
-    redisContext *ctx;
-    redisReply *r;
+    const char *argv[3] = { "SENTINEL", "get-master-addr-by-name", master };
+    size_t argvlen[3] = { 8, 23, 0 };
+    tb__conn_t *c;
+    redisReply *r = NULL;
     int rc = TB_ERR;
     char during[300];
 
     snprintf(during, sizeof(during), "sentinel %s:%d", s->host, s->port);
-    ctx = redisConnectWithTimeout(s->host, s->port,
-                                  tv_ms(connect_timeout_ms));
-    if (!ctx) {
-        tb__set_error(e, TB_ERR_OOM, "sentinel: out of memory");
-        return TB_ERR;
-    }
-    if (ctx->err || redisSetTimeout(ctx, tv_ms(timeout_ms)) != REDIS_OK) {
-        tb__ctx_error(e, ctx, during);
-        redisFree(ctx);
-        return TB_ERR;
-    }
-    r = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", master);
-    if (!r) {
-        tb__ctx_error(e, ctx, during);
+    argvlen[2] = strlen(master);
+    c = tb__conn_open(s->host, s->port, NULL,
+                      tb__deadline_ms(connect_timeout_ms), e);
+    if (!c || tb__conn_command(c, 3, argv, argvlen,
+                               tb__deadline_ms(timeout_ms), &r, e)
+                  != TB_OK) {
+        char why[TB_ERRSTR_LEN];
+
+        snprintf(why, sizeof(why), "%s", e->errstr);
+        tb__set_error(e, e->err, "%.60s: %s", during, why);
     }
     else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2
              && r->element[0]->type == REDIS_REPLY_STRING
@@ -83,7 +70,7 @@ static int ask_one(const tb_redis_endpoint_t *s, const char *master,
     if (r) {
         freeReplyObject(r);
     }
-    redisFree(ctx);
+    tb__conn_free(c);
     return rc;
 }
 
@@ -114,32 +101,26 @@ int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
     return TB_ERR;
 }
 
-redisContext *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
-                                 int connect_timeout_ms, int timeout_ms,
-                                 tb__error_t *e)
+tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
+                               int connect_timeout_ms, int timeout_ms,
+                               tb__error_t *e)
 {
+    static const char *argv[2] = { "SUBSCRIBE", "+switch-master" };
+    static const size_t argvlen[2] = { 9, 14 };
     const tb_redis_endpoint_t *s;
-    redisContext *ctx;
-    redisReply *r;
+    tb__conn_t *c;
+    redisReply *r = NULL;
 
     if (a->nseeds < 1) {
         tb__set_error(e, TB_ERR_ARG, "no sentinels");
         return NULL;
     }
     s = &a->seeds[(*next < 0 ? 0 : *next) % a->nseeds];
-    ctx = redisConnectWithTimeout(s->host, s->port,
-                                  tv_ms(connect_timeout_ms));
-    if (!ctx) {
-        tb__set_error(e, TB_ERR_OOM, "sentinel: out of memory");
-        return NULL;
-    }
-    if (ctx->err || redisSetTimeout(ctx, tv_ms(timeout_ms)) != REDIS_OK) {
-        tb__ctx_error(e, ctx, "sentinel subscribe");
-        goto err;
-    }
-    r = redisCommand(ctx, "SUBSCRIBE +switch-master");
-    if (!r) {
-        tb__ctx_error(e, ctx, "sentinel subscribe");
+    c = tb__conn_open(s->host, s->port, NULL,
+                      tb__deadline_ms(connect_timeout_ms), e);
+    if (!c || tb__conn_command(c, 2, argv, argvlen,
+                               tb__deadline_ms(timeout_ms), &r, e)
+                  != TB_OK) {
         goto err;
     }
     if (r->type != REDIS_REPLY_ARRAY) {
@@ -148,9 +129,9 @@ redisContext *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
         goto err;
     }
     freeReplyObject(r);
-    return ctx;
+    return c;
 err:
-    redisFree(ctx);
+    tb__conn_free(c);
     *next = (*next + 1) % a->nseeds;
     return NULL;
 }
@@ -190,23 +171,13 @@ static int switch_message(const char *msg, const tb_redis_addr_t *a,
     return 1;
 }
 
-int tb__sentinel_poll(redisContext *watch, const tb_redis_addr_t *a,
+int tb__sentinel_poll(tb__conn_t *watch, const tb_redis_addr_t *a,
                       char *host, size_t hostsz, int *port)
 {
-    struct pollfd pfd;
     redisReply *r = NULL;
-    int found = 0;
+    int found = 0, rc;
 
-    pfd.fd = watch->fd;
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-    if (poll(&pfd, 1, 0) <= 0) {
-        return 0;
-    }
-    if (redisBufferRead(watch) != REDIS_OK) {
-        return -1;
-    }
-    while (redisGetReplyFromReader(watch, (void **)&r) == REDIS_OK && r) {
+    while ((rc = tb__conn_poll(watch, &r)) > 0) {
         if (r->type == REDIS_REPLY_ARRAY && r->elements == 3
             && r->element[2]->type == REDIS_REPLY_STRING
             && switch_message(r->element[2]->str, a, host, hostsz, port)) {
@@ -215,5 +186,5 @@ int tb__sentinel_poll(redisContext *watch, const tb_redis_addr_t *a,
         freeReplyObject(r);
         r = NULL;
     }
-    return watch->err ? -1 : found;
+    return rc < 0 ? -1 : found;
 }

@@ -1,0 +1,425 @@
+/* tb_conn.c -- one Redis connection: a non-blocking socket that the core
+ * owns, bounded by deadlines, with hiredis's reader parsing the replies.
+ *
+ * Every step waits in poll(2) against a deadline on the monotonic clock:
+ * the connect (all addresses of the host in turn, within one connect
+ * deadline), each write and each read. Nothing here blocks past the
+ * deadline it is given, and nothing retries: a connection that saw an
+ * I/O error or a timeout is in error for good and its owner frees it (a
+ * timed-out command may still run on the server and answer later).
+ *
+ * hiredis is used only where it is best, parsing replies (redisReader);
+ * commands are encoded by tb_resp.c into a buffer of the caller's, and
+ * written with send(MSG_NOSIGNAL), so a dead Redis cannot raise SIGPIPE in
+ * the host. Sockets are close-on-exec, and the connection remembers the
+ * device and inode of its socket, so that a host that closed the fd and
+ * reused its number (daemons do) is detected before we write to it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "tb_int.h"
+
+/* Bytes read from the socket at a time; as hiredis's redisBufferRead. */
+#define READ_CHUNK 16384
+
+struct tb__conn {
+    int fd;
+    dev_t dev;              /* Which socket fd was when we opened it. */
+    ino_t ino;
+    redisReader *reader;
+    tb__buf_t out;          /* Scratch for tb__conn_command().        */
+};
+
+/* Milliseconds left until deadline for poll(2): 0 when past, at most a
+ * day (poll takes an int). */
+static int ms_left(tb_monotime_us deadline)
+{
+    tb_monotime_us left = deadline - tb_clock_monotonic_us();
+
+    if (left <= 0) {
+        return 0;
+    }
+    left = (left + 999) / 1000;
+    return left > 86400000 ? 86400000 : (int)left;
+}
+
+/* Wait for events on fd until deadline. 1 ready, 0 timed out, -1 error
+ * (errno). EINTR waits again for what is left. */
+static int wait_fd(int fd, short events, tb_monotime_us deadline)
+{
+    struct pollfd pfd;
+    int rc;
+
+    for (;;) {
+        pfd.fd = fd;
+        pfd.events = events;
+        pfd.revents = 0;
+        rc = poll(&pfd, 1, ms_left(deadline));
+        if (rc > 0) {
+            return 1;
+        }
+        if (rc == 0) {
+            return 0;
+        }
+        if (errno != EINTR) {
+            return -1;
+        }
+    }
+}
+
+static void set_io_error(tb__error_t *e, const char *during, int errnum)
+{
+    tb__set_error(e, TB_ERR_IO, "%s: %s", during, strerror(errnum));
+}
+
+static void set_timeout(tb__error_t *e, const char *during)
+{
+    tb__set_error(e, TB_ERR_TIMEOUT, "%s: timed out", during);
+}
+
+static int set_flags(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        return -1;
+    }
+    /* A CGI child or an exec'd program must not inherit our socket. */
+    fl = fcntl(fd, F_GETFD);
+    return fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0 ? -1 : 0;
+}
+
+/* Connect fd to sa by deadline. 0, or -1 with *e. */
+static int connect_fd(int fd, const struct sockaddr *sa, socklen_t salen,
+                      tb_monotime_us deadline, tb__error_t *e)
+{
+    int rc, soerr = 0;
+    socklen_t len = sizeof(soerr);
+
+    do {
+        rc = connect(fd, sa, salen);
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+        return 0;
+    }
+    if (errno != EINPROGRESS) {
+        set_io_error(e, "connect", errno);
+        return -1;
+    }
+    rc = wait_fd(fd, POLLOUT, deadline);
+    if (rc == 0) {
+        set_timeout(e, "connect");
+        return -1;
+    }
+    if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0) {
+        set_io_error(e, "connect", errno);
+        return -1;
+    }
+    if (soerr) {
+        set_io_error(e, "connect", soerr);
+        return -1;
+    }
+    return 0;
+}
+
+/* A connected socket to a unix path, or -1 with *e. */
+static int open_unix(const char *path, tb_monotime_us deadline,
+                     tb__error_t *e)
+{
+    struct sockaddr_un sun;
+    int fd;
+
+    memset(&sun, 0, sizeof(sun));
+    sun.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(sun.sun_path)) {
+        tb__set_error(e, TB_ERR_ARG, "unix socket path too long");
+        return -1;
+    }
+    strcpy(sun.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) {
+        set_io_error(e, "socket", errno);
+        return -1;
+    }
+    if (set_flags(fd) < 0
+        || connect_fd(fd, (struct sockaddr *)&sun, sizeof(sun), deadline,
+                      e) < 0) {
+        if (e->err == TB_ERR_NONE) {
+            set_io_error(e, "fcntl", errno);
+        }
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A connected TCP socket to host:port, trying each address in turn
+ * within the one deadline, or -1 with *e (the last address's error). */
+static int open_tcp(const char *host, int port, tb_monotime_us deadline,
+                    tb__error_t *e)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    char service[16];
+    int fd = -1, rc, one = 1;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(service, sizeof(service), "%d", port);
+    rc = getaddrinfo(host, service, &hints, &res);
+    if (rc != 0) {
+        tb__set_error(e, TB_ERR_IO, "resolve %.100s: %s", host,
+                      gai_strerror(rc));
+        return -1;
+    }
+    tb__set_error(e, TB_ERR_IO, "connect: no address for %.100s", host);
+    for (ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) {
+            set_io_error(e, "socket", errno);
+            continue;
+        }
+        e->err = TB_ERR_NONE;
+        if (set_flags(fd) == 0
+            && connect_fd(fd, ai->ai_addr, ai->ai_addrlen, deadline, e)
+                   == 0) {
+            break;
+        }
+        if (e->err == TB_ERR_NONE) {
+            set_io_error(e, "fcntl", errno);
+        }
+        close(fd);
+        fd = -1;
+        if (e->err == TB_ERR_TIMEOUT) {
+            break; /* The deadline is spent for every address. */
+        }
+    }
+    freeaddrinfo(res);
+    if (fd >= 0) {
+        /* Commands are small and answered at once: no Nagle delay. A
+         * dead peer behind a silent network is found by keepalive. */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    }
+    return fd;
+}
+
+tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
+                          tb_monotime_us deadline, tb__error_t *e)
+{
+    tb__conn_t *c = calloc(1, sizeof(*c));
+    struct stat st;
+
+    e->err = TB_ERR_NONE;
+    if (!c || !(c->reader = redisReaderCreate())) {
+        free(c);
+        tb__set_error(e, TB_ERR_OOM, "connect: out of memory");
+        return NULL;
+    }
+    c->fd = path && path[0] ? open_unix(path, deadline, e)
+                            : open_tcp(host, port, deadline, e);
+    if (c->fd < 0) {
+        redisReaderFree(c->reader);
+        free(c);
+        return NULL;
+    }
+    if (fstat(c->fd, &st) == 0) {
+        c->dev = st.st_dev;
+        c->ino = st.st_ino;
+    }
+    return c;
+}
+
+void tb__conn_free(tb__conn_t *c)
+{
+    if (!c) {
+        return;
+    }
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    redisReaderFree(c->reader);
+    tb__buf_free(&c->out);
+    free(c);
+}
+
+void tb__conn_forget(tb__conn_t *c)
+{
+    if (c) {
+        c->fd = -1;
+        tb__conn_free(c);
+    }
+}
+
+void tb__conn_abandon(tb__conn_t *c)
+{
+    if (c && c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+}
+
+int tb__conn_is_ours(const tb__conn_t *c)
+{
+    struct stat st;
+
+    return c->fd >= 0 && fstat(c->fd, &st) == 0 && S_ISSOCK(st.st_mode)
+           && st.st_dev == c->dev && st.st_ino == c->ino;
+}
+
+int tb__conn_fd(const tb__conn_t *c)
+{
+    return c->fd;
+}
+
+int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
+                   tb_monotime_us deadline, tb__error_t *e)
+{
+    size_t done = 0;
+    ssize_t n;
+    int rc;
+
+    while (done < len) {
+        n = send(c->fd, buf + done, len - done, MSG_NOSIGNAL);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            set_io_error(e, "write", errno);
+            return TB_ERR;
+        }
+        rc = wait_fd(c->fd, POLLOUT, deadline);
+        if (rc <= 0) {
+            if (rc == 0) {
+                set_timeout(e, "write");
+            }
+            else {
+                set_io_error(e, "write", errno);
+            }
+            return TB_ERR;
+        }
+    }
+    return TB_OK;
+}
+
+/* Take one complete reply from what was read: 1 with *r, 0 when more
+ * bytes are needed, -1 on a protocol error (with *e). */
+static int take_reply(tb__conn_t *c, redisReply **r, tb__error_t *e)
+{
+    void *rep = NULL;
+
+    if (redisReaderGetReply(c->reader, &rep) != REDIS_OK) {
+        tb__set_error(e, TB_ERR_PROTOCOL, "protocol: %.100s",
+                      c->reader->errstr);
+        return -1;
+    }
+    *r = rep;
+    return rep != NULL;
+}
+
+/* Read what the socket holds into the reader without waiting. 1 read
+ * something, 0 nothing yet (EAGAIN), -1 error or EOF (with *e). */
+static int read_some(tb__conn_t *c, tb__error_t *e)
+{
+    char buf[READ_CHUNK];
+    ssize_t n;
+
+    do {
+        n = recv(c->fd, buf, sizeof(buf), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n > 0) {
+        if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+            tb__set_error(e, TB_ERR_OOM, "read: out of memory");
+            return -1;
+        }
+        return 1;
+    }
+    if (n == 0) {
+        tb__set_error(e, TB_ERR_IO, "read: connection closed by server");
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return 0;
+    }
+    set_io_error(e, "read", errno);
+    return -1;
+}
+
+int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
+                  tb__error_t *e)
+{
+    int rc;
+
+    for (;;) {
+        rc = take_reply(c, r, e);
+        if (rc != 0) {
+            return rc > 0 ? TB_OK : TB_ERR;
+        }
+        /* Nothing buffered: a reply takes a round trip, so wait first
+         * rather than try a read that would say EAGAIN. */
+        rc = wait_fd(c->fd, POLLIN, deadline);
+        if (rc <= 0) {
+            if (rc == 0) {
+                set_timeout(e, "read");
+            }
+            else {
+                set_io_error(e, "read", errno);
+            }
+            return TB_ERR;
+        }
+        if (read_some(c, e) < 0) {
+            return TB_ERR;
+        }
+    }
+}
+
+int tb__conn_poll(tb__conn_t *c, redisReply **r)
+{
+    tb__error_t e;
+    int rc = take_reply(c, r, &e);
+
+    if (rc != 0) {
+        return rc;
+    }
+    rc = read_some(c, &e);
+    if (rc <= 0) {
+        return rc;
+    }
+    return take_reply(c, r, &e);
+}
+
+int tb__conn_command(tb__conn_t *c, int argc, const char **argv,
+                     const size_t *argvlen, tb_monotime_us deadline,
+                     redisReply **r, tb__error_t *e)
+{
+    c->out.len = 0;
+    if (tb__buf_argv(&c->out, argc, argv, argvlen) != TB_OK) {
+        tb__set_error(e, TB_ERR_OOM, "%s: out of memory", argv[0]);
+        return TB_ERR;
+    }
+    if (tb__conn_write(c, c->out.p, c->out.len, deadline, e) != TB_OK) {
+        return TB_ERR;
+    }
+    return tb__conn_read(c, deadline, r, e);
+}
+
+tb_monotime_us tb__deadline_ms(int ms)
+{
+    return tb_clock_monotonic_us() + (tb_monotime_us)ms * 1000;
+}

@@ -1,0 +1,680 @@
+/* tb_pool.c -- a process's connections to one Redis, and the batching of
+ * commands that threads send at the same moment (group commit).
+ *
+ * A pool holds up to `size` connections (links), each made on first need
+ * so that a host can start while Redis is down. A thread with a command
+ * takes an idle link if there is one and sends at once: a lone decision
+ * never waits for company. When every link is busy with a write-and-read
+ * in flight (or is being opened), the thread queues its command in the
+ * batch behind the link whose batch is shortest, and sleeps. When the
+ * link's write-and-read completes, its leader hands the link to the
+ * first member of the queued batch, which writes every queued command in
+ * one write(2) and reads every reply in order; each member is woken with
+ * exactly its own reply. One write and one read then carry many
+ * decisions, and Redis answers a pipeline far more cheaply than the same
+ * commands one by one.
+ *
+ * Failure is per batch: a timeout, an I/O or a protocol error fails
+ * exactly the members of that batch (a timed-out command may still run,
+ * so it is never sent again), marks all but the first as `shared` so the
+ * breaker counts the batch once, and closes the connection; the next
+ * batch reconnects. Deadlines: each member's is its arrival plus the
+ * command timeout; a batch is written and read by its earliest member's
+ * deadline, extended to a full timeout after a fresh connect (connect,
+ * write and read are each bounded, as with hiredis). A member whose batch
+ * never completes gives up at its deadline plus the connect timeout, and
+ * its command is then left out of a batch not yet written.
+ *
+ * Fork: each pool remembers its pid; a child drops every inherited
+ * connection without a word to Redis (closing its copy of the fd sends
+ * nothing) and starts empty. Connections another thread was using at the
+ * fork are closed but not freed, since their buffers may have been half
+ * way through growing.
+ *
+ * Sentinel: a pool whose address is redis-sentinel:// connects to the
+ * primary the sentinels name (tb_sentinel.c); setup checks with ROLE that
+ * it is one. An I/O error, a refused connect or a READONLY reply marks
+ * the pool stale, so the next connect asks again, and bumps its
+ * generation, so links opened to the old primary reconnect. A
+ * subscription to +switch-master on one sentinel is read without waiting
+ * before each call, so a primary replaced while still alive (and still
+ * accepting writes) is left at once rather than when it is demoted.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tb_int.h"
+
+/* What a waiting thread is told. */
+enum {
+    W_QUEUED = 0,  /* In a batch, no reply yet.                     */
+    W_LEAD = 1,    /* Its batch's turn: write it and read it.        */
+    W_DONE = 2,    /* reply holds its reply.                          */
+    W_FAILED = 3   /* err says why.                                   */
+};
+
+/* A thread's place in a batch. Lives on the caller's stack; the pool
+ * only reaches it through its batch slot, under the pool's lock. */
+struct tb__waiter {
+    int state;
+    redisReply *reply;
+    tb__error_t err;
+    tb__batch_t *batch;
+    int index;
+    tb_monotime_us deadline;
+    pthread_cond_t cv;     /* Initialised only when it must wait.     */
+    int cv_ready;
+};
+
+void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    e->err = err;
+    e->shared = 0;
+    va_start(ap, fmt);
+    vsnprintf(e->errstr, sizeof(e->errstr), fmt, ap);
+    va_end(ap);
+}
+
+/* This process's pid without a system call per decision (glibc does not
+ * cache getpid()): read once, and again in the child of every fork() by
+ * an atfork handler. A child made by a raw clone() keeps its parent's
+ * figure; the shim checks for that itself. */
+static pid_t cached_pid;
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+
+static void pid_refresh(void)
+{
+    cached_pid = getpid();
+}
+
+static void pid_init(void)
+{
+    pid_refresh();
+    pthread_atfork(NULL, NULL, pid_refresh);
+}
+
+static pid_t self_pid(void)
+{
+    pthread_once(&pid_once, pid_init);
+    return cached_pid;
+}
+
+void tb__cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+
+    /* Wait against the monotonic clock: a wall-clock step must not turn
+     * a 50 ms wait into minutes. */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+static struct timespec timespec_at(tb_monotime_us t)
+{
+    struct timespec ts;
+
+    ts.tv_sec = (time_t)(t / 1000000);
+    ts.tv_nsec = (long)(t % 1000000) * 1000L;
+    return ts;
+}
+
+int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
+                  int connect_timeout_ms, int size, int verify_fd,
+                  tb_stats_t *stats)
+{
+    memset(p, 0, sizeof(*p));
+    p->links = calloc((size_t)size, sizeof(*p->links));
+    if (!p->links) {
+        return TB_ERR;
+    }
+    p->addr = *addr;
+    p->timeout_ms = timeout_ms;
+    p->connect_timeout_ms = connect_timeout_ms;
+    p->size = size;
+    p->verify_fd = verify_fd;
+    p->stats = stats;
+    p->pid = self_pid();
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->rmu, NULL);
+    tb__cond_init(&p->cv);
+    /* Nothing is known about the primary until a sentinel is asked. */
+    p->stale = addr->kind == TB_REDIS_SENTINEL;
+    return TB_OK;
+}
+
+void tb__pool_destroy(tb__pool_t *p)
+{
+    int i;
+
+    if (!p->links) {
+        return;
+    }
+    for (i = 0; i < p->size; i++) {
+        /* Busy ones too: destroy means nobody uses the pool now. */
+        tb__conn_free(p->links[i].conn);
+        tb__buf_free(&p->links[i].b[0].out);
+        tb__buf_free(&p->links[i].b[1].out);
+    }
+    free(p->links);
+    p->links = NULL;
+    tb__conn_free(p->watch);
+    p->watch = NULL;
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->rmu);
+}
+
+void tb__pool_after_fork(tb__pool_t *p)
+{
+    int i, watched;
+
+    /* Only this thread survives the fork, so no lock is held by anyone
+     * who can release it. A lock we cannot take was held at the fork:
+     * what it guarded may be half-changed, so it is abandoned, not
+     * freed. */
+    watched = pthread_mutex_trylock(&p->rmu) == 0;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->rmu, NULL);
+    tb__cond_init(&p->cv);
+    for (i = 0; i < p->size; i++) {
+        tb__link_t *l = &p->links[i];
+
+        if (l->busy) {
+            tb__conn_abandon(l->conn);
+        }
+        else {
+            tb__conn_free(l->conn);
+        }
+        l->conn = NULL;
+        l->busy = 0;
+        l->b[0].n = l->b[1].n = 0;
+        l->b[0].out.len = l->b[1].out.len = 0;
+    }
+    p->pid = self_pid();
+    if (watched) {
+        /* Closing our copy sends nothing: the parent stays subscribed. */
+        tb__conn_free(p->watch);
+    }
+    else {
+        tb__conn_abandon(p->watch);
+    }
+    p->watch = NULL;
+    p->watch_retry_us = 0;
+}
+
+void tb__pool_usage(tb__pool_t *p, int *open, int *busy)
+{
+    int i;
+
+    *open = *busy = 0;
+    pthread_mutex_lock(&p->mu);
+    for (i = 0; i < p->size; i++) {
+        *open += p->links[i].conn != NULL || p->links[i].busy;
+        *busy += p->links[i].busy;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- Sentinel: which primary ------------------------------------------ */
+
+/* Under mu. */
+static void suspect_locked(tb__pool_t *p, int drop_idle)
+{
+    if (p->addr.kind == TB_REDIS_SENTINEL) {
+        p->stale = 1;
+        if (drop_idle) {
+            p->gen++;
+        }
+    }
+}
+
+void tb__pool_suspect(tb__pool_t *p, int drop_idle)
+{
+    if (p->addr.kind != TB_REDIS_SENTINEL) {
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    suspect_locked(p, drop_idle);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Take the primary the sentinels named. Under mu. */
+static void set_primary(tb__pool_t *p, const char *host, int port)
+{
+    if (port != p->cur_port || strcmp(host, p->cur_host) != 0) {
+        /* A new primary: connections to the old one must go. */
+        p->gen++;
+        snprintf(p->cur_host, sizeof(p->cur_host), "%s", host);
+        p->cur_port = port;
+    }
+    p->stale = 0;
+}
+
+/* Read the +switch-master subscription, (re)subscribing at most once a
+ * second while there is none. Never waits for another thread: if one is
+ * asking the sentinels, its answer will do. */
+static void watch_check(tb__pool_t *p)
+{
+    char host[sizeof(p->cur_host)];
+    int port = 0, rc;
+    tb__error_t e;
+
+    if (p->addr.kind != TB_REDIS_SENTINEL
+        || pthread_mutex_trylock(&p->rmu) != 0) {
+        return;
+    }
+    if (p->watch && p->verify_fd && !tb__conn_is_ours(p->watch)) {
+        /* The host reused the fd: not ours to close. */
+        tb__conn_forget(p->watch);
+        p->watch = NULL;
+    }
+    if (!p->watch && tb_clock_monotonic_us() >= p->watch_retry_us) {
+        p->watch_retry_us = tb_clock_monotonic_us() + 1000000;
+        p->watch = tb__sentinel_watch(&p->addr, &p->watch_next,
+                                      p->connect_timeout_ms, p->timeout_ms,
+                                      &e);
+        if (p->watch) {
+            /* A switch may have been announced while nobody listened. */
+            pthread_mutex_lock(&p->mu);
+            p->stale = 1;
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+    if (p->watch) {
+        rc = tb__sentinel_poll(p->watch, &p->addr, host, sizeof(host),
+                               &port);
+        if (rc < 0) {
+            tb__conn_free(p->watch);
+            p->watch = NULL;
+        }
+        else if (rc > 0) {
+            pthread_mutex_lock(&p->mu);
+            set_primary(p, host, port);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+    pthread_mutex_unlock(&p->rmu);
+}
+
+/* The primary to connect to now, asking the sentinels first when the
+ * pool is stale, and its generation. One thread asks at a time; the
+ * others wait for its answer rather than ask again. */
+static int sentinel_target(tb__pool_t *p, char *host, size_t hostsz,
+                           int *port, unsigned *gen, tb__error_t *e)
+{
+    char h[sizeof(p->cur_host)];
+    int stale, first, pt = 0, rc = TB_OK;
+
+    pthread_mutex_lock(&p->rmu);
+    pthread_mutex_lock(&p->mu);
+    stale = p->stale;
+    first = p->next_sentinel;
+    pthread_mutex_unlock(&p->mu);
+    if (stale) {
+        rc = tb__sentinel_resolve(&p->addr, &first, p->connect_timeout_ms,
+                                  p->timeout_ms, h, sizeof(h), &pt, e);
+        pthread_mutex_lock(&p->mu);
+        if (rc == TB_OK) {
+            set_primary(p, h, pt);
+            p->next_sentinel = first;
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (rc == TB_OK) {
+        pthread_mutex_lock(&p->mu);
+        snprintf(host, hostsz, "%s", p->cur_host);
+        *port = p->cur_port;
+        *gen = p->gen;
+        pthread_mutex_unlock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->rmu);
+    return rc;
+}
+
+/* Open and set up one connection; *gen receives the generation of the
+ * primary it was opened to (always 0 but for Sentinel). Not under mu. */
+static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
+{
+    const tb_redis_addr_t *a = &p->addr;
+    char host[sizeof(p->cur_host)];
+    int port = a->port;
+    tb__conn_t *c;
+
+    *gen = 0;
+    snprintf(host, sizeof(host), "%s", a->host);
+    if (a->kind == TB_REDIS_SENTINEL
+        && sentinel_target(p, host, sizeof(host), &port, gen, e) != TB_OK) {
+        return NULL;
+    }
+    c = tb__conn_open(host, port, a->path,
+                      tb__deadline_ms(p->connect_timeout_ms), e);
+    if (c && tb__setup(a, c, tb__deadline_ms(p->timeout_ms), e) != TB_OK) {
+        tb__conn_free(c);
+        c = NULL;
+    }
+    if (!c) {
+        /* A primary that refuses connections may have been replaced. */
+        tb__pool_suspect(p, 0);
+        return NULL;
+    }
+    if (p->stats) {
+        tb_stats_add(&p->stats->connects, 1);
+    }
+    return c;
+}
+
+/* ---- Batches ------------------------------------------------------------ */
+
+/* Under mu: the link to use. An idle open link first, then an unopened
+ * one (the caller opens it), both led at once (*join 0); else the busy
+ * link whose queued batch is shortest and not full (*join 1); else NULL. */
+static tb__link_t *pick(tb__pool_t *p, int *join)
+{
+    tb__link_t *unopened = NULL, *shortest = NULL;
+    int i, best = TB__BATCH_MAX;
+
+    for (i = 0; i < p->size; i++) {
+        tb__link_t *l = &p->links[i];
+
+        if (!l->busy) {
+            if (l->conn) {
+                *join = 0;
+                return l;
+            }
+            if (!unopened) {
+                unopened = l;
+            }
+        }
+        else if (l->b[1 - l->cur].n < best) {
+            best = l->b[1 - l->cur].n;
+            shortest = l;
+        }
+    }
+    *join = unopened == NULL;
+    return unopened ? unopened : shortest;
+}
+
+/* Under mu: put w's command (ASKING first when asking) in batch b. */
+static int enqueue(tb__batch_t *b, tb__waiter_t *w, int asking, int argc,
+                   const char **argv, const size_t *argvlen)
+{
+    static const char *ask[1] = { "ASKING" };
+    static const size_t asklen[1] = { 6 };
+    size_t mark = b->out.len;
+
+    if ((asking && tb__buf_argv(&b->out, 1, ask, asklen) != TB_OK)
+        || tb__buf_argv(&b->out, argc, argv, argvlen) != TB_OK) {
+        b->out.len = mark;
+        return TB_ERR;
+    }
+    if (b->n == 0 || w->deadline < b->deadline) {
+        b->deadline = w->deadline;
+    }
+    w->batch = b;
+    w->index = b->n;
+    b->off[b->n] = mark;
+    b->w[b->n] = w;
+    b->ncmds[b->n] = (unsigned char)(asking ? 2 : 1);
+    b->n++;
+    return TB_OK;
+}
+
+/* Under mu: leave out of batch b the commands of members that gave up
+ * before it was written. */
+static void compact(tb__batch_t *b)
+{
+    size_t at = 0, from, end;
+    int i, j = 0;
+
+    for (i = 0; i < b->n; i++) {
+        from = b->off[i];
+        end = i + 1 < b->n ? b->off[i + 1] : b->out.len;
+        if (!b->w[i]) {
+            continue;
+        }
+        if (at != from) {
+            memmove(b->out.p + at, b->out.p + from, end - from);
+        }
+        b->off[j] = at;
+        b->w[j] = b->w[i];
+        b->ncmds[j] = b->ncmds[i];
+        b->w[j]->index = j;
+        if (j == 0 || b->w[j]->deadline < b->deadline) {
+            b->deadline = b->w[j]->deadline;
+        }
+        at += end - from;
+        j++;
+    }
+    b->n = j;
+    b->out.len = at;
+}
+
+/* Under mu: hand link l to the first member of its queued batch that has
+ * not given up; if there is none, the link goes idle. */
+static void hand_over(tb__pool_t *p, tb__link_t *l)
+{
+    tb__batch_t *nb = &l->b[1 - l->cur];
+    int i;
+
+    for (i = 0; i < nb->n; i++) {
+        if (nb->w[i]) {
+            l->cur = 1 - l->cur;
+            nb->w[i]->state = W_LEAD;
+            pthread_cond_signal(&nb->w[i]->cv);
+            return;
+        }
+    }
+    nb->n = 0;
+    nb->out.len = 0;
+    l->busy = 0;
+    pthread_cond_signal(&p->cv);
+}
+
+/* Without mu: make sure l has a usable connection (l->conn changes under
+ * mu only, so that a fork in another thread sees either the old or the
+ * new one). The connection, or NULL with *e. *deadline is extended after
+ * a fresh connect: the command gets its own full timeout. */
+static tb__conn_t *ready_conn(tb__pool_t *p, tb__link_t *l,
+                              tb__conn_t *conn, tb_monotime_us *deadline,
+                              tb__error_t *e)
+{
+    tb_monotime_us full;
+    unsigned gen = 0;
+
+    if (conn && p->verify_fd && !tb__conn_is_ours(conn)) {
+        /* Not ours any more: forget it without closing a stranger's fd. */
+        pthread_mutex_lock(&p->mu);
+        l->conn = NULL;
+        pthread_mutex_unlock(&p->mu);
+        tb__conn_forget(conn);
+        conn = NULL;
+    }
+    if (conn) {
+        return conn;
+    }
+    conn = connect_one(p, &gen, e);
+    if (conn) {
+        full = tb__deadline_ms(p->timeout_ms);
+        *deadline = *deadline > full ? *deadline : full;
+        pthread_mutex_lock(&p->mu);
+        l->conn = conn;
+        l->gen = gen;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return conn;
+}
+
+/* Under mu, with l busy and self a member of l->b[l->cur]: connect if
+ * needed, write the batch, read its replies, give every member its
+ * outcome, and hand the link on. Drops mu during the I/O. */
+static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
+{
+    tb__batch_t *b = &l->b[l->cur];
+    redisReply *rep[TB__BATCH_MAX];
+    tb__conn_t *conn = l->conn, *stale = NULL;
+    tb__error_t e;
+    tb_monotime_us deadline;
+    int n, got = 0, rc = TB_OK, i, k, first = 1;
+
+    compact(b);
+    n = b->n;
+    deadline = b->deadline;
+    e.err = TB_ERR_NONE;
+    e.shared = 0;
+    e.errstr[0] = '\0';
+    if (conn && l->gen != p->gen) {
+        /* Opened to a primary the sentinels no longer name. */
+        stale = conn;
+        conn = NULL;
+        l->conn = NULL;
+    }
+    pthread_mutex_unlock(&p->mu);
+
+    tb__conn_free(stale);
+    conn = ready_conn(p, l, conn, &deadline, &e);
+    rc = conn ? tb__conn_write(conn, b->out.p, b->out.len, deadline, &e)
+              : TB_ERR;
+    for (i = 0; rc == TB_OK && i < n; i++) {
+        for (k = 0; k < b->ncmds[i]; k++) {
+            redisReply *r;
+
+            if (tb__conn_read(conn, deadline, &r, &e) != TB_OK) {
+                rc = TB_ERR;
+                break;
+            }
+            if (k + 1 < b->ncmds[i]) {
+                /* ASKING's +OK: had it failed, the command's own reply
+                 * says more. */
+                freeReplyObject(r);
+            }
+            else {
+                rep[got++] = r;
+            }
+        }
+    }
+
+    pthread_mutex_lock(&p->mu);
+    if (rc != TB_OK) {
+        /* A sentinel kills the clients of a node it promotes or demotes,
+         * and a dead primary's connections are all dead. */
+        suspect_locked(p, 1);
+        l->conn = NULL;
+        tb__conn_free(conn);
+    }
+    for (i = 0; i < n; i++) {
+        tb__waiter_t *w = b->w[i];
+
+        if (i < got) {
+            if (w) {
+                w->reply = rep[i];
+                w->state = W_DONE;
+            }
+            else {
+                freeReplyObject(rep[i]);
+            }
+        }
+        else if (w) {
+            w->err = e;
+            w->err.shared = !first;
+            first = 0;
+            w->state = W_FAILED;
+        }
+        if (w && w != self) {
+            pthread_cond_signal(&w->cv);
+        }
+    }
+    b->n = 0;
+    b->out.len = 0;
+    hand_over(p, l);
+}
+
+/* Under mu: sleep until w's batch is done or w must lead it; give up at
+ * the last moment a member can be kept waiting. */
+static void wait_turn(tb__pool_t *p, tb__waiter_t *w)
+{
+    struct timespec until = timespec_at(
+        w->deadline + (tb_monotime_us)p->connect_timeout_ms * 1000 + 10000);
+
+    tb__cond_init(&w->cv);
+    w->cv_ready = 1;
+    while (w->state == W_QUEUED) {
+        if (pthread_cond_timedwait(&w->cv, &p->mu, &until) == ETIMEDOUT
+            && w->state == W_QUEUED) {
+            w->batch->w[w->index] = NULL;
+            tb__set_error(&w->err, TB_ERR_TIMEOUT,
+                          "no reply within %d ms (connection busy)",
+                          p->timeout_ms);
+            w->state = W_FAILED;
+        }
+    }
+}
+
+int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
+                  const size_t *argvlen, redisReply **reply, tb__error_t *e)
+{
+    tb__waiter_t w;
+    tb__link_t *l;
+    int join, rc;
+
+    *reply = NULL;
+    if (p->pid != self_pid()) {
+        /* Forked without tb_client_after_fork: do it now. */
+        tb__pool_after_fork(p);
+    }
+    watch_check(p);
+    w.state = W_QUEUED;
+    w.reply = NULL;
+    w.cv_ready = 0;
+    w.deadline = tb__deadline_ms(p->timeout_ms);
+
+    pthread_mutex_lock(&p->mu);
+    while (!(l = pick(p, &join))) {
+        struct timespec until = timespec_at(w.deadline);
+
+        /* Every link busy and every queued batch full. */
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&p->mu);
+            tb__set_error(e, TB_ERR_TIMEOUT,
+                          "no free connection in the pool within %d ms",
+                          p->timeout_ms);
+            return TB_ERR;
+        }
+    }
+    if (enqueue(&l->b[join ? 1 - l->cur : l->cur], &w, asking, argc, argv,
+                argvlen) != TB_OK) {
+        pthread_mutex_unlock(&p->mu);
+        tb__set_error(e, TB_ERR_OOM, "%s: out of memory", argv[0]);
+        return TB_ERR;
+    }
+    if (join) {
+        wait_turn(p, &w);
+    }
+    else {
+        l->busy = 1;
+        w.state = W_LEAD;
+    }
+    if (w.state == W_LEAD) {
+        lead(p, l, &w);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (w.cv_ready) {
+        pthread_cond_destroy(&w.cv);
+    }
+    rc = w.state == W_DONE ? TB_OK : TB_ERR;
+    if (rc == TB_OK) {
+        *reply = w.reply;
+    }
+    else {
+        *e = w.err;
+    }
+    return rc;
+}
