@@ -244,9 +244,10 @@ def test_deb_001_05_lintian(debs):
                if n.endswith(".changes")]
     assert len(changes) == 1, changes
     p = run([LINTIAN, os.path.join(BUILD, "deb", changes[0])], timeout=600)
-    tags = re.findall(r"^([A-Z]): ([^:\s]+): (\S+)", p.stdout, re.M)
+    # "E: PACKAGE[ TYPE]: TAG [context]"; TYPE is e.g. "changes".
+    tags = re.findall(r"^([A-Z]): ([^:]+): (\S+)", p.stdout, re.M)
     errors = [t for t in tags if t[0] == "E"]
-    assert not errors, p.stdout
+    assert not errors and p.returncode == 0, p.stdout + p.stderr
     kept = kept_lintian_warnings()
     assert kept, "debian/README.source lists no kept warning"
     unlisted = [t for t in tags if t[0] == "W" and t[2] not in kept]
