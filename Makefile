@@ -3,6 +3,7 @@
 #   make              build shared/libtb.a, the module and the shim
 #   make test         install missing packages, build, run unit + integration
 #   make run          install missing packages, build, start the demo
+#   make deb          Debian packages into $(BUILD)/deb (scripts/build-deb.sh)
 #   make unit | integration | asan | noopt | clean
 #
 # Our flags live in TB_CFLAGS / TB_LDFLAGS so a caller's CFLAGS / LDFLAGS
@@ -70,17 +71,17 @@ SHIM_SO = $(BUILD)/libtbucket_preload.so
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket) \
         $(if $(wildcard tests/integration/tb_driver.c),$(BUILD)/tb_driver)
 
-# The issue-7 driver of the real client, one algorithm per run.
+# The algorithm tests' driver of the real client, one algorithm per run.
 TOOLS += $(if $(wildcard tests/integration/tb_algo_driver.c),$(BUILD)/tb_algo_driver)
 
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: all deps test unit integration asan noopt run clean install \
-        uninstall bench fuzz
+        uninstall bench fuzz deb
 all: $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
 
-# The scripts in tb_algo_t order (issue 7): the token bucket first.
+# The scripts in tb_algo_t order: the token bucket first.
 ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
            shared/tb_fwindow.lua shared/tb_slog.lua
 
@@ -127,7 +128,7 @@ $(BUILD)/tb_algo_driver: tests/integration/tb_algo_driver.c $(LIBTB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
-# The issue-7 tests share their vector reader.
+# The algorithm unit tests share their vector reader.
 $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog): \
     tests/unit/algo_vectors.h
 
@@ -185,6 +186,12 @@ bench:
 
 clean:
 	rm -rf build
+
+# Debian packages (debian/, VERSION) built by dpkg-buildpackage in a copy
+# of the tracked tree under $(BUILD)/deb/src; the .deb files land in
+# $(BUILD)/deb. DEB_JOBS sets the parallel jobs (default 2).
+deb: deps
+	sh scripts/build-deb.sh $(abspath $(BUILD))/deb
 
 # ---- install / uninstall (apxs conventions, DESTDIR for staging) ---------
 # Layout (docs/install.md): the module in `apxs -q LIBEXECDIR`, Debian's

@@ -2,12 +2,14 @@
 # install-deps.sh -- install the Debian 12 packages the build, the tests and
 # `make run` need, and say which ones it installs; arguments name extra
 # packages for a target that needs more (make fuzz). Run by `make test`,
-# `make run` and .ci/run; a machine that has them all is left untouched.
+# `make run`, `make deb` and .ci/run; a machine that has them all is left
+# untouched.
 set -e
 PKGS="build-essential pkg-config apache2 apache2-dev libhiredis-dev \
 libconfig-dev redis-server redis-tools php-cgi haproxy wrk curl \
 python3 python3-pytest python3-redis python3-requests python3-yaml \
-python3-matplotlib libcmocka-dev docker-compose groff-base chromium"
+python3-matplotlib libcmocka-dev docker-compose groff-base chromium \
+debhelper dpkg-dev lintian"
 # Extra packages for one target (make fuzz: clang libclang-rt-14-dev).
 PKGS="$PKGS $*"
 
