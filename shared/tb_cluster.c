@@ -354,7 +354,7 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
             rc = TB_OK;
         }
         if (r) {
-            freeReplyObject(r);
+            tb__reply_free(r);
         }
     }
     free(map);
@@ -492,7 +492,7 @@ int tb__cluster_command(tb__cluster_t *c, const char *key, int argc,
     for (hop = 0; n && hop < TB__MAX_HOPS; hop++) {
         backoff(hop);
         if (*reply) {
-            freeReplyObject(*reply);
+            tb__reply_free(*reply);
             *reply = NULL;
         }
         if (tb__command_node(&n->pool, asking, argc, argv, argvlen, reply,

@@ -109,8 +109,11 @@ int tb__conn_fd(const tb__conn_t *c);
 /* Write len bytes by deadline. */
 int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
                    tb_monotime_us deadline, tb__error_t *e);
+/* Free a reply the reader made (never with freeReplyObject: an array's
+ * elements live in its own block). tb__reply_free(NULL) does nothing. */
+void tb__reply_free(void *reply);
 /* The next reply, waiting until deadline. The reply is the caller's to
- * freeReplyObject. */
+ * tb__reply_free. */
 int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
                   tb__error_t *e);
 /* The next reply if one has arrived, without waiting: 1 with *r, 0 none
@@ -201,7 +204,7 @@ void tb__pool_suspect(tb__pool_t *p, int drop_idle);
 /* One command through the pool (with asking, ASKING before it in the
  * same write), sharing a write and a read with other threads' commands
  * when the connections are busy. TB_OK with *reply (the caller's to
- * freeReplyObject; it may be an error reply), or TB_ERR with *e when
+ * tb__reply_free; it may be an error reply), or TB_ERR with *e when
  * the command got no reply (I/O, timeout, protocol; e->shared as above).
  * Never waits past the command timeout plus, when it has to connect,
  * the connect timeout. */
@@ -247,7 +250,7 @@ int tb__run_script(tb__pool_t *p, int argc, const char **argv,
                    tb__error_t *e);
 
 /* Run one ad-hoc command, for tools (inspect, reset) and CLUSTER SLOTS.
- * The reply is the caller's to freeReplyObject. */
+ * The reply is the caller's to tb__reply_free. */
 int tb__command(tb__pool_t *p, int argc, const char **argv,
                 const size_t *argvlen, redisReply **reply, tb__error_t *e);
 

@@ -554,7 +554,7 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
             if (k + 1 < b->ncmds[i]) {
                 /* ASKING's +OK: had it failed, the command's own reply
                  * says more. */
-                freeReplyObject(r);
+                tb__reply_free(r);
             }
             else {
                 rep[got++] = r;
@@ -579,7 +579,7 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
                 w->state = W_DONE;
             }
             else {
-                freeReplyObject(rep[i]);
+                tb__reply_free(rep[i]);
             }
         }
         else if (w) {
