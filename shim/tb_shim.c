@@ -59,13 +59,24 @@
  *  - outbound `wait`: sleeps the retry-after and asks again while the
  *    total stays within max_wait_ms; fails at once (rule errno) when the
  *    next wait would overrun it or waiting cannot help.
- *  - outbound on a non-blocking socket, `nonblocking = "fail"` (the
- *    default): never sleeps, so an event loop stays responsive; a refusal
- *    returns -1 with the rule's nonblock_errno (EAGAIN by default) for both
- *    `fail` and `wait`. With `nonblocking = "wait"` the socket is treated
- *    as blocking: meant for programs such as curl and PHP that make a
- *    socket non-blocking only to time the connect. Either way the Redis
- *    round trip itself is bounded by timeout_ms, and nothing hangs.
+ *  - outbound on a non-blocking socket: on_limit decides, as for a
+ *    blocking one (`nonblocking = "wait"`, the default). Nearly every
+ *    client a legacy service uses -- curl, PHP streams and PDO, libpq,
+ *    Python with a timeout -- makes its socket non-blocking only to time
+ *    the connect, and a rule that says `wait` must wait for them. An event
+ *    loop (nginx, HAProxy, Node) must never sleep: its config says
+ *    `nonblocking = "fail"`, and a refusal on a non-blocking socket then
+ *    returns -1 at once with the rule's nonblock_errno (EAGAIN by
+ *    default), whatever on_limit says. Either way the Redis round trip
+ *    itself is bounded by timeout_ms, and nothing hangs.
+ *
+ * The shim does not guess whether the caller is an event loop. The fd is
+ * not yet in an epoll set at connect() for HAProxy, libuv or asyncio
+ * (they register after EINPROGRESS; only nginx registers first), and
+ * "this thread waits in epoll" also holds for an Apache prefork child
+ * with two Listen lines, which runs PHP or mod_proxy in that very thread
+ * and must wait. The program's own config is the reliable place to say
+ * it (bench/evloop_probe.c measures both signals).
  *
  * Not covered: programs that make system calls directly (static or Go
  * binaries), UDP "connections" (only SOCK_STREAM sockets are limited), and
@@ -661,7 +672,8 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
         errno = saved;
         return call_connect(fd, sa, len);
     }
-    nonblock = is_nonblocking(fd);
+    /* Only `nonblocking = "fail"` treats a non-blocking socket apart. */
+    nonblock = !r->nonblock_wait && is_nonblocking(fd);
     deadline = now_ms() + r->max_wait_ms;
     for (loops = 0; loops < SHIM_MAX_WAIT_LOOPS; loops++) {
         shim_decide(r, r->key, r->key_len, &res);
@@ -669,7 +681,7 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
             errno = saved;
             return call_connect(fd, sa, len);
         }
-        if (nonblock && !r->nonblock_wait) {
+        if (nonblock) {
             errno = r->nonblock_errno;
             return -1;
         }
