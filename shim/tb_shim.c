@@ -137,11 +137,13 @@ typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef void *(*dlopen_fn)(const char *, int);
 
 static connect_fn real_connect;
 static accept_fn real_accept;
 static accept4_fn real_accept4;
 static write_fn real_write;
+static dlopen_fn real_dlopen;
 
 static int shim_state = ST_UNINIT;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
@@ -236,6 +238,9 @@ static void resolve_syms(void)
     real_connect = (connect_fn)load_sym("connect", (void *)connect);
     real_accept = (accept_fn)load_sym("accept", (void *)accept);
     real_accept4 = (accept4_fn)load_sym("accept4", (void *)accept4);
+    __atomic_store_n(&real_dlopen,
+                     (dlopen_fn)load_sym("dlopen", (void *)dlopen),
+                     __ATOMIC_RELEASE);
 }
 
 /* The call_* helpers are the only way out to the system: real_* when
@@ -873,4 +878,38 @@ SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
         return call_accept4(fd, sa, alen, flags, 0);
     }
     return limited_accept(fd, sa, alen, flags, 0);
+}
+
+/* ---- dlopen -------------------------------------------------------- */
+
+/* dlopen() without RTLD_DEEPBIND while outbound rules are loaded. A
+ * library opened with that flag binds its undefined symbols to its own
+ * dependencies before the global scope, so libc's connect() wins over
+ * ours: PHP opens every extension so, and pdo_pgsql, pgsql and curl
+ * (libpq, libcurl) would connect around every rule. PHP itself drops
+ * the flag in its sanitizer builds; nothing else changes.
+ *
+ * The forwarding call must stay a tail call (a jump): glibc reads the
+ * return address to find the calling object, whose RUNPATH it searches
+ * for a bare file name. The optimize attribute keeps it one in -O0
+ * builds; test_shim_330_02 loads a plugin through a RUNPATH. Before
+ * initialisation (and if the lookup failed) real_dlopen is resolved
+ * here. */
+SHIM_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls")))
+void *dlopen(const char *file, int flags)
+{
+    dlopen_fn real = __atomic_load_n(&real_dlopen, __ATOMIC_ACQUIRE);
+
+    if (__builtin_expect(real == NULL, 0)) {
+        real = (dlopen_fn)dlsym(RTLD_NEXT, "dlopen");
+        if (real == NULL || real == dlopen) {
+            return NULL;
+        }
+    }
+    if ((flags & RTLD_DEEPBIND) != 0
+        && __atomic_load_n(&shim_state, __ATOMIC_ACQUIRE) == ST_READY
+        && shim_conf.nout > 0) {
+        flags &= ~RTLD_DEEPBIND;
+    }
+    return real(file, flags);
 }
