@@ -47,7 +47,8 @@ int main(void)
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (i = 0; i < n; i++) epoll_wait(ep, &ev, 1, 0);
     clock_gettime(CLOCK_MONOTONIC, &b);
-    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
+    printf("%.1f\n", ((b.tv_sec - a.tv_sec) * 1e9
+                      + (b.tv_nsec - a.tv_nsec)) / n);
     return 0;
 }
 """
@@ -105,8 +106,10 @@ def clients(probe, up, log, tmp):
     env = env_with(probe, up, log)
     asyncio_src = ("import asyncio\n"
                    "async def m():\n"
-                   "    r, w = await asyncio.open_connection('127.0.0.1', %d)\n"
-                   "    w.write(b'GET / HTTP/1.0\\r\\n\\r\\n'); await r.read()\n"
+                   "    r, w = await asyncio.open_connection(\n"
+                   "        '127.0.0.1', %d)\n"
+                   "    w.write(b'GET / HTTP/1.0\\r\\n\\r\\n')\n"
+                   "    await r.read()\n"
                    "asyncio.run(m())\n" % up)
     return [
         ("curl", "client", ["curl", "-s", "--max-time", "5", url]),

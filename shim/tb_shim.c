@@ -1,4 +1,5 @@
-/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4() and connect().
+/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4(), connect()
+ * and dlopen().
  *
  *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
  *       legacy-daemon
@@ -70,13 +71,19 @@
  *    default), whatever on_limit says. Either way the Redis round trip
  *    itself is bounded by timeout_ms, and nothing hangs.
  *
- * The shim does not guess whether the caller is an event loop. The fd is
- * not yet in an epoll set at connect() for HAProxy, libuv or asyncio
- * (they register after EINPROGRESS; only nginx registers first), and
- * "this thread waits in epoll" also holds for an Apache prefork child
- * with two Listen lines, which runs PHP or mod_proxy in that very thread
- * and must wait. The program's own config is the reliable place to say
- * it (bench/evloop_probe.c measures both signals).
+ * The shim does not guess whether the caller is an event loop; the
+ * program's config says so. Measured by bench/evloop_probe.py: "the fd
+ * is already in an epoll set" holds at connect() only for nginx (HAProxy,
+ * Node and asyncio register after EINPROGRESS) and costs a /proc scan of
+ * 0.1-0.5 ms per connect; "this thread has waited in epoll" is nearly
+ * free but also holds in an Apache prefork child with two Listen lines,
+ * which runs mod_proxy or PHP in that very thread and must wait, and not
+ * yet at a Node program's first connect.
+ *
+ * Libraries opened with RTLD_DEEPBIND (PHP opens every extension so:
+ * pdo_pgsql, pgsql, curl) bind connect() to libc before our wrapper; the
+ * dlopen() wrapper drops that flag while outbound rules are loaded, so
+ * their connections are limited too (see dlopen() below).
  *
  * Not covered: programs that make system calls directly (static or Go
  * binaries), UDP "connections" (only SOCK_STREAM sockets are limited), and

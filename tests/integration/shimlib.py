@@ -304,6 +304,21 @@ def script_worker(argv, env, timeout):
     return work
 
 
+PHP = "/usr/bin/php"
+
+
+def php_loop(body, setup=""):
+    """A PHP script for script_worker: prints "ready", waits for a line on
+    stdin, runs `setup` once, then `body` (which counts $ok and $fail) up
+    to $N times and for at most $SECS seconds, and prints the tally."""
+    return ('<?php\necho "ready\\n";\nfgets(STDIN);\n'
+            '$n = (int)getenv("N");\n'
+            '$end = microtime(true) + (float)getenv("SECS");\n' + setup
+            + '$ok = 0; $fail = 0;\n'
+            'for ($i = 0; $i < $n && microtime(true) < $end; $i++) {\n'
+            + body + '}\necho "ok=$ok fail=$fail\\n";\n')
+
+
 def check_shared_limit(what, admitted, capacity, rate, seconds, span=None):
     """Assert that a downstream accepted no more than a bucket allows in
     `seconds` (capacity + rate x T) and at least 0.9 of it: a `wait` rule

@@ -5,7 +5,8 @@ root the workers run as www-data), its own config, pid file, logs and
 temp paths, listens on a free loopback port, runs in the foreground
 (`daemon off`, master + 2 workers, epoll, `multi_accept on`) and is
 stopped by PID. Its one location answers `return 200` without touching
-files, unless the caller gives it other directives (proxy_pass). The access log has one line per request: the connection serial
+files, unless the caller gives it other directives (proxy_pass). The
+access log has one line per request: the connection serial
 number, the peer address, the status and the time, so tests count the
 connections nginx accepted, per peer and over time.
 """

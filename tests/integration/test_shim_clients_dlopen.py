@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from shimlib import (PROGS_SRC, _cc, plain_env, progs, run, shim_env,
+from shimlib import (PROGS_SRC, Proc, _cc, plain_env, progs, run, shim_env,
                      write_conf)
 from tbenv import free_port
 
@@ -36,9 +36,7 @@ def outcome(dl_main, args, env):
 # libc before the global scope; under an outbound rule its connects are
 # limited all the same (2 of 5 under capacity 2), as without the flag.
 def test_shim_330_01(redis_server, progs, dl_progs, tmp_path):
-    down = progs["tb_srv"]
-    from shimlib import Proc
-    srv = Proc([down], plain_env())
+    srv = Proc([progs["tb_srv"]], plain_env())
     try:
         conf = write_conf(tmp_path / "s.conf", redis_server,
                           'outbound = ( { name = "dl"; host = "127.0.0.1"; '

@@ -5,29 +5,20 @@ written with the defaults; nginx's access log counts the connections it
 accepted."""
 import pytest
 
-from shimlib import (CURL, check_shared_limit, plain_env, process_loop,
-                     run_workers, script_worker, shim_env, wait_rule,
-                     write_conf)
+from shimlib import (CURL, PHP, check_shared_limit, php_loop, plain_env,
+                     process_loop, run_workers, script_worker, shim_env,
+                     wait_rule, write_conf)
 from tbenv import require
 from tbnginx import Nginx
 
-PHP = "/usr/bin/php"
 PYTHON = "/usr/bin/python3"
 
-PHP_GET = r"""<?php
-echo "ready\n";
-fgets(STDIN);
-$n = (int)getenv("N");
-$end = microtime(true) + (float)getenv("SECS");
-$ctx = stream_context_create(array("http" => array("timeout" => 15)));
-$ok = 0; $fail = 0;
-for ($i = 0; $i < $n && microtime(true) < $end; $i++) {
+PHP_GET = php_loop(r"""
     $body = @file_get_contents(getenv("URL"), false, $ctx);
     if ($body !== false && strpos($body, "OK") !== false) { $ok++; }
     else { $fail++; $e = error_get_last(); fwrite(STDERR, $e["message"]); }
-}
-echo "ok=$ok fail=$fail\n";
-"""
+""", r"""$ctx = stream_context_create(array("http" => array("timeout" => 15)));
+""")
 
 PY_GET = r"""
 import os, sys, time, urllib.request

@@ -15,20 +15,14 @@ from datetime import datetime
 
 import pytest
 
-from shimlib import (check_shared_limit, process_loop, run_workers,
-                     script_worker, shim_env, wait_rule, write_conf)
+from shimlib import (PHP, check_shared_limit, php_loop, process_loop,
+                     run_workers, script_worker, shim_env, wait_rule,
+                     write_conf)
 from tbenv import free_port, require, stop_pid
 
 PSQL = "/usr/bin/psql"
-PHP = "/usr/bin/php"
 
-PDO_SCRIPT = r"""<?php
-echo "ready\n";
-fgets(STDIN);
-$n = (int)getenv("N");
-$end = microtime(true) + (float)getenv("SECS");
-$ok = 0; $fail = 0;
-for ($i = 0; $i < $n && microtime(true) < $end; $i++) {
+PDO_SCRIPT = php_loop(r"""
     try {
         $db = new PDO(getenv("DSN"), "postgres", "",
                       array(PDO::ATTR_TIMEOUT => 15,
@@ -40,9 +34,7 @@ for ($i = 0; $i < $n && microtime(true) < $end; $i++) {
         $fail++;
         fwrite(STDERR, $e->getMessage() . "\n");
     }
-}
-echo "ok=$ok fail=$fail\n";
-"""
+""")
 
 RECEIVED = re.compile(r"^(\S+ \S+) \S+ \[\d+\] LOG:  connection received: "
                       r"host=127\.0\.0\.1 ")
@@ -130,7 +122,7 @@ def postgres():
     pg.stop()
 
 
-# test_shim_300_01 (slow, ~4 s of load): three psql loops and three PHP
+# test_shim_300_01 (slow, ~4 s of load): three psql loops and four PHP
 # processes with pdo_pgsql connect to Postgres for 3 s under one outbound
 # rule `capacity = 10; rate = "10/s"; on_limit = "wait"`, nothing else
 # set. Every connect waits for its token instead of failing, and the
@@ -152,7 +144,7 @@ def test_shim_300_01(redis_server, postgres, tmp_path):
             "postgres", "-d", "postgres", "-AXqtc", "SELECT 1"]
     workers = [process_loop(psql, env, most, secs) for _ in range(3)]
     workers += [script_worker([PHP, str(script)], env, 60)
-                for _ in range(3)]
+                for _ in range(4)]
     before = len(postgres.received())
     results, took = run_workers(workers, timeout=90)
     times = postgres.received()[before:]
