@@ -371,6 +371,10 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     r->max_wait_ms = DEFAULT_MAX_WAIT_MS;
     r->fail_errno = ECONNREFUSED;
     r->nonblock_errno = EAGAIN;
+    /* on_limit decides for non-blocking sockets too: most clients (curl,
+     * PHP, libpq) connect non-blocking only to time the connect. Event
+     * loops opt out with nonblocking = "fail". */
+    r->nonblock_wait = 1;
 
     if (!config_setting_is_group(g)) {
         return fail(ld, g, "each %s rule must be a group { ... }",

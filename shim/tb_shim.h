@@ -62,9 +62,11 @@ typedef struct shim_rule {
     shim_on_limit_t on_limit; /* Outbound only.                           */
     int64_t max_wait_ms;      /* Outbound `wait`: total sleep bound, ms.  */
     int fail_errno;           /* Outbound: errno of a refused connect.    */
-    int nonblock_errno;       /* Outbound: errno on a non-blocking socket.*/
-    int nonblock_wait;        /* Outbound: 1 treats a non-blocking socket
-                               * as blocking (`nonblocking = "wait"`).   */
+    int nonblock_errno;       /* Outbound: errno on a non-blocking socket
+                               * under `nonblocking = "fail"`.          */
+    int nonblock_wait;        /* Outbound: 1 (default, "wait") lets
+                               * on_limit decide for a non-blocking socket
+                               * too; 0 ("fail") never sleeps on one.   */
 } shim_rule_t;
 
 typedef struct shim_conf {
