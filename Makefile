@@ -73,6 +73,7 @@ TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket) \
 
 # The algorithm tests' driver of the real client, one algorithm per run.
 TOOLS += $(if $(wildcard tests/integration/tb_algo_driver.c),$(BUILD)/tb_algo_driver)
+TOOLS += $(if $(wildcard tests/integration/tb_batch.c),$(BUILD)/tb_batch)
 
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
@@ -121,6 +122,10 @@ $(BUILD)/tbucket: tools/tbucket.c $(LIBTB)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/tb_driver: tests/integration/tb_driver.c $(LIBTB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+
+$(BUILD)/tb_batch: tests/integration/tb_batch.c $(LIBTB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 

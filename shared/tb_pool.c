@@ -543,6 +543,9 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
     conn = ready_conn(p, l, conn, &deadline, &e);
     rc = conn ? tb__conn_write(conn, b->out.p, b->out.len, deadline, &e)
               : TB_ERR;
+    if (conn && p->stats) {
+        tb_stats_add(&p->stats->batches, 1);
+    }
     for (i = 0; rc == TB_OK && i < n; i++) {
         for (k = 0; k < b->ncmds[i]; k++) {
             redisReply *r;
