@@ -12,6 +12,9 @@
  * Errors name the file, the line and the problem in one line, which the
  * caller prints as it is. The caller's conf is left in a defined state
  * (no rules) on error, so running unlimited needs no extra step.
+ *
+ * The tbucket tool links this file too (shim_conf_rule() is its lookup
+ * by name), so a rule's defaults, name and Redis key have one source.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -555,6 +558,32 @@ static int load_rules(loader_t *ld, const config_setting_t *list,
     return TB_OK;
 }
 
+const shim_rule_t *shim_conf_rule(const shim_conf_t *conf, const char *want)
+{
+    const char *name = want;
+    int only = -1, i;
+
+    if (strncmp(want, "in:", 3) == 0) {
+        only = 1;
+        name = want + 3;
+    }
+    else if (strncmp(want, "out:", 4) == 0) {
+        only = 0;
+        name = want + 4;
+    }
+    for (i = 0; only != 0 && i < conf->nin; i++) {
+        if (strcmp(conf->in[i].name, name) == 0) {
+            return &conf->in[i];
+        }
+    }
+    for (i = 0; only != 1 && i < conf->nout; i++) {
+        if (strcmp(conf->out[i].name, name) == 0) {
+            return &conf->out[i];
+        }
+    }
+    return NULL;
+}
+
 /* ---- Top level ------------------------------------------------------ */
 
 /* Scalars first, in one pass; rules after, because a rule's Redis prefix
@@ -564,7 +593,6 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
 {
     tb_options_t *o = &conf->opts;
     int i, n = config_setting_length(root);
-    int have_connect_timeout = 0;
     int64_t v;
     const char *str;
 
@@ -596,11 +624,12 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
         else if (strcmp(name, "timeout_ms") == 0) {
             rc = get_ms(ld, s, 1, 60000, &v);
             o->timeout_ms = (int)v;
+            conf->timeout_set = 1;
         }
         else if (strcmp(name, "connect_timeout_ms") == 0) {
             rc = get_ms(ld, s, 1, 60000, &v);
             o->connect_timeout_ms = (int)v;
-            have_connect_timeout = 1;
+            conf->connect_timeout_set = 1;
         }
         else if (strcmp(name, "pool_size") == 0) {
             rc = get_int(ld, s, 1, 64, &v);
@@ -651,7 +680,7 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
             return TB_ERR;
         }
     }
-    if (!have_connect_timeout) {
+    if (!conf->connect_timeout_set) {
         o->connect_timeout_ms = o->timeout_ms;
     }
     return TB_OK;
