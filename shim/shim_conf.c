@@ -707,7 +707,7 @@ static void defaults(shim_conf_t *conf)
     conf->opts.pool_size = DEFAULT_POOL_SIZE;
     /* Inside someone else's process fds can be closed under us. */
     conf->opts.verify_fd = 1;
-    strcpy(conf->url, "redis://127.0.0.1:6379");
+    strcpy(conf->url, TB_DEFAULT_URL);
     strcpy(conf->prefix, DEFAULT_PREFIX);
 }
 

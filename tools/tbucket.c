@@ -336,7 +336,7 @@ static int parse_args(tool_t *t, int argc, char **argv)
     int c, rc;
 
     memset(t, 0, sizeof(*t));
-    strcpy(t->url, "redis://127.0.0.1:6379");
+    strcpy(t->url, TB_DEFAULT_URL);
     strcpy(t->prefix, "rl:");
     t->timeout_ms = DEFAULT_TIMEOUT_MS;
     t->cost = 1;
