@@ -8,7 +8,7 @@
  * once per decision and never logs: counters and the result say what
  * happened, and the host logs. With a redis-cluster:// URL the script call
  * and the tools' commands go through tb_cluster.c instead of the pool;
- * Sentinel is the pool's business (tb_redis.c).
+ * Sentinel is the pool's business (tb_pool.c).
  */
 #include <math.h>
 #include <stdio.h>

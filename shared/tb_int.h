@@ -1,7 +1,7 @@
 /* tb_int.h -- the I/O side of the core that hosts never call: the circuit
- * breaker, the Redis connection pool and script call (tb_redis.c), Sentinel
- * (tb_sentinel.c), Cluster (tb_cluster.c) and the failure policy
- * (tb_policy.c). Internal: the library's files and its unit tests include
+ * breaker, the transport (tb_resp.c, tb_conn.c, tb_pool.c), the script
+ * call (tb_redis.c), Sentinel (tb_sentinel.c), Cluster (tb_cluster.c) and
+ * the failure policy (tb_policy.c). Internal: the library's files and its unit tests include
  * it; hosts include tb.h only.
  */
 #ifndef TB_INT_H
@@ -24,7 +24,7 @@ void tb_sha256(const void *data, size_t len, unsigned char out[32]);
 void tb_stats_latency(tb_stats_t *s, int64_t us);
 
 /* A condition variable that waits against CLOCK_MONOTONIC, so that a
- * wall-clock step cannot stretch a bounded wait (tb_redis.c). */
+ * wall-clock step cannot stretch a bounded wait (tb_pool.c). */
 void tb__cond_init(pthread_cond_t *cv);
 
 /* ---- Circuit breaker (tb_breaker.c) -------------------------------- */
@@ -124,7 +124,7 @@ int tb__conn_command(tb__conn_t *c, int argc, const char **argv,
                      const size_t *argvlen, tb_monotime_us deadline,
                      redisReply **r, tb__error_t *e);
 
-/* ---- The pool: connections shared by a process's threads (tb_redis.c)
+/* ---- The pool: connections shared by a process's threads (tb_pool.c)
  *
  * A thread that finds a connection idle sends its command at once. One
  * that finds every connection busy with a write-and-read in flight joins

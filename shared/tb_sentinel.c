@@ -2,7 +2,7 @@
  *
  * One question, SENTINEL get-master-addr-by-name, over a short-lived
  * connection to one sentinel after another until one names the primary.
- * The pool (tb_redis.c) decides when to ask: before its first connect and
+ * The pool (tb_pool.c) decides when to ask: before its first connect and
  * again after anything that suggests the primary moved.
  *
  * That alone is not enough: after a failover the old primary, if alive,
