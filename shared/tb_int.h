@@ -1,8 +1,8 @@
 /* tb_int.h -- the I/O side of the core that hosts never call: the circuit
  * breaker, the transport (tb_resp.c, tb_conn.c, tb_pool.c), the script
  * call (tb_redis.c), Sentinel (tb_sentinel.c), Cluster (tb_cluster.c) and
- * the failure policy (tb_policy.c). Internal: the library's files and its unit tests include
- * it; hosts include tb.h only.
+ * the failure policy (tb_policy.c). Internal: the library's files and its
+ * unit tests include it; hosts include tb.h only.
  */
 #ifndef TB_INT_H
 #define TB_INT_H
