@@ -278,7 +278,7 @@ def test_tool_001_17_rule_key_as_shim(redis_server, tmp_path):
     port = free_port()
     conf = tmp_path / "shim.conf"
     conf.write_text(
-        'redis_url = "%s";\nprefix = "t17:";\n'
+        'redis_url = "%s";\nprefix = "t17:";\ntimeout_ms = 2000;\n'
         'outbound = ( { host = "127.0.0.1"; port = %d; capacity = 5;'
         ' rate = "1/h"; key = "odd key{x}"; } );\n'
         % (redis_server.url, port))
