@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """algo_figures.py -- the README's algorithm table (issue 7), measured.
 
-Starts its own redis-server (tests/integration/tbenv.py) and runs the real
+Starts its own redis-server (tests/integration/tbtest/env.py) and runs the real
 scripts from shared/ in it:
   * burst behaviour: requests admitted at one instant from a fresh key, and
     at most in any window of W = CAPACITY/RATE s on an adversarial trace
@@ -23,7 +23,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-from tbenv import Redis  # noqa: E402
+from tbtest.env import Redis  # noqa: E402
 
 ALGOS = [("token-bucket", "tb_bucket.lua"), ("gcra", "tb_gcra.lua"),
          ("sliding-window", "tb_swindow.lua"),
