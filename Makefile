@@ -221,7 +221,10 @@ test: deps
 	$(MAKE) unit
 	$(MAKE) integration
 
+# The shim tests preload the plain shim (build/) into programs that fail
+# with libasan preloaded (curl, php-cgi), so it is built first.
 asan: deps
+	$(MAKE) $(SHIM_SO)
 	$(MAKE) SANITIZER=address,undefined all unit
 	$(MAKE) SANITIZER=address,undefined integration TB_ASAN=1
 

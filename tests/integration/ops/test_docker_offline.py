@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from tbtest.apache import run_apache2
 from tbtest.env import BUILD, ROOT, require
 
 DOCKER = os.path.join(ROOT, "docker")
@@ -187,7 +188,6 @@ def test_docker_001_06_compose_config():
 
 # The Apache config baked into the image passes apache2 -t with our module.
 def test_docker_001_07_apache_config_syntax(tmp_path):
-    apache2 = require("/usr/sbin/apache2", "apache2")
     so = os.path.join(BUILD, "mod_tbucket.so")
     if not os.path.exists(so):
         pytest.fail("%s is missing: run make" % so)
@@ -209,9 +209,7 @@ def test_docker_001_07_apache_config_syntax(tmp_path):
     conf = tmp_path / "httpd.conf"
     conf.write_text("\n".join(lines))
     env = dict(os.environ, REPLICA="test", APACHE_LOG_DIR=str(run))
-    env.pop("LD_PRELOAD", None)
-    p = subprocess.run([apache2, "-t", "-f", str(conf)], capture_output=True,
-                       text=True, timeout=30, env=env)
+    p = run_apache2(so, "-t", "-f", conf, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
 
 

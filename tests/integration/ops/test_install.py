@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
+from tbtest.apache import run_apache2
 from tbtest.env import BUILD, ROOT, require
 
 APXS = "/usr/bin/apxs"
-APACHE2 = "/usr/sbin/apache2"
 
 
 def apxs(var):
@@ -146,7 +146,6 @@ def test_install_001_04_uninstall_refuses_enabled(tmp_path):
 
 # The installed tbucket.load and tbucket.conf pass apache2 -t as they are.
 def test_install_001_05_apache_accepts_installed_files(tmp_path):
-    require(APACHE2, "apache2")
     root = tmp_path / "inst"
     p = make("install", "PREFIX=%s/usr" % root,
              "LIBEXECDIR=%s/modules" % root,
@@ -172,10 +171,9 @@ def test_install_001_05_apache_accepts_installed_files(tmp_path):
         "ErrorLog %s/error.log" % run,
         "",
     ]))
-    p = subprocess.run([APACHE2, "-t", "-f", str(httpd_conf)],
-                       capture_output=True, text=True, timeout=30)
+    so = "%s/modules/mod_tbucket.so" % root
+    p = run_apache2(so, "-t", "-f", httpd_conf)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Syntax OK" in p.stdout + p.stderr
-    p = subprocess.run([APACHE2, "-M", "-f", str(httpd_conf)],
-                       capture_output=True, text=True, timeout=30)
+    p = run_apache2(so, "-M", "-f", httpd_conf)
     assert "tbucket_module" in p.stdout, p.stdout + p.stderr

@@ -1,7 +1,7 @@
 """tbtest -- the helpers of the integration tests, one module per topic.
 
     env         the source tree, the build, test programs, ports, Redis
-    apache      an Apache of our own
+    apache      an Apache of our own; every apache2 run (scripts/apache2.sh)
     core        the tb_driver client, Redis keys and slots, the vectors
     shim        shim configs and environments, the test daemons and clients
     ha          Redis Sentinel and Redis Cluster rigs

@@ -8,8 +8,11 @@ whole process group on shutdown) and is stopped by PID. The error log is
 read back so that every test can assert it is clean apart from the TB tags
 it declares, as httpd's own test/pyhttpd does with ignore_recent(lognos=).
 
-With TB_ASAN=1 the sanitizer runtimes are preloaded into apache2 only
-(never into curl or python) and any sanitizer report fails the check.
+Every apache2 the tests run, also `apache2 -t` and `apache2 -M`, goes
+through scripts/apache2.sh (apache2_argv(), run_apache2()): for a
+sanitizer build of the module it preloads the sanitizer runtimes into
+apache2 only (never into curl or python), and any sanitizer report fails
+the log check.
 """
 import os
 import re
@@ -21,9 +24,10 @@ import time
 
 import pytest
 
-from tbtest.env import BUILD, free_port, require, wait_port
+from tbtest.env import BUILD, ROOT, free_port, require, wait_port
 
 APACHE = "/usr/sbin/apache2"
+APACHE2_SH = os.path.join(ROOT, "scripts", "apache2.sh")
 MODDIR = "/usr/lib/apache2/modules"
 PHP_CGI = "/usr/bin/php-cgi"
 
@@ -85,18 +89,19 @@ MaxRequestWorkers {threads}
 }
 
 
-def asan_env():
-    """LD_PRELOAD for an ASan/UBSan-built module, for apache2 only."""
-    libs = []
-    for name in ("libasan.so", "libubsan.so"):
-        out = subprocess.run(["gcc", "-print-file-name=" + name],
-                             capture_output=True, text=True).stdout.strip()
-        libs.append(out)
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = " ".join(libs)
-    env["ASAN_OPTIONS"] = "detect_leaks=0"
-    env["UBSAN_OPTIONS"] = "print_stacktrace=1"
-    return env
+def apache2_argv(so, *args):
+    """The command line that runs apache2 with args for the module build
+    `so` (the mod_tbucket.so its configuration loads)."""
+    require(APACHE, "apache2")
+    return [APACHE2_SH, so] + [str(a) for a in args]
+
+
+def run_apache2(so, *args, env=None, timeout=30):
+    """Run apache2 to completion (-t, -M) for the module build `so`;
+    returns the CompletedProcess, output as text. env replaces the
+    environment (scripts/apache2.sh still sets the preload)."""
+    return subprocess.run(apache2_argv(so, *args), env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 class Apache:
@@ -225,18 +230,10 @@ class Apache:
         path = os.path.join(self.root, "conf", "test.conf")
         with open(path, "w") as f:
             f.write(self.config_text(body, mpm))
-        p = subprocess.run([APACHE, "-t", "-f", path], env=self._env(),
-                           capture_output=True, text=True, timeout=30)
+        p = run_apache2(self.so, "-t", "-f", path)
         return p.returncode, p.stdout + p.stderr
 
     # ---- process -------------------------------------------------------
-
-    def _env(self):
-        if os.environ.get("TB_ASAN") == "1":
-            return asan_env()
-        env = dict(os.environ)
-        env.pop("LD_PRELOAD", None)
-        return env
 
     def start(self, body=None):
         if body is not None:
@@ -244,8 +241,9 @@ class Apache:
         self.stderr = open(os.path.join(self.root, "logs", "stderr.log"),
                            "ab")
         self.proc = subprocess.Popen(
-            ["setsid", APACHE, "-f", self.conf, "-DFOREGROUND"],
-            env=self._env(), stdout=self.stderr, stderr=self.stderr)
+            ["setsid"] + apache2_argv(self.so, "-f", self.conf,
+                                      "-DFOREGROUND"),
+            stdout=self.stderr, stderr=self.stderr)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
