@@ -11,7 +11,8 @@
 # every regression input), and grows a scratch corpus under
 # BUILD_DIR/fuzz/corpus/<name>/. A crash or failed invariant leaves its
 # input in BUILD_DIR/fuzz/artifacts/<name>/ and makes the run fail: copy
-# it into tests/fuzz/corpus/<name>/ so test_fuzz_regress.py replays it.
+# it into tests/fuzz/corpus/<name>/ so hostile/test_fuzz_regress.py
+# replays it.
 set -eu
 BUILD=${1:-build}
 SECS=${2:-25}

@@ -7,7 +7,7 @@
  * including file defines av_reset() (a new case), av_take() (one call on
  * its twin) and av_state_ok() (does bucket i's state match the text?). The
  * same rows run against the real scripts in
- * tests/integration/test_algo_vectors.py.
+ * tests/integration/algorithms/test_algo_vectors.py.
  */
 #ifndef ALGO_VECTORS_H
 #define ALGO_VECTORS_H

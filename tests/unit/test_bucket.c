@@ -4,7 +4,7 @@
  * tests/vectors/token_bucket.tsv (directory from $TB_TEST_VECTORS) through
  * tb_bucket_take() and compares the verdict, the new state and the TTL
  * exactly: the same table runs against the Lua script in a real Redis
- * (tests/integration/test_core_vectors.py), so C and Lua cannot drift. The
+ * (tests/integration/core/test_core_vectors.py), so C and Lua cannot drift. The
  * named tests then check behaviours over sequences of calls with injected
  * time (never a sleep) and the argument checks.
  */

@@ -8,7 +8,7 @@
  * closed loopback port (refused at once), or a listening socket that never
  * accepts (the connect succeeds in the kernel and the command times out);
  * the latter also lets the test count every connection the client makes.
- * Decisions against a real Redis are in tests/integration/test_core_*.py.
+ * Decisions against a real Redis are in tests/integration/core/.
  */
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gen_algo_vectors.py -- write tests/vectors/{gcra,fixed_window,
 sliding_window,sliding_log}.tsv from the Python model of the scripts
-(tests/integration/algo_model.py).
+(tests/integration/tbtest/algo_model.py).
 
 Each row is one call; rows of one case run in order on the same keys, which
 start missing. Columns (tab-separated), one value per bucket joined by '|':
@@ -17,7 +17,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from algo_model import MODELS  # noqa: E402
+from tbtest.algo_model import MODELS  # noqa: E402
 
 BIG = 1764000000000  # A realistic Redis clock (ms since 1970).
 
