@@ -12,7 +12,9 @@
 # apache2, and only there, since curl hangs in setlocale and python fails
 # with libasan preloaded. Leak checking is off: Apache leaves its pools to
 # the exit. Any other build runs apache2 with LD_PRELOAD removed, so a
-# preload meant for the caller (the shim) never reaches Apache.
+# preload meant for the caller (the shim) never reaches Apache by accident.
+# TB_APACHE_PRELOAD names libraries to preload into apache2 on purpose
+# (the shim tests run Apache under the shim), after the runtimes.
 #
 # The script execs apache2, so the PID its caller sees is Apache's.
 set -eu
@@ -26,13 +28,19 @@ san=$(ldd "$so" 2>/dev/null \
       | awk '$1 ~ /^lib(asan|ubsan)\.so/ && $3 ~ /^\// { printf "%s ", $3 }')
 case $san in
 *libasan*)
-    LD_PRELOAD=${san% }
     ASAN_OPTIONS=detect_leaks=0
     UBSAN_OPTIONS=print_stacktrace=1
-    export LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS
+    export ASAN_OPTIONS UBSAN_OPTIONS
     ;;
 *)
-    unset LD_PRELOAD
+    san=
     ;;
 esac
+preload="$san${TB_APACHE_PRELOAD:-}"
+if [ -n "${preload% }" ]; then
+    LD_PRELOAD=${preload% }
+    export LD_PRELOAD
+else
+    unset LD_PRELOAD
+fi
 exec "$APACHE" "$@"

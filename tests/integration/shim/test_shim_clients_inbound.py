@@ -13,7 +13,7 @@ import pytest
 
 from tbtest.apache import Apache
 from tbtest.nginx import Nginx
-from tbtest.shim import cli, plain_env, shim_env, write_conf
+from tbtest.shim import SHIM_SO, cli, plain_env, shim_env, write_conf
 
 FLOOD_SECS = 2.0
 FLOOD_THREADS = 8
@@ -34,9 +34,11 @@ class ShimApache(Apache):
         super().__init__(**kw)
 
     def _env(self):
-        # Our own C program for the sanitizers: under `make asan` the
-        # module needs their runtimes preloaded anyway.
-        return shim_env(self.shim_conf)
+        # scripts/apache2.sh preloads the sanitizer runtimes a `make asan`
+        # module needs, then TB_APACHE_PRELOAD: the shim of this build.
+        env = shim_env(self.shim_conf)
+        env["TB_APACHE_PRELOAD"] = SHIM_SO
+        return env
 
 
 def probe(port, stop, out):

@@ -243,7 +243,7 @@ class Apache:
         self.proc = subprocess.Popen(
             ["setsid"] + apache2_argv(self.so, "-f", self.conf,
                                       "-DFOREGROUND"),
-            stdout=self.stderr, stderr=self.stderr)
+            env=self._env(), stdout=self.stderr, stderr=self.stderr)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -253,6 +253,11 @@ class Apache:
             if wait_port(self.port, timeout=0.2):
                 return self
         raise RuntimeError("apache2 did not listen on %d" % self.port)
+
+    def _env(self):
+        """The environment apache2 starts with (scripts/apache2.sh sets
+        its preload); a subclass may add to it."""
+        return dict(os.environ)
 
     def _resumed(self):
         return self.read_log().count("resuming normal operations")
