@@ -616,6 +616,8 @@ static void wait_turn(tb__pool_t *p, tb__waiter_t *w)
             tb__set_error(&w->err, TB_ERR_TIMEOUT,
                           "no reply within %d ms (connection busy)",
                           p->timeout_ms);
+            /* The batch's leader reports the batch to the breaker. */
+            w->err.shared = 1;
             w->state = W_FAILED;
         }
     }
