@@ -117,8 +117,10 @@ UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: all deps test unit integration asan noopt run clean install \
         uninstall bench fuzz deb progs
+# What ships; the test programs are built by `make progs` (and before the
+# integration tests), so a package build compiles none of them.
 all: $(ALGO_LUA_BUILT) $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) \
-     $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS) $(TEST_PROGS)
+     $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
 
 progs: $(TEST_PROGS)
 
@@ -235,7 +237,7 @@ unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; \
 	    TB_TEST_VECTORS=tests/vectors $(TEST_PREFIX) $$t; done
 
-integration: all
+integration: all progs
 	TB_BUILD=$(abspath $(BUILD)) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	    tests/integration $(PYTEST_ARGS)
 
