@@ -353,13 +353,16 @@ static void cmd_give_back(tb_client_t *c, char **av, int ac)
     tb_limit_t lim;
     tb_result_t r;
     double tokens;
+    long klen;
     int rc;
 
-    if (ac != 4 || unescape(av[0]) < 0 || to_double(av[1], &lim.capacity)
+    if (ac != 4 || (klen = unescape(av[0])) < 0
+        || to_double(av[1], &lim.capacity)
         || to_double(av[2], &lim.rate_per_sec) || to_double(av[3], &tokens)) {
         printf("error usage: give_back RKEY CAP RATE TOKENS\n");
         return;
     }
+    av[0][klen] = '\0';
     rc = tb_client_give_back(c, av[0], &lim, tokens, &r);
     print_result(rc, &r, 0);
 }

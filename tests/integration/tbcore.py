@@ -20,6 +20,8 @@ import pytest
 from tbenv import BUILD, ROOT, Redis, lua_script, require, stop_pid
 
 VECTORS = os.path.join(ROOT, "tests", "vectors", "token_bucket.tsv")
+SETTLE_VECTORS = os.path.join(ROOT, "tests", "vectors",
+                              "token_bucket_settle.tsv")
 
 
 def script_text():
@@ -182,13 +184,14 @@ def make_redis(tmp_path):
         r.stop()
 
 
-def load_vectors():
-    """The vector table: a list of (id, now_ms, buckets, verdict)."""
+def load_vectors(path=VECTORS):
+    """A vector table (token_bucket.tsv's layout): a list of (id, now_ms,
+    buckets, verdict). In SETTLE_VECTORS a bucket's "cost" is its delta."""
     cols = ("id i exists tokens ts_ms now_ms capacity rate_per_sec cost "
             "allowed remaining retry_ms binding new_tokens new_ts_ms "
             "ttl_ms").split()
     vecs = []
-    with open(VECTORS) as f:
+    with open(path) as f:
         for line in f:
             line = line.rstrip("\n")
             if not line or line.startswith("#"):
