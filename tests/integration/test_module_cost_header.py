@@ -337,7 +337,7 @@ def test_module_cost_07(apache_factory, redis_server):
 
 
 # The directive's values: apache2 -t refuses a name that is no header
-# name, and accepts Off.
+# name, accepts Off, and warns where the algorithm cannot settle.
 def test_module_cost_08(apache_factory):
     a = apache_factory()
     for bad in ("'X Cost'", "X:Cost", "\"\"", "X(Cost)"):
@@ -347,4 +347,9 @@ def test_module_cost_08(apache_factory):
     rc, out = a.configtest("<Location /x>\nTBucketCostHeader X-Cost\n"
                            "</Location>\n<Location /x/y>\n"
                            "TBucketCostHeader Off\n</Location>\n")
-    assert rc == 0, out
+    assert rc == 0 and "TB0" not in out, out
+    # A window algorithm cannot settle: a warning, not a refusal.
+    rc, out = a.configtest("<Location /x>\nTBucketLimit 10 1/s\n"
+                           "TBucketAlgorithm sliding-log\n"
+                           "TBucketCostHeader X-Cost\n</Location>\n")
+    assert rc == 0 and "TB00101" in out and "not settled" in out, out
