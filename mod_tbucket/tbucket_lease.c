@@ -31,7 +31,6 @@
 #include "apr_hash.h"
 #include "apr_strings.h"
 
-#include <math.h>
 #include <unistd.h>
 
 #include "httpd.h"

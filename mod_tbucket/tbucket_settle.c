@@ -39,10 +39,8 @@
  * documented place for after-the-response work and keeps the order with
  * mod_log_config (which runs after us).
  */
-#include "apr_strings.h"
 #include "apr_lib.h"
-
-#include <math.h>
+#include "apr_strings.h"
 
 #include "httpd.h"
 #include "http_config.h"

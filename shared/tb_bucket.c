@@ -81,21 +81,35 @@ static void refill(const tb_bucket_t *in, const tb_limit_t *l,
     out->exists = 1;
 }
 
-int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
-                   const double *cost, int n, int64_t now_ms,
-                   tb_bucket_t *out, tb_verdict_t *v)
+/* The steps of tb_bucket.lua over n buckets: settle selects its 'settle'
+ * mode, where cost is the difference to settle and every bucket keeps
+ * its new level, within -capacity .. capacity. */
+static void bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
+                       const double *cost, int n, int64_t now_ms,
+                       int settle, tb_bucket_t *out, tb_verdict_t *v)
 {
     int i;
 
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
+        double cap = lim[i].capacity;
         int64_t wait = 0;
 
         refill(&in[i], &lim[i], now_ms, &out[i]);
-        if (cost[i] > lim[i].capacity) {
+        if (settle) {
+            out[i].tokens = out[i].tokens - cost[i];
+            if (out[i].tokens > cap) {
+                out[i].tokens = cap;
+            }
+            if (out[i].tokens < -cap) {
+                out[i].tokens = -cap;
+            }
+            if (out[i].tokens < 0) {
+                wait = (int64_t)ceil(-out[i].tokens * 1000
+                                     / lim[i].rate_per_sec);
+            }
+        }
+        else if (cost[i] > cap) {
             wait = -1;
         }
         else if (out[i].tokens < cost[i]) {
@@ -106,11 +120,21 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
         tb__fold_wait(v, i, wait);
     }
     for (i = 0; i < n; i++) {
-        if (v->allowed) {
+        if (v->allowed && !settle) {
             out[i].tokens = out[i].tokens - cost[i];
         }
         tb__fold_left(v, i, out[i].tokens);
     }
+}
+
+int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms,
+                   tb_bucket_t *out, tb_verdict_t *v)
+{
+    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
+        return TB_ERR;
+    }
+    bucket_run(in, lim, cost, n, now_ms, 0, out, v);
     return TB_OK;
 }
 
@@ -175,33 +199,10 @@ int tb_bucket_settle(const tb_bucket_t *in, const tb_limit_t *lim,
                      const double *delta, int n, int64_t now_ms,
                      tb_bucket_t *out, tb_verdict_t *v)
 {
-    int i;
-
     if (!in || !tb__settle_args_ok(lim, delta, n, out, v)) {
         return TB_ERR;
     }
-    tb__fold_init(v);
-    for (i = 0; i < n; i++) {
-        double cap = lim[i].capacity;
-        int64_t wait = 0;
-
-        refill(&in[i], &lim[i], now_ms, &out[i]);
-        out[i].tokens = out[i].tokens - delta[i];
-        if (out[i].tokens > cap) {
-            out[i].tokens = cap;
-        }
-        if (out[i].tokens < -cap) {
-            out[i].tokens = -cap;
-        }
-        if (out[i].tokens < 0) {
-            wait = (int64_t)ceil(-out[i].tokens * 1000
-                                 / lim[i].rate_per_sec);
-        }
-        tb__fold_wait(v, i, wait);
-    }
-    for (i = 0; i < n; i++) {
-        tb__fold_left(v, i, out[i].tokens);
-    }
+    bucket_run(in, lim, delta, n, now_ms, 1, out, v);
     return TB_OK;
 }
 

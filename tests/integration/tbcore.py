@@ -222,6 +222,16 @@ def load_vectors(path=VECTORS):
     return vecs
 
 
+def put_buckets(r, keys, buckets):
+    """Write each existing bucket's state (a load_vectors bucket) as the
+    token-bucket script stores it; delete the others."""
+    for k, b in zip(keys, buckets):
+        r.delete(k)
+        if b["exists"]:
+            r.hset(k, mapping={"tokens": num(b["tokens"]),
+                               "ts": str(b["ts_ms"])})
+
+
 def num(x):
     """A double as the shortest string that reads back to the same value."""
     return repr(float(x))

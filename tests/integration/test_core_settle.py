@@ -13,18 +13,10 @@ tb_client_give_back, and a settlement Redis cannot make.
 import pytest
 
 from tbcore import (SETTLE_VECTORS, drivers, info_commandstats,  # noqa: F401
-                    load_vectors, num, pct, script_text)
+                    load_vectors, num, pct, put_buckets, script_text)
 
 VECTORS = load_vectors(SETTLE_VECTORS)
 IDS = [v[0] for v in VECTORS]
-
-
-def put_state(r, keys, buckets):
-    for k, b in zip(keys, buckets):
-        r.delete(k)
-        if b["exists"]:
-            r.hset(k, mapping={"tokens": num(b["tokens"]),
-                               "ts": str(b["ts_ms"])})
 
 
 def check_state(r, keys, buckets, vid):
@@ -49,7 +41,7 @@ def test_core_settle_vectors_lua(redis_server, vec):
     vid, now, buckets, verdict = vec
     r = redis_server.client()
     keys = ["settle:{%s}:%d" % (vid, i) for i in range(len(buckets))]
-    put_state(r, keys, buckets)
+    put_buckets(r, keys, buckets)
     argv = [str(now)]
     for b in buckets:
         argv += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
@@ -70,7 +62,7 @@ def test_core_settle_vectors_client(redis_server, drivers):
         client = "c-" + vid
         keys = ["S:{%s}" % client] + ["S:{%s}:route:r%d" % (client, i)
                                       for i in range(1, len(buckets))]
-        put_state(r, keys, buckets)
+        put_buckets(r, keys, buckets)
         real = max(0.0, max(b["cost"] for b in buckets))
         parts = ["settle token-bucket 0 0", str(now), num(real), client]
         for i, b in enumerate(buckets):

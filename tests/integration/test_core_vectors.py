@@ -12,20 +12,11 @@ import hashlib
 
 import pytest
 
-from tbcore import (drivers, load_vectors, num, redis_key,  # noqa: F401
-                    info_commandstats, script_text)
+from tbcore import (drivers, load_vectors, num, put_buckets,  # noqa: F401
+                    redis_key, info_commandstats, script_text)
 
 VECTORS = load_vectors()
 IDS = [v[0] for v in VECTORS]
-
-
-def setup_state(r, keys, buckets):
-    """Write each existing bucket's state as the script stores it."""
-    for k, b in zip(keys, buckets):
-        r.delete(k)
-        if b["exists"]:
-            r.hset(k, mapping={"tokens": num(b["tokens"]),
-                               "ts": str(b["ts_ms"])})
 
 
 def check_after(r, keys, buckets, verdict, vid):
@@ -52,7 +43,7 @@ def test_core_001_01(redis_server, vec):
     vid, now, buckets, verdict = vec
     r = redis_server.client()
     keys = ["vec:{%s}:%d" % (vid, i) for i in range(len(buckets))]
-    setup_state(r, keys, buckets)
+    put_buckets(r, keys, buckets)
     argv = [str(now)]
     for b in buckets:
         argv += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
@@ -90,7 +81,7 @@ def test_core_001_04(redis_server, drivers):
         client = "c-" + vid
         keys = [redis_key("v:", client, None if i == 0 else routes[i])
                 for i in range(len(buckets))]
-        setup_state(r, keys, buckets)
+        put_buckets(r, keys, buckets)
         args = []
         for i, b in enumerate(buckets):
             if i:

@@ -12,7 +12,8 @@ import math
 
 import pytest
 
-from tbapache import apache_factory, http_get, tokens  # noqa: F401
+from tbapache import (apache_factory, http_get, metric_sum,  # noqa: F401
+                      tokens)
 from tbcore import info_commandstats
 from tbload import blast
 from tbproof import write_tsv
@@ -34,15 +35,6 @@ TBucketPrefix %s
 </Location>
 %s""" % (redis.url, prefix,
          '    TBucketKey "%{HTTP:X-Key}"\n' if key else "", inner, STATUS)
-
-
-def family_sum(text, name):
-    """The sum of every sample of one family (all virtual hosts)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def script_calls(r):
@@ -76,9 +68,9 @@ def test_module_010_01(apache_factory, redis_server):
         if n:
             # Every refill is one call; the rest were spent locally.
             assert calls <= 600 / n + math.log2(n) + 4, rows
-            hits = family_sum(text, "tbucket_lease_hits_total")
-            refills = family_sum(text, "tbucket_lease_refills_total")
-            granted = family_sum(text,
+            hits = metric_sum(text, "tbucket_lease_hits_total")
+            refills = metric_sum(text, "tbucket_lease_refills_total")
+            granted = metric_sum(text,
                                  "tbucket_lease_tokens_granted_total")
             assert refills == calls + 1  # + the warm-up request
             assert hits + refills == res.ok + 1

@@ -11,7 +11,7 @@ the tests wait (bounded) for Redis or the status page to show it.
 import time
 
 from tbapache import (PHP_CGI, apache_factory, http_get,  # noqa: F401
-                      metric, tokens)
+                      metric, metric_sum, tokens, wait_until)
 from tbcore import info_commandstats
 from tbenv import require
 
@@ -138,16 +138,6 @@ def start(apache_factory, redis_server):
     return a.start(conf(redis_server, a))
 
 
-def wait_until(check, timeout=3.0):
-    """check() true within timeout (the settlement follows the response)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)
-
-
 def calls(r):
     s = info_commandstats(r)
     return s.get("evalsha", 0) + s.get("eval", 0)
@@ -157,13 +147,8 @@ def get(a, path, key, **kw):
     return http_get(a.url(path), {"X-Key": key}, **kw)
 
 
-def status(a, name, vhost=None):
-    text = http_get(a.url("/tbucket-status")).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def status(a, name):
+    return metric_sum(http_get(a.url("/tbucket-status")).text, name)
 
 
 def done(a):

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from tbapache import apache_factory, http_get, tokens  # noqa: F401
+from tbapache import (apache_factory, http_get, metric_sum,  # noqa: F401
+                      tokens, wait_until)
 from tbcore import info_commandstats
 from tbload import blast
 
@@ -37,21 +38,14 @@ TBucketPrefix %s
 
 
 def status(a, name):
-    text = http_get(a.url("/tbucket-status")).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_sum(http_get(a.url("/tbucket-status")).text, name)
 
 
-def wait_until(check, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)
+def graceful_stop(a):
+    """SIGWINCH (apachectl graceful-stop); returns once the parent is
+    gone."""
+    os.kill(a.proc.pid, signal.SIGWINCH)
+    a.proc.wait(timeout=20)
 
 
 def hit(a, key, n):
@@ -82,7 +76,7 @@ def test_module_lease_giveback_01(apache_factory, redis_server):
     assert held >= 5, held
     a.mark_log()
     a.graceful(conf(redis_server, "g:", "    TBucketLimit 10 1/h\n" + lease))
-    assert wait_until(lambda: tokens(r, "g:{g}") == 80)
+    assert wait_until(lambda: tokens(r, "g:{g}") == 80, timeout=5)
     assert "TB00501" in a.log_since_mark()
     assert status(a, "tbucket_lease_tokens_returned_total") >= held - 0.5
     resp = hit(a, "g", 1)
@@ -92,8 +86,7 @@ def test_module_lease_giveback_01(apache_factory, redis_server):
     a.graceful(conf(redis_server, "g:", "    TBucketLimit 100 1/h\n" + lease))
     hit(a, "h", 20)
     assert tokens(r, "g:{h}") < 80
-    os.kill(a.proc.pid, signal.SIGWINCH)
-    a.proc.wait(timeout=20)
+    graceful_stop(a)
     assert tokens(r, "g:{h}") == 80
     a.assert_log_clean()
 
@@ -117,8 +110,7 @@ def test_module_lease_giveback_02(apache_factory, redis_server):
     assert resp.headers["X-RateLimit-Remaining"] == "87", held
     assert status(a, "tbucket_lease_tokens_returned_total") >= held - 0.5
     # A graceful stop returns the new lease too.
-    os.kill(a.proc.pid, signal.SIGWINCH)
-    a.proc.wait(timeout=20)
+    graceful_stop(a)
     assert tokens(r, "e:{x}") == 87
     a.assert_log_clean()
 
