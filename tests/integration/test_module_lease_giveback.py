@@ -133,8 +133,9 @@ def test_module_lease_giveback_03(apache_factory, redis_server):
     # Sizes 1, 2, 4, 8, 16, then 20 each: 5 + 9 calls, a few more when
     # two children miss at once.
     assert 10 <= refills <= 18, refills
+    # Still leased: at most a grant per connection that refilled at once.
     held = 800 - tokens(r, "s:{busy}")
-    assert 0 <= held <= 19
+    assert 0 <= held <= 2 * 20
     a.assert_log_clean()
 
 
