@@ -63,6 +63,13 @@
  *       Unspent tokens expire. Needs one token bucket: refused with
  *       TBucketRouteLimit or another TBucketAlgorithm (ignored where
  *       apache2 -t cannot see it, in .htaccess).
+ *   TBucketCostHeader NAME | Off               (default none)
+ *       The response header NAME (or the request note "tbucket-cost")
+ *       carries the request's real cost, a decimal from 0 to 1e9; the
+ *       difference from the cost charged is settled on every bucket the
+ *       request was charged to after the response, and the header never
+ *       reaches the client (tbucket_settle.c). Token bucket and GCRA;
+ *       the window algorithms keep what they charged.
  *   TBucketShards K                            (default 1, at most 64)
  *       Each key's buckets become K sub-buckets of capacity/K and rate/K
  *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
@@ -73,6 +80,7 @@
  *       a page for a browser (tbucket_status.c).
  */
 #include "apr_hash.h"
+#include "apr_lib.h"
 #include "apr_strings.h"
 
 #include "httpd.h"
@@ -244,6 +252,7 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->lease_ttl_ms = base->lease_ttl_ms;
     }
     m->shards = add->shards != -1 ? add->shards : base->shards;
+    m->cost_header = add->cost_header ? add->cost_header : base->cost_header;
     return m;
 }
 
@@ -706,6 +715,31 @@ static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
     return NULL;
 }
 
+/* TBucketCostHeader NAME | Off: NAME is an HTTP field name (a token). */
+static const char *set_cost_header(cmd_parms *cmd, void *dcv,
+                                   const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    const char *p;
+
+    if (!strcasecmp(arg, "off")) {
+        dc->cost_header = "";
+        return NULL;
+    }
+    for (p = arg; *p; p++) {
+        if (!apr_isalnum(*p) && !strchr("!#$%&'*+-.^_`|~", *p)) {
+            break;
+        }
+    }
+    if (!*arg || *p || p - arg > 64) {
+        return bad_value(cmd, "header name", arg,
+                         "expected a response header name of 1..64 "
+                         "letters, digits or !#$%&'*+-.^_`|~, or Off");
+    }
+    dc->cost_header = apr_pstrdup(cmd->pool, arg);
+    return NULL;
+}
+
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
@@ -744,6 +778,9 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketLease", set_lease, NULL, DIR_SCOPE,
                      "Tokens taken per Redis call and spent locally, e.g. "
                      "20 ttl=1s, or Off"),
+    AP_INIT_TAKE1("TBucketCostHeader", set_cost_header, NULL, DIR_SCOPE,
+                  "Response header carrying the real cost to settle, e.g. "
+                  "X-Request-Cost, or Off"),
     AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
     { NULL }

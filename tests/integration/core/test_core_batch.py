@@ -16,8 +16,8 @@ import subprocess
 import threading
 import time
 
-from tbtest.core import (check_after, load_vectors, num, redis_key,
-                         setup_state)
+from tbtest.core import (check_after, load_vectors, num, put_buckets,
+                         redis_key)
 from tbtest.env import prog
 
 
@@ -95,7 +95,7 @@ def test_core_030_03(redis_server):
         client = "b-" + vid
         keys = [redis_key("B:", client, None if i == 0 else routes[i])
                 for i in range(len(buckets))]
-        setup_state(r, keys, buckets)
+        put_buckets(r, keys, buckets)
         args = []
         for i, b in enumerate(buckets):
             if i:

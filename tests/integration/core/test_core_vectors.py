@@ -13,7 +13,7 @@ import hashlib
 import pytest
 
 from tbtest.core import (check_after, info_commandstats, load_vectors, num,
-                          redis_key, script_text, setup_state)
+                         put_buckets, redis_key, script_text)
 
 VECTORS = load_vectors()
 IDS = [v[0] for v in VECTORS]
@@ -25,7 +25,7 @@ def test_core_001_01(redis_server, vec):
     vid, now, buckets, verdict = vec
     r = redis_server.client()
     keys = ["vec:{%s}:%d" % (vid, i) for i in range(len(buckets))]
-    setup_state(r, keys, buckets)
+    put_buckets(r, keys, buckets)
     argv = [str(now)]
     for b in buckets:
         argv += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
@@ -63,7 +63,7 @@ def test_core_001_04(redis_server, drivers):
         client = "c-" + vid
         keys = [redis_key("v:", client, None if i == 0 else routes[i])
                 for i in range(len(buckets))]
-        setup_state(r, keys, buckets)
+        put_buckets(r, keys, buckets)
         args = []
         for i, b in enumerate(buckets):
             if i:

@@ -2,15 +2,16 @@
 calls per request with and without leasing, the lease shared by every child of
 a server, its accuracy cost over a window with one and with several Apache
 servers, the metrics, and the configurations apache2 -t refuses.
+(test_lease_giveback.py checks where unspent tokens go.)
 
 The figures (calls per request, admitted vs capacity + rate x T) go to
 $TB_RESULTS (build/results) as lease_*.tsv for the README.
 """
-import time
+import math
 
 import pytest
 
-from tbtest.apache import http_get
+from tbtest.apache import http_get, metric_sum, tokens
 from tbtest.core import info_commandstats
 from tbtest.load import blast
 from tbtest.proof import write_tsv
@@ -34,15 +35,6 @@ TBucketPrefix %s
          '    TBucketKey "%{HTTP:X-Key}"\n' if key else "", inner, STATUS)
 
 
-def family_sum(text, name):
-    """The sum of every sample of one family (all virtual hosts)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def script_calls(r):
     s = info_commandstats(r)
     return s.get("evalsha", 0) + s.get("eval", 0)
@@ -50,7 +42,9 @@ def script_calls(r):
 
 # Redis calls per request fall by about N: a bucket too large to refuse
 # anything, 600 requests from 4 connections (so several prefork children
-# share the lease), calls counted by INFO commandstats.
+# share the lease), calls counted by INFO commandstats. The lease grows
+# with the key's traffic (sizes 1, 2, 4, ... N), so about log2(N) calls
+# more than 600 / N.
 @pytest.mark.slow
 def test_module_010_01(apache_factory, redis_server):
     r = redis_server.client()
@@ -71,14 +65,16 @@ def test_module_010_01(apache_factory, redis_server):
         text = http_get(a.url("/tbucket-status")).text
         if n:
             # Every refill is one call; the rest were spent locally.
-            assert per <= 1.5 / n, rows
-            hits = family_sum(text, "tbucket_lease_hits_total")
-            refills = family_sum(text, "tbucket_lease_refills_total")
-            granted = family_sum(text,
+            assert calls <= 600 / n + math.log2(n) + 4, rows
+            hits = metric_sum(text, "tbucket_lease_hits_total")
+            refills = metric_sum(text, "tbucket_lease_refills_total")
+            granted = metric_sum(text,
                                  "tbucket_lease_tokens_granted_total")
             assert refills == calls + 1  # + the warm-up request
             assert hits + refills == res.ok + 1
-            assert granted == refills * n
+            # Granted: what was spent, and what the leases still hold:
+            # at most one grant per connection that refilled at once.
+            assert res.ok + 1 <= granted <= res.ok + 1 + 4 * n
             assert "# TYPE tbucket_lease_hits_total counter" in text
             html = http_get(a.url("/tbucket-status?view=html")).text
             assert 'data-metric="tbucket_lease_hits_total"' in html
@@ -117,7 +113,8 @@ def run_accuracy(apache_factory, redis_server, prefix, lease, replicas,
 # The accuracy cost: over a window T a hammered key gets at most
 # capacity + rate x T without leasing, and at most replicas x N more
 # with it (tokens leased before the window are spent inside it); paced
-# below the rate, expired leases cost some refusals (under-admission).
+# below the rate, leases stay about one ttl of each server's traffic and
+# expired ones give their tokens back, so nearly nothing is refused.
 @pytest.mark.slow
 def test_module_010_02(apache_factory, redis_server):
     cap, rate, seconds = 50, 50, 4.0
@@ -139,14 +136,13 @@ def test_module_010_02(apache_factory, redis_server):
                      "%.1f" % bound, "%.3f" % (res.ok / bound),
                      res.max_in(1.0), cap + rate + slack))
     # Paced at 88% of the rate over 3 servers: nothing should be refused
-    # without a lease; with a short-lived one, expired leases forfeit
-    # tokens (a grant shrinks to what the bucket holds, so few refusals).
+    # without a lease, and next to nothing with one (a lease's unspent
+    # tokens return when it expires).
     for i, lease in enumerate((None, (20, "200ms"), (20, "1s"))):
         res = run_accuracy(apache_factory, redis_server, "u%d:" % i, lease,
                            3, 20, 25, seconds, threads=2, paced=22)
         bound = 20 + 25 * res.window
-        if not lease:
-            assert res.refused == 0, res.codes
+        assert res.refused <= (0 if not lease else 2), res.codes
         rows.append(("paced 22/s (%s)" % (lease[1] if lease else "-"),
                      lease[0] if lease else "off", 3,
                      res.total, res.ok, "%.2f" % res.window, "%.1f" % bound,
@@ -158,29 +154,33 @@ def test_module_010_02(apache_factory, redis_server):
                                      "cap+rate*1s(+replicas*N)"], rows)
 
 
-# A lease is spent by every child: with one Redis call 30 tokens are
-# leased, and the next 29 requests (new connections, so prefork hands
-# them to several children) never reach Redis; the remaining header is
-# the lease's remainder.
+# A lease is spent by every child: 31 requests (new connections, so
+# prefork hands them to several children) make a handful of Redis calls
+# (the lease doubles with each refill: 1, 2, 4, 8, 16); a refill's
+# remaining header is the bucket's plus the new lease's, a hit's the
+# lease's remainder; a graceful restart gives the rest back.
 def test_module_010_03(apache_factory, redis_server):
     r = redis_server.client()
     a = apache_factory(mpm="prefork", servers=3)
-    a.start(conf(redis_server, "s:", "    TBucketLimit 100 1/h\n"
-                 "    TBucketLease 30 ttl=30s\n"))
+    body = conf(redis_server, "s:", "    TBucketLimit 100 1/h\n"
+                "    TBucketLease 30 ttl=30s\n")
+    a.start(body)
     pids = set()
     seen = []
     for _ in range(31):
         resp = http_get(a.url("/limited/ok.txt"), headers={"X-Key": "one"})
         assert resp.status_code == 200
         seen.append(int(resp.headers["X-RateLimit-Remaining"]))
-    assert script_calls(r) == 2
-    # Refill: shared 70 + lease 29 = 99; then 28, 27, ... from the lease.
-    assert seen[0] == 99 and seen[1:30] == list(range(28, -1, -1)), seen
-    # 100 - 2 x 30, plus what 1/h refilled between the two calls.
-    assert round(float(r.hget("s:{one}", "tokens")), 2) == 40.0
+    calls = script_calls(r)
+    assert 4 <= calls <= 6, calls
+    refills = [i for i, v in enumerate(seen) if v == 100 - (i + 1)]
+    assert len(refills) == calls and refills[0] == 0, seen
+    assert all(v == 100 - (i + 1) or v < 16 for i, v in enumerate(seen))
     for line in open(a.access_log):
         pids.add(line.split()[-1])
     assert len(pids) >= 2
+    a.graceful(body)
+    assert tokens(r, "s:{one}") == 69.0
     a.assert_log_clean()
 
 

@@ -255,9 +255,9 @@ def test_deb_001_05_lintian(debs):
 
 
 class PackagedApache(Apache):
-    """tbapache's Apache, loading the module the Debian way: through the
+    """tbtest.apache's Apache, loading the module the Debian way: through the
     package's own tbucket.load (its LoadModule path moved into the
-    unpacked tree) and tbucket.conf, in place of tbapache's LoadModule
+    unpacked tree) and tbucket.conf, in place of tbtest.apache's LoadModule
     line."""
 
     def __init__(self, tree, **kw):

@@ -26,10 +26,21 @@
  *       total, redis (decided by Redis) and first_us / last_us, the
  *       CLOCK_REALTIME microseconds just before the first call and just
  *       after the last, so that several drivers' windows can be combined.
- *   lease K SHARD KEY CAP RATE COST WANT
- *   lease_at NOW_MS K SHARD KEY CAP RATE COST WANT
+ *   lease K SHARD KEY CAP RATE COST WANT [BACK]
+ *   lease_at NOW_MS K SHARD KEY CAP RATE COST WANT [BACK]
  *       A decision with a lease on shard SHARD of a key split in K (K 0:
- *       the plain key): granted= and then what take prints.
+ *       the plain key), giving BACK tokens back first: granted= and then
+ *       what take prints.
+ *   run ALGO K SHARD NOW KEY CAP RATE COST [ROUTE CAP RATE COST ...]
+ *       A decision with algorithm ALGO (a TBucketAlgorithm name) on shard
+ *       SHARD of K; NOW is a clock in ms, or "-" for Redis's. Prints what
+ *       take prints.
+ *   settle ALGO K SHARD NOW REAL KEY CAP RATE COST [ROUTE CAP RATE COST ...]
+ *       tb_client_settle() of the request run would make, each COST being
+ *       what the bucket was charged and REAL the real cost: what take
+ *       prints (allowed=0 when a bucket is left in debt).
+ *   give_back RKEY CAP RATE TOKENS
+ *       tb_client_give_back() to the full Redis key RKEY: what take prints.
  *   take_shard K SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]
  *       take on shard SHARD of a key split in K; the limits are the whole
  *       key's (the core divides them by K).
@@ -246,11 +257,16 @@ static void cmd_lease(tb_client_t *c, char **av, int ac, int with_now)
     long klen;
     int n, rc;
 
+    double back = 0;
+
+    if (ac == 8 + with_now && to_double(av[--ac], &back)) {
+        ac = -1;
+    }
     if ((with_now && (ac < 1 || to_i64(av[0], &now)))
         || ac != 7 + with_now || to_double(av[ac - 1], &want)
         || parse_takes(av + with_now + 2, 4, &klen, t, &n)) {
         printf("error usage: lease[_at NOW_MS] K SHARD KEY CAP RATE COST "
-               "WANT\n");
+               "WANT [BACK]\n");
         return;
     }
     request_init(&q, av[with_now + 2], klen, t, n);
@@ -260,10 +276,95 @@ static void cmd_lease(tb_client_t *c, char **av, int ac, int with_now)
     }
     q.now_ms = with_now ? &now : NULL;
     q.lease = want;
+    q.lease_back = back;
     t0 = tb_clock_monotonic_us();
     rc = tb_client_run(c, &q, &r);
     printf("ok granted=%lld ", (long long)r.granted);
     print_result(rc, &r, tb_clock_monotonic_us() - t0);
+}
+
+/* "ALGO K SHARD NOW KEY CAP RATE COST [...]" into q (takes in t, the
+ * clock in *now). 0 on success. */
+static int parse_run(char **av, int ac, tb_request_t *q, tb_take_t *t,
+                     int64_t *now)
+{
+    tb_algo_t algo;
+    long klen;
+    int n;
+
+    if (ac < 4 || tb_algo_parse(av[0], &algo) != TB_OK
+        || (strcmp(av[3], "-") != 0 && to_i64(av[3], now))
+        || parse_takes(av + 4, ac - 4, &klen, t, &n)) {
+        return -1;
+    }
+    request_init(q, av[4], klen, t, n);
+    q->algo = algo;
+    q->now_ms = strcmp(av[3], "-") != 0 ? now : NULL;
+    return parse_shard(av + 1, q);
+}
+
+/* run ALGO K SHARD NOW KEY CAP RATE COST [...] */
+static void cmd_run(tb_client_t *c, char **av, int ac)
+{
+    tb_take_t t[TB_MAX_BUCKETS];
+    tb_request_t q;
+    tb_result_t r;
+    int64_t now = 0;
+    int rc;
+
+    if (parse_run(av, ac, &q, t, &now)) {
+        printf("error usage: run ALGO K SHARD NOW KEY CAP RATE COST ...\n");
+        return;
+    }
+    rc = tb_client_run(c, &q, &r);
+    print_result(rc, &r, 0);
+}
+
+/* settle ALGO K SHARD NOW REAL KEY CAP RATE COST [...] */
+static void cmd_settle(tb_client_t *c, char **av, int ac)
+{
+    tb_take_t t[TB_MAX_BUCKETS];
+    tb_request_t q;
+    tb_result_t r;
+    int64_t now = 0;
+    double real;
+    char *rest[MAX_ARGS];
+    int i, rc;
+
+    if (ac < 5 || to_double(av[4], &real)) {
+        ac = 0;
+    }
+    /* The request is what run takes: everything but REAL. */
+    for (i = 0; i + 1 < ac; i++) {
+        rest[i] = i < 4 ? av[i] : av[i + 1];
+    }
+    if (ac == 0 || parse_run(rest, ac - 1, &q, t, &now)) {
+        printf("error usage: settle ALGO K SHARD NOW REAL KEY CAP RATE "
+               "COST ...\n");
+        return;
+    }
+    rc = tb_client_settle(c, &q, real, &r);
+    print_result(rc, &r, 0);
+}
+
+/* give_back RKEY CAP RATE TOKENS */
+static void cmd_give_back(tb_client_t *c, char **av, int ac)
+{
+    tb_limit_t lim;
+    tb_result_t r;
+    double tokens;
+    long klen;
+    int rc;
+
+    if (ac != 4 || (klen = unescape(av[0])) < 0
+        || to_double(av[1], &lim.capacity)
+        || to_double(av[2], &lim.rate_per_sec) || to_double(av[3], &tokens)) {
+        printf("error usage: give_back RKEY CAP RATE TOKENS\n");
+        return;
+    }
+    av[0][klen] = '\0';
+    rc = tb_client_give_back(c, av[0], &lim, tokens, &r);
+    print_result(rc, &r, 0);
 }
 
 /* take_shard K SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...] */
@@ -437,6 +538,15 @@ int main(int argc, char **argv)
         }
         else if (strcmp(av[0], "lease_at") == 0) {
             cmd_lease(c, av + 1, ac - 1, 1);
+        }
+        else if (strcmp(av[0], "run") == 0) {
+            cmd_run(c, av + 1, ac - 1);
+        }
+        else if (strcmp(av[0], "settle") == 0) {
+            cmd_settle(c, av + 1, ac - 1);
+        }
+        else if (strcmp(av[0], "give_back") == 0) {
+            cmd_give_back(c, av + 1, ac - 1);
         }
         else if (strcmp(av[0], "take_shard") == 0) {
             cmd_take_shard(c, av + 1, ac - 1);

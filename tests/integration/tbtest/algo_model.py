@@ -1,4 +1,5 @@
-"""tbtest/algo_model.py -- a third, Python model of the algorithm scripts.
+"""tbtest/algo_model.py -- a third, Python model of the algorithm scripts
+other than the token bucket.
 
 It performs the double operations of shared/tb_{gcra,fwindow,swindow,slog}.lua
 in the same order (Python floats are IEEE-754 doubles too), so it generates
@@ -6,6 +7,8 @@ tests/vectors/<algo>.tsv, which the C twins (tests/unit/test_<algo>.c) and the
 real scripts in a real Redis (algorithms/test_algo_vectors.py) must both
 reproduce.
 State per bucket: gcra None | tat; windows None | [w, cur, prev]; slog list.
+gcra_settle models tb_gcra.lua's 'settle' mode (costs are the differences
+to settle; the TAT is always written, a debt at most one capacity).
 """
 import math
 
@@ -33,7 +36,7 @@ def _fold(n, waits, lefts_before, lefts_after):
     return allowed, remaining, retry, binding
 
 
-def gcra(states, lims, costs, now):
+def _gcra(states, lims, costs, now, settle):
     now = float(now)
     n = len(lims)
     waits, before, after_l, afters = [], [], [], []
@@ -46,18 +49,29 @@ def gcra(states, lims, costs, now):
         if states[i] is not None and states[i] > now:
             d = states[i] - now
         a = d + cost * interval
+        if settle:
+            a = min(max(a, 0.0), 2 * limit)
         wait = 0
-        if cost > cap:
+        if cost > cap and not settle:
             wait = -1
         elif a > limit + EPS:
             wait = max(1, math.ceil(a - limit - EPS))
         waits.append(wait)
-        before.append((limit - d + EPS) / interval)
+        before.append((limit - (a if settle else d) + EPS) / interval)
         after_l.append((limit - a + EPS) / interval)
         afters.append(a)
     v = _fold(n, waits, before, after_l)
-    new = [now + afters[i] for i in range(n)] if v[0] else list(states)
+    keep = v[0] or settle
+    new = [now + afters[i] for i in range(n)] if keep else list(states)
     return v, new
+
+
+def gcra(states, lims, costs, now):
+    return _gcra(states, lims, costs, now, False)
+
+
+def gcra_settle(states, lims, deltas, now):
+    return _gcra(states, lims, deltas, now, True)
 
 
 def fwindow(states, lims, costs, now):
@@ -151,3 +165,6 @@ def slog(states, lims, costs, now):
 
 MODELS = {"gcra": gcra, "fixed_window": fwindow,
           "sliding_window": swindow, "sliding_log": slog}
+
+# The 'settle' mode of the scripts that have one.
+SETTLE_MODELS = {"gcra": gcra_settle}

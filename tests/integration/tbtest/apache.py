@@ -399,3 +399,24 @@ def metric(text, name, **labels):
         if n == name and got == want:
             return float(value)
     return 0.0
+
+
+def metric_sum(text, name):
+    """The sum of every sample of one family of a Prometheus text page
+    (every virtual host, every label)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until(check, timeout=3.0, step=0.02):
+    """check()'s first true value within timeout seconds, else its last:
+    for effects that follow a response (log_transaction's work)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(step)

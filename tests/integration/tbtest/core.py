@@ -19,6 +19,8 @@ import pytest
 from tbtest.env import ROOT, lua_script, prog, stop_pid
 
 VECTORS = os.path.join(ROOT, "tests", "vectors", "token_bucket.tsv")
+SETTLE_VECTORS = os.path.join(ROOT, "tests", "vectors",
+                              "token_bucket_settle.tsv")
 
 
 def script_text():
@@ -168,13 +170,14 @@ class Driver:
                 pass
 
 
-def load_vectors():
-    """The vector table: a list of (id, now_ms, buckets, verdict)."""
+def load_vectors(path=VECTORS):
+    """A vector table (token_bucket.tsv's layout): a list of (id, now_ms,
+    buckets, verdict). In SETTLE_VECTORS a bucket's "cost" is its delta."""
     cols = ("id i exists tokens ts_ms now_ms capacity rate_per_sec cost "
             "allowed remaining retry_ms binding new_tokens new_ts_ms "
             "ttl_ms").split()
     vecs = []
-    with open(VECTORS) as f:
+    with open(path) as f:
         for line in f:
             line = line.rstrip("\n")
             if not line or line.startswith("#"):
@@ -205,6 +208,16 @@ def load_vectors():
     return vecs
 
 
+def put_buckets(r, keys, buckets):
+    """Write each existing bucket's state (a load_vectors bucket) as the
+    token-bucket script stores it; delete the others."""
+    for k, b in zip(keys, buckets):
+        r.delete(k)
+        if b["exists"]:
+            r.hset(k, mapping={"tokens": num(b["tokens"]),
+                               "ts": str(b["ts_ms"])})
+
+
 def num(x):
     """A double as the shortest string that reads back to the same value."""
     return repr(float(x))
@@ -227,15 +240,6 @@ def wait_until(pred, timeout, step=0.02):
         if v or time.monotonic() >= deadline:
             return v
         time.sleep(step)
-
-
-def setup_state(r, keys, buckets):
-    """Write each existing bucket's state as the script stores it."""
-    for k, b in zip(keys, buckets):
-        r.delete(k)
-        if b["exists"]:
-            r.hset(k, mapping={"tokens": num(b["tokens"]),
-                               "ts": str(b["ts_ms"])})
 
 
 def check_after(r, keys, buckets, verdict, vid):
