@@ -398,7 +398,8 @@ def build_tools(build):
     tb_bench = os.path.join(out, "tb_bench")
     run([cc, "-O2", "-g", "-std=c99", "-D_GNU_SOURCE", "-pthread"] + warn
         + ["-I" + os.path.join(ROOT, "shared"),
-           os.path.join(HERE, "tb_bench.c"), libtb, "-lhiredis", "-lm",
+           os.path.join(HERE, "tb_bench.c"), libtb, "-lhiredis", "-lssl",
+           "-lcrypto", "-lm",
            "-o", tb_bench], 120)
     shim_connect = os.path.join(out, "shim_connect")
     run([cc, "-O2", "-g", "-std=c99", "-D_GNU_SOURCE"] + warn

@@ -76,7 +76,7 @@ def replay_bins(tmp_path_factory):
                 "-o", exe, os.path.join(FUZZ, "fuzz_%s.c" % target),
                 os.path.join(FUZZ, "replay_main.c")]
                + [os.path.join(ROOT, s) for s in srcs] + core
-               + ["-lhiredis", "-lm", "-pthread"] + libs)
+               + ["-lhiredis", "-lssl", "-lcrypto", "-lm", "-pthread"] + libs)
         r = subprocess.run(cmd, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=120)
         assert r.returncode == 0, r.stdout.decode(errors="replace")
