@@ -114,7 +114,10 @@ def make_pki(d):
     os.makedirs(d, exist_ok=True)
     _ca(d, "ca", "tb test CA")
     _ca(d, "other-ca", "tb other CA")
-    _leaf(d, "server", "localhost", SAN + "extendedKeyUsage=serverAuth\n")
+    # Cluster nodes present their server certificate as clients of each
+    # other's bus, which always asks for one: both usages.
+    _leaf(d, "server", "localhost",
+          SAN + "extendedKeyUsage=serverAuth,clientAuth\n")
     _leaf(d, "client", "tb client", "extendedKeyUsage=clientAuth\n")
     _expired(d)
     return Pki(d)

@@ -172,7 +172,8 @@ static void test_client_create_with_defaults(void **state)
 static void test_client_create_bad_options(void **state)
 {
     enum { URL, TIMEOUT0, TIMEOUTNEG, CTIMEOUTNEG, POOL0, POOLNEG, THRESH0,
-           COOLNEG, POLICY, REPLICAS0, REPLICASNEG, NBAD };
+           COOLNEG, POLICY, REPLICAS0, REPLICASNEG, TLS_PLAIN, TLS_NO_CA,
+           TLS_CERT_ALONE, TLS_NAME, NBAD };
     static const char *urls[] = {"http://x", "redis://h:0", "unix:", "", "x"};
     int k, u;
 
@@ -197,6 +198,21 @@ static void test_client_create_bad_options(void **state)
             case POLICY: o.policy = (tb_policy_t)7; break;
             case REPLICAS0: o.policy = TB_POLICY_LOCAL; o.replicas = 0; break;
             case REPLICASNEG: o.replicas = -2; break;
+            /* TLS settings with a plaintext URL are a mistake, not a
+             * silent plaintext connection. */
+            case TLS_PLAIN: o.tls.no_verify = 1; break;
+            case TLS_NO_CA:
+                o.url = "rediss://127.0.0.1:6380";
+                o.tls.ca_file = "/nonexistent/ca.pem";
+                break;
+            case TLS_CERT_ALONE:
+                o.url = "redis-cluster://h:1?tls=on";
+                o.tls.cert_file = "/etc/hostname";
+                break;
+            case TLS_NAME:
+                o.url = "rediss://127.0.0.1:6380";
+                o.tls.server_name = "bad name";
+                break;
             }
             memset(err, 0x5a, sizeof(err));
             if (tb_client_create(&o, err, 128) != NULL) {
