@@ -362,16 +362,13 @@ static int set_option(tool_t *t, int c, const char *arg)
         }
         return 0;
     case OPT_TLS_CA:
-        t->tls.ca_file = arg;
-        return 0;
     case OPT_TLS_CERT:
-        t->tls.cert_file = arg;
-        return 0;
     case OPT_TLS_KEY:
-        t->tls.key_file = arg;
-        return 0;
     case OPT_TLS_SERVER_NAME:
-        t->tls.server_name = arg;
+        *(c == OPT_TLS_CA     ? &t->tls.ca_file
+          : c == OPT_TLS_CERT ? &t->tls.cert_file
+          : c == OPT_TLS_KEY  ? &t->tls.key_file
+                              : &t->tls.server_name) = arg;
         return 0;
     case OPT_TLS_VERIFY:
         if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
