@@ -20,9 +20,9 @@
  * poll-with-deadline, taken on one test of c->ssl, so the plaintext path
  * does no more than it did. The handshake follows the connect within the
  * connect deadline. A TLS read or write may have to wait for the other
- * direction (SSL says which), and a reply may already sit decrypted
- * inside SSL, where poll(2) cannot see it: the TLS reader reads first and
- * polls only when SSL holds nothing.
+ * direction (SSL says which), and bytes of a reply may already sit inside
+ * SSL, where poll(2) cannot see them: the TLS reader polls only when SSL
+ * holds nothing already received.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,8 +1,9 @@
 /* tb_int.h -- the I/O side of the core that hosts never call: the circuit
  * breaker, one connection (tb_conn.c) and its TLS (tb_tls.c), the Redis
  * connection pool and script call (tb_redis.c), Sentinel (tb_sentinel.c),
- * Cluster (tb_cluster.c) and the failure policy (tb_policy.c). Internal: the library's files and its unit tests include
- * it; hosts include tb.h only.
+ * Cluster (tb_cluster.c) and the failure policy (tb_policy.c). Internal:
+ * the library's files and its unit tests include it; hosts include tb.h
+ * only.
  */
 #ifndef TB_INT_H
 #define TB_INT_H

@@ -3,8 +3,8 @@
  * The only place libconfig appears. The file (example: conf/shim.conf)
  * holds scalar settings for the core's client (Redis URL, timeouts,
  * failure policy, breaker, replicas, key prefix, TLS), `strict`, and two
- * lists of rules, `inbound` and `outbound`. Every value is validated here, once:
- * a wrapper never parses. Unknown settings are errors, so a typo cannot
+ * lists of rules, `inbound` and `outbound`. Every value is validated here,
+ * once: a wrapper never parses. Unknown settings are errors, so a typo cannot
  * silently disable a limit. Hostnames of outbound rules are resolved here
  * with getaddrinfo(); a later change of DNS is not seen until the program
  * restarts.
