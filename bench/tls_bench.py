@@ -12,13 +12,17 @@ thread (c1, latency-bound). Each figure is the median of the per-round
 ratios TLS / plaintext (target >= 0.80). The handshake is made once per
 pooled connection, so what remains is the record encryption of each
 write and read, on both sides: with OpenSSL 3.0 about 13,000 client
-instructions per decision beside the plaintext path's 4,500. Also recorded: the
+instructions per decision beside the plaintext path's 4,500. Rates swing
+with the machine's load; the CPU time per decision of tb_bench (rusage)
+and of Redis (/proc) is recorded too (medians over the rounds), which
+drifts less. Also recorded: the
 connections each TLS run made (one handshake each).
 
 Called by bench/run.py with the run module as `h` (its helpers: run, pin,
 kv, median, record, log, free_port, wait_port, stop_proc).
 """
 import os
+import resource
 import subprocess
 import time
 
@@ -66,12 +70,23 @@ def start_redis(d, h, cpus, ca, crt, key):
     raise RuntimeError("TLS redis-server did not listen")
 
 
-def bench(h, tool, cpus, url, threads, pool, secs, ca=None):
+def bench(h, tool, cpus, url, threads, pool, secs, redis_pid, ca=None):
+    """One tb_bench run: its figures, plus client_us and redis_us, the
+    CPU time (user + system) per decision of each side."""
     cmd = h.pin(cpus) + [tool, "-u", url, "-t", str(threads), "-p",
                          str(pool), "-d", str(secs), "-k", "thread"]
     if ca:
         cmd += ["-A", ca]
-    return h.kv(h.run(cmd, 120))
+    r0, c0 = h.cpu_ticks([redis_pid]), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    res = h.kv(h.run(cmd, 120))
+    r1, c1 = h.cpu_ticks([redis_pid]), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    n = max(1.0, res.get("decisions", 0))
+    res["client_us"] = (c1.ru_utime - c0.ru_utime + c1.ru_stime
+                        - c0.ru_stime) * 1e6 / n
+    res["redis_us"] = (r1 - r0) * h.TICK_US / n
+    return res
 
 
 def part_tls(a, tool, tmp, h):
@@ -87,17 +102,21 @@ def part_tls(a, tool, tmp, h):
                   ("c1", 1, 1))
         for shape, threads, pool in shapes:
             plain, enc, ratios = [], [], []
+            cpu = {(w, n): [] for w in ("client_us", "redis_us")
+                   for n in ("plain", "tls")}
             for i in range(a.rounds):
                 pair = [("plain", plain_url, None), ("tls", tls_url, ca)]
                 got = {}
                 for name, url, cafile in (pair if i % 2 == 0
                                           else pair[::-1]):
                     res = bench(h, tool, a.client_cpu, url, threads, pool,
-                                a.tls_seconds, cafile)
+                                a.tls_seconds, proc.pid, cafile)
                     if res.get("failed", 0):
                         raise RuntimeError("%s: %d decisions failed" % (
                             name, res["failed"]))
                     got[name] = res["per_sec"]
+                    for w in ("client_us", "redis_us"):
+                        cpu[(w, name)].append(res[w])
                 plain.append(got["plain"])
                 enc.append(got["tls"])
                 ratios.append(got["tls"] / got["plain"])
@@ -110,5 +129,8 @@ def part_tls(a, tool, tmp, h):
             ratio = h.median(ratios)
             h.record(tag + ".ratio", round(ratio, 3), "x", ">= 0.80",
                      "met" if ratio >= 0.8 else "MISSED")
+            for (w, name), xs in sorted(cpu.items()):
+                h.record("%s.%s.%s" % (tag, w, name),
+                         round(h.median(xs), 1), "us CPU/decision")
     finally:
         h.stop_proc(proc)
