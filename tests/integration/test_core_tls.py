@@ -14,8 +14,6 @@ import os
 import subprocess
 import time
 
-import pytest
-
 from tbcore import Driver, drivers, wait_until  # noqa: F401
 from tbenv import Redis, free_port, wait_port
 from tbha import MASTER, REDIS_CLI, bounded, cluster_port
