@@ -31,6 +31,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +46,6 @@
 
 struct tb_tls {
     SSL_CTX *ctx;
-    BIO_METHOD *bio;         /* Our socket BIO, shared by its sessions. */
     char server_name[256];   /* Empty: each connection's host.         */
 };
 
@@ -91,6 +91,28 @@ static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
     (void)ptr;
     /* Writes are never buffered here: a flush has nothing to do. */
     return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+}
+
+/* The method is made once per process and never freed, as OpenSSL's own
+ * are: BIO type numbers come from a process-wide counter (numbers past
+ * 255 run into the type's flag bits), and a server makes contexts at
+ * every configuration load. */
+static BIO_METHOD *sock_method;
+static pthread_once_t sock_once = PTHREAD_ONCE_INIT;
+
+static void sock_method_init(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK
+                                     | BIO_TYPE_DESCRIPTOR,
+                                 "tb socket");
+
+    if (m && BIO_meth_set_write(m, bio_write) && BIO_meth_set_read(m, bio_read)
+        && BIO_meth_set_ctrl(m, bio_ctrl)) {
+        sock_method = m;
+    }
+    else {
+        BIO_meth_free(m);
+    }
 }
 
 /* ---- Errors -------------------------------------------------------- */
@@ -260,13 +282,9 @@ tb_tls_t *tb_tls_create(const tb_tls_options_t *o, char *err, size_t errlen)
         return NULL;
     }
     ERR_clear_error();
+    pthread_once(&sock_once, sock_method_init);
     t->ctx = SSL_CTX_new(TLS_client_method());
-    t->bio = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK
-                              | BIO_TYPE_DESCRIPTOR,
-                          "tb socket");
-    if (!t->ctx || !t->bio || !BIO_meth_set_write(t->bio, bio_write)
-        || !BIO_meth_set_read(t->bio, bio_read)
-        || !BIO_meth_set_ctrl(t->bio, bio_ctrl)) {
+    if (!t->ctx || !sock_method) {
         char why[160];
 
         snprintf(err, errlen, "TLS: %s", ssl_reason(why, sizeof(why)));
@@ -294,7 +312,6 @@ void tb_tls_free(tb_tls_t *t)
         return;
     }
     SSL_CTX_free(t->ctx);
-    BIO_meth_free(t->bio);
     free(t);
 }
 
@@ -311,7 +328,7 @@ SSL *tb__tls_session(const tb_tls_t *t, int fd, const char *host,
 
     ERR_clear_error();
     s = SSL_new(t->ctx);
-    b = BIO_new(t->bio);
+    b = BIO_new(sock_method);
     if (!s || !b) {
         SSL_free(s);
         BIO_free(b);

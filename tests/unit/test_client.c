@@ -241,6 +241,36 @@ static void test_client_free_null(void **state)
     (void)state;
     tb_client_free(NULL);
     tb_client_after_fork(NULL);
+    tb_tls_free(NULL);
+}
+
+/* A TLS context can be made any number of times in one process (a server
+ * makes them at every configuration load), and a client with TLS on
+ * makes its own when none is given. */
+static void test_client_tls_contexts(void **state)
+{
+    tb_tls_options_t t;
+    tb_options_t o;
+    tb_client_t *c;
+    char err[256];
+    int i;
+
+    (void)state;
+    memset(&t, 0, sizeof(t));
+    for (i = 0; i < 300; i++) {
+        tb_tls_t *ctx = tb_tls_create(&t, err, sizeof(err));
+
+        if (!ctx) {
+            fail_msg("context %d refused: %s", i, err);
+        }
+        tb_tls_free(ctx);
+    }
+    tb_options_init(&o);
+    o.url = "redis-sentinel://a:1,b:2/m?tls=on";
+    o.tls.server_name = "redis.example";
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    tb_client_free(c);
 }
 
 /* ---- Decisions with Redis unreachable ---------------------------------- */
@@ -589,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_client_create_with_defaults),
         cmocka_unit_test(test_client_create_bad_options),
         cmocka_unit_test(test_client_free_null),
+        cmocka_unit_test(test_client_tls_contexts),
         cmocka_unit_test(test_client_decide_bad_arguments),
         cmocka_unit_test(test_client_policy_open_when_unreachable),
         cmocka_unit_test(test_client_policy_closed_when_unreachable),
