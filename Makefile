@@ -39,7 +39,7 @@ TB_CFLAGS += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all \
 TB_LDFLAGS += -fsanitize=$(SANITIZER)
 endif
 
-# ---- the core: C99 + POSIX + hiredis, nothing else ---------------------
+# ---- the core: C99 + POSIX + hiredis + OpenSSL, nothing else -----------
 CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
 CORE_SRC = $(wildcard shared/*.c)
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
@@ -55,6 +55,9 @@ ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
 ALGO_LUA_BUILT = $(patsubst shared/%,$(BUILD)/lua/%,$(ALGO_LUA))
 
 HIREDIS_LIBS = -lhiredis
+# TLS to Redis (shared/tb_tls.c): every program that links libtb links
+# these too, the shim included (shared libssl; only hiredis is static).
+TLS_LIBS = -lssl -lcrypto
 # Debian's hiredis.pc says libdir=/usr/lib, but the archive is multiarch.
 HIREDIS_STATIC = $(firstword $(wildcard \
     $(shell pkg-config --variable=libdir hiredis 2>/dev/null)/libhiredis.a \
@@ -147,7 +150,7 @@ $(BUILD)/mod_tbucket/%.o: mod_tbucket/%.c shared/tb.h $(wildcard mod_tbucket/*.h
 	$(CC) $(CPPFLAGS) $(MOD_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
 $(MOD_SO): $(MOD_OBJ) $(LIBTB)
-	$(CC) -shared -o $@ $(MOD_OBJ) $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) -shared -o $@ $(MOD_OBJ) $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/shim/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
@@ -156,17 +159,17 @@ $(BUILD)/shim/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
 $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LIBTB) $(HIREDIS_STATIC) \
 	    -Wl,--version-script=shim/tb_shim.map -Wl,--exclude-libs,ALL \
-	    -lconfig -ldl $(TB_LDFLAGS) $(LDFLAGS)
+	    -lconfig -ldl $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 # The tool reads shim configs with the shim's own loader.
 $(BUILD)/tbucket: tools/tbucket.c $(BUILD)/shim/shim_conf.o $(LIBTB) \
     shared/tb.h shim/tb_shim.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
 $(TPROG_DRIVERS): $(TPROG)/%: $(TPROG_SRC)/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 $(TPROG_PLAIN): $(TPROG)/%: $(TPROG_SRC)/%.c
 	@mkdir -p $(dir $@)
@@ -213,7 +216,7 @@ $(REPLAY_DIR)/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
 
 $(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
 	$(CC) $(REPLAY_CFLAGS) -o $@ $< $(REPLAY_EXTRA) $(REPLAY_CORE) \
-	    -lhiredis -lm -pthread $(REPLAY_LIBS)
+	    -lhiredis $(TLS_LIBS) -lm -pthread $(REPLAY_LIBS)
 
 $(BUILD)/fuzz/replay_shimconf: $(REPLAY_DIR)/shim_conf.o
 $(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_DIR)/shim_conf.o
@@ -228,7 +231,7 @@ $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog): \
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) -Wno-missing-prototypes $(CFLAGS) $< -o $@ $(LIBTB) -lcmocka $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) -Wno-missing-prototypes $(CFLAGS) $< -o $@ $(LIBTB) -lcmocka $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 deps:
 	@sh scripts/install-deps.sh

@@ -17,6 +17,8 @@ every load bounded in count and in time, every server stopped by PID:
            everything, shadow mode; and the Flask reference peer, all
            alternated round by round; Redis calls per request with ab.
   shim     connect() plain, unmatched and matched under the LD_PRELOAD shim.
+  tls      tb_bench over rediss:// against redis:// to one Redis listening
+           on both (bench/tls_bench.py): decisions/s and their ratio.
 
 Absolute figures drift on a shared 2-core machine; ratios measured in the
 same run hold. Writes bench/results/latest.tsv (name, value, unit) and
@@ -38,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import tls_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -410,7 +414,8 @@ def build_tools(build):
     tb_bench = os.path.join(out, "tb_bench")
     run([cc, "-O2", "-g", "-std=c99", "-D_GNU_SOURCE", "-pthread"] + warn
         + ["-I" + os.path.join(ROOT, "shared"),
-           os.path.join(HERE, "tb_bench.c"), libtb, "-lhiredis", "-lm",
+           os.path.join(HERE, "tb_bench.c"), libtb, "-lhiredis", "-lssl",
+           "-lcrypto", "-lm",
            "-o", tb_bench], 120)
     shim_connect = os.path.join(out, "shim_connect")
     run([cc, "-O2", "-g", "-std=c99", "-D_GNU_SOURCE"] + warn
@@ -1048,7 +1053,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true",
                     help="short runs, for trying the driver")
-    ap.add_argument("--only", default="core,cpu,memory,http,shim")
+    ap.add_argument("--only", default="core,cpu,memory,http,shim,tls")
     ap.add_argument("--pin", default="split", choices=("split", "none"),
                     help="split: Redis and the servers on the last CPU, "
                          "load generators on CPU 0; none: no taskset")
@@ -1058,6 +1063,7 @@ def main():
     a.rounds = 2 if a.quick else 3
     a.http_rounds = 2 if a.quick else 5
     a.core_seconds = 1 if a.quick else 3
+    a.tls_seconds = 1 if a.quick else 2
     a.http_seconds = 2 if a.quick else 3
     a.callgrind_decisions = 2000 if a.quick else 20000
     a.top_functions = 10
@@ -1103,7 +1109,9 @@ def main():
                 ("cpu", part_cpu, (a, rd, tool, tmp)),
                 ("memory", part_redis_memory, (a, rd, tool)),
                 ("http", part_http, (a, rd, tmp, a.build, tool)),
-                ("shim", part_shim, (a, rd, tmp, a.build, shim_connect))):
+                ("shim", part_shim, (a, rd, tmp, a.build, shim_connect)),
+                ("tls", tls_bench.part_tls,
+                 (a, tool, tmp, sys.modules[__name__]))):
             if part not in parts:
                 continue
             if over_budget():

@@ -55,11 +55,43 @@ static tbucket_srv_conf *srv_conf(const server_rec *s)
 
 static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
 {
-    return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT,
+    const tb_tls_options_t *t = &sc->tls;
+
+    return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT
+                        "|%s|%s|%s|%s|%d",
                         sc->url ? sc->url : TB_DEFAULT_URL, sc->timeout_ms,
                         sc->connect_timeout_ms, sc->pool_size,
                         (int)sc->policy, sc->replicas,
-                        sc->breaker_threshold, sc->breaker_cooldown_ms);
+                        sc->breaker_threshold, sc->breaker_cooldown_ms,
+                        t->ca_file ? t->ca_file : "",
+                        t->cert_file ? t->cert_file : "",
+                        t->key_file ? t->key_file : "",
+                        t->server_name ? t->server_name : "",
+                        t->no_verify);
+}
+
+/* tls_verify=off, once per Redis configuration and (re)start. */
+static void warn_no_verify(apr_hash_t *warned, server_rec *s,
+                           const tbucket_srv_conf *sc)
+{
+    tb_redis_addr_t a;
+    char label[TBUCKET_NAME_LEN], err[160];
+
+    if (!sc->tls_ctx || !sc->tls.no_verify
+        || apr_hash_get(warned, sc->signature, APR_HASH_KEY_STRING)) {
+        return;
+    }
+    apr_hash_set(warned, sc->signature, APR_HASH_KEY_STRING, "");
+    if (tb_url_parse(sc->url, &a, err, sizeof(err)) == TB_OK) {
+        tb_url_redact(&a, label, sizeof(label));
+    }
+    else {
+        apr_cpystrn(label, "?", sizeof(label));
+    }
+    ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, TBLOGNO(00131)
+                 "TBucketRedis %s has tls_verify=off: the server's "
+                 "certificate is not checked, so anyone on the path can "
+                 "pose as Redis", label);
 }
 
 /* One connection per child suits prefork, which serves one request at a
@@ -78,10 +110,10 @@ static int default_pool_size(void)
 static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
                        apr_pool_t *ptemp, server_rec *main_s)
 {
+    apr_hash_t *warned = apr_hash_make(ptemp);
     server_rec *s;
     int pool = default_pool_size();
 
-    (void)ptemp;
     /* The first of the two startup passes only checks the config. */
     if (ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_CREATE_PRE_CONFIG) {
         return OK;
@@ -93,6 +125,7 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
             sc->pool_size = pool;
         }
         sc->signature = signature(pconf, sc);
+        warn_no_verify(warned, s, sc);
     }
     if (tbucket_shm_setup(pconf, plog, main_s) != OK) {
         return HTTP_INTERNAL_SERVER_ERROR;
@@ -295,9 +328,9 @@ void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
 {
     if (res->breaker_change > 0) {
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, r->server, TBLOGNO(00105)
-                     "Redis %s is failing (%s): breaker open, the %s "
-                     "policy decides for %" APR_INT64_T_FMT " ms",
-                     c->label, tb_err_name(res->err),
+                     "Redis %s is failing (%s: %.127s): breaker open, the "
+                     "%s policy decides for %" APR_INT64_T_FMT " ms",
+                     c->label, tb_err_name(res->err), c->tb->errstr,
                      tb_policy_name(sc->policy), sc->breaker_cooldown_ms);
     }
     else if (res->breaker_change < 0) {

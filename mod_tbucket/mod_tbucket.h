@@ -118,6 +118,12 @@ typedef struct tbucket_srv_conf {
     const char *ip_prefix;            /* prefix + "ip:", made at config
                                        * time for keys that fell back to
                                        * the client IP.                 */
+    /* TLS: the tls_* options of the TBucketRedis line (they go with its
+     * URL, never inherited apart from it) and the context made from
+     * them at config time, in the parent, before privileges are
+     * dropped; NULL for a plaintext URL. Freed with the config pool. */
+    tb_tls_options_t tls;
+    tb_tls_t *tls_ctx;
     unsigned int url_set:1, timeout_set:1, connect_timeout_set:1,
         pool_set:1, policy_set:1, replicas_set:1, threshold_set:1,
         cooldown_set:1, prefix_set:1;

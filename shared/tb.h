@@ -6,8 +6,9 @@
  * buckets kept in Redis. It owns the bucket arithmetic (in Lua for Redis
  * and in C for the local fallback, kept identical by shared test vectors),
  * the Redis connections, the circuit breaker and the failure policy. It is
- * C99 + POSIX + hiredis: no APR, httpd or libconfig header appears here,
- * so every host links the same library. What only the library and its
+ * C99 + POSIX + hiredis + OpenSSL (TLS to Redis; its headers stay out of
+ * this one): no APR, httpd or libconfig header appears here, so every host
+ * links the same library. What only the library and its
  * unit tests use lives in tb_algo_int.h (the C twins of the scripts) and
  * tb_int.h (breaker, transport, policy).
  *
@@ -52,7 +53,9 @@ extern "C" {
 #define TB_ERR_OOM 6      /* Allocation failed.                         */
 #define TB_ERR_BREAKER 7  /* The breaker is open: Redis was not asked.  */
 #define TB_ERR_AUTH 8     /* AUTH or SELECT was refused.                */
-#define TB_ERR_KINDS 9
+#define TB_ERR_TLS 9      /* TLS handshake, certificate check or record
+                           * error (the reason is in errstr).          */
+#define TB_ERR_KINDS 10
 
 #define TB_ERRSTR_LEN 128
 
@@ -247,7 +250,7 @@ int tb_name_valid(const char *name);
 
 /* What a URL names: one Redis, a primary found through Sentinel, or a
  * Redis Cluster. */
-#define TB_REDIS_SINGLE 0   /* redis:// or unix:                        */
+#define TB_REDIS_SINGLE 0   /* redis://, rediss:// or unix:             */
 #define TB_REDIS_SENTINEL 1 /* redis-sentinel://h:p[,h:p...]/MASTER     */
 #define TB_REDIS_CLUSTER 2  /* redis-cluster://h:p[,h:p...]             */
 
@@ -276,6 +279,9 @@ typedef struct tb_redis_addr {
     tb_redis_endpoint_t seeds[TB_MAX_SEEDS]; /* Sentinels (default
                           * port 26379) or cluster seeds (6379).      */
     char master[TB_MASTER_NAME_MAX]; /* Sentinel's master name.       */
+    int tls;             /* 1: every connection made for this address
+                          * speaks TLS (data nodes, sentinels and
+                          * cluster nodes alike).                     */
 } tb_redis_addr_t;
 
 /* Parse "redis://[user:password@]host[:port][/db]" (IPv6 hosts in
@@ -283,6 +289,9 @@ typedef struct tb_redis_addr {
  * "redis-sentinel://[user:password@]host[:port][,host[:port]...]/MASTER[/db]"
  * or "redis-cluster://[user:password@]host[:port][,host[:port]...]"
  * (Cluster has database 0 only), at most TB_MAX_SEEDS endpoints.
+ * "rediss://" is redis:// over TLS; "?tls=on" at the end of a redis://,
+ * redis-sentinel:// or redis-cluster:// URL turns TLS on too ("?tls=off"
+ * is the default). A unix socket never uses TLS.
  * On error returns TB_ERR with a message naming the bad part. */
 int tb_url_parse(const char *url, tb_redis_addr_t *addr, char *err,
                  size_t errlen);
@@ -452,6 +461,43 @@ typedef enum {
 int tb_policy_parse(const char *s, tb_policy_t *p);
 const char *tb_policy_name(tb_policy_t p);
 
+/* TLS to Redis, for an address with TLS on (rediss://, ?tls=on): the
+ * settings of every connection the client makes for it. The zero value is
+ * the safe one: the system's CA store, no client certificate, each
+ * connection's own host as the server name, verification on. Only
+ * tb_tls_create() reads the files. */
+typedef struct tb_tls_options {
+    const char *ca_file;     /* PEM CA certificates the server's must chain
+                              * to, or NULL: the system's CA store.     */
+    const char *cert_file;   /* PEM client certificate (and chain), for a
+                              * server that asks for one, or NULL.      */
+    const char *key_file;    /* Its PEM private key, unencrypted; needed
+                              * with cert_file and only with it.        */
+    const char *server_name; /* The name (or IP address) the server's
+                              * certificate must carry, also sent as SNI;
+                              * NULL: the host each connection goes to
+                              * (the URL's, a sentinel's or a cluster
+                              * node's).                                */
+    int no_verify;           /* 1: accept any certificate (tls_verify
+                              * off): encryption without authentication,
+                              * for tests. Default 0: verify.           */
+} tb_tls_options_t;
+
+/* A TLS context: the CA, certificate and key read once, shared by every
+ * connection of the clients given it. Thread-safe once made, and a forked
+ * child may go on using its parent's (the module makes it in the parent,
+ * as root, so key files may stay readable by root only). */
+typedef struct tb_tls tb_tls_t;
+
+/* Read and check the files of o: each must be readable and parse, the key
+ * must be unencrypted and match the certificate, and cert_file and
+ * key_file come together. Returns NULL with a message naming the setting
+ * and the file in err, e.g. "tls_ca '/etc/ca.pem': No such file or
+ * directory". */
+tb_tls_t *tb_tls_create(const tb_tls_options_t *o, char *err,
+                        size_t errlen);
+void tb_tls_free(tb_tls_t *t);
+
 /* Client options: a small value struct on the caller's stack. Call
  * tb_options_init() first for the defaults. */
 typedef struct tb_options {
@@ -477,6 +523,13 @@ typedef struct tb_options {
                                  * inode; one fstat), for hosts that
                                  * close or reuse fds under us, as
                                  * daemons do; default 0.           */
+    tb_tls_options_t tls;       /* TLS settings; only an address with
+                                 * TLS on may set them (or tls_ctx). */
+    tb_tls_t *tls_ctx;          /* The caller's TLS context (not
+                                 * owned; it must outlive the
+                                 * client), or NULL: the client makes
+                                 * one from tls when the URL asks for
+                                 * TLS.                             */
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);
@@ -569,11 +622,11 @@ typedef struct tb_client {
     struct tb_client_priv *priv;
 } tb_client_t;
 
-/* Create a client. Parses the URL and validates options; does not connect
- * (the first decision does, so a server can start while Redis is down).
- * Redis sockets are close-on-exec. hiredis writes with write(2): a host
- * that does not ignore SIGPIPE (Apache does) must block it around
- * decisions, as the shim does, or a dead Redis can kill it.
+/* Create a client. Parses the URL and validates options, and with TLS
+ * reads its files (unless tls_ctx is given); does not connect (the first
+ * decision does, so a server can start while Redis is down). Redis
+ * sockets are close-on-exec and written with send(MSG_NOSIGNAL), so a
+ * dead Redis cannot raise SIGPIPE.
  *
  * Returns NULL and a message in err on bad options. Thread-safe once
  * created: any number of threads may make decisions at once. */

@@ -35,6 +35,7 @@ struct tb_client_priv {
     void *own_local;       /* Our table's memory, if we made it. */
     tb_stats_t *stats;
     tb_stats_t own_stats;
+    tb_tls_t *own_tls;     /* Our TLS context, if we made it. */
 };
 
 void tb_options_init(tb_options_t *o)
@@ -62,13 +63,50 @@ static tb_client_t *fail(char *err, size_t errlen, const char *msg,
     return NULL;
 }
 
+/* 1 when o sets any TLS setting. */
+static int tls_options_set(const tb_options_t *o)
+{
+    const tb_tls_options_t *t = &o->tls;
+
+    return o->tls_ctx || t->ca_file || t->cert_file || t->key_file
+           || t->server_name || t->no_verify;
+}
+
+/* The TLS context of p's connections in *tls: the caller's, or one made
+ * from the options (the files are read here, once), or NULL for a
+ * plaintext address. TB_ERR with a message in err when the files are
+ * refused or TLS settings come with a plaintext address. */
+static int client_tls(struct tb_client_priv *p, const tb_options_t *o,
+                      const tb_redis_addr_t *addr, const tb_tls_t **tls,
+                      char *err, size_t errlen)
+{
+    *tls = NULL;
+    if (!addr->tls) {
+        if (tls_options_set(o)) {
+            snprintf(err, errlen, "TLS settings (tls_ca, tls_cert, tls_key, "
+                     "tls_server_name, tls_verify) need a TLS URL: "
+                     "rediss://, or ?tls=on");
+            return TB_ERR;
+        }
+        return TB_OK;
+    }
+    if (o->tls_ctx) {
+        *tls = o->tls_ctx;
+        return TB_OK;
+    }
+    p->own_tls = tb_tls_create(&o->tls, err, errlen);
+    *tls = p->own_tls;
+    return p->own_tls ? TB_OK : TB_ERR;
+}
+
 tb_client_t *tb_client_create(const tb_options_t *o, char *err,
                               size_t errlen)
 {
     tb_client_t *c;
     struct tb_client_priv *p;
     tb_redis_addr_t addr;
-    char uerr[160];
+    const tb_tls_t *tls;
+    char uerr[256];
     int cto;
 
     if (!o) {
@@ -109,12 +147,15 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
     }
     c->priv = p;
     p->stats = o->stats ? o->stats : &p->own_stats;
-    if (tb__pool_init(&p->pool, &addr, o->timeout_ms, cto, o->pool_size,
-                      o->verify_fd, p->stats) != TB_OK) {
+    if (client_tls(p, o, &addr, &tls, uerr, sizeof(uerr)) != TB_OK) {
+        return fail(err, errlen, uerr, c);
+    }
+    if (tb__pool_init(&p->pool, &addr, tls, o->timeout_ms, cto,
+                      o->pool_size, o->verify_fd, p->stats) != TB_OK) {
         return fail(err, errlen, "out of memory", c);
     }
     if (addr.kind == TB_REDIS_CLUSTER
-        && !(p->cluster = tb__cluster_create(&addr, o->timeout_ms, cto,
+        && !(p->cluster = tb__cluster_create(&addr, tls, o->timeout_ms, cto,
                                              o->pool_size, o->verify_fd,
                                              p->stats))) {
         return fail(err, errlen, "out of memory", c);
@@ -148,6 +189,8 @@ void tb_client_free(tb_client_t *c)
     if (c->priv) {
         tb__pool_destroy(&c->priv->pool);
         tb__cluster_free(c->priv->cluster);
+        /* After the connections that use it. */
+        tb_tls_free(c->priv->own_tls);
         pthread_mutex_destroy(&c->priv->bmu);
         free(c->priv->own_local);
         free(c->priv);

@@ -40,7 +40,7 @@ build() { # name extra-sources extra-libs
     echo "fuzz: building $FUZZ/fuzz_$1"
     # shellcheck disable=SC2086
     $CLANG $CFLAGS -fsanitize=fuzzer $SAN -o "$FUZZ/fuzz_$1" \
-        tests/fuzz/fuzz_$1.c $2 $CORE -lhiredis -lm -pthread $3
+        tests/fuzz/fuzz_$1.c $2 $CORE -lhiredis -lssl -lcrypto -lm -pthread $3
 }
 
 # Known, reported bugs (tests/fuzz/KNOWN_OPEN): skip their checks here.

@@ -2,8 +2,8 @@
 
 Puts the helper package tbtest/ on sys.path and makes its servers and
 programs fixtures: a redis-server per test, factories for Apaches,
-haproxies, tb_driver clients and extra redis-servers, and the paths of the
-test programs. Each fixture stops what it started, by PID.
+haproxies, tb_driver clients and extra redis-servers, the paths of the
+test programs, and a test PKI with TLS redis-servers. Each fixture stops what it started, by PID.
 """
 import os
 import sys
@@ -16,6 +16,7 @@ from tbtest.core import Driver  # noqa: E402
 from tbtest.env import BUILD, Redis, prog  # noqa: E402
 from tbtest.proof import HAProxy  # noqa: E402
 from tbtest.shim import PROG_NAMES, SHIM_SO  # noqa: E402
+from tbtest.tls import TlsRedis, make_pki  # noqa: E402
 
 
 def pytest_configure(config):
@@ -107,3 +108,24 @@ def progs():
     if not os.path.exists(SHIM_SO):
         pytest.fail("%s is missing: run make first" % SHIM_SO)
     return {n: prog(n) for n in PROG_NAMES}
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """The test PKI (tbtest/tls.py), made once per session."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def tls_redis(tmp_path, pki):
+    """A factory for TLS-only redis-servers; each stopped by PID."""
+    started = []
+
+    def start(name="tls", **kw):
+        r = TlsRedis(tmp_path / name, pki, **kw)
+        started.append(r)
+        return r.start()
+
+    yield start
+    for r in started:
+        r.stop()

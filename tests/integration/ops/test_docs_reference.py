@@ -79,6 +79,7 @@ def test_docs_001_01_directives():
 # Every top-level setting the shim's loader accepts has an entry, and back.
 def test_docs_001_02_shim_settings():
     code = {n for _, n in shim_names("static int load_scalars(")}
+    code |= {n for _, n in shim_names("static int tls_setting(")}
     assert code, "no settings found in shim/shim_conf.c:load_scalars"
     docs = set(GEN.entries(PAGES, "setting"))
     assert code == docs, diff_message("shim settings", code, docs)

@@ -10,7 +10,8 @@
  *   tb_driver [--url URL] [--timeout MS] [--connect-timeout MS] [--pool N]
  *             [--policy open|closed|local] [--replicas N]
  *             [--breaker-threshold N] [--breaker-cooldown MS]
- *             [--prefix P]
+ *             [--prefix P] [--tls-ca FILE] [--tls-cert FILE]
+ *             [--tls-key FILE] [--tls-server-name NAME] [--tls-verify on|off]
  *
  * It prints "ok ready pid=N" once the client exists, or "error create:
  * MESSAGE" and exits 2 when the options are refused. Commands:
@@ -49,6 +50,7 @@
  *   stats             every counter of tb_stats_t
  *   breaker           the breaker state
  *   pool              pool size, open and in-use connections
+ *   lasterr           the client's last error: kind= then its message
  *   quit              exit 0 (so does end of input)
  *
  * KEY is binary-safe: %XX escapes are decoded (so NUL, CR, LF, space and
@@ -467,7 +469,9 @@ static void usage(void)
     fprintf(stderr, "usage: tb_driver [--url URL] [--timeout MS] "
             "[--connect-timeout MS] [--pool N] [--policy open|closed|local] "
             "[--replicas N] [--breaker-threshold N] [--breaker-cooldown MS] "
-            "[--prefix P]\n");
+            "[--prefix P] [--tls-ca FILE] [--tls-cert FILE] "
+            "[--tls-key FILE] [--tls-server-name NAME] "
+            "[--tls-verify on|off]\n");
     exit(2);
 }
 
@@ -483,6 +487,11 @@ int main(int argc, char **argv)
         {"breaker-threshold", required_argument, NULL, 'b'},
         {"breaker-cooldown", required_argument, NULL, 'B'},
         {"prefix", required_argument, NULL, 'x'},
+        {"tls-ca", required_argument, NULL, 'A'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
+        {"tls-server-name", required_argument, NULL, 'N'},
+        {"tls-verify", required_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     tb_options_t o;
@@ -508,6 +517,11 @@ int main(int argc, char **argv)
         case 'b': o.breaker_threshold = atoi(optarg); break;
         case 'B': o.breaker_cooldown_ms = atoll(optarg); break;
         case 'x': prefix = optarg; break;
+        case 'A': o.tls.ca_file = optarg; break;
+        case 'C': o.tls.cert_file = optarg; break;
+        case 'K': o.tls.key_file = optarg; break;
+        case 'N': o.tls.server_name = optarg; break;
+        case 'V': o.tls.no_verify = strcmp(optarg, "off") == 0; break;
         default: usage();
         }
     }
@@ -572,6 +586,9 @@ int main(int argc, char **argv)
 
             tb_client_pool_usage(c, &size, &open, &in_use);
             printf("ok size=%d open=%d in_use=%d\n", size, open, in_use);
+        }
+        else if (strcmp(av[0], "lasterr") == 0) {
+            printf("ok kind=%s %s\n", tb_err_name(c->err), c->errstr);
         }
         else if (strcmp(av[0], "quit") == 0) {
             printf("ok bye\n");
