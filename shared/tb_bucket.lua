@@ -27,7 +27,7 @@ local stamp = {}
 local want = nil
 local grant = 0
 
-if #ARGV == 2 + 3 * n then
+if nargv == 2 + 3 * n then
   want = tonumber(ARGV[2 + 3 * n])
   if n ~= 1 or want == nil then
     return redis.error_reply('ERR bad lease')
@@ -97,6 +97,6 @@ if allowed == 1 then
 end
 
 if want ~= nil then
-  return {allowed, remaining, retry, binding, grant}
+  return finish({allowed, remaining, retry, binding, grant})
 end
-return {allowed, remaining, retry, binding}
+return finish({allowed, remaining, retry, binding})

@@ -1,5 +1,6 @@
 /* tb_local.c -- the bounded table of local buckets behind the `local`
- * failure policy, and the same table holding token leases (issue 6).
+ * failure policy, its slot counts for concurrency limits, and the same
+ * table holding token leases.
  *
  * When Redis cannot decide, each server falls back to its own buckets,
  * sized limit/replicas so that N replicas together still admit about the
@@ -23,17 +24,22 @@
 #include "tb_int.h"
 
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
-#define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table (issue 6). */
+#define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table. */
 #define PROBE 8
 #define LOCK_STEAL_US 100000
 
+/* One entry. A bucket keeps tokens and its last refill in tokens and
+ * ts_ms; a lease its unspent tokens and expiry; a concurrency count the
+ * slots taken in window ts_ms (a window number) in tokens and those of
+ * the window before in prev. Keys tell them apart: a slot set's key
+ * (":conc") is never a bucket's. */
 typedef struct local_entry {
     unsigned char id[16];
     double tokens;
     int64_t ts_ms;
     int64_t used_ms; /* Last use, for LRU eviction.  */
     uint32_t inuse;
-    uint32_t pad;
+    uint32_t prev;
 } local_entry_t;
 
 struct tb_local {
@@ -196,7 +202,112 @@ size_t tb_local_used(tb_local_t *t)
     return t ? (size_t)__atomic_load_n(&t->used, __ATOMIC_RELAXED) : 0;
 }
 
-/* ---- The lease table (issue 6) ---------------------------------------
+/* The entry of id, or NULL; claims nothing. */
+static local_entry_t *find(tb_local_t *t, const unsigned char id[16])
+{
+    uint64_t h, i;
+
+    memcpy(&h, id, sizeof(h));
+    for (i = 0; i < PROBE; i++) {
+        local_entry_t *e = &t->e[(h + i) & t->mask];
+
+        if (e->inuse && memcmp(e->id, id, 16) == 0) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* ---- Slot counts of concurrency limits ------------------------------
+ *
+ * A count per slot set, in windows of window_ms: the slots taken in the
+ * current window and in the one before are in flight; older ones are
+ * forgotten, which is how the slot of a process that died frees itself.
+ * A slot is thus counted for between one and two windows. */
+
+/* Move e to window w: the current count becomes the previous one when w
+ * follows it, and both are dropped when w is further on. A window that
+ * went backwards (a clock step) keeps the counts. */
+static void conc_roll(local_entry_t *e, int64_t w)
+{
+    if (w == e->ts_ms + 1) {
+        e->prev = (uint32_t)e->tokens;
+        e->tokens = 0;
+        e->ts_ms = w;
+    }
+    else if (w > e->ts_ms + 1) {
+        e->prev = 0;
+        e->tokens = 0;
+        e->ts_ms = w;
+    }
+}
+
+int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
+                       int64_t window_ms, int64_t now_ms, int64_t *window,
+                       int64_t *held)
+{
+    unsigned char id[32];
+    local_entry_t *e;
+    int64_t w, n;
+    int found, taken = 0;
+
+    if (!t || t->magic != LOCAL_MAGIC || !key || limit < 1
+        || limit > TB_MAX_CONCURRENCY || window_ms < 1 || now_ms < 0
+        || !window || !held) {
+        return -1;
+    }
+    tb_sha256(key, strlen(key), id);
+    w = now_ms / window_ms;
+    lock(t);
+    e = slot(t, id, &found);
+    if (!found) {
+        memcpy(e->id, id, 16);
+        e->inuse = 1;
+        e->tokens = 0;
+        e->prev = 0;
+        e->ts_ms = w;
+    }
+    conc_roll(e, w);
+    e->used_ms = now_ms;
+    n = (int64_t)e->tokens + e->prev;
+    if (n < limit) {
+        e->tokens += 1;
+        n++;
+        taken = 1;
+    }
+    *window = e->ts_ms;
+    *held = n;
+    unlock(t);
+    return taken;
+}
+
+void tb_local_conc_release(tb_local_t *t, const char *key,
+                           int64_t window_ms, int64_t window,
+                           int64_t now_ms)
+{
+    unsigned char id[32];
+    local_entry_t *e;
+
+    if (!t || t->magic != LOCAL_MAGIC || !key || window_ms < 1
+        || now_ms < 0) {
+        return;
+    }
+    tb_sha256(key, strlen(key), id);
+    lock(t);
+    e = find(t, id);
+    if (e) {
+        conc_roll(e, now_ms / window_ms);
+        if (window == e->ts_ms && e->tokens >= 1) {
+            e->tokens -= 1;
+        }
+        else if (window == e->ts_ms - 1 && e->prev > 0) {
+            e->prev--;
+        }
+    }
+    unlock(t);
+}
+
+/* ---- The lease table -------------------------------------------------
  *
  * The same block, lock, probe window and LRU eviction, with another
  * magic; an entry's tokens are the lease's unspent tokens and its ts_ms
@@ -216,22 +327,6 @@ tb_lease_t *tb_lease_init(void *mem, size_t entries)
         t->magic = LEASE_MAGIC;
     }
     return t;
-}
-
-/* The entry of id, or NULL; claims nothing. */
-static local_entry_t *find(tb_local_t *t, const unsigned char id[16])
-{
-    uint64_t h, i;
-
-    memcpy(&h, id, sizeof(h));
-    for (i = 0; i < PROBE; i++) {
-        local_entry_t *e = &t->e[(h + i) & t->mask];
-
-        if (e->inuse && memcmp(e->id, id, 16) == 0) {
-            return e;
-        }
-    }
-    return NULL;
 }
 
 int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
