@@ -20,7 +20,7 @@
 /* Log tags: "TB" + five digits + ": ", one number per call site, never
  * reused (the rules of httpd's docs/log-message-tags/README). 001xx are
  * in mod_tbucket.c, tbucket_config.c and tbucket_check.c, 002xx in
- * tbucket_shm.c. */
+ * tbucket_shm.c. 00120..00129 belong to concurrency limits. */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
@@ -41,6 +41,26 @@ typedef enum {
  * the metrics (defined in tbucket_shm.c, with the counters). */
 extern const char *const tbucket_outcome_names[TBUCKET_OUTCOMES];
 
+/* The kinds of limit that refuse, in the metrics' label order. */
+typedef enum {
+    TBUCKET_LIMIT_RATE = 0,
+    TBUCKET_LIMIT_CONCURRENCY,
+    TBUCKET_LIMIT_KINDS
+} tbucket_limit_kind;
+
+/* What happens to concurrency slots, in the metrics' label order. */
+typedef enum {
+    TBUCKET_SLOT_TAKEN = 0,
+    TBUCKET_SLOT_REFUSED,
+    TBUCKET_SLOT_RELEASED,
+    TBUCKET_SLOT_RELEASE_FAILED,
+    TBUCKET_SLOT_EVENTS
+} tbucket_slot_event;
+
+/* Label values of the two enums above (tbucket_shm.c). */
+extern const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS];
+extern const char *const tbucket_slot_event_names[TBUCKET_SLOT_EVENTS];
+
 /* ---- Shared memory slots (the segment is private to tbucket_shm.c) -- */
 
 #define TBUCKET_NAME_LEN 160          /* Bytes, NUL included.           */
@@ -56,6 +76,14 @@ typedef struct tbucket_vhost_stats {
                                        * without asking Redis.          */
     uint64_t lease_refills;           /* Leases taken from Redis.       */
     uint64_t lease_tokens;            /* Tokens those leases granted.   */
+    /* Refusals (shadow mode's would-be ones too) decided by a limit, not
+     * by the closed policy, by the kind of limit that refused. */
+    uint64_t refused[TBUCKET_LIMIT_KINDS];
+    /* Concurrency slots: taken by allowed requests, refused (as
+     * refused[TBUCKET_LIMIT_CONCURRENCY]), given back when the request
+     * ended, and of those the releases Redis did not get (such a slot
+     * lasts until its ttl). */
+    uint64_t slot_event[TBUCKET_SLOT_EVENTS];
 } tbucket_vhost_stats;
 
 typedef struct tbucket_client_stats {
@@ -155,6 +183,11 @@ typedef struct tbucket_dir_conf {
     int lease;
     int lease_ttl_ms;
     int shards;
+    /* concurrency: -1 unset, 0 off, else at most N requests of a key in
+     * flight (TBucketConcurrency N, 1..TB_MAX_CONCURRENCY);
+     * concurrency_ttl_ms the life of a slot never released. */
+    int concurrency;
+    int concurrency_ttl_ms;
 } tbucket_dir_conf;
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
@@ -196,6 +229,12 @@ void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
  * tokens, for a server. Thread- and process-safe. */
 void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
                          int64_t granted);
+
+/* Count a refusal by the kind of limit that made it, and a concurrency
+ * slot's event, for a server. Thread- and process-safe (and async-signal
+ * safe: atomic adds only). */
+void tbucket_count_refusal(const tbucket_srv_conf *sc, tbucket_limit_kind k);
+void tbucket_count_slot(const tbucket_srv_conf *sc, tbucket_slot_event e);
 
 /* The local-policy table in the segment, or NULL. */
 tb_local_t *tbucket_local_table(void);

@@ -67,6 +67,14 @@
  *       Each key's buckets become K sub-buckets of capacity/K and rate/K
  *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
  *       a hot key's load spreads over K Redis Cluster slots.
+ *   TBucketConcurrency N [ttl=DURATION] | Off  (default Off, ttl 60s)
+ *       At most N requests of one key in flight at once, across every
+ *       server sharing the Redis: a slot in "<prefix>{<key>}:conc" is
+ *       taken in the same Redis call as the buckets (all or nothing) and
+ *       given back when the request ends, whatever the end; a slot never
+ *       given back (the process died) expires ttl after it was taken.
+ *       Works alone or with TBucketLimit; refused with TBucketShards or
+ *       TBucketLease (ignored where apache2 -t cannot see it).
  *
  *   SetHandler tbucket-status
  *       The counters in the Prometheus text format, or with ?view=html as
@@ -165,6 +173,7 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->cost = 1;
     dc->lease = -1;
     dc->shards = -1;
+    dc->concurrency = -1;
     return dc;
 }
 
@@ -244,6 +253,14 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->lease_ttl_ms = base->lease_ttl_ms;
     }
     m->shards = add->shards != -1 ? add->shards : base->shards;
+    if (add->concurrency != -1) {
+        m->concurrency = add->concurrency;
+        m->concurrency_ttl_ms = add->concurrency_ttl_ms;
+    }
+    else {
+        m->concurrency = base->concurrency;
+        m->concurrency_ttl_ms = base->concurrency_ttl_ms;
+    }
     return m;
 }
 
@@ -706,6 +723,48 @@ static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
     return NULL;
 }
 
+/* TBucketConcurrency N [ttl=DURATION] | Off. */
+static const char *set_concurrency(cmd_parms *cmd, void *dcv,
+                                   const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+    const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
+    const char *word, *value;
+    char err[128];
+    int64_t n, ms;
+
+    if (!*n_arg) {
+        return "TBucketConcurrency: expected the requests in flight per "
+               "key, e.g. TBucketConcurrency 4 ttl=60s (or Off)";
+    }
+    dc->concurrency_ttl_ms = TB_CONCURRENCY_TTL_MS;
+    if (!strcasecmp(n_arg, "off")) {
+        dc->concurrency = 0;
+        return *args ? "TBucketConcurrency: Off takes no options" : NULL;
+    }
+    if (tb_parse_int(n_arg, 1, TB_MAX_CONCURRENCY, &n, err, sizeof(err))
+        != TB_OK) {
+        return bad_value(cmd, "limit", n_arg, err);
+    }
+    dc->concurrency = (int)n;
+    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
+        const char *name = split_opt(cmd->temp_pool, word, &value);
+
+        if (!name || strcmp(name, "ttl")) {
+            return apr_psprintf(cmd->pool, "TBucketConcurrency: unknown "
+                                "option '%s' (expected ttl=DURATION)", word);
+        }
+        if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
+            return bad_value(cmd, "ttl", value, err);
+        }
+        if (ms < 1) {
+            return bad_value(cmd, "ttl", value, "must be more than 0");
+        }
+        dc->concurrency_ttl_ms = (int)ms;
+    }
+    return NULL;
+}
+
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
@@ -746,5 +805,8 @@ const command_rec tbucket_cmds[] = {
                      "20 ttl=1s, or Off"),
     AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
+    AP_INIT_RAW_ARGS("TBucketConcurrency", set_concurrency, NULL, DIR_SCOPE,
+                     "Requests of one key in flight at once, e.g. 4 "
+                     "ttl=60s, or Off"),
     { NULL }
 };

@@ -90,6 +90,52 @@ static void collect_vhost_counter(tbucket_metrics *t,
     }
 }
 
+/* Refusals by the kind of limit, and concurrency slots by what became
+ * of them, per virtual host; the slots held now are those taken and not
+ * yet given back. */
+static void collect_limits(tbucket_metrics *t, const tbucket_shm_view *seg)
+{
+    tbucket_family *f;
+    tbucket_labels l, vh;
+    uint32_t i;
+    int k;
+
+    f = fam_add(t, "tbucket_refusals_total", "counter",
+                "Requests refused (or, in shadow mode, that would have "
+                "been) by a limit, by the kind of limit that refused; the "
+                "closed policy's refusals are not counted here.");
+    for (i = 0; i < seg->nvhosts; i++) {
+        vh = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+        for (k = 0; k < TBUCKET_LIMIT_KINDS; k++) {
+            l = tbucket_labels_with(&vh, "limit", tbucket_limit_names[k]);
+            add(f, "", &l, tb_stats_get(&seg->vhosts[i].refused[k]));
+        }
+    }
+    f = fam_add(t, "tbucket_concurrency_slots_total", "counter",
+                "Concurrency slots (TBucketConcurrency): taken, refused, "
+                "released when the request ended, and releases Redis did "
+                "not get (those slots expire by their ttl).");
+    for (i = 0; i < seg->nvhosts; i++) {
+        vh = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+        for (k = 0; k < TBUCKET_SLOT_EVENTS; k++) {
+            l = tbucket_labels_with(&vh, "event",
+                                    tbucket_slot_event_names[k]);
+            add(f, "", &l, tb_stats_get(&seg->vhosts[i].slot_event[k]));
+        }
+    }
+    f = fam_add(t, "tbucket_concurrency_in_flight", "gauge",
+                "Concurrency slots this server holds now: requests in "
+                "flight that took one.");
+    for (i = 0; i < seg->nvhosts; i++) {
+        const uint64_t *ev = seg->vhosts[i].slot_event;
+        uint64_t taken = tb_stats_get(&ev[TBUCKET_SLOT_TAKEN]);
+        uint64_t back = tb_stats_get(&ev[TBUCKET_SLOT_RELEASED]);
+
+        l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+        add(f, "", &l, taken > back ? taken - back : 0);
+    }
+}
+
 static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
 {
     uint64_t total[TBUCKET_OUTCOMES] = { 0 };
@@ -128,6 +174,7 @@ static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
         l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
         add(f, "", &l, tb_stats_get(&seg->vhosts[i].cost_exceeded));
     }
+    collect_limits(t, seg);
     collect_vhost_counter(t, seg, "tbucket_lease_hits_total",
                           "Requests allowed from a token lease, without "
                           "asking Redis (TBucketLease).",
