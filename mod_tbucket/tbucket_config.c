@@ -670,44 +670,62 @@ static const char *set_header_style(cmd_parms *cmd, void *dcv,
                      "expected legacy, ietf, both or off");
 }
 
-/* TBucketLease N [ttl=DURATION] | Off. */
-static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+/* "N [ttl=DURATION] | Off", the form TBucketLease and TBucketConcurrency
+ * share. *n gets 0 for Off, else N in 1..max_n (`what` names it in a
+ * message); *ttl_ms the ttl, 1..max_ttl_ms (ttl_why says so when it is
+ * not), or dflt_ttl_ms; usage answers an empty line. */
+static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
+                               const char *usage, const char *what,
+                               int64_t max_n, int dflt_ttl_ms,
+                               int64_t max_ttl_ms, const char *ttl_why,
+                               int *n, int *ttl_ms)
 {
-    tbucket_dir_conf *dc = dcv;
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
     const char *word, *value;
     char err[128];
-    int64_t n, ms;
+    int64_t v, ms;
 
     if (!*n_arg) {
-        return "TBucketLease: expected the tokens per lease, e.g. "
-               "TBucketLease 20 ttl=1s (or Off)";
+        return usage;
     }
-    dc->lease_ttl_ms = 1000;
+    *ttl_ms = dflt_ttl_ms;
     if (!strcasecmp(n_arg, "off")) {
-        dc->lease = 0;
-        return *args ? "TBucketLease: Off takes no options" : NULL;
+        *n = 0;
+        return *args ? apr_psprintf(cmd->pool, "%s: Off takes no options",
+                                    cmd->cmd->name) : NULL;
     }
-    if (tb_parse_int(n_arg, 1, 1000000, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "lease size", n_arg, err);
+    if (tb_parse_int(n_arg, 1, max_n, &v, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, what, n_arg, err);
     }
-    dc->lease = (int)n;
+    *n = (int)v;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
         if (!name || strcmp(name, "ttl")) {
-            return apr_psprintf(cmd->pool, "TBucketLease: unknown option "
-                                "'%s' (expected ttl=DURATION)", word);
+            return apr_psprintf(cmd->pool, "%s: unknown option '%s' "
+                                "(expected ttl=DURATION)", cmd->cmd->name,
+                                word);
         }
         if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
             return bad_value(cmd, "ttl", value, err);
         }
-        if (ms < 1 || ms > 60000) {
-            return bad_value(cmd, "ttl", value, "must be 1ms..60s");
+        if (ms < 1 || ms > max_ttl_ms) {
+            return bad_value(cmd, "ttl", value, ttl_why);
         }
-        dc->lease_ttl_ms = (int)ms;
+        *ttl_ms = (int)ms;
     }
     return NULL;
+}
+
+/* TBucketLease N [ttl=DURATION] | Off. */
+static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+
+    return parse_n_ttl(cmd, args, "TBucketLease: expected the tokens per "
+                       "lease, e.g. TBucketLease 20 ttl=1s (or Off)",
+                       "lease size", 1000000, 1000, 60000,
+                       "must be 1ms..60s", &dc->lease, &dc->lease_ttl_ms);
 }
 
 static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
@@ -728,41 +746,13 @@ static const char *set_concurrency(cmd_parms *cmd, void *dcv,
                                    const char *args)
 {
     tbucket_dir_conf *dc = dcv;
-    const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
-    const char *word, *value;
-    char err[128];
-    int64_t n, ms;
 
-    if (!*n_arg) {
-        return "TBucketConcurrency: expected the requests in flight per "
-               "key, e.g. TBucketConcurrency 4 ttl=60s (or Off)";
-    }
-    dc->concurrency_ttl_ms = TB_CONCURRENCY_TTL_MS;
-    if (!strcasecmp(n_arg, "off")) {
-        dc->concurrency = 0;
-        return *args ? "TBucketConcurrency: Off takes no options" : NULL;
-    }
-    if (tb_parse_int(n_arg, 1, TB_MAX_CONCURRENCY, &n, err, sizeof(err))
-        != TB_OK) {
-        return bad_value(cmd, "limit", n_arg, err);
-    }
-    dc->concurrency = (int)n;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = split_opt(cmd->temp_pool, word, &value);
-
-        if (!name || strcmp(name, "ttl")) {
-            return apr_psprintf(cmd->pool, "TBucketConcurrency: unknown "
-                                "option '%s' (expected ttl=DURATION)", word);
-        }
-        if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
-            return bad_value(cmd, "ttl", value, err);
-        }
-        if (ms < 1) {
-            return bad_value(cmd, "ttl", value, "must be more than 0");
-        }
-        dc->concurrency_ttl_ms = (int)ms;
-    }
-    return NULL;
+    return parse_n_ttl(cmd, args, "TBucketConcurrency: expected the "
+                       "requests in flight per key, e.g. TBucketConcurrency "
+                       "4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
+                       TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS,
+                       "must be more than 0", &dc->concurrency,
+                       &dc->concurrency_ttl_ms);
 }
 
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)

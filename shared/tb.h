@@ -435,7 +435,7 @@ typedef struct tb_request {
     const tb_take_t *takes; /* The buckets, all decided in one script
                              * call, all or nothing: takes[0] is the
                              * main bucket, routes follow.             */
-    int ntakes;             /* 1 .. TB_MAX_BUCKETS.                     */
+    int ntakes;             /* 1 .. TB_MAX_BUCKETS; 0 with concurrency. */
     tb_algo_t algo;         /* The script of every bucket. Sliding log:
                              * whole costs, capacity at most
                              * TB_SLOG_MAX_CAPACITY.                    */

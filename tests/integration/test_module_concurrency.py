@@ -13,6 +13,7 @@ import socket
 import time
 
 import pytest
+import requests
 
 from tbapache import (PHP_CGI, apache_factory, http_get,  # noqa: F401
                       metric)
@@ -169,7 +170,6 @@ def test_module_conc_01(apache_factory, redis_server):
 # Slots released equal slots taken.
 def test_module_conc_02(apache_factory, redis_server):
     require(PHP_CGI, "php-cgi")
-    import requests
     a = prepare(apache_factory(servers=1))
     a.start(body(redis_server.url, "c2:", "TBucketConcurrency 1", """
 <Location /app>
@@ -298,9 +298,10 @@ def test_module_conc_06(apache_factory, redis_server):
     assert refused.headers["X-RateLimit-Limit"] == "3"
     assert round(float(rc.hget("c6:{k}", "tokens"))) == 2
     assert wait_until(lambda: rc.zcard("c6:{k}:conc") == 0, 5)
-    assert get(a, "/cgi-bin/env.cgi", "k")[0] == 200
-    assert get(a, "/cgi-bin/env.cgi", "k")[0] == 200
-    status, _, r = get(a, "/cgi-bin/env.cgi", "k")
+    with requests.Session() as s:       # one connection: see conc_02
+        assert get(a, "/cgi-bin/env.cgi", "k", session=s)[0] == 200
+        assert get(a, "/cgi-bin/env.cgi", "k", session=s)[0] == 200
+        status, _, r = get(a, "/cgi-bin/env.cgi", "k", session=s)
     assert status == 429 and r.json()["error"] == "rate limited"
     assert int(r.headers["Retry-After"]) > 1
     assert rc.zcard("c6:{k}:conc") == 0
@@ -363,7 +364,10 @@ TBucketBreaker threshold=1000 cooldown=1s
     a.graceful(conf("local"))
     got = parallel([(a, "/cgi-bin/slow.cgi?1", "p")] * 4)
     assert sorted(s for s, _, _ in got) == [200, 200, 429, 429]
+    # The releases come just after the responses.
+    assert wait_until(lambda: slots(a)["in_flight"] == 0, 5)
     assert get(a, "/cgi-bin/env.cgi", "p")[0] == 200
+    assert wait_until(lambda: slots(a)["in_flight"] == 0, 5)
     got = parallel([(a, "/cgi-bin/slow.cgi?0.5", "p")] * 2)
     assert [s for s, _, _ in got] == [200, 200]
     st = slots(a)
