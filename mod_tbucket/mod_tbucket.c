@@ -26,8 +26,9 @@
  * httpd destroys it once, after the response is written (the EOR bucket),
  * whatever the end: success, error status, ErrorDocument, an aborted
  * client or a handler that timed out. log_transaction would run at the
- * same moment, but a pool cleanup cannot be skipped or run twice. A refusal by concurrency gets 429,
- * Retry-After: 1 and {"error":"too many concurrent requests","limit":N}.
+ * same moment, but a pool cleanup cannot be skipped or run twice. A
+ * refusal by concurrency gets 429, Retry-After: 1 and
+ * {"error":"too many concurrent requests","limit":N}.
  */
 #include "apr_atomic.h"
 #include "apr_general.h"

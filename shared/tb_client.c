@@ -307,17 +307,9 @@ static int lease_valid(const tb_request_t *q)
            && q->lease == floor(q->lease);
 }
 
-/* A tool's command about one key: to the pool, or to the key's node. */
 static int key_command(tb_client_t *c, const char *rkey, int argc,
                        const char **argv, const size_t *argvlen,
-                       redisReply **r, tb__error_t *e)
-{
-    if (c->priv->cluster) {
-        return tb__cluster_command(c->priv->cluster, rkey, argc, argv,
-                                   argvlen, r, e);
-    }
-    return tb__command(&c->priv->pool, argc, argv, argvlen, r, e);
-}
+                       redisReply **r, tb__error_t *e);
 
 /* ---- Concurrency slots ----------------------------------------------- */
 
@@ -654,6 +646,18 @@ int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
     q.takes = takes;
     q.ntakes = n;
     return tb_client_run(c, &q, res);
+}
+
+/* A tool's command about one key: to the pool, or to the key's node. */
+static int key_command(tb_client_t *c, const char *rkey, int argc,
+                       const char **argv, const size_t *argvlen,
+                       redisReply **r, tb__error_t *e)
+{
+    if (c->priv->cluster) {
+        return tb__cluster_command(c->priv->cluster, rkey, argc, argv,
+                                   argvlen, r, e);
+    }
+    return tb__command(&c->priv->pool, argc, argv, argvlen, r, e);
 }
 
 int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,

@@ -28,7 +28,8 @@ printf 'Content-Type: text/plain\r\n\r\nslept %s %s\n' "$s" "$TBUCKET_DECISION"
 """
 
 FAIL_CGI = r"""#!/bin/sh
-printf 'Status: 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\nboom\n'
+printf 'Status: 500 Internal Server Error\r\n'
+printf 'Content-Type: text/plain\r\n\r\nboom\n'
 """
 
 SLOW_PHP = r"""<?php
