@@ -9,8 +9,11 @@ share every server, connection and cache; wrk alternates them round by
 round (the order reverses every round) and the ratio is the median of
 the per-round ratios. A rate-limited request is one EVALSHA; with the
 concurrency limit it is the same EVALSHA (the slot is taken in it) plus
-one ZREM after the response: the Redis calls per request are counted
-with INFO commandstats over an exact number of requests (ab).
+one ZREM after the response: the Redis calls per request and Redis's
+time per call are counted with INFO commandstats over an exact number of
+requests (ab). CPU time per request (Apache's processes, Redis) is read
+from /proc around each round: on a machine other work loads, it moves
+less than req/s does.
 
     /usr/bin/python3 bench/conc.py [--build DIR] [--quick]
 
@@ -107,12 +110,16 @@ class Apache:
     def url(self, path):
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
+    def pids(self):
+        return [self.proc.pid] + bench.children(self.proc.pid)
+
     def stop(self):
         bench.stop_proc(self.proc, timeout=15)
 
 
 def calls_per_request(rd, srv, path, n, cpus):
-    """(EVALSHA, ZREM) per request over exactly n requests."""
+    """EVALSHA and ZREM per request over exactly n requests, and Redis's
+    microseconds per call of each."""
     rd.r.config_resetstat()
     out = bench.run(bench.pin(cpus) + [
         "ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10", "-H",
@@ -122,8 +129,12 @@ def calls_per_request(rd, srv, path, n, cpus):
     # The last releases come after the last responses.
     time.sleep(0.2)
     st = rd.r.info("commandstats")
-    get = lambda k: st.get("cmdstat_" + k, {}).get("calls", 0)
-    return get("evalsha") / done, get("zrem") / done
+    out = {}
+    for cmd in ("evalsha", "zrem"):
+        c = st.get("cmdstat_" + cmd, {})
+        out[cmd] = c.get("calls", 0) / done
+        out[cmd + "_usec"] = c.get("usec_per_call", 0.0)
+    return out
 
 
 def main():
@@ -153,8 +164,14 @@ def main():
         for i in range(rounds):
             order = variants if i % 2 == 0 else tuple(reversed(variants))
             for name, path in order:
+                pids = srv.pids()
+                s0, r0 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
                 r = bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
                               ["r%d%s" % (i, name)], seconds, wcpu)
+                s1, r1 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
+                req = max(r["requests"], 1)
+                r["server_us"] = (s1 - s0) * bench.TICK_US / req
+                r["redis_us"] = (r1 - r0) * bench.TICK_US / req
                 res[name].append(r)
                 bench.log("conc: %-4s round %d: %8.0f req/s p99 %.2f ms "
                           "non-2xx %d" % (name, i, r["rps"],
@@ -166,15 +183,21 @@ def main():
             rows.append(("http.%s.p99" % name,
                          round(bench.median([r.get("p99", 0)
                                              for r in res[name]]), 3), "ms"))
+            for k in ("server_us", "redis_us"):
+                rows.append(("http.%s.%s_cpu_per_request" % (name, k[:-3]),
+                             round(bench.median([r[k] for r in res[name]]),
+                                   1), "us"))
         ratio = bench.median([c["rps"] / r["rps"] for c, r in
                               zip(res["conc"], res["rate"])])
         rows.append(("http.ratio.conc_over_rate", round(ratio, 3), "x"))
         for name, path in variants:
-            ev, zr = calls_per_request(rd, srv, path, 2000, wcpu)
-            rows.append(("http.%s.evalsha_per_request" % name, round(ev, 3),
-                         "calls"))
-            rows.append(("http.%s.zrem_per_request" % name, round(zr, 3),
-                         "calls"))
+            c = calls_per_request(rd, srv, path, 2000, wcpu)
+            for cmd in ("evalsha", "zrem"):
+                rows.append(("http.%s.%s_per_request" % (name, cmd),
+                             round(c[cmd], 3), "calls"))
+                if c[cmd]:
+                    rows.append(("redis.%s.%s_usec_per_call" % (name, cmd),
+                                 round(c[cmd + "_usec"], 2), "us"))
         left = len(rd.r.keys("bench:*:conc"))
         rows.append(("redis.conc_sets_left", left, "keys"))
     finally:
