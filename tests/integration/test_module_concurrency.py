@@ -121,6 +121,13 @@ def slots(a, **labels):
     return out
 
 
+def settled(a):
+    """slots(a) once every slot taken is released: the release comes just
+    after the response."""
+    wait_until(lambda: slots(a)["in_flight"] == 0, 5)
+    return slots(a)
+
+
 def access_log(a):
     with open(a.access_log) as f:
         return f.read()
@@ -228,7 +235,7 @@ def test_module_conc_03(apache_factory, redis_server):
     s.close()
     assert wait_until(lambda: rc.zcard("c3:{ab}:conc") == 0, 6)
     assert get(a, "/cgi-bin/env.cgi", "ab")[0] == 200
-    st = slots(a)
+    st = settled(a)
     assert st["taken"] == st["released"] == 2
     a.assert_log_clean(allowed=("AH01215",))
 
@@ -277,7 +284,7 @@ def test_module_conc_05(apache_factory, redis_server):
                    + [(b, "/cgi-bin/slow.cgi?1.5", "k")] * 3)
     assert sorted(s for s, _, _ in got).count(200) == 2
     assert sorted(s for s, _, _ in got).count(429) == 4
-    ta, tb = slots(a), slots(b)
+    ta, tb = settled(a), settled(b)
     assert ta["taken"] + tb["taken"] == 2
     assert ta["refused"] + tb["refused"] == 4
     assert ta["released"] + tb["released"] == 2
@@ -306,7 +313,7 @@ def test_module_conc_06(apache_factory, redis_server):
     assert status == 429 and r.json()["error"] == "rate limited"
     assert int(r.headers["Retry-After"]) > 1
     assert rc.zcard("c6:{k}:conc") == 0
-    st = slots(a)
+    st = settled(a)
     assert (st["concurrency"], st["rate"]) == (1, 1)
     assert st["taken"] == st["released"] == 3
 
@@ -335,7 +342,7 @@ def test_module_conc_07(apache_factory, redis_server):
     assert ok.text.strip() == "allowed"
     assert wait_until(lambda: rc.zcard("c7:{ht}:conc") == 0, 5)
     assert get(a, "/ht/slow.php", "ht")[0] == 200
-    st = slots(a)
+    st = settled(a)
     assert st["taken"] == st["released"] == 3
     a.assert_log_clean(allowed=("TB00110",))
 
@@ -365,13 +372,12 @@ TBucketBreaker threshold=1000 cooldown=1s
     a.graceful(conf("local"))
     got = parallel([(a, "/cgi-bin/slow.cgi?1", "p")] * 4)
     assert sorted(s for s, _, _ in got) == [200, 200, 429, 429]
-    # The releases come just after the responses.
-    assert wait_until(lambda: slots(a)["in_flight"] == 0, 5)
+    settled(a)
     assert get(a, "/cgi-bin/env.cgi", "p")[0] == 200
-    assert wait_until(lambda: slots(a)["in_flight"] == 0, 5)
+    settled(a)
     got = parallel([(a, "/cgi-bin/slow.cgi?0.5", "p")] * 2)
     assert [s for s, _, _ in got] == [200, 200]
-    st = slots(a)
+    st = settled(a)
     assert st["taken"] == st["released"] == 5
     a.assert_log_clean(allowed=("TB00105",))
 
