@@ -283,6 +283,7 @@ bench:
 	@sh scripts/install-deps.sh python3-flask gunicorn valgrind strace
 	-$(MAKE) all
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
+	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
 
 clean:
 	rm -rf build

@@ -85,6 +85,14 @@
  *       Each key's buckets become K sub-buckets of capacity/K and rate/K
  *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
  *       a hot key's load spreads over K Redis Cluster slots.
+ *   TBucketConcurrency N [ttl=DURATION] | Off  (default Off, ttl 60s)
+ *       At most N requests of one key in flight at once, across every
+ *       server sharing the Redis: a slot in "<prefix>{<key>}:conc" is
+ *       taken in the same Redis call as the buckets (all or nothing) and
+ *       given back when the request ends, whatever the end; a slot never
+ *       given back (the process died) expires ttl after it was taken.
+ *       Works alone or with TBucketLimit; refused with TBucketShards or
+ *       TBucketLease (ignored where apache2 -t cannot see it).
  *
  *   SetHandler tbucket-status
  *       The counters in the Prometheus text format, or with ?view=html as
@@ -188,6 +196,7 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->cost = 1;
     dc->lease = -1;
     dc->shards = -1;
+    dc->concurrency = -1;
     return dc;
 }
 
@@ -268,6 +277,14 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
     }
     m->shards = add->shards != -1 ? add->shards : base->shards;
     m->cost_header = add->cost_header ? add->cost_header : base->cost_header;
+    if (add->concurrency != -1) {
+        m->concurrency = add->concurrency;
+        m->concurrency_ttl_ms = add->concurrency_ttl_ms;
+    }
+    else {
+        m->concurrency = base->concurrency;
+        m->concurrency_ttl_ms = base->concurrency_ttl_ms;
+    }
     return m;
 }
 
@@ -754,44 +771,62 @@ static const char *set_header_style(cmd_parms *cmd, void *dcv,
                      "expected legacy, ietf, both or off");
 }
 
-/* TBucketLease N [ttl=DURATION] | Off. */
-static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+/* "N [ttl=DURATION] | Off", the form TBucketLease and TBucketConcurrency
+ * share. *n gets 0 for Off, else N in 1..max_n (`what` names it in a
+ * message); *ttl_ms the ttl, 1..max_ttl_ms (ttl_why says so when it is
+ * not), or dflt_ttl_ms; usage answers an empty line. */
+static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
+                               const char *usage, const char *what,
+                               int64_t max_n, int dflt_ttl_ms,
+                               int64_t max_ttl_ms, const char *ttl_why,
+                               int *n, int *ttl_ms)
 {
-    tbucket_dir_conf *dc = dcv;
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
     const char *word, *value;
     char err[128];
-    int64_t n, ms;
+    int64_t v, ms;
 
     if (!*n_arg) {
-        return "TBucketLease: expected the tokens per lease, e.g. "
-               "TBucketLease 20 ttl=1s (or Off)";
+        return usage;
     }
-    dc->lease_ttl_ms = 1000;
+    *ttl_ms = dflt_ttl_ms;
     if (!strcasecmp(n_arg, "off")) {
-        dc->lease = 0;
-        return *args ? "TBucketLease: Off takes no options" : NULL;
+        *n = 0;
+        return *args ? apr_psprintf(cmd->pool, "%s: Off takes no options",
+                                    cmd->cmd->name) : NULL;
     }
-    if (tb_parse_int(n_arg, 1, 1000000, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "lease size", n_arg, err);
+    if (tb_parse_int(n_arg, 1, max_n, &v, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, what, n_arg, err);
     }
-    dc->lease = (int)n;
+    *n = (int)v;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
         if (!name || strcmp(name, "ttl")) {
-            return apr_psprintf(cmd->pool, "TBucketLease: unknown option "
-                                "'%s' (expected ttl=DURATION)", word);
+            return apr_psprintf(cmd->pool, "%s: unknown option '%s' "
+                                "(expected ttl=DURATION)", cmd->cmd->name,
+                                word);
         }
         if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
             return bad_value(cmd, "ttl", value, err);
         }
-        if (ms < 1 || ms > 60000) {
-            return bad_value(cmd, "ttl", value, "must be 1ms..60s");
+        if (ms < 1 || ms > max_ttl_ms) {
+            return bad_value(cmd, "ttl", value, ttl_why);
         }
-        dc->lease_ttl_ms = (int)ms;
+        *ttl_ms = (int)ms;
     }
     return NULL;
+}
+
+/* TBucketLease N [ttl=DURATION] | Off. */
+static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+
+    return parse_n_ttl(cmd, args, "TBucketLease: expected the tokens per "
+                       "lease, e.g. TBucketLease 20 ttl=1s (or Off)",
+                       "lease size", 1000000, 1000, 60000,
+                       "must be 1ms..60s", &dc->lease, &dc->lease_ttl_ms);
 }
 
 static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
@@ -830,6 +865,20 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
     }
     dc->cost_header = apr_pstrdup(cmd->pool, arg);
     return NULL;
+}
+
+/* TBucketConcurrency N [ttl=DURATION] | Off. */
+static const char *set_concurrency(cmd_parms *cmd, void *dcv,
+                                   const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+
+    return parse_n_ttl(cmd, args, "TBucketConcurrency: expected the "
+                       "requests in flight per key, e.g. TBucketConcurrency "
+                       "4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
+                       TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS,
+                       "must be more than 0", &dc->concurrency,
+                       &dc->concurrency_ttl_ms);
 }
 
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
@@ -876,5 +925,8 @@ const command_rec tbucket_cmds[] = {
                   "X-Request-Cost, or Off"),
     AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
+    AP_INIT_RAW_ARGS("TBucketConcurrency", set_concurrency, NULL, DIR_SCOPE,
+                     "Requests of one key in flight at once, e.g. 4 "
+                     "ttl=60s, or Off"),
     { NULL }
 };

@@ -1,5 +1,5 @@
-/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4(), connect()
- * and dlopen().
+/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4(), connect(),
+ * close() and dlopen().
  *
  *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
  *       legacy-daemon
@@ -42,6 +42,13 @@
  *    It is blocked around each core call and a SIGPIPE raised there is
  *    consumed.
  *  - errno is preserved across the shim's own work.
+ *
+ * An inbound rule with `concurrency = N` also takes a slot for each
+ * connection it lets through (in the same decision as its bucket) and
+ * gives it back when the program closes the connection: close() looks up
+ * one bit per fd (shim_slots.c) and costs nothing more for an fd that
+ * holds no slot; for one that does, it closes the fd and then makes one
+ * Redis call. A slot held by a process that dies expires by its ttl.
  *
  * Behaviour when a bucket refuses:
  *  - inbound `close`: the accepted connection is closed and the wrapper
@@ -108,6 +115,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "shim_slots.h"
 #include "tb_shim.h"
 
 /* Marks the only symbols the .so exports; shim/tb_shim.map agrees. */
@@ -144,12 +152,14 @@ typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef int (*close_fn)(int);
 typedef void *(*dlopen_fn)(const char *, int);
 
 static connect_fn real_connect;
 static accept_fn real_accept;
 static accept4_fn real_accept4;
 static write_fn real_write;
+static close_fn real_close;
 static dlopen_fn real_dlopen;
 
 static int shim_state = ST_UNINIT;
@@ -180,6 +190,7 @@ static shim_fd_t shim_fds[SHIM_MAX_FDS];
 static int shim_nfds;
 static pid_t shim_pid;
 static int shim_warned_redis;
+static int shim_warned_slots;
 
 /* ---- Logging ------------------------------------------------------- */
 
@@ -245,6 +256,7 @@ static void resolve_syms(void)
     real_connect = (connect_fn)load_sym("connect", (void *)connect);
     real_accept = (accept_fn)load_sym("accept", (void *)accept);
     real_accept4 = (accept4_fn)load_sym("accept4", (void *)accept4);
+    real_close = (close_fn)load_sym("close", (void *)close);
     __atomic_store_n(&real_dlopen,
                      (dlopen_fn)load_sym("dlopen", (void *)dlopen),
                      __ATOMIC_RELEASE);
@@ -258,6 +270,14 @@ static int call_connect(int fd, const struct sockaddr *sa, socklen_t len)
         return real_connect(fd, sa, len);
     }
     return (int)syscall(SYS_connect, fd, sa, len);
+}
+
+static int call_close(int fd)
+{
+    if (real_close != NULL) {
+        return real_close(fd);
+    }
+    return (int)syscall(SYS_close, fd);
 }
 
 static int call_accept4(int fd, struct sockaddr *sa, socklen_t *len,
@@ -291,6 +311,7 @@ static void shim_atfork_child(void)
     shim_in_core = 0;
     shim_nfds = 0;
     shim_pid = getpid();
+    shim_slots_after_fork();
     if (c != NULL) {
         tb_client_after_fork(c);
     }
@@ -511,52 +532,72 @@ static void sigpipe_restore(sigpipe_guard_t *g)
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-/* Ask the core for one decision on rule r for `key`. Always
- * fills *res (the core applies the failure policy). The guard is raised
- * for the whole call, so hiredis's connect() goes straight to libc, and
- * cancellation is held off so that a cancelled thread cannot leave a core
- * lock taken. Thread-safe. */
-static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
-                        tb_result_t *res)
-{
+/* A call into the core: the guard raised for the whole call, so
+ * hiredis's connect() and close() go straight to libc, cancellation held
+ * off so that a cancelled thread cannot leave a core lock taken, and
+ * SIGPIPE blocked. */
+typedef struct core_call {
     sigpipe_guard_t sp;
-    tb_request_t q;
-    tb_client_t *c;
-    pid_t pid = getpid();
     int cancel;
+} core_call_t;
 
-    memset(&q, 0, sizeof(q));
+static tb_client_t *core_enter(core_call_t *cc)
+{
+    pid_t pid = getpid();
+    tb_client_t *c;
+
     shim_guard++;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
-    sigpipe_block(&sp);
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cc->cancel);
+    sigpipe_block(&cc->sp);
     pthread_mutex_lock(&shim_lock);
     if (pid != shim_pid) {
         /* A child made without fork() (raw clone): no atfork ran. */
         shim_pid = pid;
         shim_nfds = 0;
+        shim_slots_after_fork();
         c = shim_client_get();
         if (c != NULL) {
             tb_client_after_fork(c);
         }
     }
     pthread_mutex_unlock(&shim_lock);
-
-    c = shim_client_get();
     shim_in_core = 1;
-    q.prefix = r->prefix;
-    q.key = key;
-    q.key_len = len;
-    q.takes = &r->take;
-    q.ntakes = 1;
-    q.algo = r->algo;
-    tb_client_run(c, &q, res);
-    shim_in_core = 0;
+    return shim_client_get();
+}
 
+static void core_leave(core_call_t *cc)
+{
+    shim_in_core = 0;
     if (shim_nfds > 0) {
         pthread_mutex_lock(&shim_lock);
         fds_prune_closed();
         pthread_mutex_unlock(&shim_lock);
     }
+    sigpipe_restore(&cc->sp);
+    pthread_setcancelstate(cc->cancel, NULL);
+    shim_guard--;
+}
+
+/* Ask the core for one decision on rule r for `key`: its bucket, when it
+ * has one, and its concurrency slot, when it has a limit. Always fills
+ * *res (the core applies the failure policy). Thread-safe. */
+static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
+                        tb_result_t *res)
+{
+    core_call_t cc;
+    tb_request_t q;
+    tb_client_t *c = core_enter(&cc);
+
+    memset(&q, 0, sizeof(q));
+    q.prefix = r->prefix;
+    q.key = key;
+    q.key_len = len;
+    q.takes = &r->take;
+    q.ntakes = r->take.limit.capacity > 0 ? 1 : 0;
+    q.algo = r->algo;
+    q.concurrency = r->concurrency;
+    q.concurrency_ttl_ms = r->concurrency_ttl_ms;
+    tb_client_run(c, &q, res);
     if (res->err != TB_ERR_NONE
         && !__atomic_exchange_n(&shim_warned_redis, 1, __ATOMIC_RELAXED)) {
         shim_warn("Redis could not decide for rule \"%s\" (%s); policy "
@@ -564,9 +605,50 @@ static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
                   r->name, tb_err_name(res->err),
                   tb_policy_name(shim_conf.opts.policy));
     }
-    sigpipe_restore(&sp);
-    pthread_setcancelstate(cancel, NULL);
-    shim_guard--;
+    core_leave(&cc);
+}
+
+/* Give back the slot of a connection. A failure is not reported: the
+ * slot expires by its ttl, and a Redis that fails is reported by the
+ * next decision. Thread-safe. */
+static void shim_release(const shim_held_t *h)
+{
+    core_call_t cc;
+    tb_request_t q;
+    tb_client_t *c = core_enter(&cc);
+
+    memset(&q, 0, sizeof(q));
+    q.prefix = h->rule->prefix;
+    q.key = shim_held_key(h, &q.key_len);
+    q.concurrency_ttl_ms = h->rule->concurrency_ttl_ms;
+    (void)tb_client_release(c, &q, &h->slot);
+    core_leave(&cc);
+}
+
+/* Keep the slot an accepted connection took until the program closes it.
+ * One that cannot be tracked (an fd past SHIM_SLOT_FDS, SHIM_MAX_HELD
+ * slots held already) is given back at once: that connection is not
+ * counted, and the first such case is reported. */
+static void shim_hold(int cfd, const shim_rule_t *r, const char *key,
+                      size_t klen, const tb_slot_t *slot)
+{
+    shim_held_t h;
+
+    if (shim_slots_hold(cfd, r, key, klen, slot) == 0) {
+        return;
+    }
+    if (!__atomic_exchange_n(&shim_warned_slots, 1, __ATOMIC_RELAXED)) {
+        shim_warn("rule \"%s\": cannot track the concurrency slot of fd "
+                  "%d (at most %d slots, fds below %d); such connections "
+                  "are not counted (further cases are not reported)",
+                  r->name, cfd, SHIM_MAX_HELD, SHIM_SLOT_FDS);
+    }
+    memset(&h, 0, sizeof(h));
+    h.fd = cfd;
+    h.rule = r;
+    snprintf(h.peer, sizeof(h.peer), "%.*s", (int)klen, key);
+    h.slot = *slot;
+    shim_release(&h);
 }
 
 /* ---- Matching ------------------------------------------------------ */
@@ -853,6 +935,9 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
         klen = inbound_key(r, &peer, plen, ipbuf, sizeof(ipbuf), &key);
         shim_decide(r, key, klen, &res);
         if (res.allowed) {
+            if (res.slot.kind != TB_SLOT_NONE) {
+                shim_hold(cfd, r, key, klen, &res.slot);
+            }
             break;
         }
         if (r->action == SHIM_ACT_HTTP429) {
@@ -896,6 +981,31 @@ SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
         return call_accept4(fd, sa, alen, flags, 0);
     }
     return limited_accept(fd, sa, alen, flags, 0);
+}
+
+/* ---- close --------------------------------------------------------- */
+
+/* close() of an accepted connection that holds a concurrency slot: the
+ * slot is taken out of the table first (so that a connection accepted on
+ * the same fd number by another thread right after the close is not
+ * confused with this one), the fd closed (its result and errno are the
+ * program's), and the slot released. Every other fd costs the guard and
+ * one bit test. A guarded call (hiredis closing our own socket inside
+ * the core) and a child made without fork() go straight through. */
+SHIM_EXPORT int close(int fd)
+{
+    shim_held_t h;
+    int rc, saved;
+
+    if (shim_guard || !shim_slots_marked(fd) || getpid() != shim_pid
+        || !shim_slots_take(fd, &h)) {
+        return call_close(fd);
+    }
+    rc = call_close(fd);
+    saved = errno;
+    shim_release(&h);
+    errno = saved;
+    return rc;
 }
 
 /* ---- dlopen -------------------------------------------------------- */
