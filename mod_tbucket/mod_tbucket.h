@@ -241,6 +241,9 @@ void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
 /* The directive table; the head comment of tbucket_config.c is the
  * directive manual. */
 extern const command_rec tbucket_cmds[];
+
+/* ---- tbucket_records.c --------------------------------------------- */
+
 void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s);
 void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
 void *tbucket_create_dir_conf(apr_pool_t *p, char *dir);
