@@ -54,9 +54,10 @@ void shim_core_connected(int fd, int rc);
  * the socket that was recorded. Thread-safe. */
 int shim_fds_is_ours(int fd);
 
-/* 1 when this is the process that shim_core_start() or the last core
- * call ran in; 0 in a child made without fork() that has not called the
- * core yet (its fds' slots are its parent's). */
+/* 1 when this process has the pid the shim last recorded (at start, in
+ * the fork handler, or at a core call); 0 in a child made without fork()
+ * that has not called the core yet (the slots in its table are its
+ * parent's). */
 int shim_core_pid_matches(void);
 
 /* One decision of rule r for `key` (len bytes): its bucket, when it has
