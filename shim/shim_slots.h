@@ -5,8 +5,9 @@
  * connection's fd. shim_slots.c keeps, for this process, which fds hold
  * a slot: a bitmap of fd numbers, which the close() wrapper reads with
  * one bit test, and a fixed table of the slots themselves. Nothing here
- * allocates or talks to Redis: tb_shim.c releases what shim_slots_take()
- * hands back. Only tb_shim.c includes this; no symbol here is exported.
+ * allocates or talks to Redis: shim_core.c releases what
+ * shim_slots_take() hands back. Only the shim's own files include this
+ * (through shim_int.h); no symbol here is exported.
  */
 #ifndef SHIM_SLOTS_H
 #define SHIM_SLOTS_H
