@@ -163,6 +163,44 @@ static inline int tb__settle_args_ok(const tb_limit_t *lim,
     return 1;
 }
 
+/* The window of a limit in ms, the time its rate takes to refill its
+ * capacity: capacity * 1000 / rate, in the window scripts' order. */
+static inline double tb__window_ms(const tb_limit_t *lim)
+{
+    return lim->capacity * 1000 / lim->rate_per_sec;
+}
+
+/* A wait of ms milliseconds as every script rounds it: up to a whole ms,
+ * and at least 1 (a refusal never says "now"). */
+static inline int64_t tb__wait_ms(double ms)
+{
+    int64_t wait = (int64_t)ceil(ms);
+
+    return wait < 1 ? 1 : wait;
+}
+
+/* What a window counter's script stores: when the request is allowed,
+ * each bucket's current window st[i] with its cost added to cur; on
+ * refusal nothing, so out keeps in. */
+static inline void tb__window_store(const tb_window_t *in,
+                                    const tb_window_t *st,
+                                    const double *cost, int n,
+                                    const tb_verdict_t *v, tb_window_t *out)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        if (v->allowed) {
+            out[i] = st[i];
+            out[i].cur = st[i].cur + cost[i];
+            out[i].exists = 1;
+        }
+        else {
+            out[i] = in[i];
+        }
+    }
+}
+
 /* Start a verdict: allowed, nothing remaining yet. */
 static inline void tb__fold_init(tb_verdict_t *v)
 {

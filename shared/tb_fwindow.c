@@ -17,7 +17,8 @@ int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v)
 {
-    double wins[TB_MAX_BUCKETS], counts[TB_MAX_BUCKETS];
+    tb_window_t st[TB_MAX_BUCKETS];
+    double counts[TB_MAX_BUCKETS];
     double now = (double)now_ms;
     int i;
 
@@ -27,38 +28,26 @@ int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
         double cap = lim[i].capacity;
-        double win = cap * 1000 / lim[i].rate_per_sec;
+        double win = tb__window_ms(&lim[i]);
         double idx = floor(now / win);
         int64_t wait = 0;
 
-        wins[i] = in[i].w;
-        counts[i] = in[i].cur;
-        if (!in[i].exists || idx > wins[i]) {
-            wins[i] = idx;
-            counts[i] = 0;
+        st[i] = in[i];
+        st[i].prev = 0;
+        if (!in[i].exists || idx > in[i].w) {
+            st[i].w = idx;
+            st[i].cur = 0;
         }
+        counts[i] = st[i].cur;
         if (cost[i] > cap) {
             wait = -1;
         }
         else if (counts[i] + cost[i] > cap) {
-            wait = (int64_t)ceil((wins[i] + 1) * win - now);
-            if (wait < 1) {
-                wait = 1;
-            }
+            wait = tb__wait_ms((st[i].w + 1) * win - now);
         }
         tb__fold_wait(v, i, wait);
     }
     tb__fold_room(v, lim, cost, counts, n);
-    for (i = 0; i < n; i++) {
-        if (v->allowed) {
-            out[i].w = wins[i];
-            out[i].cur = counts[i] + cost[i];
-            out[i].prev = 0;
-            out[i].exists = 1;
-        }
-        else {
-            out[i] = in[i];
-        }
-    }
+    tb__window_store(in, st, cost, n, v, out);
     return TB_OK;
 }

@@ -55,10 +55,7 @@ static void gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
             wait = -1;
         }
         else if (after[i] > limit + EPS_MS) {
-            wait = (int64_t)ceil(after[i] - limit - EPS_MS);
-            if (wait < 1) {
-                wait = 1;
-            }
+            wait = tb__wait_ms(after[i] - limit - EPS_MS);
         }
         tb__fold_wait(v, i, wait);
     }

@@ -28,7 +28,7 @@ int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
         double cap = lim[i].capacity;
-        double win = cap * 1000 / lim[i].rate_per_sec;
+        double win = tb__window_ms(&lim[i]);
         double idx = floor(now / win);
         double into;
         int64_t wait = 0;
@@ -65,24 +65,11 @@ int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
                 at = (st[i].w + 1) * win
                      + win * (1 - (cap - cost[i]) / st[i].cur);
             }
-            wait = (int64_t)ceil(at - now);
-            if (wait < 1) {
-                wait = 1;
-            }
+            wait = tb__wait_ms(at - now);
         }
         tb__fold_wait(v, i, wait);
     }
     tb__fold_room(v, lim, cost, ests, n);
-    for (i = 0; i < n; i++) {
-        if (v->allowed) {
-            out[i].w = st[i].w;
-            out[i].cur = st[i].cur + cost[i];
-            out[i].prev = st[i].prev;
-            out[i].exists = 1;
-        }
-        else {
-            out[i] = in[i];
-        }
-    }
+    tb__window_store(in, st, cost, n, v, out);
     return TB_OK;
 }

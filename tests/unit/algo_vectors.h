@@ -1,6 +1,6 @@
 /* algo_vectors.h -- reads tests/vectors/<algo>.tsv for the unit tests of
  * the algorithms' C twins (test_gcra.c, test_fwindow.c, test_swindow.c,
- * test_slog.c).
+ * test_slog.c), and holds the vector hooks the two window twins share.
  *
  * Each row is one call; rows of one case run in order on state that starts
  * missing. Columns: case, now_ms, capacity, rate, cost, allowed, remaining,
@@ -9,15 +9,21 @@
  * settle). Per-bucket values are joined by '|'. The including file defines
  * av_reset() (a new case), av_take() (one call on its twin, refusing with
  * TB_ERR an op it has not) and av_state_ok() (does bucket i's state match
- * the text?). The same rows run against the real scripts in
+ * the text?); a window twin's file defines AV_WINDOW_TAKE instead (below).
+ * The same rows run against the real scripts in
  * tests/integration/algorithms/test_algo_vectors.py.
  */
 #ifndef ALGO_VECTORS_H
 #define ALGO_VECTORS_H
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cmocka.h>
 
 #include "tb_int.h"
 
@@ -149,5 +155,62 @@ static int av_run(const char *file, int *bad)
     fclose(fp);
     return rows;
 }
+
+/* The vector test of a twin: every row of dir/<file> matches, and there
+ * are at least min_rows of them. */
+static void av_check(const char *file, int min_rows)
+{
+    int bad, rows = av_run(file, &bad);
+
+    assert_true(rows >= min_rows);
+    assert_int_equal(bad, 0);
+}
+
+#ifdef AV_WINDOW_TAKE
+/* The fixed and the sliding window keep the same state (tb_window_t) and
+ * take the same arguments, so their files share these hooks: each defines
+ * AV_WINDOW_TAKE as its twin (tb_fwindow_take, tb_swindow_take) before
+ * including this header. */
+static tb_window_t av_st[TB_MAX_BUCKETS];
+
+static void av_reset(int n)
+{
+    (void)n;
+    memset(av_st, 0, sizeof(av_st));
+}
+
+static int av_take(const av_row_t *r, tb_verdict_t *v)
+{
+    if (r->settle) {
+        return TB_ERR; /* The window scripts have no settle mode. */
+    }
+    return AV_WINDOW_TAKE(av_st, r->lim, r->cost, r->n, r->now_ms, av_st,
+                          v);
+}
+
+/* The text is "w,cur,prev"; the fixed window stores prev 0. */
+static int av_state_ok(int i, const char *text)
+{
+    double w, cur, prev;
+
+    if (strcmp(text, "-") == 0) {
+        return !av_st[i].exists;
+    }
+    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3
+           && av_st[i].exists && av_st[i].w == w && av_st[i].cur == cur
+           && av_st[i].prev == prev;
+}
+
+/* One call of the twin on one bucket, which must succeed; returns
+ * whether it was allowed. */
+static int take1(tb_window_t *st, double cap, double rate, double cost,
+                 int64_t now, tb_verdict_t *v)
+{
+    tb_limit_t l = { cap, rate };
+
+    assert_int_equal(AV_WINDOW_TAKE(st, &l, &cost, 1, now, st, v), TB_OK);
+    return v->allowed;
+}
+#endif /* AV_WINDOW_TAKE */
 
 #endif /* ALGO_VECTORS_H */
