@@ -13,41 +13,31 @@
 
 #include "tb_algo_int.h"
 
+static int64_t fwindow_step(const tb_window_t *in, double cap, double cost,
+                            double win, double now, tb_window_t *st,
+                            double *used)
+{
+    double idx = floor(now / win);
+
+    *st = *in;
+    st->prev = 0;
+    if (!in->exists || idx > in->w) {
+        st->w = idx;
+        st->cur = 0;
+    }
+    *used = st->cur;
+    if (cost > cap) {
+        return -1;
+    }
+    if (st->cur + cost > cap) {
+        return tb__wait_ms((st->w + 1) * win - now);
+    }
+    return 0;
+}
+
 int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v)
 {
-    tb_window_t st[TB_MAX_BUCKETS];
-    double counts[TB_MAX_BUCKETS];
-    double now = (double)now_ms;
-    int i;
-
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
-    tb__fold_init(v);
-    for (i = 0; i < n; i++) {
-        double cap = lim[i].capacity;
-        double win = tb__window_ms(&lim[i]);
-        double idx = floor(now / win);
-        int64_t wait = 0;
-
-        st[i] = in[i];
-        st[i].prev = 0;
-        if (!in[i].exists || idx > in[i].w) {
-            st[i].w = idx;
-            st[i].cur = 0;
-        }
-        counts[i] = st[i].cur;
-        if (cost[i] > cap) {
-            wait = -1;
-        }
-        else if (counts[i] + cost[i] > cap) {
-            wait = tb__wait_ms((st[i].w + 1) * win - now);
-        }
-        tb__fold_wait(v, i, wait);
-    }
-    tb__fold_room(v, lim, cost, counts, n);
-    tb__window_store(in, st, cost, n, v, out);
-    return TB_OK;
+    return tb__window_take(fwindow_step, in, lim, cost, n, now_ms, out, v);
 }
