@@ -1,6 +1,7 @@
 /* algo_vectors.h -- reads tests/vectors/<algo>.tsv for the unit tests of
  * the algorithms' C twins (test_gcra.c, test_fwindow.c, test_swindow.c,
- * test_slog.c), and holds the vector hooks the two window twins share.
+ * test_slog.c), and the vector hooks of the twins that keep their state
+ * in an array (GCRA and the two windows).
  *
  * Each row is one call; rows of one case run in order on state that starts
  * missing. Columns: case, now_ms, capacity, rate, cost, allowed, remaining,
@@ -9,7 +10,7 @@
  * settle). Per-bucket values are joined by '|'. The including file defines
  * av_reset() (a new case), av_take() (one call on its twin, refusing with
  * TB_ERR an op it has not) and av_state_ok() (does bucket i's state match
- * the text?); a window twin's file defines AV_WINDOW_TAKE instead (below).
+ * the text?), or AV_STATE and AV_TAKE for the array hooks (below).
  * The same rows run against the real scripts in
  * tests/integration/algorithms/test_algo_vectors.py.
  */
@@ -166,12 +167,26 @@ static void av_check(const char *file, int min_rows)
     assert_int_equal(bad, 0);
 }
 
-#ifdef AV_WINDOW_TAKE
-/* The fixed and the sliding window keep the same state (tb_window_t) and
- * take the same arguments, so their files share these hooks: each defines
- * AV_WINDOW_TAKE as its twin (tb_fwindow_take, tb_swindow_take) before
- * including this header. */
-static tb_window_t av_st[TB_MAX_BUCKETS];
+/* Does a window's state match the text "w,cur,prev" ("-": no key)? The
+ * fixed window stores prev 0. */
+static inline int av_window_ok(const tb_window_t *st, const char *text)
+{
+    double w, cur, prev;
+
+    if (strcmp(text, "-") == 0) {
+        return !st->exists;
+    }
+    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3 && st->exists
+           && st->w == w && st->cur == cur && st->prev == prev;
+}
+
+#ifdef AV_TAKE
+/* The hooks of a twin that keeps its buckets' states in an array (GCRA,
+ * the fixed and the sliding window): the including file defines AV_STATE
+ * (the state's type), AV_TAKE (the twin) and, when the script has a
+ * settle mode, AV_SETTLE before including this header, then defines
+ * av_state_ok(). */
+static AV_STATE av_st[TB_MAX_BUCKETS];
 
 static void av_reset(int n)
 {
@@ -182,35 +197,25 @@ static void av_reset(int n)
 static int av_take(const av_row_t *r, tb_verdict_t *v)
 {
     if (r->settle) {
-        return TB_ERR; /* The window scripts have no settle mode. */
+#ifdef AV_SETTLE
+        return AV_SETTLE(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
+#else
+        return TB_ERR; /* The script has no settle mode. */
+#endif
     }
-    return AV_WINDOW_TAKE(av_st, r->lim, r->cost, r->n, r->now_ms, av_st,
-                          v);
-}
-
-/* The text is "w,cur,prev"; the fixed window stores prev 0. */
-static int av_state_ok(int i, const char *text)
-{
-    double w, cur, prev;
-
-    if (strcmp(text, "-") == 0) {
-        return !av_st[i].exists;
-    }
-    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3
-           && av_st[i].exists && av_st[i].w == w && av_st[i].cur == cur
-           && av_st[i].prev == prev;
+    return AV_TAKE(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
 }
 
 /* One call of the twin on one bucket, which must succeed; returns
  * whether it was allowed. */
-static int take1(tb_window_t *st, double cap, double rate, double cost,
+static int take1(AV_STATE *st, double cap, double rate, double cost,
                  int64_t now, tb_verdict_t *v)
 {
     tb_limit_t l = { cap, rate };
 
-    assert_int_equal(AV_WINDOW_TAKE(st, &l, &cost, 1, now, st, v), TB_OK);
+    assert_int_equal(AV_TAKE(st, &l, &cost, 1, now, st, v), TB_OK);
     return v->allowed;
 }
-#endif /* AV_WINDOW_TAKE */
+#endif /* AV_TAKE */
 
 #endif /* ALGO_VECTORS_H */

@@ -10,40 +10,18 @@
 
 #include <cmocka.h>
 
+#define AV_STATE tb_gcra_t
+#define AV_TAKE tb_gcra_take
+#define AV_SETTLE tb_gcra_settle
 #include "algo_vectors.h"
 
-static tb_gcra_t av_st[TB_MAX_BUCKETS];
-
-static void av_reset(int n)
-{
-    (void)n;
-    memset(av_st, 0, sizeof(av_st));
-}
-
-static int av_take(const av_row_t *r, tb_verdict_t *v)
-{
-    if (r->settle) {
-        return tb_gcra_settle(av_st, r->lim, r->cost, r->n, r->now_ms, av_st,
-                              v);
-    }
-    return tb_gcra_take(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
-}
-
+/* The text is the TAT ("-": no key). */
 static int av_state_ok(int i, const char *text)
 {
     if (strcmp(text, "-") == 0) {
         return !av_st[i].exists;
     }
     return av_st[i].exists && av_st[i].tat_ms == strtod(text, NULL);
-}
-
-static int take1(tb_gcra_t *st, double cap, double rate, double cost,
-                 int64_t now, tb_verdict_t *v)
-{
-    tb_limit_t l = { cap, rate };
-
-    assert_int_equal(tb_gcra_take(st, &l, &cost, 1, now, st, v), TB_OK);
-    return v->allowed;
 }
 
 static void test_gcra_vectors(void **unused)
