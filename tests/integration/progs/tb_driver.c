@@ -247,7 +247,7 @@ static void cmd_conc(tb_client_t *c, char **av, int ac, int with_now)
         printf("error usage: conc N TTL_MS KEY [CAP RATE COST ...]\n");
         return;
     }
-    request_init(&q, av[2], klen, t, n);
+    request_init(&q, prefix, av[2], (size_t)klen, t, n);
     q.now_ms = with_now ? &now : NULL;
     q.concurrency = (int)lim;
     q.concurrency_ttl_ms = ttl;
@@ -276,7 +276,7 @@ static void cmd_release(tb_client_t *c, char **av, int ac)
         printf("error usage: release HANDLE\n");
         return;
     }
-    request_init(&q, held[h].key, (long)held[h].key_len, NULL, 0);
+    request_init(&q, prefix, held[h].key, held[h].key_len, NULL, 0);
     q.concurrency_ttl_ms = held[h].ttl_ms;
     rc = tb_client_release(c, &q, &held[h].slot);
     printf("ok rc=%d err=%s\n", rc,
