@@ -1,13 +1,23 @@
-/* tb_conn.c -- one Redis connection: a non-blocking socket that the core
- * owns, bounded by deadlines, with hiredis's reader parsing the replies,
- * in plaintext or over TLS.
+/* tb_conn.c -- one Redis connection: a socket that the core owns,
+ * bounded by deadlines, with hiredis's reader parsing the replies, in
+ * plaintext or over TLS.
  *
- * Every step waits in poll(2) against a deadline on the monotonic clock:
- * the connect (all addresses of the host in turn, within one connect
- * deadline), each write and each read. Nothing here blocks past the
- * deadline it is given, and nothing retries: a connection that saw an
- * I/O error or a timeout is in error for good and its owner frees it (a
- * timed-out command may still run on the server and answer later).
+ * Every step is bounded by a deadline on the monotonic clock: the connect
+ * (all addresses of the host in turn, within one connect deadline), each
+ * write and each read. Nothing here blocks past the deadline it is given
+ * (give or take the kernel's timer slack), and nothing retries: a
+ * connection that saw an I/O error or a timeout is in error for good and
+ * its owner frees it (a timed-out command may still run on the server
+ * and answer later).
+ *
+ * The connect waits in poll(2) on a non-blocking socket. A plaintext
+ * socket is then made blocking: writes pass MSG_DONTWAIT and wait in
+ * poll(2) only when the socket buffer is full, and a read, which always
+ * waits a round trip, is one blocking recv(2) bounded by SO_RCVTIMEO
+ * rather than poll(2) and then recv(2): one system call per reply
+ * instead of two. SO_RCVTIMEO is set again only when the time left
+ * differs from it by more than RCVTIMEO_SLACK_US, so a steady stream of
+ * commands with the same timeout sets it once.
  *
  * hiredis is used only where it is best, parsing replies (redisReader);
  * commands are encoded by tb_resp.c into a buffer of the caller's, and
@@ -35,6 +45,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -42,6 +53,10 @@
 
 /* Bytes read from the socket at a time; as hiredis's redisBufferRead. */
 #define READ_CHUNK 16384
+
+/* How far a read's SO_RCVTIMEO may stray from the time left before it is
+ * set again: below the kernel's timer granularity on most systems. */
+#define RCVTIMEO_SLACK_US 2000
 
 /* ---- Replies ---------------------------------------------------------
  *
@@ -178,6 +193,8 @@ struct tb__conn {
     redisReader *reader;
     tb__buf_t out;          /* Scratch for tb__conn_command().        */
     struct ssl_st *ssl;     /* The TLS session, or NULL: plaintext.   */
+    tb_monotime_us rcvtimeo; /* SO_RCVTIMEO now set (us); 0: none yet,
+                              * and the socket is still non-blocking. */
 };
 
 /* Milliseconds left until deadline for poll(2): 0 when past, at most a
@@ -428,6 +445,35 @@ tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
     return c;
 }
 
+/* Before a blocking plaintext read: make the socket blocking (once) and
+ * its SO_RCVTIMEO close to left, the time to the deadline. 0, or -1 with
+ * *e. */
+static int set_rcvtimeo(tb__conn_t *c, tb_monotime_us left, tb__error_t *e)
+{
+    struct timeval tv;
+    int fl;
+
+    if (c->rcvtimeo && left + RCVTIMEO_SLACK_US >= c->rcvtimeo
+        && left <= c->rcvtimeo + RCVTIMEO_SLACK_US) {
+        return 0;
+    }
+    tv.tv_sec = (time_t)(left / 1000000);
+    tv.tv_usec = (suseconds_t)(left % 1000000);
+    if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+        set_io_error(e, "setsockopt", errno);
+        return -1;
+    }
+    if (!c->rcvtimeo) {
+        fl = fcntl(c->fd, F_GETFL);
+        if (fl < 0 || fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+            set_io_error(e, "fcntl", errno);
+            return -1;
+        }
+    }
+    c->rcvtimeo = left;
+    return 0;
+}
+
 void tb__conn_free(tb__conn_t *c)
 {
     if (!c) {
@@ -506,7 +552,7 @@ int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
         return tls_write(c, buf, len, deadline, e);
     }
     while (done < len) {
-        n = send(c->fd, buf + done, len - done, MSG_NOSIGNAL);
+        n = send(c->fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             done += (size_t)n;
             continue;
@@ -540,16 +586,16 @@ static int take_reply(tb__conn_t *c, redisReply **r, tb__error_t *e)
     return rep != NULL;
 }
 
-/* Read what the socket holds into the reader without waiting. 1 read
- * something, 0 nothing yet (EAGAIN), -1 error or EOF (with *e). */
-static int read_some(tb__conn_t *c, tb__error_t *e)
+/* Read what the socket holds into the reader; with flags MSG_DONTWAIT
+ * without waiting, with 0 for as long as SO_RCVTIMEO says. 1 read
+ * something, 0 nothing yet (EAGAIN, or the timeout), -1 error or EOF
+ * (with *e). */
+static int read_some(tb__conn_t *c, int flags, tb__error_t *e)
 {
     char buf[READ_CHUNK];
     ssize_t n;
 
-    do {
-        n = recv(c->fd, buf, sizeof(buf), 0);
-    } while (n < 0 && errno == EINTR);
+    n = recv(c->fd, buf, sizeof(buf), flags);
     if (n > 0) {
         if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
             tb__set_error(e, TB_ERR_OOM, "read: out of memory");
@@ -561,7 +607,7 @@ static int read_some(tb__conn_t *c, tb__error_t *e)
         tb__set_error(e, TB_ERR_IO, "read: connection closed by server");
         return -1;
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
         return 0;
     }
     set_io_error(e, "read", errno);
@@ -611,6 +657,7 @@ static int tls_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
 int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
                   tb__error_t *e)
 {
+    tb_monotime_us left;
     int rc;
 
     if (c->ssl) {
@@ -621,12 +668,15 @@ int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
         if (rc != 0) {
             return rc > 0 ? TB_OK : TB_ERR;
         }
-        /* Nothing buffered: a reply takes a round trip, so wait first
-         * rather than try a read that would say EAGAIN. */
-        if (wait_step(c->fd, POLLIN, deadline, "read", e) < 0) {
+        /* Nothing buffered: a reply takes a round trip, so block in
+         * recv rather than try one that would say EAGAIN. A signal
+         * (EINTR) or the timeout comes back here to look at the clock. */
+        left = deadline - tb_clock_monotonic_us();
+        if (left <= 0) {
+            set_timeout(e, "read");
             return TB_ERR;
         }
-        if (read_some(c, e) < 0) {
+        if (set_rcvtimeo(c, left, e) < 0 || read_some(c, 0, e) < 0) {
             return TB_ERR;
         }
     }
@@ -641,7 +691,8 @@ int tb__conn_poll(tb__conn_t *c, redisReply **r)
     if (rc != 0) {
         return rc;
     }
-    rc = c->ssl ? tls_read_some(c, &events, &e) : read_some(c, &e);
+    rc = c->ssl ? tls_read_some(c, &events, &e)
+                : read_some(c, MSG_DONTWAIT, &e);
     if (rc <= 0) {
         return rc;
     }

@@ -14,6 +14,14 @@
  * decisions, and Redis answers a pipeline far more cheaply than the same
  * commands one by one.
  *
+ * Waking: each waiting thread sleeps on a semaphore of its own, and the
+ * leader posts them only after it has dropped the lock, with their
+ * replies already in place. A member woken with its reply never takes
+ * the lock again, so a batch of n wakes n threads that do not queue on
+ * the leader's mutex (with a condition variable each would re-take it
+ * on waking: under the event MPM that was a third of the module's futex
+ * calls). Only a member that must lead the next batch takes the lock.
+ *
  * Failure is per batch: a timeout, an I/O or a protocol error fails
  * exactly the members of that batch (a timed-out command may still run,
  * so it is never sent again), marks all but the first as `shared` so the
@@ -40,7 +48,13 @@
  * before each call, so a primary replaced while still alive (and still
  * accepting writes) is left at once rather than when it is demoted.
  */
+/* sem_clockwait (glibc 2.30) waits against CLOCK_MONOTONIC, as every
+ * other wait of the core does; it is a GNU extension. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <errno.h>
+#include <semaphore.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +73,11 @@ enum {
 };
 
 /* A thread's place in a batch. Lives on the caller's stack; the pool
- * only reaches it through its batch slot, under the pool's lock. */
+ * only reaches it through its batch slot, under the pool's lock. Its
+ * state changes under the lock; the post on sem that follows a change
+ * away from W_QUEUED comes after the lock is dropped, and a member that
+ * sees the change must still take that post before it returns, since the
+ * poster may not have reached it yet. */
 struct tb__waiter {
     int state;
     redisReply *reply;
@@ -67,9 +85,16 @@ struct tb__waiter {
     tb__batch_t *batch;
     int index;
     tb_monotime_us deadline;
-    pthread_cond_t cv;     /* Initialised only when it must wait.     */
-    int cv_ready;
+    sem_t sem;             /* Initialised only when it must wait.     */
+    int sem_ready;
 };
+
+/* The threads a leader wakes once it has dropped the lock: its batch's
+ * other members and the next batch's leader. */
+typedef struct {
+    tb__waiter_t *w[TB__BATCH_MAX + 1];
+    int n;
+} wake_list_t;
 
 void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
 {
@@ -458,8 +483,9 @@ static void compact(tb__batch_t *b)
 }
 
 /* Under mu: hand link l to the first member of its queued batch that has
- * not given up; if there is none, the link goes idle. */
-static void hand_over(tb__pool_t *p, tb__link_t *l)
+ * not given up (to be woken from wake); if there is none, the link goes
+ * idle. */
+static void hand_over(tb__pool_t *p, tb__link_t *l, wake_list_t *wake)
 {
     tb__batch_t *nb = &l->b[1 - l->cur];
     int i;
@@ -468,7 +494,7 @@ static void hand_over(tb__pool_t *p, tb__link_t *l)
         if (nb->w[i]) {
             l->cur = 1 - l->cur;
             nb->w[i]->state = W_LEAD;
-            pthread_cond_signal(&nb->w[i]->cv);
+            wake->w[wake->n++] = nb->w[i];
             return;
         }
     }
@@ -514,8 +540,10 @@ static tb__conn_t *ready_conn(tb__pool_t *p, tb__link_t *l,
 
 /* Under mu, with l busy and self a member of l->b[l->cur]: connect if
  * needed, write the batch, read its replies, give every member its
- * outcome, and hand the link on. Drops mu during the I/O. */
-static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
+ * outcome, and hand the link on; the threads to wake go to wake. Drops
+ * mu during the I/O. */
+static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
+                 wake_list_t *wake)
 {
     tb__batch_t *b = &l->b[l->cur];
     redisReply *rep[TB__BATCH_MAX];
@@ -591,34 +619,60 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
             w->state = W_FAILED;
         }
         if (w && w != self) {
-            pthread_cond_signal(&w->cv);
+            wake->w[wake->n++] = w;
         }
     }
     b->n = 0;
     b->out.len = 0;
-    hand_over(p, l);
+    hand_over(p, l, wake);
 }
 
-/* Under mu: sleep until w's batch is done or w must lead it; give up at
- * the last moment a member can be kept waiting. */
+/* Takes mu held and returns without it: sleep until w's batch is done
+ * or w must lead it; give up at the last moment a member can be kept
+ * waiting. */
 static void wait_turn(tb__pool_t *p, tb__waiter_t *w)
 {
     struct timespec until = timespec_at(
         w->deadline + (tb_monotime_us)p->connect_timeout_ms * 1000 + 10000);
 
-    tb__cond_init(&w->cv);
-    w->cv_ready = 1;
-    while (w->state == W_QUEUED) {
-        if (pthread_cond_timedwait(&w->cv, &p->mu, &until) == ETIMEDOUT
-            && w->state == W_QUEUED) {
+    sem_init(&w->sem, 0, 0);
+    w->sem_ready = 1;
+    pthread_mutex_unlock(&p->mu);
+    for (;;) {
+        if (sem_clockwait(&w->sem, CLOCK_MONOTONIC, &until) == 0) {
+            return;
+        }
+        if (errno != ETIMEDOUT) {
+            continue;  /* EINTR */
+        }
+        pthread_mutex_lock(&p->mu);
+        if (w->state == W_QUEUED) {
             w->batch->w[w->index] = NULL;
+            pthread_mutex_unlock(&p->mu);
             tb__set_error(&w->err, TB_ERR_TIMEOUT,
                           "no reply within %d ms (connection busy)",
                           p->timeout_ms);
             /* The batch's leader reports the batch to the breaker. */
             w->err.shared = 1;
             w->state = W_FAILED;
+            return;
         }
+        pthread_mutex_unlock(&p->mu);
+        /* Decided just now: its post is on the way. */
+        while (sem_wait(&w->sem) != 0) {
+        }
+        return;
+    }
+}
+
+/* Without mu: wake the threads lead() and hand_over() chose. Each may
+ * return (and its waiter go) as soon as it is posted. */
+static void wake_all(wake_list_t *wake)
+{
+    int i;
+
+    for (i = 0; i < wake->n; i++) {
+        sem_post(&wake->w[i]->sem);
     }
 }
 
@@ -626,6 +680,7 @@ int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
                   const size_t *argvlen, redisReply **reply, tb__error_t *e)
 {
     tb__waiter_t w;
+    wake_list_t wake;
     tb__link_t *l;
     int join, rc;
 
@@ -637,7 +692,8 @@ int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
     watch_check(p);
     w.state = W_QUEUED;
     w.reply = NULL;
-    w.cv_ready = 0;
+    w.sem_ready = 0;
+    wake.n = 0;
     w.deadline = tb__deadline_ms(p->timeout_ms);
 
     pthread_mutex_lock(&p->mu);
@@ -661,17 +717,21 @@ int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
     }
     if (join) {
         wait_turn(p, &w);
+        if (w.state == W_LEAD) {
+            pthread_mutex_lock(&p->mu);
+        }
     }
     else {
         l->busy = 1;
         w.state = W_LEAD;
     }
     if (w.state == W_LEAD) {
-        lead(p, l, &w);
+        lead(p, l, &w, &wake);
+        pthread_mutex_unlock(&p->mu);
+        wake_all(&wake);
     }
-    pthread_mutex_unlock(&p->mu);
-    if (w.cv_ready) {
-        pthread_cond_destroy(&w.cv);
+    if (w.sem_ready) {
+        sem_destroy(&w.sem);
     }
     rc = w.state == W_DONE ? TB_OK : TB_ERR;
     if (rc == TB_OK) {
