@@ -44,6 +44,15 @@ CORE_SRC = $(wildcard shared/*.c)
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
            $(BUILD)/shared/tb_script.o
 LIBTB = $(BUILD)/libtb.a
+
+# The script bodies in tb_algo_t order: the token bucket first. Each ships
+# as LUA_PRELUDE followed by its body; embed-lua.sh joins them into
+# $(BUILD)/lua/ (the texts the tests run) and embeds those texts.
+LUA_PRELUDE = shared/tb_prelude.lua
+ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
+           shared/tb_fwindow.lua shared/tb_slog.lua
+ALGO_LUA_BUILT = $(patsubst shared/%,$(BUILD)/lua/%,$(ALGO_LUA))
+
 HIREDIS_LIBS = -lhiredis
 # Debian's hiredis.pc says libdir=/usr/lib, but the archive is multiarch.
 HIREDIS_STATIC = $(firstword $(wildcard \
@@ -71,23 +80,25 @@ SHIM_SO = $(BUILD)/libtbucket_preload.so
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket) \
         $(if $(wildcard tests/integration/tb_driver.c),$(BUILD)/tb_driver)
 
-# The algorithm tests' driver of the real client, one algorithm per run.
+# The driver of the real client, one algorithm per run, and the
+# many-threads driver of the batching tests.
 TOOLS += $(if $(wildcard tests/integration/tb_algo_driver.c),$(BUILD)/tb_algo_driver)
+TOOLS += $(if $(wildcard tests/integration/tb_batch.c),$(BUILD)/tb_batch)
 
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: all deps test unit integration asan noopt run clean install \
         uninstall bench fuzz deb
-all: $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
+all: $(ALGO_LUA_BUILT) $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) \
+     $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
 
-# The scripts in tb_algo_t order: the token bucket first.
-ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
-           shared/tb_fwindow.lua shared/tb_slog.lua
-
-$(BUILD)/shared/tb_script.c: $(ALGO_LUA) scripts/embed-lua.sh Makefile
-	@mkdir -p $(dir $@)
-	sh scripts/embed-lua.sh $(ALGO_LUA) > $@.tmp && mv $@.tmp $@
+$(BUILD)/shared/tb_script.c $(ALGO_LUA_BUILT) &: $(LUA_PRELUDE) $(ALGO_LUA) \
+    scripts/embed-lua.sh Makefile
+	@mkdir -p $(BUILD)/shared
+	sh scripts/embed-lua.sh $(BUILD)/lua $(LUA_PRELUDE) $(ALGO_LUA) \
+	    > $(BUILD)/shared/tb_script.c.tmp
+	mv $(BUILD)/shared/tb_script.c.tmp $(BUILD)/shared/tb_script.c
 
 $(BUILD)/shared/tb_script.o: $(BUILD)/shared/tb_script.c
 	$(CC) $(CPPFLAGS) $(CORE_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
@@ -116,11 +127,17 @@ $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	    -Wl,--version-script=shim/tb_shim.map -Wl,--exclude-libs,ALL \
 	    -lconfig -ldl $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/tbucket: tools/tbucket.c $(LIBTB)
+# The tool reads shim configs with the shim's own loader.
+$(BUILD)/tbucket: tools/tbucket.c $(BUILD)/shim/shim_conf.o $(LIBTB) \
+    shared/tb.h shim/tb_shim.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/tb_driver: tests/integration/tb_driver.c $(LIBTB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+
+$(BUILD)/tb_batch: tests/integration/tb_batch.c $(LIBTB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 

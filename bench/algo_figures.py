@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""algo_figures.py -- the README's algorithm table (issue 7), measured.
+"""algo_figures.py -- the README's algorithm table, measured.
 
 Starts its own redis-server (tests/integration/tbenv.py) and runs the real
-scripts from shared/ in it:
+scripts in it, as they ship (build/lua/, written by make; $TB_BUILD names
+another build):
   * burst behaviour: requests admitted at one instant from a fresh key, and
     at most in any window of W = CAPACITY/RATE s on an adversarial trace
     (a full burst just before a fixed-window boundary and one just after);
@@ -23,7 +24,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-from tbenv import Redis  # noqa: E402
+from tbenv import Redis, lua_script  # noqa: E402
 
 ALGOS = [("token-bucket", "tb_bucket.lua"), ("gcra", "tb_gcra.lua"),
          ("sliding-window", "tb_swindow.lua"),
@@ -91,8 +92,7 @@ def main():
             r = srv.client()
             texts = {}
             for name, f in ALGOS:
-                with open(os.path.join(ROOT, "shared", f)) as fh:
-                    texts[name] = fh.read()
+                texts[name] = lua_script(f).decode()
             log_adm = replay(r, texts["sliding-log"], "ref{x}", trace)
             for name, _ in ALGOS:
                 text = texts[name]

@@ -390,8 +390,9 @@ class Apache:
 class Peer:
     """The Flask reference under gunicorn (sync workers)."""
 
-    def __init__(self, tmp, cpus, redis_url, limit, workers):
+    def __init__(self, tmp, cpus, redis_url, limit, workers, script):
         self.port = free_port()
+        self.script = script
         self.cpus = cpus
         self.redis_url = redis_url
         self.limit = limit
@@ -401,7 +402,8 @@ class Peer:
 
     def start(self):
         env = dict(os.environ, TB_PEER_REDIS=self.redis_url,
-                   TB_PEER_LIMIT=self.limit, TB_PEER_PREFIX="peer:")
+                   TB_PEER_LIMIT=self.limit, TB_PEER_PREFIX="peer:",
+                   TB_PEER_SCRIPT=self.script)
         cmd = pin(self.cpus) + [
             sys.executable, "-m", "gunicorn", "-w", str(self.workers),
             "-b", "127.0.0.1:%d" % self.port, "--chdir",
@@ -447,8 +449,13 @@ def build_tools(build):
     return tb_bench, shim_connect
 
 
-def script_text():
-    with open(os.path.join(ROOT, "shared", "tb_bucket.lua"), "rb") as f:
+def script_path(build):
+    """The token-bucket script as it ships: prelude + body, by make."""
+    return os.path.join(build, "lua", "tb_bucket.lua")
+
+
+def script_text(build):
+    with open(script_path(build), "rb") as f:
         return f.read()
 
 
@@ -812,7 +819,7 @@ def part_http(a, rd, tmp, build, tool):
             import flask  # noqa: F401
             import gunicorn  # noqa: F401
             peer = Peer(tmp, acpu, rd.url, "1000000000 1000000000",
-                        a.peer_workers).start()
+                        a.peer_workers, script_path(build)).start()
             servers.append(peer)
         except Exception as e:
             miss("flask peer", "cannot start (%s): apt-get install "
@@ -1504,7 +1511,7 @@ def main():
     os.chmod(tmp, 0o755)
     rd = Redis(tmp, a.redis_cpu).start()
     try:
-        sha = rd.r.script_load(script_text())
+        sha = rd.r.script_load(script_text(a.build))
         # How fast is the machine right now? Others may be loading it.
         try:
             out = run(["redis-benchmark", "-p", str(rd.port), "-c", "50",

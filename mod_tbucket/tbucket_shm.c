@@ -28,7 +28,7 @@
 APLOG_USE_MODULE(tbucket);
 
 #define SHM_USERDATA_KEY "mod_tbucket_shm"
-#define SHM_MAGIC 0x74627531u         /* "tbu1" */
+#define SHM_MAGIC 0x74627532u         /* "tbu2": tb_stats_t has batches */
 #define MAX_VHOSTS 256                /* Slots; the last one is "other". */
 #define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
                                        * and policy.                    */

@@ -292,6 +292,10 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
     collect_stat(t, seg, cl, "tbucket_redis_calls_total",
                  "Script calls sent to Redis.",
                  APR_OFFSETOF(tb_stats_t, redis_calls));
+    collect_stat(t, seg, cl, "tbucket_redis_batches_total",
+                 "Writes to Redis: each carries one batch of script calls "
+                 "(calls / batches is the mean batch size).",
+                 APR_OFFSETOF(tb_stats_t, batches));
     collect_stat(t, seg, cl, "tbucket_redis_failures_total",
                  "Failed Redis calls, all kinds.",
                  APR_OFFSETOF(tb_stats_t, redis_errors));

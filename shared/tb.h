@@ -303,6 +303,9 @@ typedef struct tb_stats {
     uint64_t allowed;
     uint64_t rejected;
     uint64_t redis_calls;       /* Script calls sent to Redis.        */
+    uint64_t batches;           /* Writes that carried commands: one
+                                 * per batch, so redis_calls / batches
+                                 * is the mean batch size.            */
     uint64_t redis_errors;      /* Failed calls, all kinds.           */
     uint64_t errors[TB_ERR_KINDS]; /* Failed calls by TB_ERR_* kind.  */
     uint64_t noscript_reloads;  /* NOSCRIPT answered, retried by EVAL.*/

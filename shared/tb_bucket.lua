@@ -1,4 +1,6 @@
 -- tb_bucket.lua -- the token-bucket decision, run atomically inside Redis.
+-- The build places shared/tb_prelude.lua before this body: arguments,
+-- clock, the folds and the order of the steps are described there.
 --
 -- The C twin is tb_bucket_take() in shared/tb_bucket.c: the same operations
 -- in the same order on IEEE-754 doubles, checked against each other by the
@@ -6,13 +8,10 @@
 --
 -- KEYS[i]   one hash per bucket: fields tokens (fractional tokens) and
 --           ts (milliseconds of Redis's clock at the last refill).
--- ARGV[1]   "" to use Redis's TIME, or a clock in ms (tests only).
--- ARGV[2+3(i-1)..4+3(i-1)]  capacity, rate (tokens per second), cost of
---           bucket i.
--- ARGV[2+3n]  optional, n = 1 only: want, a lease size (issue 6). If
---           allowed, take g = min(floor(tokens), want) (at least cost),
---           not cost; g is a 5th reply element (0 if refused). C twin:
---           tb_bucket_lease(); vectors: tests/vectors/lease.tsv.
+-- ARGV[2+3n]  optional, n = 1 only: want, a lease size. If allowed, take
+--           g = min(floor(tokens), want) (at least cost), not cost; g is a
+--           5th reply element (0 if refused). C twin: tb_bucket_lease();
+--           vectors: tests/vectors/lease.tsv.
 --
 -- All or nothing: the request is allowed only if every bucket holds its
 -- cost; then every bucket is deducted, otherwise none is and nothing is
@@ -23,21 +22,8 @@
 -- cost exceeds its capacity so that waiting cannot help) and binding the
 -- 0-based index of the bucket that decided.
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local n = #KEYS
 local level = {}
 local stamp = {}
-local allowed = 1
-local remaining = -1
-local retry = 0
-local binding = 0
 local want = nil
 local grant = 0
 
@@ -49,10 +35,7 @@ if #ARGV == 2 + 3 * n then
 end
 
 for i = 1, n do
-  local base = 2 + (i - 1) * 3
-  local cap = tonumber(ARGV[base])
-  local rate = tonumber(ARGV[base + 1])
-  local cost = tonumber(ARGV[base + 2])
+  local cap, rate, cost = args(i)
   local st = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local tokens = tonumber(st[1])
   local ts = tonumber(st[2])
@@ -84,46 +67,31 @@ for i = 1, n do
   elseif tokens < cost then
     wait = math.ceil((cost - tokens) * 1000 / rate)
   end
-  if wait ~= 0 then
-    if allowed == 1 or retry ~= -1 and (wait == -1 or wait > retry) then
-      retry = wait
-      binding = i - 1
-    end
-    allowed = 0
-  end
+  fold_wait(i, wait)
 end
 
+-- An allowed lease takes the grant instead of the cost.
 if want ~= nil and allowed == 1 then
+  local _, _, cost = args(1)
   grant = math.floor(level[1])
   if grant > want then grant = want end
-  if grant < tonumber(ARGV[4]) then grant = tonumber(ARGV[4]) end
+  if grant < cost then grant = cost end
+  level[1] = level[1] - grant
+elseif allowed == 1 then
+  for i = 1, n do
+    local _, _, cost = args(i)
+    level[i] = level[i] - cost
+  end
 end
 
 for i = 1, n do
-  local base = 2 + (i - 1) * 3
-  local left = level[i]
-  if allowed == 1 then
-    if want ~= nil then
-      left = left - grant
-    else
-      left = left - tonumber(ARGV[base + 2])
-    end
-  end
-  local whole = math.floor(left)
-  if remaining < 0 or whole < remaining then
-    remaining = whole
-    if allowed == 1 then binding = i - 1 end
-  end
+  fold_left(i, level[i])
 end
 
 if allowed == 1 then
   for i = 1, n do
-    local base = 2 + (i - 1) * 3
-    local cap = tonumber(ARGV[base])
-    local rate = tonumber(ARGV[base + 1])
-    local left = level[i] - tonumber(ARGV[base + 2])
-    if want ~= nil then left = level[i] - grant end
-    redis.call('HSET', KEYS[i], 'tokens', left, 'ts', stamp[i])
+    local cap, rate = args(i)
+    redis.call('HSET', KEYS[i], 'tokens', level[i], 'ts', stamp[i])
     redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate * 1000) + 1000)
   end
 end

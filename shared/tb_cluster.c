@@ -1,12 +1,12 @@
 /* tb_cluster.c -- Redis Cluster: hash slots, the slot map, one pool per
- * node, and the redirects (issue 6).
+ * node, and the redirects.
  *
  * hiredis 0.14 knows nothing of Cluster, so this file does the little a
  * limiter needs. Every key of one decision carries the client's hash tag
  * ("<prefix>{<key>}..."), so one decision is one slot and one script call
  * on one node, atomic as before. The map (slot -> node) is learnt with
  * CLUSTER SLOTS from any node we know, seeds first; each node gets an
- * ordinary tb__pool_t (tb_redis.c) of pool_size connections, made on first
+ * ordinary tb__pool_t (tb_pool.c) of pool_size connections, made on first
  * need, which also loads the scripts on each node as it connects.
  *
  * A call goes to the slot's primary. MOVED points the slot at the named
@@ -354,7 +354,7 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
             rc = TB_OK;
         }
         if (r) {
-            freeReplyObject(r);
+            tb__reply_free(r);
         }
     }
     free(map);
@@ -492,7 +492,7 @@ int tb__cluster_command(tb__cluster_t *c, const char *key, int argc,
     for (hop = 0; n && hop < TB__MAX_HOPS; hop++) {
         backoff(hop);
         if (*reply) {
-            freeReplyObject(*reply);
+            tb__reply_free(*reply);
             *reply = NULL;
         }
         if (tb__command_node(&n->pool, asking, argc, argv, argvlen, reply,

@@ -1,4 +1,6 @@
 -- tb_gcra.lua -- GCRA (generic cell rate algorithm), run atomically in Redis.
+-- The build places shared/tb_prelude.lua before this body: arguments,
+-- clock, the folds and the order of the steps are described there.
 --
 -- The C twin is tb_gcra_take() in shared/tb_gcra.c: the same operations in
 -- the same order on IEEE-754 doubles, checked against each other by the
@@ -17,35 +19,17 @@
 -- for the rounding to stay under 1% of T.
 --
 -- KEYS[i]   one string per bucket (TAT in ms).
--- ARGV[1]   "" to use Redis's TIME, or a clock in ms (tests only).
--- ARGV[2+3(i-1)..4+3(i-1)]  capacity, rate (per second), cost of bucket i.
 --
 -- All or nothing over the buckets, O(1) per bucket. Returns
 -- {allowed, remaining, retry_ms, binding} exactly as tb_bucket.lua does.
 
 local EPS = 0.001
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local n = #KEYS
 local debt = {}
 local after = {}
-local allowed = 1
-local remaining = -1
-local retry = 0
-local binding = 0
 
 for i = 1, n do
-  local base = 2 + (i - 1) * 3
-  local cap = tonumber(ARGV[base])
-  local rate = tonumber(ARGV[base + 1])
-  local cost = tonumber(ARGV[base + 2])
+  local cap, rate, cost = args(i)
   local interval = 1000 / rate
   local limit = cap * interval
   local tat = tonumber(redis.call('GET', KEYS[i]))
@@ -65,28 +49,15 @@ for i = 1, n do
     wait = math.ceil(a - limit - EPS)
     if wait < 1 then wait = 1 end
   end
-  if wait ~= 0 then
-    if allowed == 1 or retry ~= -1 and (wait == -1 or wait > retry) then
-      retry = wait
-      binding = i - 1
-    end
-    allowed = 0
-  end
+  fold_wait(i, wait)
 end
 
 for i = 1, n do
-  local base = 2 + (i - 1) * 3
-  local interval = 1000 / tonumber(ARGV[base + 1])
-  local limit = tonumber(ARGV[base]) * interval
+  local cap, rate = args(i)
+  local interval = 1000 / rate
   local used = debt[i]
   if allowed == 1 then used = after[i] end
-  local left = (limit - used + EPS) / interval
-  if left < 0 then left = 0 end
-  local whole = math.floor(left)
-  if remaining < 0 or whole < remaining then
-    remaining = whole
-    if allowed == 1 then binding = i - 1 end
-  end
+  fold_left(i, (cap * interval - used + EPS) / interval)
 end
 
 if allowed == 1 then

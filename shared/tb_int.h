@@ -1,8 +1,8 @@
 /* tb_int.h -- the I/O side of the core that hosts never call: the circuit
- * breaker, the Redis connection pool and script call (tb_redis.c), Sentinel
- * (tb_sentinel.c), Cluster (tb_cluster.c) and the failure policy
- * (tb_policy.c). Internal: the library's files and its unit tests include
- * it; hosts include tb.h only.
+ * breaker, the transport (tb_resp.c, tb_conn.c, tb_pool.c), the script
+ * call (tb_redis.c), Sentinel (tb_sentinel.c), Cluster (tb_cluster.c) and
+ * the failure policy (tb_policy.c). Internal: the library's files and its
+ * unit tests include it; hosts include tb.h only.
  */
 #ifndef TB_INT_H
 #define TB_INT_H
@@ -24,7 +24,7 @@ void tb_sha256(const void *data, size_t len, unsigned char out[32]);
 void tb_stats_latency(tb_stats_t *s, int64_t us);
 
 /* A condition variable that waits against CLOCK_MONOTONIC, so that a
- * wall-clock step cannot stretch a bounded wait (tb_redis.c). */
+ * wall-clock step cannot stretch a bounded wait (tb_pool.c). */
 void tb__cond_init(pthread_cond_t *cv);
 
 /* ---- Circuit breaker (tb_breaker.c) -------------------------------- */
@@ -109,8 +109,11 @@ int tb__conn_fd(const tb__conn_t *c);
 /* Write len bytes by deadline. */
 int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
                    tb_monotime_us deadline, tb__error_t *e);
+/* Free a reply the reader made (never with freeReplyObject: an array's
+ * elements live in its own block). tb__reply_free(NULL) does nothing. */
+void tb__reply_free(void *reply);
 /* The next reply, waiting until deadline. The reply is the caller's to
- * freeReplyObject. */
+ * tb__reply_free. */
 int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
                   tb__error_t *e);
 /* The next reply if one has arrived, without waiting: 1 with *r, 0 none
@@ -121,7 +124,7 @@ int tb__conn_command(tb__conn_t *c, int argc, const char **argv,
                      const size_t *argvlen, tb_monotime_us deadline,
                      redisReply **r, tb__error_t *e);
 
-/* ---- The pool: connections shared by a process's threads (tb_redis.c)
+/* ---- The pool: connections shared by a process's threads (tb_pool.c)
  *
  * A thread that finds a connection idle sends its command at once. One
  * that finds every connection busy with a write-and-read in flight joins
@@ -201,7 +204,7 @@ void tb__pool_suspect(tb__pool_t *p, int drop_idle);
 /* One command through the pool (with asking, ASKING before it in the
  * same write), sharing a write and a read with other threads' commands
  * when the connections are busy. TB_OK with *reply (the caller's to
- * freeReplyObject; it may be an error reply), or TB_ERR with *e when
+ * tb__reply_free; it may be an error reply), or TB_ERR with *e when
  * the command got no reply (I/O, timeout, protocol; e->shared as above).
  * Never waits past the command timeout plus, when it has to connect,
  * the connect timeout. */
@@ -247,7 +250,7 @@ int tb__run_script(tb__pool_t *p, int argc, const char **argv,
                    tb__error_t *e);
 
 /* Run one ad-hoc command, for tools (inspect, reset) and CLUSTER SLOTS.
- * The reply is the caller's to freeReplyObject. */
+ * The reply is the caller's to tb__reply_free. */
 int tb__command(tb__pool_t *p, int argc, const char **argv,
                 const size_t *argvlen, redisReply **reply, tb__error_t *e);
 

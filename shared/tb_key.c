@@ -1,7 +1,7 @@
 /* tb_key.c -- Redis key names from untrusted client keys.
  *
  * A bucket lives at "<prefix>{<client key>}" and a route bucket at
- * "<prefix>{<client key>}:route:<name>" (shard i of a split key, issue 6:
+ * "<prefix>{<client key>}:route:<name>" (shard i of a split key:
  * "<prefix>{<client key> s<i>}"), so all of one client's buckets
  * share a Redis Cluster hash slot and one script call decides them
  * atomically. The client key comes from a request header or a peer

@@ -1,5 +1,5 @@
 /* tb_local.c -- the bounded table of local buckets behind the `local`
- * failure policy, and the same table holding token leases (issue 6).
+ * failure policy, and the same table holding token leases.
  *
  * When Redis cannot decide, each server falls back to its own buckets,
  * sized limit/replicas so that N replicas together still admit about the
@@ -23,7 +23,7 @@
 #include "tb_int.h"
 
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
-#define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table (issue 6). */
+#define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table. */
 #define PROBE 8
 #define LOCK_STEAL_US 100000
 
@@ -196,7 +196,7 @@ size_t tb_local_used(tb_local_t *t)
     return t ? (size_t)__atomic_load_n(&t->used, __ATOMIC_RELAXED) : 0;
 }
 
-/* ---- The lease table (issue 6) ---------------------------------------
+/* ---- The lease table ---------------------------------------
  *
  * The same block, lock, probe window and LRU eviction, with another
  * magic; an entry's tokens are the lease's unspent tokens and its ts_ms

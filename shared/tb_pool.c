@@ -543,6 +543,9 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
     conn = ready_conn(p, l, conn, &deadline, &e);
     rc = conn ? tb__conn_write(conn, b->out.p, b->out.len, deadline, &e)
               : TB_ERR;
+    if (conn && p->stats) {
+        tb_stats_add(&p->stats->batches, 1);
+    }
     for (i = 0; rc == TB_OK && i < n; i++) {
         for (k = 0; k < b->ncmds[i]; k++) {
             redisReply *r;
@@ -554,7 +557,7 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
             if (k + 1 < b->ncmds[i]) {
                 /* ASKING's +OK: had it failed, the command's own reply
                  * says more. */
-                freeReplyObject(r);
+                tb__reply_free(r);
             }
             else {
                 rep[got++] = r;
@@ -579,7 +582,7 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self)
                 w->state = W_DONE;
             }
             else {
-                freeReplyObject(rep[i]);
+                tb__reply_free(rep[i]);
             }
         }
         else if (w) {

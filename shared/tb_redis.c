@@ -118,7 +118,7 @@ int tb__setup(const tb_redis_addr_t *a, tb__conn_t *c,
                           "is not a primary (ROLE)");
             ok = TB_ERR;
         }
-        freeReplyObject(r);
+        tb__reply_free(r);
     }
     return rc == TB_OK ? ok : TB_ERR;
 }
@@ -252,7 +252,7 @@ static int run_script(tb__pool_t *p, int asking, int argc,
                 text = tb_algo_script_source((tb_algo_t)a);
             }
         }
-        freeReplyObject(r);
+        tb__reply_free(r);
         if (p->stats) {
             tb_stats_add(&p->stats->noscript_reloads, 1);
         }
@@ -272,7 +272,7 @@ static int run_script(tb__pool_t *p, int asking, int argc,
     }
     rc = r->type == REDIS_REPLY_ERROR ? reply_error(p, r, rd, e)
                                       : parse_reply(r, out, e);
-    freeReplyObject(r);
+    tb__reply_free(r);
     return rc;
 }
 

@@ -45,19 +45,31 @@ static int reserve(tb__buf_t *b, size_t n)
 }
 
 /* Write c then the decimal digits of v then CRLF at out; returns the
- * bytes written (at most 23). */
+ * bytes written (at most 23). Lengths and counts are mostly one or two
+ * digits: those skip the loop. */
 static size_t header(char *out, char c, size_t v)
 {
     char tmp[20];
-    size_t k = 0, i, n = 0;
+    size_t k = 0, i, n = 1;
 
-    do {
-        tmp[k++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    out[n++] = c;
-    for (i = 0; i < k; i++) {
-        out[n++] = tmp[k - 1 - i];
+    out[0] = c;
+    if (v < 10) {
+        out[1] = (char)('0' + v);
+        n = 2;
+    }
+    else if (v < 100) {
+        out[1] = (char)('0' + v / 10);
+        out[2] = (char)('0' + v % 10);
+        n = 3;
+    }
+    else {
+        do {
+            tmp[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v);
+        for (i = 0; i < k; i++) {
+            out[n++] = tmp[k - 1 - i];
+        }
     }
     out[n++] = '\r';
     out[n++] = '\n';

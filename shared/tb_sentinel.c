@@ -2,7 +2,7 @@
  *
  * One question, SENTINEL get-master-addr-by-name, over a short-lived
  * connection to one sentinel after another until one names the primary.
- * The pool (tb_redis.c) decides when to ask: before its first connect and
+ * The pool (tb_pool.c) decides when to ask: before its first connect and
  * again after anything that suggests the primary moved.
  *
  * That alone is not enough: after a failover the old primary, if alive,
@@ -68,7 +68,7 @@ static int ask_one(const tb_redis_endpoint_t *s, const char *master,
                       during, master);
     }
     if (r) {
-        freeReplyObject(r);
+        tb__reply_free(r);
     }
     tb__conn_free(c);
     return rc;
@@ -125,10 +125,10 @@ tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
     }
     if (r->type != REDIS_REPLY_ARRAY) {
         tb__set_error(e, TB_ERR_PROTOCOL, "sentinel refused SUBSCRIBE");
-        freeReplyObject(r);
+        tb__reply_free(r);
         goto err;
     }
-    freeReplyObject(r);
+    tb__reply_free(r);
     return c;
 err:
     tb__conn_free(c);
@@ -183,7 +183,7 @@ int tb__sentinel_poll(tb__conn_t *watch, const tb_redis_addr_t *a,
             && switch_message(r->element[2]->str, a, host, hostsz, port)) {
             found = 1;
         }
-        freeReplyObject(r);
+        tb__reply_free(r);
         r = NULL;
     }
     return rc < 0 ? -1 : found;

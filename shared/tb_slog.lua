@@ -1,4 +1,6 @@
 -- tb_slog.lua -- the sliding log, run atomically in Redis.
+-- The build places shared/tb_prelude.lua before this body: arguments,
+-- clock, the folds and the order of the steps are described there.
 --
 -- The C twin is tb_slog_take() in shared/tb_slog.c: the same decisions,
 -- checked against each other by the vectors in tests/vectors/sliding_log.tsv.
@@ -15,32 +17,14 @@
 -- CAPACITY small (the client refuses more than TB_SLOG_MAX_CAPACITY).
 --
 -- KEYS[i]   one sorted set per bucket: members "<ms>:<seq>", score <ms>.
--- ARGV[1]   "" to use Redis's TIME, or a clock in ms (tests only).
--- ARGV[2+3(i-1)..4+3(i-1)]  capacity, rate (per second), cost of bucket i.
 --
 -- All or nothing over the buckets. Returns {allowed, remaining, retry_ms,
 -- binding} exactly as tb_bucket.lua does.
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local n = #KEYS
 local counts = {}
-local allowed = 1
-local remaining = -1
-local retry = 0
-local binding = 0
 
 for i = 1, n do
-  local base = 2 + (i - 1) * 3
-  local cap = tonumber(ARGV[base])
-  local rate = tonumber(ARGV[base + 1])
-  local cost = tonumber(ARGV[base + 2])
+  local cap, rate, cost = args(i)
   local win = cap * 1000 / rate
   -- Members at or before now - W have left the window.
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf',
@@ -52,39 +36,20 @@ for i = 1, n do
     wait = -1
   elseif count + cost > cap then
     -- Wait until the d-th oldest member leaves the window.
-    local d = count + cost - cap
-    d = math.ceil(d)
+    local d = math.ceil(count + cost - cap)
     local oldest = redis.call('ZRANGE', KEYS[i], d - 1, d - 1, 'WITHSCORES')
     wait = math.ceil(tonumber(oldest[2]) + win - now)
     if wait < 1 then wait = 1 end
   end
-  if wait ~= 0 then
-    if allowed == 1 or retry ~= -1 and (wait == -1 or wait > retry) then
-      retry = wait
-      binding = i - 1
-    end
-    allowed = 0
-  end
+  fold_wait(i, wait)
 end
 
-for i = 1, n do
-  local base = 2 + (i - 1) * 3
-  local left = tonumber(ARGV[base]) - counts[i]
-  if allowed == 1 then left = left - tonumber(ARGV[base + 2]) end
-  if left < 0 then left = 0 end
-  local whole = math.floor(left)
-  if remaining < 0 or whole < remaining then
-    remaining = whole
-    if allowed == 1 then binding = i - 1 end
-  end
-end
+fold_room(counts)
 
 if allowed == 1 then
   local stamp = string.format('%d', now)
   for i = 1, n do
-    local base = 2 + (i - 1) * 3
-    local cost = tonumber(ARGV[base + 2])
-    local win = tonumber(ARGV[base]) * 1000 / tonumber(ARGV[base + 1])
+    local cap, rate, cost = args(i)
     if cost > 0 then
       -- Members with this score are numbered 1, 2, ...: unique, because
       -- a trim removes every member of one score at once.
@@ -92,7 +57,7 @@ if allowed == 1 then
       for j = 1, cost do
         redis.call('ZADD', KEYS[i], now, stamp .. ':' .. (seq + j))
       end
-      redis.call('PEXPIRE', KEYS[i], math.ceil(win) + 1000)
+      redis.call('PEXPIRE', KEYS[i], math.ceil(cap * 1000 / rate) + 1000)
     end
   end
 end

@@ -2,7 +2,7 @@
  *
  * Accepts redis://[user:password@]host[:port][/db] (IPv6 hosts in
  * brackets, %XX escapes in the user and password) and unix:/path[?db=N],
- * and (issue 6) redis-sentinel://[userinfo@]h[:p][,h[:p]...]/MASTER[/db]
+ * and redis-sentinel://[userinfo@]h[:p][,h[:p]...]/MASTER[/db]
  * and redis-cluster://[userinfo@]h[:p][,h[:p]...], whose endpoint lists
  * land in addr->seeds.
  * Runs at configuration time. tb_url_redact() is what logs and status

@@ -12,6 +12,9 @@
  * Errors name the file, the line and the problem in one line, which the
  * caller prints as it is. The caller's conf is left in a defined state
  * (no rules) on error, so running unlimited needs no extra step.
+ *
+ * The tbucket tool links this file too (shim_conf_rule() is its lookup
+ * by name), so a rule's defaults, name and Redis key have one source.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -371,6 +374,10 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     r->max_wait_ms = DEFAULT_MAX_WAIT_MS;
     r->fail_errno = ECONNREFUSED;
     r->nonblock_errno = EAGAIN;
+    /* on_limit decides for non-blocking sockets too: most clients (curl,
+     * PHP, libpq) connect non-blocking only to time the connect. Event
+     * loops opt out with nonblocking = "fail". */
+    r->nonblock_wait = 1;
 
     if (!config_setting_is_group(g)) {
         return fail(ld, g, "each %s rule must be a group { ... }",
@@ -551,6 +558,32 @@ static int load_rules(loader_t *ld, const config_setting_t *list,
     return TB_OK;
 }
 
+const shim_rule_t *shim_conf_rule(const shim_conf_t *conf, const char *want)
+{
+    const char *name = want;
+    int only = -1, i;
+
+    if (strncmp(want, "in:", 3) == 0) {
+        only = 1;
+        name = want + 3;
+    }
+    else if (strncmp(want, "out:", 4) == 0) {
+        only = 0;
+        name = want + 4;
+    }
+    for (i = 0; only != 0 && i < conf->nin; i++) {
+        if (strcmp(conf->in[i].name, name) == 0) {
+            return &conf->in[i];
+        }
+    }
+    for (i = 0; only != 1 && i < conf->nout; i++) {
+        if (strcmp(conf->out[i].name, name) == 0) {
+            return &conf->out[i];
+        }
+    }
+    return NULL;
+}
+
 /* ---- Top level ------------------------------------------------------ */
 
 /* Scalars first, in one pass; rules after, because a rule's Redis prefix
@@ -560,7 +593,6 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
 {
     tb_options_t *o = &conf->opts;
     int i, n = config_setting_length(root);
-    int have_connect_timeout = 0;
     int64_t v;
     const char *str;
 
@@ -592,11 +624,12 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
         else if (strcmp(name, "timeout_ms") == 0) {
             rc = get_ms(ld, s, 1, 60000, &v);
             o->timeout_ms = (int)v;
+            conf->timeout_set = 1;
         }
         else if (strcmp(name, "connect_timeout_ms") == 0) {
             rc = get_ms(ld, s, 1, 60000, &v);
             o->connect_timeout_ms = (int)v;
-            have_connect_timeout = 1;
+            conf->connect_timeout_set = 1;
         }
         else if (strcmp(name, "pool_size") == 0) {
             rc = get_int(ld, s, 1, 64, &v);
@@ -647,7 +680,7 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
             return TB_ERR;
         }
     }
-    if (!have_connect_timeout) {
+    if (!conf->connect_timeout_set) {
         o->connect_timeout_ms = o->timeout_ms;
     }
     return TB_OK;
@@ -674,7 +707,7 @@ static void defaults(shim_conf_t *conf)
     conf->opts.pool_size = DEFAULT_POOL_SIZE;
     /* Inside someone else's process fds can be closed under us. */
     conf->opts.verify_fd = 1;
-    strcpy(conf->url, "redis://127.0.0.1:6379");
+    strcpy(conf->url, TB_DEFAULT_URL);
     strcpy(conf->prefix, DEFAULT_PREFIX);
 }
 

@@ -1,4 +1,5 @@
-/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4() and connect().
+/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4(), connect()
+ * and dlopen().
  *
  *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
  *       legacy-daemon
@@ -59,13 +60,30 @@
  *  - outbound `wait`: sleeps the retry-after and asks again while the
  *    total stays within max_wait_ms; fails at once (rule errno) when the
  *    next wait would overrun it or waiting cannot help.
- *  - outbound on a non-blocking socket, `nonblocking = "fail"` (the
- *    default): never sleeps, so an event loop stays responsive; a refusal
- *    returns -1 with the rule's nonblock_errno (EAGAIN by default) for both
- *    `fail` and `wait`. With `nonblocking = "wait"` the socket is treated
- *    as blocking: meant for programs such as curl and PHP that make a
- *    socket non-blocking only to time the connect. Either way the Redis
- *    round trip itself is bounded by timeout_ms, and nothing hangs.
+ *  - outbound on a non-blocking socket: on_limit decides, as for a
+ *    blocking one (`nonblocking = "wait"`, the default). Nearly every
+ *    client a legacy service uses -- curl, PHP streams and PDO, libpq,
+ *    Python with a timeout -- makes its socket non-blocking only to time
+ *    the connect, and a rule that says `wait` must wait for them. An event
+ *    loop (nginx, HAProxy, Node) must never sleep: its config says
+ *    `nonblocking = "fail"`, and a refusal on a non-blocking socket then
+ *    returns -1 at once with the rule's nonblock_errno (EAGAIN by
+ *    default), whatever on_limit says. Either way the Redis round trip
+ *    itself is bounded by timeout_ms, and nothing hangs.
+ *
+ * The shim does not guess whether the caller is an event loop; the
+ * program's config says so. Measured by bench/evloop_probe.py: "the fd
+ * is already in an epoll set" holds at connect() only for nginx (HAProxy,
+ * Node and asyncio register after EINPROGRESS) and costs a /proc scan of
+ * 0.1-0.5 ms per connect; "this thread has waited in epoll" is nearly
+ * free but also holds in an Apache prefork child with two Listen lines,
+ * which runs mod_proxy or PHP in that very thread and must wait, and not
+ * yet at a Node program's first connect.
+ *
+ * Libraries opened with RTLD_DEEPBIND (PHP opens every extension so:
+ * pdo_pgsql, pgsql, curl) bind connect() to libc before our wrapper; the
+ * dlopen() wrapper drops that flag while outbound rules are loaded, so
+ * their connections are limited too (see dlopen() below).
  *
  * Not covered: programs that make system calls directly (static or Go
  * binaries), UDP "connections" (only SOCK_STREAM sockets are limited), and
@@ -126,11 +144,13 @@ typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef void *(*dlopen_fn)(const char *, int);
 
 static connect_fn real_connect;
 static accept_fn real_accept;
 static accept4_fn real_accept4;
 static write_fn real_write;
+static dlopen_fn real_dlopen;
 
 static int shim_state = ST_UNINIT;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
@@ -225,6 +245,9 @@ static void resolve_syms(void)
     real_connect = (connect_fn)load_sym("connect", (void *)connect);
     real_accept = (accept_fn)load_sym("accept", (void *)accept);
     real_accept4 = (accept4_fn)load_sym("accept4", (void *)accept4);
+    __atomic_store_n(&real_dlopen,
+                     (dlopen_fn)load_sym("dlopen", (void *)dlopen),
+                     __ATOMIC_RELEASE);
 }
 
 /* The call_* helpers are the only way out to the system: real_* when
@@ -668,7 +691,8 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
         errno = saved;
         return call_connect(fd, sa, len);
     }
-    nonblock = is_nonblocking(fd);
+    /* Only `nonblocking = "fail"` treats a non-blocking socket apart. */
+    nonblock = !r->nonblock_wait && is_nonblocking(fd);
     deadline = now_ms() + r->max_wait_ms;
     for (loops = 0; loops < SHIM_MAX_WAIT_LOOPS; loops++) {
         shim_decide(r, r->key, r->key_len, &res);
@@ -676,7 +700,7 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
             errno = saved;
             return call_connect(fd, sa, len);
         }
-        if (nonblock && !r->nonblock_wait) {
+        if (nonblock) {
             errno = r->nonblock_errno;
             return -1;
         }
@@ -868,4 +892,38 @@ SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
         return call_accept4(fd, sa, alen, flags, 0);
     }
     return limited_accept(fd, sa, alen, flags, 0);
+}
+
+/* ---- dlopen -------------------------------------------------------- */
+
+/* dlopen() without RTLD_DEEPBIND while outbound rules are loaded. A
+ * library opened with that flag binds its undefined symbols to its own
+ * dependencies before the global scope, so libc's connect() wins over
+ * ours: PHP opens every extension so, and pdo_pgsql, pgsql and curl
+ * (libpq, libcurl) would connect around every rule. PHP itself drops
+ * the flag in its sanitizer builds; nothing else changes.
+ *
+ * The forwarding call must stay a tail call (a jump): glibc reads the
+ * return address to find the calling object, whose RUNPATH it searches
+ * for a bare file name. The optimize attribute keeps it one in -O0
+ * builds; test_shim_330_02 loads a plugin through a RUNPATH. Before
+ * initialisation (and if the lookup failed) real_dlopen is resolved
+ * here. */
+SHIM_EXPORT __attribute__((optimize("O2", "optimize-sibling-calls")))
+void *dlopen(const char *file, int flags)
+{
+    dlopen_fn real = __atomic_load_n(&real_dlopen, __ATOMIC_ACQUIRE);
+
+    if (__builtin_expect(real == NULL, 0)) {
+        real = (dlopen_fn)dlsym(RTLD_NEXT, "dlopen");
+        if (real == NULL || real == dlopen) {
+            return NULL;
+        }
+    }
+    if ((flags & RTLD_DEEPBIND) != 0
+        && __atomic_load_n(&shim_state, __ATOMIC_ACQUIRE) == ST_READY
+        && shim_conf.nout > 0) {
+        flags &= ~RTLD_DEEPBIND;
+    }
+    return real(file, flags);
 }

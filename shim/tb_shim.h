@@ -9,7 +9,10 @@
  * fixed array, and a per-port bitmap lets a wrapper dismiss an unmatched
  * call with one bit test.
  *
- * Private to shim/: no symbol declared here is exported from the .so.
+ * The tbucket tool (tools/tbucket.c) links shim_conf.c too and reads a
+ * shim config through shim_conf_load() and shim_conf_rule(), so both
+ * accept the same files, with the same defaults, rule names and keys.
+ * No symbol declared here is exported from the shim's .so.
  */
 #ifndef TB_SHIM_H
 #define TB_SHIM_H
@@ -62,9 +65,11 @@ typedef struct shim_rule {
     shim_on_limit_t on_limit; /* Outbound only.                           */
     int64_t max_wait_ms;      /* Outbound `wait`: total sleep bound, ms.  */
     int fail_errno;           /* Outbound: errno of a refused connect.    */
-    int nonblock_errno;       /* Outbound: errno on a non-blocking socket.*/
-    int nonblock_wait;        /* Outbound: 1 treats a non-blocking socket
-                               * as blocking (`nonblocking = "wait"`).   */
+    int nonblock_errno;       /* Outbound: errno on a non-blocking socket
+                               * under `nonblocking = "fail"`.          */
+    int nonblock_wait;        /* Outbound: 1 (default, "wait") lets
+                               * on_limit decide for a non-blocking socket
+                               * too; 0 ("fail") never sleeps on one.   */
 } shim_rule_t;
 
 typedef struct shim_conf {
@@ -72,6 +77,8 @@ typedef struct shim_conf {
     char url[SHIM_URL_MAX];
     char prefix[TB_PREFIX_MAX + 1];
     int strict;               /* 1: a bad config stops the program.       */
+    int timeout_set;          /* 1: the file sets timeout_ms.             */
+    int connect_timeout_set;  /* 1: the file sets connect_timeout_ms.     */
     int nin;
     int nout;
     shim_rule_t in[SHIM_MAX_RULES];
@@ -88,6 +95,12 @@ typedef struct shim_conf {
  * Not thread-safe: call once, from initialisation. */
 int shim_conf_load(const char *path, shim_conf_t *conf, char *err,
                    size_t errlen);
+
+/* The rule that `want` names: "in:NAME" or "out:NAME" in that table, a
+ * bare "NAME" in the inbound table first. A rule without a `name` is
+ * called in1, in2, ... or out1, ... by its place in its list. Returns NULL
+ * when no rule has that name. Reads conf only. */
+const shim_rule_t *shim_conf_rule(const shim_conf_t *conf, const char *want);
 
 /* 1 when some rule of the table uses TCP port `port`. */
 static inline int shim_port_has_rule(const unsigned char *bitmap, int port)

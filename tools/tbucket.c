@@ -14,9 +14,10 @@
  *   tbucket reset KEY [--route NAME]
  *
  * Common options: --url URL (redis://[user:password@]host[:port][/db] or
- * unix:/path), --config FILE (a shim configuration in libconfig syntax:
- * its redis_url, timeout_ms and connect_timeout_ms are used unless a flag
- * says otherwise; $TBUCKET_CONFIG names the file when --config is not
+ * unix:/path), --config FILE (a shim configuration, read by the shim's
+ * own loader, shim/shim_conf.c, so a file the shim refuses is refused here
+ * too: its redis_url, timeout_ms and connect_timeout_ms are used unless a
+ * flag says otherwise; $TBUCKET_CONFIG names the file when --config is not
  * given), --prefix STRING (default "rl:", the module's TBucketPrefix
  * default), --timeout DURATION (default 1s: a one-shot tool can afford to
  * wait longer than a request path), --rule [in:|out:]NAME (with a config:
@@ -54,7 +55,6 @@
  * another host, clock skew shows as age and refill.
  */
 #include <getopt.h>
-#include <libconfig.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +62,7 @@
 #include <time.h>
 
 #include "tb.h"
+#include "tb_shim.h"
 
 #define EXIT_USAGE 64
 #define EXIT_DATAERR 65
@@ -129,203 +130,75 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* ---- The config file (a shim config, libconfig syntax) ------------- */
+/* ---- The config file (a shim config, read by the shim's loader) ----- */
 
-/* A setting in milliseconds: a whole number or a duration string. */
-static int conf_ms(const config_setting_t *s, int *out, char *err,
-                   size_t errlen)
+/* Take one shim rule's prefix, limit, cost and fixed key, where no flag
+ * gave them. A key of $peer or $program names no one bucket: then KEY is
+ * required. The fixed key is the loader's, hashed as the shim hashes it,
+ * so the tool reaches the shim's bucket. */
+static void use_rule(tool_t *t, const shim_rule_t *r)
 {
-    int64_t v;
-
-    if (config_setting_type(s) == CONFIG_TYPE_STRING) {
-        if (tb_parse_duration_ms(config_setting_get_string(s), &v, err,
-                                 errlen) != TB_OK) {
-            return TB_ERR;
-        }
+    if (!t->prefix_set) {
+        strcpy(t->prefix, r->prefix);
     }
-    else if (config_setting_type(s) == CONFIG_TYPE_INT
-             || config_setting_type(s) == CONFIG_TYPE_INT64) {
-        v = config_setting_get_int64(s);
-    }
-    else {
-        snprintf(err, errlen, "must be milliseconds");
-        return TB_ERR;
-    }
-    if (v < 1 || v > 60000) {
-        snprintf(err, errlen, "must be 1..60000 ms");
-        return TB_ERR;
-    }
-    *out = (int)v;
-    return TB_OK;
-}
-
-static double conf_number(const config_setting_t *s)
-{
-    return config_setting_type(s) == CONFIG_TYPE_FLOAT
-               ? config_setting_get_float(s)
-               : (double)config_setting_get_int64(s);
-}
-
-/* Find rule `want` ("in:NAME", "out:NAME" or "NAME") in the inbound and
- * outbound lists. Unnamed rules are in1, in2, ... and out1, ... as the
- * shim names them. Sets *inbound. */
-static const config_setting_t *find_rule(const config_t *cfg,
-                                         const char *want, int *inbound)
-{
-    static const char *const lists[2] = { "inbound", "outbound" };
-    const char *name = want;
-    int dir, only = -1, i, n;
-
-    if (strncmp(want, "in:", 3) == 0) {
-        only = 1;
-        name = want + 3;
-    }
-    else if (strncmp(want, "out:", 4) == 0) {
-        only = 0;
-        name = want + 4;
-    }
-    for (dir = 1; dir >= 0; dir--) {
-        const config_setting_t *l = config_lookup(cfg, lists[1 - dir]);
-
-        if (l == NULL || (only >= 0 && only != dir)) {
-            continue;
-        }
-        n = config_setting_length(l);
-        for (i = 0; i < n; i++) {
-            const config_setting_t *g = config_setting_get_elem(l, i);
-            const char *rn = NULL;
-            char dflt[16];
-
-            snprintf(dflt, sizeof(dflt), "%s%d", dir ? "in" : "out", i + 1);
-            if (!config_setting_lookup_string(g, "name", &rn)) {
-                rn = dflt;
-            }
-            if (strcmp(rn, name) == 0) {
-                *inbound = dir;
-                return g;
-            }
-        }
-    }
-    return NULL;
-}
-
-/* Take the limit, cost, prefix and fixed key of one shim rule. */
-static int load_rule(tool_t *t, const config_t *cfg, char *err,
-                     size_t errlen)
-{
-    const config_setting_t *g, *s;
-    const char *str, *cprefix = "tb:shim:", *name;
-    char rn[TB_NAME_MAX + 1];
-    int inbound = 0;
-
-    if ((g = find_rule(cfg, t->rule, &inbound)) == NULL) {
-        snprintf(err, errlen, "no inbound or outbound rule named \"%s\"",
-                 t->rule);
-        return TB_ERR;
-    }
-    name = strchr(t->rule, ':') ? strchr(t->rule, ':') + 1 : t->rule;
-    if (!config_setting_lookup_string(g, "name", &str)) {
-        str = name;
-    }
-    snprintf(rn, sizeof(rn), "%s", str);
-    config_lookup_string(cfg, "prefix", &cprefix);
-    if (!t->prefix_set
-        && (size_t)snprintf(t->prefix, sizeof(t->prefix), "%s%s:%s:",
-                            cprefix, inbound ? "in" : "out", rn)
-               >= sizeof(t->prefix)) {
-        snprintf(err, errlen, "rule \"%s\": prefix too long", rn);
-        return TB_ERR;
-    }
-    if (!t->have_cap && (s = config_setting_get_member(g, "capacity"))) {
-        t->limit.capacity = conf_number(s);
+    if (!t->have_cap) {
+        t->limit.capacity = r->take.limit.capacity;
         t->have_cap = 1;
     }
-    if (!t->have_rate && (s = config_setting_get_member(g, "rate"))) {
-        char buf[64];
-
-        if (config_setting_type(s) == CONFIG_TYPE_STRING) {
-            snprintf(buf, sizeof(buf), "%s", config_setting_get_string(s));
-        }
-        else {
-            snprintf(buf, sizeof(buf), "%.17g", conf_number(s));
-        }
-        if (tb_parse_rate(buf, &t->limit.rate_per_sec, err, errlen)
-            != TB_OK) {
-            return TB_ERR;
-        }
+    if (!t->have_rate) {
+        t->limit.rate_per_sec = r->take.limit.rate_per_sec;
         t->have_rate = 1;
     }
-    if (!t->have_cost && (s = config_setting_get_member(g, "cost"))) {
-        t->cost = conf_number(s);
+    if (!t->have_cost) {
+        t->cost = r->take.cost;
         t->have_cost = 1;
     }
-    /* A fixed key needs no KEY argument; $peer and $program do. An
-     * outbound rule without a key is keyed by its own name. */
-    if (!config_setting_lookup_string(g, "key", &str)) {
-        str = inbound ? "$peer" : rn;
+    if (r->key_kind == SHIM_KEY_FIXED) {
+        memcpy(t->rule_key, r->key, r->key_len);
+        t->rule_key[r->key_len] = '\0';
     }
-    if (str[0] != '$') {
-        snprintf(t->rule_key, sizeof(t->rule_key), "%s", str);
-    }
-    return TB_OK;
 }
 
-/* Read the Redis address and timeouts (and a rule) from a shim config.
- * Flags given on the command line win. Returns 0 or EXIT_CONFIG. */
+/* Read the Redis address and timeouts (and a rule) from a shim config
+ * with shim_conf_load(), so the tool accepts exactly the files the shim
+ * accepts. Flags given on the command line win; a timeout the file does
+ * not set keeps the tool's default. Returns 0 or EXIT_CONFIG. */
 static int load_config(tool_t *t)
 {
-    config_t cfg;
-    const config_setting_t *s;
-    const char *str;
-    char err[160];
+    shim_conf_t *conf;
+    const shim_rule_t *r = NULL;
+    char err[SHIM_ERR_LEN];
     int rc = EXIT_CONFIG;
 
-    config_init(&cfg);
-    config_set_auto_convert(&cfg, 1);
-    if (config_read_file(&cfg, t->config) != CONFIG_TRUE) {
-        if (config_error_type(&cfg) == CONFIG_ERR_FILE_IO) {
-            fprintf(stderr, "tbucket: %s: cannot read the file\n",
-                    t->config);
-        }
-        else {
-            /* libconfig 1.5 leaves error_file NULL for the top file. */
-            fprintf(stderr, "tbucket: %s:%d: %s\n",
-                    config_error_file(&cfg) ? config_error_file(&cfg)
-                                            : t->config,
-                    config_error_line(&cfg),
-                    config_error_text(&cfg) ? config_error_text(&cfg)
-                                            : "syntax error");
-        }
+    /* Two full rule tables: too large for a comfortable stack frame. */
+    if ((conf = malloc(sizeof(*conf))) == NULL) {
+        fprintf(stderr, "tbucket: %s: out of memory\n", t->config);
+        return EXIT_CONFIG;
+    }
+    if (shim_conf_load(t->config, conf, err, sizeof(err)) != TB_OK) {
+        fprintf(stderr, "tbucket: %s\n", err);
         goto done;
     }
-    if (!t->url_set && config_lookup_string(&cfg, "redis_url", &str)) {
-        if (strlen(str) >= sizeof(t->url)) {
-            fprintf(stderr, "tbucket: %s: redis_url is too long\n",
-                    t->config);
-            goto done;
-        }
-        strcpy(t->url, str);
-    }
-    if (!t->timeout_set && (s = config_lookup(&cfg, "timeout_ms"))
-        && conf_ms(s, &t->timeout_ms, err, sizeof(err)) != TB_OK) {
-        fprintf(stderr, "tbucket: %s:%d: timeout_ms: %s\n", t->config,
-                config_setting_source_line(s), err);
+    if (t->rule && (r = shim_conf_rule(conf, t->rule)) == NULL) {
+        fprintf(stderr, "tbucket: %s: no inbound or outbound rule named "
+                        "\"%s\"\n", t->config, t->rule);
         goto done;
     }
-    if (!t->connect_timeout_set
-        && (s = config_lookup(&cfg, "connect_timeout_ms"))
-        && conf_ms(s, &t->connect_timeout_ms, err, sizeof(err)) != TB_OK) {
-        fprintf(stderr, "tbucket: %s:%d: connect_timeout_ms: %s\n",
-                t->config, config_setting_source_line(s), err);
-        goto done;
+    if (!t->url_set) {
+        snprintf(t->url, sizeof(t->url), "%s", conf->url);
     }
-    if (t->rule && load_rule(t, &cfg, err, sizeof(err)) != TB_OK) {
-        fprintf(stderr, "tbucket: %s: %s\n", t->config, err);
-        goto done;
+    if (!t->timeout_set && conf->timeout_set) {
+        t->timeout_ms = conf->opts.timeout_ms;
+    }
+    if (!t->connect_timeout_set && conf->connect_timeout_set) {
+        t->connect_timeout_ms = conf->opts.connect_timeout_ms;
+    }
+    if (r != NULL) {
+        use_rule(t, r);
     }
     rc = 0;
 done:
-    config_destroy(&cfg);
+    free(conf);
     return rc;
 }
 
@@ -463,7 +336,7 @@ static int parse_args(tool_t *t, int argc, char **argv)
     int c, rc;
 
     memset(t, 0, sizeof(*t));
-    strcpy(t->url, "redis://127.0.0.1:6379");
+    strcpy(t->url, TB_DEFAULT_URL);
     strcpy(t->prefix, "rl:");
     t->timeout_ms = DEFAULT_TIMEOUT_MS;
     t->cost = 1;

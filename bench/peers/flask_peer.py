@@ -1,7 +1,7 @@
 """flask_peer.py -- the design's reference limiter: Flask + redis-py.
 
-The same Lua script as the module (shared/tb_bucket.lua, read from disk and
-run with EVALSHA through redis-py's Script object, which reloads it on
+The same Lua script as the module (build/lua/tb_bucket.lua, the text libtb
+embeds, or $TB_PEER_SCRIPT; read from disk and run with EVALSHA through redis-py's Script object, which reloads it on
 NOSCRIPT), the same key shape (<prefix>{<key>}), the same limit and the
 same tiny response, so that bench/run.py can put its req/s next to
 mod_tbucket's under the same wrk settings. Served by gunicorn:
@@ -21,7 +21,7 @@ from flask import Flask, Response, request
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.environ.get(
     "TB_PEER_SCRIPT",
-    os.path.join(HERE, "..", "..", "shared", "tb_bucket.lua"))
+    os.path.join(HERE, "..", "..", "build", "lua", "tb_bucket.lua"))
 PREFIX = os.environ.get("TB_PEER_PREFIX", "peer:")
 CAPACITY, RATE = os.environ.get("TB_PEER_LIMIT", "100 10").split()
 

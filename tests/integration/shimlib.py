@@ -204,3 +204,137 @@ def redis_clients(redis):
 
 def stderr_lines(text):
     return [l for l in text.splitlines() if l.strip()]
+
+
+# ---- Real clients under one shared outbound rule ------------------------
+
+def wait_rule(name, port, capacity, rate_per_sec, max_wait_ms=10000):
+    """One outbound `wait` rule with every other setting at its default,
+    as a new user would write it."""
+    return ('outbound = ( { name = "%s"; host = "127.0.0.1"; port = %d; '
+            'capacity = %d; rate = "%d/s"; on_limit = "wait"; '
+            'max_wait_ms = %d; } );'
+            % (name, port, capacity, rate_per_sec, max_wait_ms))
+
+
+def run_workers(workers, timeout=60):
+    """Run each worker in its own thread. A worker is a callable taking a
+    threading.Barrier: it gets ready (a script process started and
+    waiting), waits on the barrier, works and returns (ok, fail, error).
+    The clock starts when every worker is ready, so that interpreter
+    start-up is not counted as load. Returns the results (None for a
+    worker that did not finish within timeout) and the seconds from the
+    start to the last end."""
+    import threading
+    results = [None] * len(workers)
+    barrier = threading.Barrier(len(workers) + 1, timeout=timeout)
+
+    def body(i, w):
+        try:
+            results[i] = w(barrier)
+        except Exception as e:          # reported through the result
+            barrier.abort()
+            results[i] = (0, 1, repr(e))
+
+    threads = [threading.Thread(target=body, args=(i, w), daemon=True)
+               for i, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    t0 = time.monotonic()
+    for t in threads:
+        t.join(max(0.0, t0 + timeout - time.monotonic()))
+    return results, time.monotonic() - t0
+
+
+def process_loop(argv, env, n, duration, ok=lambda p: p.returncode == 0,
+                 call_timeout=30):
+    """A worker that runs argv up to n times in a row (one process per
+    call), starting no call after `duration` seconds; returns (ok, fail,
+    last error)."""
+    def work(barrier):
+        good = bad = 0
+        err = ""
+        barrier.wait()
+        end = time.monotonic() + duration
+        for _ in range(n):
+            if time.monotonic() >= end:
+                break
+            try:
+                p = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True,
+                                   timeout=call_timeout)
+            except subprocess.TimeoutExpired:
+                bad += 1
+                break
+            if ok(p):
+                good += 1
+            else:
+                bad += 1
+                err = p.stderr.strip()[-300:]
+        return good, bad, err
+    return work
+
+
+def script_worker(argv, env, timeout):
+    """A worker that is one process looping by itself: it prints "ready",
+    waits for a line on stdin, loops, and prints "ok=N fail=M" last.
+    Returns (ok, fail, stderr)."""
+    def work(barrier):
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            ready = p.stdout.readline()
+            barrier.wait()
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=timeout)
+        except BaseException:
+            stop_pid(p, signal.SIGKILL)
+            raise
+        lines = [l for l in out.splitlines() if l.startswith("ok=")]
+        if not ready.startswith("ready") or p.returncode != 0 or not lines:
+            return 0, 1, ready + out[-300:] + err[-300:]
+        kv = parse_kv(lines[-1])
+        return kv["ok"], kv["fail"], err.strip()[-300:]
+    return work
+
+
+PHP = "/usr/bin/php"
+
+
+def php_loop(body, setup=""):
+    """A PHP script for script_worker: prints "ready", waits for a line on
+    stdin, runs `setup` once, then `body` (which counts $ok and $fail) up
+    to $N times and for at most $SECS seconds, and prints the tally."""
+    return ('<?php\necho "ready\\n";\nfgets(STDIN);\n'
+            '$n = (int)getenv("N");\n'
+            '$end = microtime(true) + (float)getenv("SECS");\n' + setup
+            + '$ok = 0; $fail = 0;\n'
+            'for ($i = 0; $i < $n && microtime(true) < $end; $i++) {\n'
+            + body + '}\necho "ok=$ok fail=$fail\\n";\n')
+
+
+def check_shared_limit(what, admitted, capacity, rate, seconds, span=None):
+    """Assert that a downstream accepted no more than a bucket allows in
+    `seconds` (capacity + rate x T) and at least 0.9 of it: a `wait` rule
+    both holds the limit and uses it. With span (seconds between the first
+    and the last connection the downstream saw) the tighter bound
+    capacity + rate x span + 1 holds too (one token of jitter between a
+    decision and its accept). Prints the figures; returns the ratio."""
+    bound = capacity + rate * seconds
+    ratio = admitted / bound
+    print("\n%s: admitted %d, bound %.1f (capacity %d + %g/s x %.2f s), "
+          "ratio %.3f%s" % (what, admitted, bound, capacity, rate, seconds,
+                           ratio, "" if span is None else
+                           ", server span %.2f s" % span))
+    assert admitted <= bound, (what, admitted, bound)
+    assert ratio >= 0.9, (what, admitted, bound)
+    if span is not None:
+        assert admitted <= capacity + rate * span + 1, (what, admitted,
+                                                        span)
+    return ratio

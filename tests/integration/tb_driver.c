@@ -329,12 +329,12 @@ static void cmd_stats(tb_client_t *c)
 
 #define S(f) (unsigned long long)tb_stats_get(&s->f)
     printf("ok decisions=%llu allowed=%llu rejected=%llu redis_calls=%llu "
-           "redis_errors=%llu noscript_reloads=%llu connects=%llu "
+           "batches=%llu redis_errors=%llu noscript_reloads=%llu connects=%llu "
            "breaker_opens=%llu breaker_closes=%llu breaker_skips=%llu "
            "fallback_open=%llu fallback_closed=%llu fallback_local=%llu "
            "lat_sum_us=%llu",
            S(decisions), S(allowed), S(rejected), S(redis_calls),
-           S(redis_errors), S(noscript_reloads), S(connects),
+           S(batches), S(redis_errors), S(noscript_reloads), S(connects),
            S(breaker_opens), S(breaker_closes), S(breaker_skips),
            S(fallback_open), S(fallback_closed), S(fallback_local),
            S(lat_sum_us));

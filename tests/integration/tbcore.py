@@ -17,10 +17,14 @@ import time
 
 import pytest
 
-from tbenv import BUILD, ROOT, Redis, require, stop_pid
+from tbenv import BUILD, ROOT, Redis, lua_script, require, stop_pid
 
 VECTORS = os.path.join(ROOT, "tests", "vectors", "token_bucket.tsv")
-SCRIPT = os.path.join(ROOT, "shared", "tb_bucket.lua")
+
+
+def script_text():
+    """The token-bucket script as libtb embeds it (build/lua/)."""
+    return lua_script("tb_bucket.lua")
 
 
 def pct(key):

@@ -26,6 +26,17 @@ def require(path, package):
     return path
 
 
+def lua_script(name):
+    """The text of the script `name` ("tb_gcra.lua") as it ships: the
+    prelude and body that make joins into build/lua/, byte for byte the
+    text libtb embeds and hashes for EVALSHA."""
+    path = os.path.join(BUILD, "lua", name)
+    if not os.path.exists(path):
+        pytest.fail("%s is missing: run make" % path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def free_port():
     """A free TCP port on 127.0.0.1 (bound then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -1,7 +1,8 @@
-"""test_algo_vectors.py -- the issue-7 scripts in a real Redis, by vector.
+"""test_algo_vectors.py -- the algorithm scripts in a real Redis, by vector.
 
-Each shared/tb_<algo>.lua is sent with EVAL (the script text, as the client
-does after NOSCRIPT) with an injected clock, row by row from
+Each script as it ships (build/lua/tb_<algo>.lua: shared/tb_prelude.lua and
+the body shared/tb_<algo>.lua, the text libtb embeds) is sent with EVAL (as
+the client does after NOSCRIPT) with an injected clock, row by row from
 tests/vectors/<algo>.tsv; the reply and the state left in Redis must match
 the row exactly, as they must for the C twins in tests/unit/test_<algo>.c.
 Also checked here: every key written has a TTL, and the sliding log's exact
@@ -11,6 +12,8 @@ import os
 import random
 
 import pytest
+
+from tbenv import lua_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = {
@@ -22,8 +25,7 @@ SCRIPTS = {
 
 
 def script(algo):
-    with open(os.path.join(ROOT, "shared", SCRIPTS[algo])) as f:
-        return f.read()
+    return lua_script(SCRIPTS[algo]).decode()
 
 
 def rows(algo):

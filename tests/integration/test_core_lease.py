@@ -1,7 +1,8 @@
-"""test_core_lease.py -- token leasing and hot-tenant shards in the core
-(issue 6), against a real redis-server.
+"""test_core_lease.py -- token leasing and hot-tenant shards in the core,
+against a real redis-server.
 
-tests/vectors/lease.tsv runs here against shared/tb_bucket.lua with its
+tests/vectors/lease.tsv runs here against the token-bucket script as it
+ships (build/lua/tb_bucket.lua: prelude and body) with its
 optional last argument `want` (the C twin tb_bucket_lease() runs the same
 rows in tests/unit/test_bucket.c), then through the C client
 (tb_client_lease via tb_driver). The shard key form is checked for where
@@ -13,8 +14,8 @@ import os
 
 import pytest
 
-from tbcore import (SCRIPT, drivers, info_commandstats, num,  # noqa: F401
-                    sanitized)
+from tbcore import (drivers, info_commandstats, num,  # noqa: F401
+                    sanitized, script_text)
 from tbenv import ROOT
 
 LEASE = os.path.join(ROOT, "tests", "vectors", "lease.tsv")
@@ -36,11 +37,6 @@ def load_lease():
 
 
 ROWS = load_lease()
-
-
-def script_text():
-    with open(SCRIPT, "rb") as f:
-        return f.read()
 
 
 def put_state(r, key, row):

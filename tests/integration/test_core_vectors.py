@@ -2,7 +2,8 @@
 
 tests/vectors/token_bucket.tsv is also run against the C twin
 tb_bucket_take() by tests/unit/test_bucket.c; here the same rows run
-against shared/tb_bucket.lua inside a real redis-server with the injected
+against the assembled script (shared/tb_prelude.lua + shared/tb_bucket.lua,
+as build/lua/tb_bucket.lua ships) inside a real redis-server with the injected
 now (ARGV[1]), so C and Lua can never drift apart. Then again through the
 C client (tb_driver take_at), which checks how the client formats its
 arguments (a double must reach Lua unchanged).
@@ -11,16 +12,11 @@ import hashlib
 
 import pytest
 
-from tbcore import (SCRIPT, drivers, load_vectors, num, redis_key,  # noqa: F401
-                    info_commandstats)
+from tbcore import (drivers, load_vectors, num, redis_key,  # noqa: F401
+                    info_commandstats, script_text)
 
 VECTORS = load_vectors()
 IDS = [v[0] for v in VECTORS]
-
-
-def script_text():
-    with open(SCRIPT, "rb") as f:
-        return f.read()
 
 
 def setup_state(r, keys, buckets):
@@ -72,7 +68,7 @@ def test_core_001_02():
     assert any(v[3][2] == -1 for v in VECTORS)
 
 
-# The script the library embeds is shared/tb_bucket.lua, byte for byte:
+# The script the library embeds is build/lua/tb_bucket.lua, byte for byte:
 # after one decision Redis holds exactly that file's SHA-1.
 def test_core_001_03(redis_server, drivers):
     sha = hashlib.sha1(script_text()).hexdigest()

@@ -92,28 +92,34 @@ def test_shim_200_04(redis_server, downstream, progs, tmp_path):
     assert s["maxlat_us"] < 250000
 
 
-# test_shim_200_05: a non-blocking socket is never put to sleep: with the
-# default `nonblocking = "fail"` a `wait` rule refuses at once with EAGAIN.
+# test_shim_200_05: `nonblocking = "fail"` (for event loops) never puts a
+# non-blocking socket to sleep: a `wait` rule refuses at once with EAGAIN.
 def test_shim_200_05(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server, outbound(
         out_rule(downstream.port, capacity=2, rate="1/s", on_limit="wait",
-                 max_wait_ms=3000)))
+                 max_wait_ms=3000, nonblocking="fail")))
     (s,), _ = cli(progs, ["-n", "127.0.0.1", downstream.port, 6],
                   shim_env(conf))
     assert s["ok"] == 2 and errs(s) == {"EAGAIN": 4}
     assert s["elapsed_ms"] < 500
 
 
-# test_shim_200_06: `nonblocking = "wait"` treats a non-blocking socket as
-# blocking, for programs that use O_NONBLOCK only to time the connect.
+# test_shim_200_06: by default on_limit decides for a non-blocking socket
+# as for a blocking one (programs that use O_NONBLOCK only to time the
+# connect): `wait` waits, and `fail` fails with the rule's errno.
 def test_shim_200_06(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server, outbound(
         out_rule(downstream.port, capacity=1, rate="20/s", on_limit="wait",
-                 max_wait_ms=2000, nonblocking="wait")))
+                 max_wait_ms=2000)))
     (s,), _ = cli(progs, ["-n", "127.0.0.1", downstream.port, 5],
                   shim_env(conf))
     assert s["ok"] == 5
     assert s["elapsed_ms"] >= 150
+    conf = write_conf(tmp_path / "f.conf", redis_server, outbound(
+        out_rule(downstream.port, name="f", capacity=1, on_limit="fail")))
+    (s,), _ = cli(progs, ["-n", "127.0.0.1", downstream.port, 3],
+                  shim_env(conf))
+    assert s["ok"] == 1 and errs(s) == {"ECONNREFUSED": 2}
 
 
 # test_shim_200_07: curl run in a loop, one process each, shares one
@@ -132,13 +138,14 @@ def test_shim_200_07(redis_server, http_downstream, tmp_path):
     assert codes.count(7) == 5, codes
 
 
-# test_shim_200_08: curl under a `wait` rule waits for its token instead of
-# failing; the runs are paced by the refill rate.
+# test_shim_200_08: curl (which connects non-blocking) under a `wait` rule
+# with the default settings waits for its token instead of failing; the
+# runs are paced by the refill rate.
 def test_shim_200_08(redis_server, http_downstream, tmp_path):
     require(CURL, "curl")
     conf = write_conf(tmp_path / "s.conf", redis_server, outbound(
         out_rule(http_downstream.port, capacity=1, rate="5/s",
-                 on_limit="wait", max_wait_ms=3000, nonblocking="wait")))
+                 on_limit="wait", max_wait_ms=3000)))
     t0 = time.monotonic()
     for _ in range(4):
         p = run([CURL, "-s", "--max-time", "5",

@@ -15,6 +15,7 @@ import pytest
 
 from tbenv import BUILD, free_port
 from tbapache import apache_factory, http_get  # noqa: F401
+from shimlib import shim_env
 
 TOOL = os.path.join(BUILD, "tbucket")
 
@@ -268,6 +269,35 @@ def test_tool_001_14_shim_rule(redis_server, tmp_path):
         b"t14:in:in1:{10.1.2.3}", b"t14:out:legacydb:{legacydb}"]
     p = run("take", "--config", str(conf), "--rule", "nosuch")
     assert p.returncode == EX_CONFIG and "nosuch" in p.stderr
+
+
+# --rule reaches the very bucket the shim takes from, read by the shim's
+# own loader: also a fixed key that must be hashed (a space and braces),
+# and a connect() under the shim and a take by the tool share one bucket.
+def test_tool_001_17_rule_key_as_shim(redis_server, tmp_path):
+    port = free_port()
+    conf = tmp_path / "shim.conf"
+    conf.write_text(
+        'redis_url = "%s";\nprefix = "t17:";\ntimeout_ms = 2000;\n'
+        'outbound = ( { host = "127.0.0.1"; port = %d; capacity = 5;'
+        ' rate = "1/h"; key = "odd key{x}"; } );\n'
+        % (redis_server.url, port))
+    # Nothing listens on the port: the shim spends a token, then the
+    # connection is refused.
+    connect = ("import socket\n"
+               "try:\n"
+               "    socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
+               "except OSError:\n"
+               "    pass\n" % port)
+    subprocess.run(["/usr/bin/python3", "-c", connect], timeout=20,
+                   env=shim_env(conf, foreign=True), check=True)
+    r = redis_server.client()
+    shim_keys = r.keys("*")
+    assert len(shim_keys) == 1 and shim_keys[0].startswith(b"t17:out:out1:")
+    p = run("take", "--config", str(conf), "--rule", "out1")
+    assert p.returncode == EX_OK, p.stderr
+    assert fields(p.stdout)["remaining"] == "3"
+    assert r.keys("*") == shim_keys
 
 
 # Tool and core agree: what the tool takes, a second tool process with a

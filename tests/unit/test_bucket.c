@@ -223,7 +223,7 @@ static void test_bucket_vectors(void **state)
     }
 }
 
-/* ---- Leases (issue 6): tests/vectors/lease.tsv ------------------------ */
+/* ---- Leases: tests/vectors/lease.tsv ------------------------ */
 
 #define LEASE_COLS 16
 

@@ -1,4 +1,4 @@
-/* test_cluster.c -- unit tests for tb_cluster.c's hash slot (issue 6).
+/* test_cluster.c -- unit tests for tb_cluster.c's hash slot.
  *
  * tb_key_slot() must be Redis's keyHashSlot: CRC16-XMODEM of the hash tag
  * (or of the whole key) modulo 16384. The table holds CRC16's check value

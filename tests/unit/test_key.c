@@ -286,7 +286,7 @@ static void test_key_build_hostile_keys_stay_apart(void **state)
     }
 }
 
-/* Issue 6: shard i of a key is "<prefix>{<key> s<i>}", each shard has
+/* Shard i of a key is "<prefix>{<key> s<i>}", each shard has
  * its own slot, and a negative shard is the plain key. */
 static void test_key_build_shard_form(void **state)
 {

@@ -393,7 +393,7 @@ static void test_local_bad_arguments(void **state)
 }
 
 /* NULL pointers are bad arguments too: TB_ERR, not a crash. */
-/* ---- The lease table (issue 6) ---------------------------------------- */
+/* ---- The lease table ---------------------------------------- */
 
 static void test_local_lease_spend_and_expire(void **state)
 {

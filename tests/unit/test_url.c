@@ -257,7 +257,7 @@ static void test_url_redact_round_trip(void **state)
     assert_string_equal(b.password, "***");
 }
 
-/* Issue 6: Sentinel and Cluster URLs fill the endpoint list, the master
+/* Sentinel and Cluster URLs fill the endpoint list, the master
  * name and the kind; the first endpoint is also host and port. */
 static void test_url_parse_sentinel_cluster(void **state)
 {

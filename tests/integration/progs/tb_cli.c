@@ -11,10 +11,11 @@
  * makes the N connections and reports, then the parent connects once more
  * and reports. -R lists the local ports of our sockets to that Redis port
  * ("redis_ports=..."): a forked child must not share its parent's.
- * "clobbered" counts successful blocking connects that changed errno.
+ * "clobbered" counts successful blocking connects that changed errno;
+ * "stalled" counts replies (-r) that never came: 2 s without a byte.
  * Prints one summary line per process:
- *   who=main ok=.. fail=.. served=.. r429=.. closed=.. maxlat_us=..
- *   elapsed_ms=.. errs=NAME:count,... redis_ports=...
+ *   who=main ok=.. fail=.. served=.. r429=.. closed=.. stalled=..
+ *   maxlat_us=.. elapsed_ms=.. errs=NAME:count,... redis_ports=...
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -40,7 +41,7 @@ static double opt_secs;
 static __thread int errno_clobbered;
 
 typedef struct tally {
-    int ok, fail, served, r429, closed, down, clobbered;
+    int ok, fail, served, r429, closed, down, clobbered, stalled;
     long long maxlat_us;
     int errnos[MAX_ERRS], errcnt[MAX_ERRS], nerr;
 } tally_t;
@@ -113,14 +114,19 @@ static void classify(int s, tally_t *t)
     ssize_t n;
     size_t got = 0;
     struct pollfd p = {s, POLLIN, 0};
+    int pr = 1;
 
     (void)send(s, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27, MSG_NOSIGNAL);
-    while (got < sizeof(buf) - 1 && poll(&p, 1, 2000) > 0
+    while (got < sizeof(buf) - 1 && (pr = poll(&p, 1, 2000)) > 0
            && (n = read(s, buf + got, sizeof(buf) - 1 - got)) > 0) {
         got += (size_t)n;
     }
     buf[got] = '\0';
-    if (strstr(buf, "429 Too Many Requests") && strstr(buf, "Retry-After:")) {
+    if (pr == 0 && got == 0) {
+        t->stalled++;
+    }
+    else if (strstr(buf, "429 Too Many Requests")
+             && strstr(buf, "Retry-After:")) {
         t->r429++;
     }
     else if (strstr(buf, "DOWN")) {
@@ -188,6 +194,7 @@ static void merge(tally_t *into, const tally_t *t)
     into->closed += t->closed;
     into->down += t->down;
     into->clobbered += t->clobbered;
+    into->stalled += t->stalled;
     if (t->maxlat_us > into->maxlat_us) {
         into->maxlat_us = t->maxlat_us;
     }
@@ -222,10 +229,10 @@ static void report(const char *who, const tally_t *t, long long t0)
         }
     }
     printf("who=%s ok=%d fail=%d served=%d r429=%d closed=%d down=%d "
-           "clobbered=%d maxlat_us=%lld "
+           "stalled=%d clobbered=%d maxlat_us=%lld "
            "elapsed_ms=%lld errs=%s redis_ports=%s\n", who, t->ok, t->fail,
-           t->served, t->r429, t->closed, t->down, t->clobbered, t->maxlat_us,
-           (now_us() - t0) / 1000, errs, ports);
+           t->served, t->r429, t->closed, t->down, t->stalled, t->clobbered,
+           t->maxlat_us, (now_us() - t0) / 1000, errs, ports);
     fflush(stdout);
 }
 
