@@ -328,6 +328,8 @@ class Apache:
 
     def __init__(self, tmp, name, cpus, extra="", mpm="event"):
         self.root = os.path.join(tmp, "httpd-" + name)
+        # Serves mod_tbucket's counters at /tbucket-status.
+        self.status = "SetHandler tbucket-status" in extra
         self.port = free_port()
         self.cpus = cpus
         self.proc = None
@@ -663,7 +665,9 @@ def part_cpu(a, rd, tool, tmp):
     total, cost = parse_callgrind(out)
     keep = os.path.join(HERE, "results", "callgrind.latest.out")
     shutil.copyfile(out, keep)
-    record("cpu.instr_per_decision.total", round(total / n), "instr")
+    per = total / n
+    record("cpu.instr_per_decision.total", round(per), "instr", "<= 5000",
+           "met" if per <= 5000 else "MISSED")
     by_ob = {}
     for (ob, fn), c in cost.items():
         short = os.path.basename(ob or "?")
@@ -991,18 +995,39 @@ def floor_wrk(srv, path, tag, seconds, cpus):
                seconds, cpus, threads=FLOOR_WRK_THREADS, conns=FLOOR_CONNS)
 
 
-def pool_size_of(srv):
-    """The pool size a mod_tbucket server's children chose (status page),
-    or None."""
+def status_metrics(srv, names):
+    """{name: value summed over its label sets} from a mod_tbucket
+    server's status page; {} when it cannot be read."""
     import urllib.request
     try:
         with urllib.request.urlopen(srv.url("/tbucket-status"),
                                     timeout=5) as f:
-            m = re.search(r"^tbucket_pool_size(?:\{[^}]*\})? (\d+)",
-                          f.read().decode(), re.M)
-            return int(m.group(1)) if m else None
+            text = f.read().decode()
     except OSError:
-        return None
+        return {}
+    out = {}
+    for name in names:
+        for m in re.finditer(r"^%s(?:\{[^}]*\})? ([0-9.e+]+)$" % name, text,
+                             re.M):
+            out[name] = out.get(name, 0) + float(m.group(1))
+    return out
+
+
+def pool_size_of(srv):
+    """The pool size a mod_tbucket server's children chose, or None."""
+    v = status_metrics(srv, ("tbucket_pool_size",)).get("tbucket_pool_size")
+    return int(v) if v is not None else None
+
+
+BATCH_METRICS = ("tbucket_redis_calls_total", "tbucket_redis_batches_total")
+
+
+def batch_size(before, after):
+    """Script calls per write between two status_metrics() readings, or
+    None (a core without the batch counter, or no calls)."""
+    calls, writes = (after.get(k, 0) - before.get(k, 0)
+                     for k in BATCH_METRICS)
+    return calls / writes if writes > 0 and calls > 0 else None
 
 
 FLOOR_CMDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_ping")
@@ -1039,10 +1064,14 @@ def floor_rounds(a, rd, variants, wcpu, tag):
         for name, srv, path in order:
             pids = srv.pids()
             c0 = settled_calls(rd)
+            k0 = status_metrics(srv, BATCH_METRICS) if srv.status else {}
             s0, r0 = cpu_split(pids), cpu_ticks([rd.proc.pid])
             r = floor_wrk(srv, path, name, a.floor_seconds, wcpu)
             s1, r1 = cpu_split(pids), cpu_ticks([rd.proc.pid])
             c1 = settled_calls(rd)
+            if srv.status:
+                r["batch"] = batch_size(
+                    k0, status_metrics(srv, BATCH_METRICS))
             req = max(r["requests"], 1)
             du, ds = s1[0] - s0[0], s1[1] - s0[1]
             r["server_cpu_us"] = (du + ds) * TICK_US / req
@@ -1054,11 +1083,12 @@ def floor_rounds(a, rd, variants, wcpu, tag):
             results[name].append(r)
             log("%s %-7s round %d: %6.0f req/s p50 %.2f ms p99 %.2f ms "
                 "non-2xx %d errors %d cpu/req apache %.1f us redis %.1f us "
-                "scripts/req %.3f" % (
+                "scripts/req %.3f batch %s" % (
                     tag, name, i, r["rps"], r.get("p50", -1),
                     r.get("p99", -1), r["non2xx"], r["errors"],
                     r["server_cpu_us"], r["redis_cpu_us"],
-                    r["script_calls"]))
+                    r["script_calls"],
+                    "%.2f" % r["batch"] if r.get("batch") else "-"))
     return results
 
 
@@ -1096,6 +1126,10 @@ def record_floor(tag, results, pairs, targets):
             record(t + ".script_calls_per_req", round(calls, 3), "calls",
                    "= 1.00" if exact else "",
                    ("met" if ok else "MISSED") if exact else "")
+            batches = [r["batch"] for r in rs if r.get("batch")]
+            if batches:
+                record(t + ".batch_size", round(median(batches), 2),
+                       "calls/write")
     for num, den in pairs:
         if not (results.get(num) and results.get(den)):
             continue
@@ -1190,7 +1224,8 @@ def floor_perf_stat(a, rd, tmp, tag, name, srv, path, wcpu):
                "calls")
     sends = proc.get("syscalls:sys_enter_sendto", 0)
     if calls and sends:
-        record(t + ".batch_size", round(calls / sends, 2), "calls/write")
+        record(t + ".apache.script_calls_per_sendto", round(calls / sends, 2),
+               "calls")
     log("perf stat %s: %d requests; CPU %s per request: %s; apache per "
         "request: %s; script calls %d" % (
             t, req, a.server_cpu,
