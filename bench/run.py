@@ -296,26 +296,34 @@ MaxConnectionsPerChild 0"""
 
 PREFORK_CHILDREN = 40
 
-MODULE_CONF = """LoadModule tbucket_module {so}
-TBucketRedis {url} timeout=500 pool={threads}
-TBucketPrefix bench:
-<Location /b/>
-    TBucketEnable On
-    TBucketKey "%{{HTTP:X-API-Key}}"
-    TBucketLimit 1000000000 1000000000/s
-</Location>
-<Location /c/>
-    TBucketEnable On
-    TBucketKey "%{{HTTP:X-API-Key}}"
-    TBucketLimit 1 1/h
-</Location>
-<Location /d/>
-    TBucketEnable On
-    TBucketKey "%{{HTTP:X-API-Key}}"
-    TBucketLimit 1 1/h
-    TBucketMode shadow
-</Location>
-"""
+# A limit nothing reaches: every decision allows and writes its bucket.
+UNREACHED = "1000000000 1000000000/s"
+
+
+def tb_conf(so, url, options, locations):
+    """mod_tbucket loaded and pointed at url (`TBucketRedis url options`,
+    timeout 500 ms so that a loaded machine does not turn into fail-open
+    answers), limiting each location (path, TBucketLimit, more
+    directives) by its X-API-Key."""
+    out = ["LoadModule tbucket_module %s" % so,
+           "TBucketRedis %s timeout=500%s" % (url, options),
+           "TBucketPrefix bench:"]
+    for path, limit, more in locations:
+        out += ["<Location %s>" % path, "    TBucketEnable On",
+                '    TBucketKey "%{HTTP:X-API-Key}"',
+                "    TBucketLimit %s" % limit]
+        out += ["    " + d for d in more]
+        out.append("</Location>")
+    return "\n".join(out) + "\n"
+
+
+def module_conf(so, url, threads):
+    """The http part's module server: /b/ allows all, /c/ refuses all
+    after the first request, /d/ the same in shadow mode."""
+    return tb_conf(so, url, " pool=%d" % threads, (
+        ("/b/", UNREACHED, ()),
+        ("/c/", "1 1/h", ()),
+        ("/d/", "1 1/h", ("TBucketMode shadow",))))
 
 THREADS_PER_CHILD = 32
 # Directories of the served file, one per <Location> of the configs.
@@ -373,6 +381,14 @@ class Apache:
                 return f.read()
         except OSError:
             return ""
+
+    def log_errors(self):
+        """Log how many error-or-worse lines the error log holds."""
+        errs = [l for l in self.error_log().splitlines()
+                if re.search(r"\[(\w+:)?(error|crit|alert|emerg)\]", l)]
+        if errs:
+            log("apache %s error log: %d error lines, first: %s" % (
+                os.path.basename(self.root), len(errs), errs[0][:200]))
 
     def pids(self):
         return [self.proc.pid] + children(self.proc.pid)
@@ -815,8 +831,8 @@ def part_http(a, rd, tmp, build, tool):
         servers.append(bare)
         mod = None
         if have_mod:
-            mod = Apache(tmp, "mod", acpu, MODULE_CONF.format(
-                so=so, url=rd.url, threads=THREADS_PER_CHILD)).start()
+            mod = Apache(tmp, "mod", acpu, module_conf(
+                so, rd.url, THREADS_PER_CHILD)).start()
             servers.append(mod)
         peer = None
         try:
@@ -946,13 +962,8 @@ def part_http(a, rd, tmp, build, tool):
         elif not over_budget():
             syscall_counts(a, tmp, variants, wcpu)
         for srv in (bare, mod):
-            if srv is None:
-                continue
-            errs = [l for l in srv.error_log().splitlines()
-                    if re.search(r"\[(\w+:)?(error|crit|alert|emerg)\]", l)]
-            if errs:
-                log("apache %s error log: %d error lines, first: %s" % (
-                    os.path.basename(srv.root), len(errs), errs[0][:200]))
+            if srv is not None:
+                srv.log_errors()
     finally:
         for s in reversed(servers):
             s.stop()
@@ -964,26 +975,16 @@ FLOOR_CONF = """LoadModule floor_module {so}
 FloorRedis 127.0.0.1 {port}
 """
 
-# /b/ decides every request in Redis (exact), /l/ spends leases of 100
-# tokens; the status page says which pool size the module chose.
-FLOOR_TB_CONF = """LoadModule tbucket_module {so}
-TBucketRedis {url} timeout=500{pool}
-TBucketPrefix bench:
-<Location /b/>
-    TBucketEnable On
-    TBucketKey "%{{HTTP:X-API-Key}}"
-    TBucketLimit 1000000000 1000000000/s
-</Location>
-<Location /l/>
-    TBucketEnable On
-    TBucketKey "%{{HTTP:X-API-Key}}"
-    TBucketLimit 1000000000 1000000000/s
-    TBucketLease 100
-</Location>
-<Location /tbucket-status>
-    SetHandler tbucket-status
-</Location>
-"""
+def floor_tb_conf(so, url, options):
+    """The floor part's module server: /b/ decides every request in Redis
+    (exact), /l/ spends leases of 100 tokens; the status page says which
+    pool size the module chose and how many batches it wrote."""
+    return tb_conf(so, url, options, (
+        ("/b/", UNREACHED, ()),
+        ("/l/", UNREACHED, ("TBucketLease 100",)))) + (
+        "<Location /tbucket-status>\n    SetHandler tbucket-status\n"
+        "</Location>\n")
+
 
 FLOOR_CONNS = 32
 FLOOR_WRK_THREADS = 2
@@ -993,6 +994,14 @@ POOL_SIZES = (1, 2, 4, 8)
 def floor_wrk(srv, path, tag, seconds, cpus):
     return wrk(srv.url(path), "keys32.lua", [tag, str(FLOOR_WRK_THREADS)],
                seconds, cpus, threads=FLOOR_WRK_THREADS, conns=FLOOR_CONNS)
+
+
+def floor_wrk_cmd(srv, path, tag, seconds):
+    """The same load as floor_wrk, as a command line for perf to run."""
+    return ["wrk", "-t", str(FLOOR_WRK_THREADS), "-c", str(FLOOR_CONNS),
+            "-d", "%ds" % seconds, "-s",
+            os.path.join(HERE, "wrk", "keys32.lua"), srv.url(path), "--",
+            tag, str(FLOOR_WRK_THREADS)]
 
 
 def status_metrics(srv, names):
@@ -1034,16 +1043,15 @@ FLOOR_CMDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_ping")
 
 
 def settled_calls(rd):
-    """Script and PING calls so far, read once they stop moving: requests
-    that were in flight when wrk stopped finish within a moment, and must
-    not count for the next run."""
-    last = None
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
+    """Script and PING calls so far, read once they have not moved for
+    0.15 s (at most 3 s): requests that were in flight when wrk stopped
+    finish within a moment, and must not count for the next run."""
+    last, still = None, 0
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and still < 3:
         st = rd.r.info("commandstats")
         now = tuple(st[k]["calls"] if k in st else 0 for k in FLOOR_CMDS)
-        if now == last:
-            break
+        still = still + 1 if now == last else 0
         last = now
         time.sleep(0.05)
     return last
@@ -1083,11 +1091,11 @@ def floor_rounds(a, rd, variants, wcpu, tag):
             results[name].append(r)
             log("%s %-7s round %d: %6.0f req/s p50 %.2f ms p99 %.2f ms "
                 "non-2xx %d errors %d cpu/req apache %.1f us redis %.1f us "
-                "scripts/req %.3f batch %s" % (
+                "scripts %d for %d requests batch %s" % (
                     tag, name, i, r["rps"], r.get("p50", -1),
                     r.get("p99", -1), r["non2xx"], r["errors"],
                     r["server_cpu_us"], r["redis_cpu_us"],
-                    r["script_calls"],
+                    r["script_calls_n"], r["requests"],
                     "%.2f" % r["batch"] if r.get("batch") else "-"))
     return results
 
@@ -1189,10 +1197,8 @@ def floor_perf_stat(a, rd, tmp, tag, name, srv, path, wcpu):
     pids = ",".join(str(p) for p in srv.pids())
     cmd = pin(wcpu) + perf_stat_args(PERF_CPU_EVENTS, base + ".cpu") + [
         "-C", a.server_cpu, "--"] + perf_stat_args(
-            PERF_PROC_EVENTS, base + ".proc") + ["-p", pids, "--"] + [
-        "wrk", "-t", str(FLOOR_WRK_THREADS), "-c", str(FLOOR_CONNS),
-        "-d", "%ds" % secs, "-s", os.path.join(HERE, "wrk", "keys32.lua"),
-        srv.url(path), "--", name, str(FLOOR_WRK_THREADS)]
+            PERF_PROC_EVENTS, base + ".proc") + ["-p", pids, "--"] + \
+        floor_wrk_cmd(srv, path, name, secs)
     c0 = settled_calls(rd)
     out = run(cmd, secs + 60)
     c1 = settled_calls(rd)
@@ -1239,12 +1245,8 @@ def floor_perf_record(a, tmp, tag, name, srv, path, wcpu):
     secs = a.perf_seconds
     data = os.path.join(tmp, "perf-%s-%s.data" % (tag, name))
     pids = srv.pids()
-    wk = subprocess.Popen(
-        pin(wcpu) + ["wrk", "-t", str(FLOOR_WRK_THREADS), "-c",
-                     str(FLOOR_CONNS), "-d", "%ds" % (secs + 2),
-                     "-s", os.path.join(HERE, "wrk", "keys32.lua"),
-                     srv.url(path), "--", name, str(FLOOR_WRK_THREADS)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wk = subprocess.Popen(pin(wcpu) + floor_wrk_cmd(srv, path, name, secs + 2),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)
         run(pin(wcpu) + ["perf", "record", "-q", "-C", a.server_cpu, "-g", "-e",
@@ -1337,8 +1339,7 @@ def floor_mpm(a, rd, tmp, so, floor_so, mpm, acpu, wcpu, have_perf):
     try:
         bare = start("bare", "")
         floor = start("floor", FLOOR_CONF.format(so=floor_so, port=rd.port))
-        mod = start("module", FLOOR_TB_CONF.format(so=so, url=rd.url,
-                                                   pool=""))
+        mod = start("module", floor_tb_conf(so, rd.url, ""))
         default_pool = pool_size_of(mod)
         if default_pool is not None:
             record(tag + ".module.pool_size", default_pool, "connections")
@@ -1356,8 +1357,8 @@ def floor_mpm(a, rd, tmp, so, floor_so, mpm, acpu, wcpu, have_perf):
             for n in POOL_SIZES:
                 if n == default_pool:
                     continue
-                srv = start("pool%d" % n, FLOOR_TB_CONF.format(
-                    so=so, url=rd.url, pool=" pool=%d" % n))
+                srv = start("pool%d" % n, floor_tb_conf(
+                    so, rd.url, " pool=%d" % n))
                 variants.append(("pool%d" % n, srv, "/b/ok.txt"))
         results = floor_rounds(a, rd, variants, wcpu, tag)
         if mpm == "event" and default_pool in POOL_SIZES:
@@ -1374,11 +1375,7 @@ def floor_mpm(a, rd, tmp, so, floor_so, mpm, acpu, wcpu, have_perf):
                     if not over_budget():
                         floor_perf_record(a, tmp, tag, name, srv, path, wcpu)
         for srv in servers:
-            errs = [l for l in srv.error_log().splitlines()
-                    if re.search(r"\[(\w+:)?(error|crit|alert|emerg)\]", l)]
-            if errs:
-                log("apache %s error log: %d error lines, first: %s" % (
-                    os.path.basename(srv.root), len(errs), errs[0][:200]))
+            srv.log_errors()
     finally:
         for s in reversed(servers):
             s.stop()
