@@ -5,6 +5,7 @@
 #   make run          install missing packages, build, start the demo
 #   make deb          Debian packages into $(BUILD)/deb (scripts/build-deb.sh)
 #   make unit | integration | asan | noopt | clean
+#   make progs        only the test programs tests/integration runs
 #
 # Our flags live in TB_CFLAGS / TB_LDFLAGS so a caller's CFLAGS / LDFLAGS
 # are kept (as hiredis does with HIREDIS_CFLAGS). WERROR=0 turns off
@@ -38,7 +39,7 @@ TB_CFLAGS += -fsanitize=$(SANITIZER) -fno-sanitize-recover=all \
 TB_LDFLAGS += -fsanitize=$(SANITIZER)
 endif
 
-# ---- the core: C99 + POSIX + hiredis, nothing else ---------------------
+# ---- the core: C99 + POSIX + hiredis + OpenSSL, nothing else -----------
 CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
 CORE_SRC = $(wildcard shared/*.c)
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
@@ -54,6 +55,9 @@ ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
 ALGO_LUA_BUILT = $(patsubst shared/%,$(BUILD)/lua/%,$(ALGO_LUA))
 
 HIREDIS_LIBS = -lhiredis
+# TLS to Redis (shared/tb_tls.c): every program that links libtb links
+# these too, the shim included (shared libssl; only hiredis is static).
+TLS_LIBS = -lssl -lcrypto
 # Debian's hiredis.pc says libdir=/usr/lib, but the archive is multiarch.
 HIREDIS_STATIC = $(firstword $(wildcard \
     $(shell pkg-config --variable=libdir hiredis 2>/dev/null)/libhiredis.a \
@@ -77,21 +81,51 @@ SHIM_OBJ = $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
 SHIM_SO = $(BUILD)/libtbucket_preload.so
 
 # ---- tools ---------------------------------------------------------------
-TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket) \
-        $(if $(wildcard tests/integration/tb_driver.c),$(BUILD)/tb_driver)
+TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket)
 
-# The driver of the real client, one algorithm per run, and the
-# many-threads driver of the batching tests.
-TOOLS += $(if $(wildcard tests/integration/tb_algo_driver.c),$(BUILD)/tb_algo_driver)
-TOOLS += $(if $(wildcard tests/integration/tb_batch.c),$(BUILD)/tb_batch)
+# ---- test programs: every program tests/integration runs, built here ----
+# Sources in tests/integration/progs/, programs in $(BUILD)/progs/.
+TPROG_SRC = tests/integration/progs
+TPROG = $(BUILD)/progs
+# The drivers link libtb, built like the module and the shim (sanitizer
+# included): tb_driver speaks a line protocol to one client, tb_algo_driver
+# runs one algorithm, tb_batch runs many threads on one client.
+TPROG_DRIVERS = $(TPROG)/tb_driver $(TPROG)/tb_algo_driver $(TPROG)/tb_batch
+# The shim tests' programs stand in for the legacy applications the shim is
+# preloaded into, which are not sanitizer builds: plain in every build.
+# tb_cli2 is a copy of tb_cli, since a "$program" key must differ by name.
+TPROG_PLAIN = $(TPROG)/tb_srv $(TPROG)/tb_cli $(TPROG)/closer \
+              $(TPROG)/connect_loop
+TPROG_LIBS = $(TPROG)/libctor.so $(TPROG)/libfakeconnect.so
+TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
+# Replays of the fuzz corpus: each tests/fuzz/fuzz_<name>.c linked with
+# replay_main.c instead of libFuzzer, so gcc suffices; always ASan + UBSan,
+# as the fuzz targets are. The core is compiled once for all of them.
+REPLAY_TARGETS = url key parse $(if $(wildcard shim/shim_conf.c),shimconf)
+REPLAY_BIN = $(patsubst %,$(BUILD)/fuzz/replay_%,$(REPLAY_TARGETS))
+REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=all -D_GNU_SOURCE -Ishared -Ishim \
+                -I$(BUILD)
+REPLAY_DIR = $(BUILD)/fuzz/replay-obj
+REPLAY_CORE = $(patsubst shared/%.c,$(REPLAY_DIR)/%.o,$(CORE_SRC)) \
+              $(REPLAY_DIR)/tb_script.o $(REPLAY_DIR)/replay_main.o
+# dl_main loads a plugin found only through its RUNPATH ($ORIGIN/plug), as
+# PHP loads extensions: the shim's dlopen() must keep the caller's identity.
+TPROG_DL = $(TPROG)/dl_main $(TPROG)/plug/libtbplug.so
+TEST_PROGS = $(TPROG_DRIVERS) $(TPROG_PLAIN) $(TPROG_LIBS) $(TPROG_DL) \
+             $(TPROG)/ctor_main $(TPROG)/tb_cli2 $(REPLAY_BIN)
 
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: all deps test unit integration asan noopt run clean install \
-        uninstall bench fuzz deb
+        uninstall bench fuzz deb progs
+# What ships; the test programs are built by `make progs` (and before the
+# integration tests), so a package build compiles none of them.
 all: $(ALGO_LUA_BUILT) $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) \
      $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
+
+progs: $(TEST_PROGS)
 
 $(BUILD)/shared/tb_script.c $(ALGO_LUA_BUILT) &: $(LUA_PRELUDE) $(ALGO_LUA) \
     scripts/embed-lua.sh Makefile
@@ -116,7 +150,7 @@ $(BUILD)/mod_tbucket/%.o: mod_tbucket/%.c shared/tb.h $(wildcard mod_tbucket/*.h
 	$(CC) $(CPPFLAGS) $(MOD_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
 $(MOD_SO): $(MOD_OBJ) $(LIBTB)
-	$(CC) -shared -o $@ $(MOD_OBJ) $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) -shared -o $@ $(MOD_OBJ) $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/shim/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
@@ -125,25 +159,71 @@ $(BUILD)/shim/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
 $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LIBTB) $(HIREDIS_STATIC) \
 	    -Wl,--version-script=shim/tb_shim.map -Wl,--exclude-libs,ALL \
-	    -lconfig -ldl $(TB_LDFLAGS) $(LDFLAGS)
+	    -lconfig -ldl $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 # The tool reads shim configs with the shim's own loader.
 $(BUILD)/tbucket: tools/tbucket.c $(BUILD)/shim/shim_conf.o $(LIBTB) \
     shared/tb.h shim/tb_shim.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/tb_driver: tests/integration/tb_driver.c $(LIBTB)
+$(TPROG_DRIVERS): $(TPROG)/%: $(TPROG_SRC)/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/tb_batch: tests/integration/tb_batch.c $(LIBTB)
+$(TPROG_PLAIN): $(TPROG)/%: $(TPROG_SRC)/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS)
 
-$(BUILD)/tb_algo_driver: tests/integration/tb_algo_driver.c $(LIBTB)
+$(TPROG)/libctor.so: $(TPROG_SRC)/ctor_lib.c
+$(TPROG)/libfakeconnect.so: $(TPROG_SRC)/fake_connect.c
+$(TPROG_LIBS):
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) -fPIC $(CFLAGS) -shared $^ -o $@ $(LDFLAGS)
+
+# ctor_main calls the shim from libctor.so's constructor, found beside it.
+$(TPROG)/ctor_main: $(TPROG_SRC)/ctor_main.c $(TPROG)/libctor.so
+	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) $(CFLAGS) $< -o $@ -L$(TPROG) -lctor \
+	    -Wl,-rpath,'$$ORIGIN' $(LDFLAGS)
+
+$(TPROG)/plug/libtbplug.so: $(TPROG_SRC)/dl_plugin.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) -fPIC $(CFLAGS) -shared $< -o $@ $(LDFLAGS)
+
+$(TPROG)/dl_main: $(TPROG_SRC)/dl_main.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) $(CFLAGS) $< -o $@ -ldl \
+	    -Wl,--enable-new-dtags,-rpath,'$$ORIGIN/plug' $(LDFLAGS)
+
+$(TPROG)/tb_cli2: $(TPROG)/tb_cli
+	cp $< $@
+
+$(REPLAY_DIR)/%.o: shared/%.c shared/tb.h $(wildcard shared/*_int.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
+
+$(REPLAY_DIR)/%.o: $(BUILD)/shared/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
+
+$(REPLAY_DIR)/%.o: tests/fuzz/%.c tests/fuzz/fuzz_common.h shared/tb.h
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
+
+$(REPLAY_DIR)/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
+
+$(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
+	$(CC) $(REPLAY_CFLAGS) -o $@ $< $(REPLAY_EXTRA) $(REPLAY_CORE) \
+	    -lhiredis $(TLS_LIBS) -lm -pthread $(REPLAY_LIBS)
+
+$(BUILD)/fuzz/replay_shimconf: $(REPLAY_DIR)/shim_conf.o
+$(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_DIR)/shim_conf.o
+$(BUILD)/fuzz/replay_shimconf: REPLAY_LIBS = -lconfig -ldl
+# Kept between builds (make would delete them as intermediate files).
+.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o \
+    $(patsubst %,$(REPLAY_DIR)/fuzz_%.o,$(REPLAY_TARGETS))
 
 # The algorithm unit tests share their vector reader.
 $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog): \
@@ -151,7 +231,7 @@ $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog): \
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) -Wno-missing-prototypes $(CFLAGS) $< -o $@ $(LIBTB) -lcmocka $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) -Wno-missing-prototypes $(CFLAGS) $< -o $@ $(LIBTB) -lcmocka $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 deps:
 	@sh scripts/install-deps.sh
@@ -160,7 +240,7 @@ unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; \
 	    TB_TEST_VECTORS=tests/vectors $(TEST_PREFIX) $$t; done
 
-integration: all
+integration: all progs
 	TB_BUILD=$(abspath $(BUILD)) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	    tests/integration $(PYTEST_ARGS)
 
@@ -169,7 +249,10 @@ test: deps
 	$(MAKE) unit
 	$(MAKE) integration
 
+# The shim tests preload the plain shim (build/) into programs that fail
+# with libasan preloaded (curl, php-cgi), so it is built first.
 asan: deps
+	$(MAKE) $(SHIM_SO)
 	$(MAKE) SANITIZER=address,undefined all unit
 	$(MAKE) SANITIZER=address,undefined integration TB_ASAN=1
 
@@ -187,15 +270,12 @@ fuzz: $(BUILD)/shared/tb_script.c
 	$(MAKE) all
 	TB_BUILD=$(abspath $(BUILD)) TB_DIRECTIVE_FUZZ=$(DIRECTIVE_FUZZ) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider \
-	    tests/integration/test_module_009_directive_fuzz.py
+	    tests/integration/module/test_directive_fuzz.py
 
 run: deps
 	$(MAKE) all
 	sh scripts/run.sh $(abspath $(BUILD))
 
-# Benchmarks (bench/README.md), never part of make test: under 10 minutes,
-# writes bench/results/latest.tsv and prints the table. A part whose .so
-# does not build is reported as not measured.
 # The floor module (bench/mod_floor.c): one blocking PING per request,
 # built like the module and linked against hiredis, never installed.
 BENCH_FLOOR_SO = $(BUILD)/bench/mod_floor.so
@@ -205,6 +285,9 @@ $(BENCH_FLOOR_SO): bench/mod_floor.c
 	$(CC) $(CPPFLAGS) $(MOD_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -shared $< -o $@ \
 	    $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
+# Benchmarks (bench/README.md), never part of make test: under 10 minutes,
+# writes bench/results/latest.tsv and prints the table. A part whose .so
+# does not build is reported as not measured.
 bench:
 	@sh scripts/install-deps.sh python3-flask gunicorn valgrind strace \
 	    linux-perf

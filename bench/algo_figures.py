@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """algo_figures.py -- the README's algorithm table, measured.
 
-Starts its own redis-server (tests/integration/tbenv.py) and runs the real
+Starts its own redis-server (tests/integration/tbtest/env.py) and runs the real
 scripts in it, as they ship (build/lua/, written by make; $TB_BUILD names
 another build):
   * burst behaviour: requests admitted at one instant from a fresh key, and
@@ -24,7 +24,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-from tbenv import Redis, lua_script  # noqa: E402
+from tbtest.env import Redis, lua_script  # noqa: E402
 
 ALGOS = [("token-bucket", "tb_bucket.lua"), ("gcra", "tb_gcra.lua"),
          ("sliding-window", "tb_swindow.lua"),

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 
-from tbenv import free_port, stop_pid, wait_port  # noqa: E402
+from tbtest.env import free_port, stop_pid, wait_port  # noqa: E402
 
 EPOLL_LOOP = r"""
 #include <stdio.h>
@@ -161,7 +161,7 @@ def haproxy_rows(probe, up, log, tmp):
 
 
 def apache_rows(probe, up, log, tmp, listens):
-    from tbapache import MODDIR, Apache
+    from tbtest.apache import MODDIR, Apache
 
     class ProbeApache(Apache):
         def _env(self):

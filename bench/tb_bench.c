@@ -18,8 +18,13 @@
  *
  * Usage: tb_bench -u URL [-t THREADS] [-n DECISIONS] [-d SECONDS]
  *                 [-k one|thread|distinct] [-c CAPACITY] [-r RATE_PER_SEC]
- *                 [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS]
- * (the command timeout defaults to 5000 ms)
+ *                 [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] [-A TLS_CA_FILE]
+ *                 [-p POOL]
+ *
+ * -A is the CA file of a rediss:// URL (tls_ca), for the TLS figures; -p
+ * a pool smaller than the threads, so that decisions share writes and
+ * reads (batches) as under a threaded MPM. The command timeout defaults
+ * to 5000 ms.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -143,7 +148,8 @@ static void usage(void)
             "[-d SECONDS]\n"
             "                [-k one|thread|distinct] [-c CAPACITY] "
             "[-r RATE_PER_SEC]\n"
-            "                [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS]\n");
+            "                [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] "
+            "[-A TLS_CA_FILE] [-p POOL]\n");
     exit(2);
 }
 
@@ -154,7 +160,7 @@ int main(int argc, char **argv)
     tb_options_t o;
     char err[256];
     const char *url = NULL;
-    int threads = 1, timeout_ms = 5000, opt, i;
+    int threads = 1, timeout_ms = 5000, pool = 0, opt, i;
     uint64_t total = 0, done = 0, allowed = 0, rejected = 0, failed = 0;
     double seconds = 0;
     int64_t t0, t1;
@@ -165,7 +171,8 @@ int main(int argc, char **argv)
     b.take.limit.rate_per_sec = 1e9;
     b.take.cost = 1;
     b.warmup = 10;
-    while ((opt = getopt(argc, argv, "u:t:n:d:k:c:r:w:T:")) != -1) {
+    tb_options_init(&o);
+    while ((opt = getopt(argc, argv, "u:t:n:d:k:c:r:w:T:A:p:")) != -1) {
         switch (opt) {
         case 'u': url = optarg; break;
         case 't': threads = atoi(optarg); break;
@@ -181,6 +188,8 @@ int main(int argc, char **argv)
         case 'r': b.take.limit.rate_per_sec = atof(optarg); break;
         case 'w': b.warmup = strtoull(optarg, NULL, 10); break;
         case 'T': timeout_ms = atoi(optarg); break;
+        case 'A': o.tls.ca_file = optarg; break;
+        case 'p': pool = atoi(optarg); break;
         default: usage();
         }
     }
@@ -188,9 +197,8 @@ int main(int argc, char **argv)
         || (total == 0 && seconds <= 0)) {
         usage();
     }
-    tb_options_init(&o);
     o.url = url;
-    o.pool_size = threads;
+    o.pool_size = pool > 0 ? pool : threads;
     /* Generous: on a loaded 2-core machine a 50 ms timeout would turn
      * scheduling delays into policy answers and trip the breaker, and
      * with a load average of 25 one run of 50 threads saw Redis answer

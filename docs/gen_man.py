@@ -5,7 +5,7 @@
 
 writes OUTDIR/mod_tbucket.5, OUTDIR/tbucket-shim.5 and OUTDIR/tbucket.8
 (one file per @page). The format of the source is described at its top.
-tests/integration/test_docs_reference.py imports parse() to check the
+tests/integration/ops/test_docs_reference.py imports parse() to check the
 entries against the code, so a directive without documentation, or
 documentation without a directive, fails `make test`.
 """

@@ -18,7 +18,10 @@
  * {"error":"rate limited","retry_after":N} unless ErrorDocument 429 is
  * set. A cost that can never fit a bucket gets 403 with a body saying so.
  * TBUCKET_DECISION and TBUCKET_REMAINING are set in the environment of the
- * final request, for CGI, PHP and LogFormat %{...}e.
+ * final request, for CGI, PHP and LogFormat %{...}e. Leases are
+ * tbucket_lease.c's, and settling the cost a response reports
+ * (TBucketCostHeader) is tbucket_settle.c's: a decision here records
+ * what both need.
  */
 #include "apr_atomic.h"
 #include "apr_general.h"
@@ -39,14 +42,6 @@
 #include "mod_tbucket.h"
 
 
-/* What the first limited request of a chain decided; kept in the
- * request_config of the chain's root so that later requests of the chain
- * (internal redirects, ErrorDocument) copy it instead of counting again. */
-typedef struct tbucket_req {
-    tbucket_outcome outcome;
-    const char *remaining;   /* TBUCKET_REMAINING, as text. */
-} tbucket_req;
-
 /* Per-process state of the shard choice (see pick_shard). */
 static apr_uint64_t shard_seed;
 static volatile apr_uint32_t shard_seq;
@@ -60,11 +55,43 @@ static tbucket_srv_conf *srv_conf(const server_rec *s)
 
 static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
 {
-    return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT,
+    const tb_tls_options_t *t = &sc->tls;
+
+    return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT
+                        "|%s|%s|%s|%s|%d",
                         sc->url ? sc->url : TB_DEFAULT_URL, sc->timeout_ms,
                         sc->connect_timeout_ms, sc->pool_size,
                         (int)sc->policy, sc->replicas,
-                        sc->breaker_threshold, sc->breaker_cooldown_ms);
+                        sc->breaker_threshold, sc->breaker_cooldown_ms,
+                        t->ca_file ? t->ca_file : "",
+                        t->cert_file ? t->cert_file : "",
+                        t->key_file ? t->key_file : "",
+                        t->server_name ? t->server_name : "",
+                        t->no_verify);
+}
+
+/* tls_verify=off, once per Redis configuration and (re)start. */
+static void warn_no_verify(apr_hash_t *warned, server_rec *s,
+                           const tbucket_srv_conf *sc)
+{
+    tb_redis_addr_t a;
+    char label[TBUCKET_NAME_LEN], err[160];
+
+    if (!sc->tls_ctx || !sc->tls.no_verify
+        || apr_hash_get(warned, sc->signature, APR_HASH_KEY_STRING)) {
+        return;
+    }
+    apr_hash_set(warned, sc->signature, APR_HASH_KEY_STRING, "");
+    if (tb_url_parse(sc->url, &a, err, sizeof(err)) == TB_OK) {
+        tb_url_redact(&a, label, sizeof(label));
+    }
+    else {
+        apr_cpystrn(label, "?", sizeof(label));
+    }
+    ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, TBLOGNO(00131)
+                 "TBucketRedis %s has tls_verify=off: the server's "
+                 "certificate is not checked, so anyone on the path can "
+                 "pose as Redis", label);
 }
 
 /* One connection per child suits prefork, which serves one request at a
@@ -83,10 +110,10 @@ static int default_pool_size(void)
 static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
                        apr_pool_t *ptemp, server_rec *main_s)
 {
+    apr_hash_t *warned = apr_hash_make(ptemp);
     server_rec *s;
     int pool = default_pool_size();
 
-    (void)ptemp;
     /* The first of the two startup passes only checks the config. */
     if (ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_CREATE_PRE_CONFIG) {
         return OK;
@@ -98,8 +125,13 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
             sc->pool_size = pool;
         }
         sc->signature = signature(pconf, sc);
+        warn_no_verify(warned, s, sc);
     }
-    return tbucket_shm_setup(pconf, plog, main_s);
+    if (tbucket_shm_setup(pconf, plog, main_s) != OK) {
+        return HTTP_INTERNAL_SERVER_ERROR;
+    }
+    tbucket_lease_setup(pconf, main_s);
+    return OK;
 }
 
 static apr_status_t client_cleanup(void *data)
@@ -154,6 +186,7 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
                      ^ (apr_uint64_t)apr_time_now();
     }
 
+    tbucket_lease_child_init();
     for (s = main_s; s; s = s->next) {
         tbucket_srv_conf *sc = srv_conf(s);
         tbucket_client *c;
@@ -265,7 +298,7 @@ static int build_takes(const tbucket_dir_conf *dc, const char *key,
     return n;
 }
 
-/* ---- Hot-tenant shards and token leases ------------------------------ */
+/* ---- Hot-tenant shards ---------------------------------------------- */
 
 /* The shard of a request: uniform at random, from a per-process seed and
  * an atomic sequence through splitmix64, so threads need no lock and
@@ -288,61 +321,16 @@ static int pick_shard(int k)
     return (int)(z % (apr_uint64_t)k);
 }
 
-/* The request's decision with a lease: spend from the server's lease
- * when it holds the cost, else one Redis call that decides the request
- * and takes up to `lease` tokens, the rest kept in shared memory until
- * the lease's ttl. res->remaining is then what this server may still
- * spend: the lease's remainder on a hit (a lower bound: the shared
- * bucket may hold more), the shared bucket's plus the new remainder on
- * a refill (which is what it would have kept without the lease). */
-static void lease_decide(const tbucket_dir_conf *dc, tbucket_srv_conf *sc,
-                         tb_request_t *q, tb_result_t *res)
-{
-    tb_lease_t *lt = tbucket_lease_table();
-    const tb_take_t *take = &q->takes[0];
-    char rkey[TB_KEY_BUF];
-    int64_t now_ms = tb_clock_now_us() / 1000;
-    double left;
-
-    if (lt && !tb_key_build_shard(q->prefix, q->key, q->key_len,
-                                  q->shards > 1 ? q->shard : -1, NULL,
-                                  rkey)) {
-        lt = NULL;  /* The core refuses such a key too. */
-    }
-    if (lt && tb_lease_spend(lt, rkey, take->cost, now_ms, &left) == 1) {
-        memset(res, 0, sizeof(*res));
-        res->allowed = 1;
-        res->remaining = (int64_t)left;
-        res->limit = take->limit.capacity
-                     / (q->shards > 1 ? q->shards : 1);
-        res->source = TB_SRC_REDIS;
-        tbucket_count_lease(sc, 1, 0);
-        return;
-    }
-    q->lease = dc->lease > take->cost ? dc->lease : take->cost;
-    tb_client_run(sc->client->tb, q, res);
-    if (res->granted > 0) {
-        tbucket_count_lease(sc, 0, res->granted);
-        if (lt && res->granted > take->cost) {
-            double extra = (double)res->granted - take->cost;
-
-            tb_lease_store(lt, rkey, extra, now_ms,
-                           now_ms + dc->lease_ttl_ms);
-            res->remaining += (int64_t)extra;
-        }
-    }
-}
-
-/* Log a breaker transition once, on the decision that made it (the core
- * says which one did), not once per request while it lasts. */
-static void note_breaker(request_rec *r, tbucket_client *c,
-                         const tb_result_t *res, const tbucket_srv_conf *sc)
+/* The core says which call opened or closed the breaker: log that once,
+ * not once per request while it lasts. */
+void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
+                          const tb_result_t *res, const tbucket_srv_conf *sc)
 {
     if (res->breaker_change > 0) {
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, r->server, TBLOGNO(00105)
-                     "Redis %s is failing (%s): breaker open, the %s "
-                     "policy decides for %" APR_INT64_T_FMT " ms",
-                     c->label, tb_err_name(res->err),
+                     "Redis %s is failing (%s: %.127s): breaker open, the "
+                     "%s policy decides for %" APR_INT64_T_FMT " ms",
+                     c->label, tb_err_name(res->err), c->tb->errstr,
                      tb_policy_name(sc->policy), sc->breaker_cooldown_ms);
     }
     else if (res->breaker_change < 0) {
@@ -447,7 +435,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     tb_request_t q;
     tb_result_t res;
     tbucket_req *rq;
-    const char *key, *prefix;
+    const char *key, *prefix, *lease_key = NULL;
     apr_int64_t retry_s = 0;
     int n, shadow = dc->shadow == 1, cost_exceeded;
     int k = dc->shards > 1 ? dc->shards : 1;
@@ -478,7 +466,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
      * .htaccess), and here they decide without. */
     if (dc->lease > 0 && n == 1 && q.algo == TB_ALGO_TOKEN_BUCKET
         && takes[0].cost >= 1) {
-        lease_decide(dc, sc, &q, &res);
+        tbucket_lease_decide(root->pool, dc, sc, &q, &res, &lease_key);
     }
     else {
         tb_client_run(sc->client->tb, &q, &res);
@@ -494,7 +482,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
                       "the limiter refused its arguments: not limited");
         return DECLINED;
     }
-    note_breaker(r, sc->client, &res, sc);
+    tbucket_note_breaker(r, sc->client, &res, sc);
     if (res.err != TB_ERR_NONE) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00109)
                       "Redis did not decide (%s: %s): %s policy answered",
@@ -509,6 +497,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
         }
     }
     rq = apr_palloc(root->pool, sizeof(*rq));
+    rq->settle = tbucket_settle_note(root, dc, sc, &q, &res, lease_key);
     rq->outcome = outcome_of(&res, shadow);
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
                                  res.remaining > 0 ? res.remaining : 0);
@@ -612,6 +601,7 @@ static void register_hooks(apr_pool_t *p)
      * since handlers read subprocess_env only after all fixups. */
     ap_hook_fixups(fixups, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_handler(tbucket_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    tbucket_settle_register();
 }
 
 AP_DECLARE_MODULE(tbucket) = {

@@ -20,7 +20,7 @@
 /* Log tags: "TB" + five digits + ": ", one number per call site, never
  * reused (the rules of httpd's docs/log-message-tags/README). 001xx are
  * in mod_tbucket.c, tbucket_config.c and tbucket_check.c, 002xx in
- * tbucket_shm.c. */
+ * tbucket_shm.c, 004xx in tbucket_settle.c, 005xx in tbucket_lease.c. */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
@@ -56,6 +56,18 @@ typedef struct tbucket_vhost_stats {
                                        * without asking Redis.          */
     uint64_t lease_refills;           /* Leases taken from Redis.       */
     uint64_t lease_tokens;            /* Tokens those leases granted.   */
+    /* Costs the application reported (TBucketCostHeader). */
+    uint64_t cost_reports;            /* Valid costs reported.          */
+    uint64_t cost_settled;            /* Reports that changed the
+                                       * buckets: a script call, or the
+                                       * server's lease.                */
+    uint64_t cost_unsettled;          /* Reports that differed from the
+                                       * charge but were not settled.   */
+    uint64_t cost_invalid;            /* Values ignored: not a number
+                                       * 0..1e9.                        */
+    uint64_t cost_debited;            /* Tokens settlements took,
+                                       * rounded per settlement.        */
+    uint64_t cost_refunded;           /* Tokens settlements gave back.  */
 } tbucket_vhost_stats;
 
 typedef struct tbucket_client_stats {
@@ -75,6 +87,8 @@ typedef struct tbucket_shm_view {
     const tbucket_client_stats *clients;
     size_t local_entries;             /* Size of the local table.       */
     uint64_t generation;              /* Config loads since start.      */
+    uint64_t lease_returned;          /* Unspent lease tokens given back
+                                       * to Redis, rounded per return.  */
 } tbucket_shm_view;
 
 /* ---- Configuration -------------------------------------------------- */
@@ -104,6 +118,12 @@ typedef struct tbucket_srv_conf {
     const char *ip_prefix;            /* prefix + "ip:", made at config
                                        * time for keys that fell back to
                                        * the client IP.                 */
+    /* TLS: the tls_* options of the TBucketRedis line (they go with its
+     * URL, never inherited apart from it) and the context made from
+     * them at config time, in the parent, before privileges are
+     * dropped; NULL for a plaintext URL. Freed with the config pool. */
+    tb_tls_options_t tls;
+    tb_tls_t *tls_ctx;
     unsigned int url_set:1, timeout_set:1, connect_timeout_set:1,
         pool_set:1, policy_set:1, replicas_set:1, threshold_set:1,
         cooldown_set:1, prefix_set:1;
@@ -155,9 +175,32 @@ typedef struct tbucket_dir_conf {
     int lease;
     int lease_ttl_ms;
     int shards;
+    /* TBucketCostHeader: the response header that reports a request's
+     * real cost; NULL unset, "" turned off in this scope. */
+    const char *cost_header;
 } tbucket_dir_conf;
 
+typedef struct tbucket_settle tbucket_settle;
+
+/* What the first limited request of a chain decided; kept in the
+ * request_config of the chain's root so that later requests of the chain
+ * (internal redirects, ErrorDocument) copy it instead of counting again,
+ * and so that the chain's real cost can be settled after the response. */
+typedef struct tbucket_req {
+    tbucket_outcome outcome;
+    const char *remaining;            /* TBUCKET_REMAINING, as text.    */
+    tbucket_settle *settle;           /* tbucket_settle.c's, or NULL.   */
+} tbucket_req;
+
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
+
+/* ---- mod_tbucket.c -------------------------------------------------- */
+
+/* Log a breaker transition once, on the call that made it (a decision's
+ * or a settlement's). */
+void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
+                          const tb_result_t *res,
+                          const tbucket_srv_conf *sc);
 
 /* ---- tbucket_config.c ---------------------------------------------- */
 
@@ -197,6 +240,23 @@ void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
 void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
                          int64_t granted);
 
+/* What happened to a cost the application reported. */
+typedef enum {
+    TBUCKET_COST_REPORTED = 0,        /* A valid cost arrived.          */
+    TBUCKET_COST_SETTLED,             /* It changed the buckets by
+                                       * delta tokens (+ taken, -
+                                       * given back).                   */
+    TBUCKET_COST_UNSETTLED,           /* It differed, nothing changed.  */
+    TBUCKET_COST_INVALID              /* The value was ignored.         */
+} tbucket_cost_event;
+
+/* Count a reported cost for a server. Thread- and process-safe. */
+void tbucket_count_cost(const tbucket_srv_conf *sc, tbucket_cost_event ev,
+                        double delta);
+
+/* Count lease tokens given back to Redis. Thread- and process-safe. */
+void tbucket_count_returned(double tokens);
+
 /* The local-policy table in the segment, or NULL. */
 tb_local_t *tbucket_local_table(void);
 
@@ -206,6 +266,48 @@ tb_lease_t *tbucket_lease_table(void);
 /* Fill *v with a view of the segment: 1, or 0 before the first
  * post_config (v untouched). */
 int tbucket_shm_view_get(tbucket_shm_view *v);
+
+/* ---- tbucket_lease.c ------------------------------------------------ */
+
+/* Decide q (one main token bucket, a whole cost of at least one token)
+ * with the server's lease of dc->lease tokens at most: from the lease in
+ * shared memory when it holds the cost, else in one script call that
+ * also takes the next lease and gives back an expired one's tokens.
+ * Fills *res as tb_client_run() does; res->remaining is what this server
+ * may still spend. *lease_key is the lease's full key (in p) when the
+ * request was paid from a lease that is still held, for settling its
+ * real cost there; NULL otherwise. */
+void tbucket_lease_decide(apr_pool_t *p, const tbucket_dir_conf *dc,
+                          tbucket_srv_conf *sc, tb_request_t *q,
+                          tb_result_t *res, const char **lease_key);
+
+/* Settle delta tokens (real cost - charged; negative gives back) in the
+ * lease at key: 1 when the lease covered it, 0 when Redis must. */
+int tbucket_lease_settle(const char *key, double delta);
+
+/* post_config (parent): have the lease table drained into Redis when
+ * this configuration ends (a stop or a restart, graceful or not). */
+void tbucket_lease_setup(apr_pool_t *pconf, server_rec *main_s);
+
+/* child_init: the table's drain count this child may take leases at. */
+void tbucket_lease_child_init(void);
+
+/* ---- tbucket_settle.c ----------------------------------------------- */
+
+/* Record what settling the chain's real cost needs after a decision of
+ * request q made under dc (nothing when TBucketCostHeader is not set
+ * there): the header's name, the request and what it charged, and
+ * whether it can be settled at all (allowed, by Redis, with a token
+ * bucket or GCRA). lease_key as from tbucket_lease_decide(). */
+tbucket_settle *tbucket_settle_note(request_rec *root,
+                                    const tbucket_dir_conf *dc,
+                                    tbucket_srv_conf *sc,
+                                    const tb_request_t *q,
+                                    const tb_result_t *res,
+                                    const char *lease_key);
+
+/* Register the cost header's filter and the hooks that settle. */
+void tbucket_settle_register(void);
 
 /* ---- tbucket_status.c ---------------------------------------------- */
 

@@ -9,7 +9,8 @@
  * keep one token and a valid rate each. What works but is likely a
  * mistake draws one warning each: a cost that never fits its bucket,
  * TBucketEnable without a limit, more route buckets than a request can
- * take, a lease smaller than the cost, sliding-log beyond its capacity.
+ * take, a lease smaller than the cost, sliding-log beyond its capacity, a
+ * cost header where the algorithm cannot settle it.
  * The main server, every virtual host and each of their <Directory> and
  * <Location> sections (merged with the server's defaults) are checked;
  * .htaccess files are not read at this point.
@@ -76,6 +77,13 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                   "%s needs a capacity up to %d and a whole cost: requests "
                   "there are not limited", where,
                   (int)TB_SLOG_MAX_CAPACITY));
+    }
+    if (dc->cost_header && *dc->cost_header && dc->algo != -1
+        && dc->algo != TB_ALGO_TOKEN_BUCKET && dc->algo != TB_ALGO_GCRA) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketCostHeader %s in %s: "
+                  "TBucketAlgorithm %s keeps the cost charged up front; "
+                  "reported costs are not settled there", dc->cost_header,
+                  where, tb_algo_name((tb_algo_t)dc->algo)));
     }
     for (t = dc; t; t = t->tenants_up) {
         for (hi = t->tenants ? apr_hash_first(p, t->tenants) : NULL; hi;

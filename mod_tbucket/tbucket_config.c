@@ -13,10 +13,21 @@
  * set):
  *
  *   TBucketRedis URL [timeout=MS] [connect_timeout=MS] [pool=N]
- *       redis://[user:password@]host[:port][/db] or unix:/path[?db=N].
- *       Default redis://127.0.0.1:6379, timeout 50 ms, connect timeout the
- *       same, pool 1 connection per child under prefork and 4 per child
- *       under threaded MPMs.
+ *                [tls_ca=FILE] [tls_cert=FILE tls_key=FILE]
+ *                [tls_server_name=NAME] [tls_verify=on|off]
+ *       redis://[user:password@]host[:port][/db], rediss://... (TLS),
+ *       unix:/path[?db=N], redis-sentinel://h[:p][,...]/MASTER[/db] or
+ *       redis-cluster://h[:p][,...]; "?tls=on" after a sentinel or
+ *       cluster URL speaks TLS to every sentinel and node. Default
+ *       redis://127.0.0.1:6379, timeout 50 ms, connect timeout the same
+ *       (it bounds connect and TLS handshake together), pool 1
+ *       connection per child under prefork and 4 per child under
+ *       threaded MPMs. With TLS: tls_ca the CA file (default the system
+ *       store), tls_cert and tls_key a client certificate, tls_server_name
+ *       the name the certificate must carry (default each connection's
+ *       host), tls_verify=off no check at all (warned at startup). Files
+ *       are read here, as root, once per configuration load; relative
+ *       paths are under ServerRoot.
  *   TBucketFailurePolicy open|closed|local     (default open)
  *       What answers when Redis cannot: allow, refuse with 429, or decide
  *       on a bucket of capacity/N and rate/N kept in shared memory.
@@ -63,6 +74,13 @@
  *       Unspent tokens expire. Needs one token bucket: refused with
  *       TBucketRouteLimit or another TBucketAlgorithm (ignored where
  *       apache2 -t cannot see it, in .htaccess).
+ *   TBucketCostHeader NAME | Off               (default none)
+ *       The response header NAME (or the request note "tbucket-cost")
+ *       carries the request's real cost, a decimal from 0 to 1e9; the
+ *       difference from the cost charged is settled on every bucket the
+ *       request was charged to after the response, and the header never
+ *       reaches the client (tbucket_settle.c). Token bucket and GCRA;
+ *       the window algorithms keep what they charged.
  *   TBucketShards K                            (default 1, at most 64)
  *       Each key's buckets become K sub-buckets of capacity/K and rate/K
  *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
@@ -73,6 +91,7 @@
  *       a page for a browser (tbucket_status.c).
  */
 #include "apr_hash.h"
+#include "apr_lib.h"
 #include "apr_strings.h"
 
 #include "httpd.h"
@@ -131,6 +150,8 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(breaker_cooldown_ms, cooldown_set);
     TAKE(prefix, prefix_set);
     TAKE(ip_prefix, prefix_set);
+    TAKE(tls, url_set);
+    TAKE(tls_ctx, url_set);
 #undef TAKE
     m->vhost_slot = -1;
     m->client_slot = -1;
@@ -151,6 +172,8 @@ void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
     o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
     o->policy = sc->policy;
     o->replicas = sc->replicas;
+    o->tls = sc->tls;
+    o->tls_ctx = sc->tls_ctx;
 }
 
 void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
@@ -244,6 +267,7 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->lease_ttl_ms = base->lease_ttl_ms;
     }
     m->shards = add->shards != -1 ? add->shards : base->shards;
+    m->cost_header = add->cost_header ? add->cost_header : base->cost_header;
     return m;
 }
 
@@ -302,6 +326,72 @@ static const char *parse_ms(cmd_parms *cmd, const char *what,
     return NULL;
 }
 
+static apr_status_t tls_cleanup(void *ctx)
+{
+    tb_tls_free(ctx);
+    return APR_SUCCESS;
+}
+
+/* A tls_* option of TBucketRedis into sc->tls: 1 when name is one (*msg
+ * then says what is wrong with value, or is NULL), else 0. Files are
+ * relative to ServerRoot, as httpd's own are. */
+static int tls_option(cmd_parms *cmd, tbucket_srv_conf *sc, const char *name,
+                      const char *value, const char **msg)
+{
+    tb_tls_options_t *t = &sc->tls;
+    const char **file = !strcmp(name, "tls_ca")     ? &t->ca_file
+                         : !strcmp(name, "tls_cert") ? &t->cert_file
+                         : !strcmp(name, "tls_key")  ? &t->key_file
+                                                     : NULL;
+
+    *msg = NULL;
+    if (file) {
+        *file = *value ? ap_server_root_relative(cmd->pool, value) : NULL;
+        if (!*file) {
+            *msg = bad_value(cmd, name, value, "not a file name");
+        }
+        return 1;
+    }
+    if (!strcmp(name, "tls_server_name")) {
+        t->server_name = apr_pstrdup(cmd->pool, value);
+        return 1;
+    }
+    if (!strcmp(name, "tls_verify")) {
+        if (strcasecmp(value, "on") && strcasecmp(value, "off")) {
+            *msg = bad_value(cmd, name, value, "must be on or off");
+        }
+        t->no_verify = !strcasecmp(value, "off");
+        return 1;
+    }
+    return 0;
+}
+
+/* The TLS context of a TLS URL, made here so that its files are read by
+ * root, before httpd drops privileges (a key may be readable by root
+ * only), and once per configuration load; children inherit it. */
+static const char *make_tls(cmd_parms *cmd, tbucket_srv_conf *sc,
+                            const tb_redis_addr_t *addr)
+{
+    const tb_tls_options_t *t = &sc->tls;
+    char err[2 * TB_ERRSTR_LEN];
+
+    if (!addr->tls) {
+        if (t->ca_file || t->cert_file || t->key_file || t->server_name
+            || t->no_verify) {
+            return "TBucketRedis: the tls_* options need a TLS URL: "
+                   "rediss://, or ?tls=on after a redis-sentinel:// or "
+                   "redis-cluster:// URL";
+        }
+        return NULL;
+    }
+    if (!(sc->tls_ctx = tb_tls_create(t, err, sizeof(err)))) {
+        return apr_psprintf(cmd->pool, "TBucketRedis: %s", err);
+    }
+    apr_pool_cleanup_register(cmd->pool, sc->tls_ctx, tls_cleanup,
+                              apr_pool_cleanup_null);
+    return NULL;
+}
+
 static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
@@ -321,10 +411,18 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
     }
     sc->url = apr_pstrdup(cmd->pool, url);
     sc->url_set = 1;
+    /* The TLS settings belong to this line's URL alone. */
+    memset(&sc->tls, 0, sizeof(sc->tls));
+    sc->tls_ctx = NULL;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
-        if (name && !strcmp(name, "timeout")) {
+        if (name && tls_option(cmd, sc, name, value, &msg)) {
+            if (msg) {
+                return msg;
+            }
+        }
+        else if (name && !strcmp(name, "timeout")) {
             if ((msg = parse_ms(cmd, "timeout", value, &sc->timeout_ms))) {
                 return msg;
             }
@@ -348,10 +446,13 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
         else {
             return apr_psprintf(cmd->pool, "TBucketRedis: unknown option "
                                 "'%s' (expected timeout=MS, "
-                                "connect_timeout=MS or pool=N)", word);
+                                "connect_timeout=MS, pool=N, tls_ca=FILE, "
+                                "tls_cert=FILE, tls_key=FILE, "
+                                "tls_server_name=NAME or tls_verify=on|off)",
+                                word);
         }
     }
-    return NULL;
+    return make_tls(cmd, sc, &addr);
 }
 
 static const char *set_policy(cmd_parms *cmd, void *dummy, const char *arg)
@@ -706,12 +807,38 @@ static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
     return NULL;
 }
 
+/* TBucketCostHeader NAME | Off: NAME is an HTTP field name (a token). */
+static const char *set_cost_header(cmd_parms *cmd, void *dcv,
+                                   const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    const char *p;
+
+    if (!strcasecmp(arg, "off")) {
+        dc->cost_header = "";
+        return NULL;
+    }
+    for (p = arg; *p; p++) {
+        if (!apr_isalnum(*p) && !strchr("!#$%&'*+-.^_`|~", *p)) {
+            break;
+        }
+    }
+    if (!*arg || *p || p - arg > 64) {
+        return bad_value(cmd, "header name", arg,
+                         "expected a response header name of 1..64 "
+                         "letters, digits or !#$%&'*+-.^_`|~, or Off");
+    }
+    dc->cost_header = apr_pstrdup(cmd->pool, arg);
+    return NULL;
+}
+
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketRedis", set_redis, NULL, RSRC_CONF,
                      "Redis URL and options, e.g. redis://127.0.0.1:6379 "
-                     "timeout=50 connect_timeout=100 pool=4"),
+                     "timeout=50 connect_timeout=100 pool=4, or "
+                     "rediss://redis.example:6380 tls_ca=/etc/ssl/ca.pem"),
     AP_INIT_TAKE1("TBucketFailurePolicy", set_policy, NULL, RSRC_CONF,
                   "What decides when Redis cannot: open, closed or local"),
     AP_INIT_TAKE1("TBucketReplicas", set_replicas, NULL, RSRC_CONF,
@@ -744,6 +871,9 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketLease", set_lease, NULL, DIR_SCOPE,
                      "Tokens taken per Redis call and spent locally, e.g. "
                      "20 ttl=1s, or Off"),
+    AP_INIT_TAKE1("TBucketCostHeader", set_cost_header, NULL, DIR_SCOPE,
+                  "Response header carrying the real cost to settle, e.g. "
+                  "X-Request-Cost, or Off"),
     AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
     { NULL }

@@ -4,7 +4,8 @@
  * that must be the same whichever child answers: the decision and lease
  * counters of every virtual host, the core's counters (tb_stats_t) of
  * every distinct Redis configuration, the table of local buckets behind
- * the `local` failure policy and the table of token leases. The segment
+ * the `local` failure policy and the table of token leases, and the count
+ * of lease tokens given back. The segment
  * is made in the first real post_config and hangs off the process pool,
  * so a graceful restart keeps it: counters do not go backwards, and
  * children of the old generation that are still finishing requests keep
@@ -19,6 +20,8 @@
 #include "apr_shm.h"
 #include "apr_strings.h"
 
+#include <math.h>
+
 #include "httpd.h"
 #include "http_config.h"
 #include "http_log.h"
@@ -28,7 +31,7 @@
 APLOG_USE_MODULE(tbucket);
 
 #define SHM_USERDATA_KEY "mod_tbucket_shm"
-#define SHM_MAGIC 0x74627532u         /* "tbu2": tb_stats_t has batches */
+#define SHM_MAGIC 0x74627533u         /* "tbu3": leases keep their key  */
 #define MAX_VHOSTS 256                /* Slots; the last one is "other". */
 #define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
                                        * and policy.                    */
@@ -43,6 +46,7 @@ typedef struct tbucket_shm {
     uint32_t nclients;
     uint32_t pad;
     uint64_t generation;              /* Config loads since start.      */
+    uint64_t lease_returned;          /* Lease tokens given back.       */
     tbucket_vhost_stats vhosts[MAX_VHOSTS];
     tbucket_client_stats clients[MAX_CLIENTS];
     size_t local_entries;
@@ -80,17 +84,19 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     tbucket_shm *seg;
     char key[64];
 
-    /* Keyed by the layout's size: a graceful restart onto a module
-     * built with another layout makes a fresh segment. The key is
-     * copied by apr_pool_userdata_set. */
-    apr_snprintf(key, sizeof(key), "%s-%" APR_SIZE_T_FMT, SHM_USERDATA_KEY,
-                 sizeof(tbucket_shm));
+    /* Keyed by the layout's size and the tables' (their entries are the
+     * core's): a graceful restart onto a module built with another
+     * layout makes a fresh segment. The key is copied by
+     * apr_pool_userdata_set. */
+    size = local_offset() + tb_local_size(LOCAL_ENTRIES)
+           + tb_lease_size(LEASE_ENTRIES);
+    apr_snprintf(key, sizeof(key), "%s-%" APR_SIZE_T_FMT "-%"
+                 APR_SIZE_T_FMT, SHM_USERDATA_KEY, sizeof(tbucket_shm),
+                 size);
     apr_pool_userdata_get((void **)&shm, key, pproc);
     if (shm) {
         return apr_shm_baseaddr_get(shm);
     }
-    size = local_offset() + tb_local_size(LOCAL_ENTRIES)
-           + tb_lease_size(LEASE_ENTRIES);
     rv = apr_shm_create(&shm, size, NULL, pproc);
     if (rv == APR_ENOTIMPL) {
         /* No anonymous shared memory here: fall back to a file. */
@@ -263,6 +269,41 @@ void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
     }
 }
 
+void tbucket_count_cost(const tbucket_srv_conf *sc, tbucket_cost_event ev,
+                        double delta)
+{
+    tbucket_vhost_stats *v = vhost_stats(sc);
+    double whole = floor(fabs(delta) + 0.5);
+
+    if (!v) {
+        return;
+    }
+    switch (ev) {
+    case TBUCKET_COST_REPORTED:
+        tb_stats_add(&v->cost_reports, 1);
+        break;
+    case TBUCKET_COST_SETTLED:
+        tb_stats_add(&v->cost_settled, 1);
+        tb_stats_add(delta > 0 ? &v->cost_debited : &v->cost_refunded,
+                     (uint64_t)whole);
+        break;
+    case TBUCKET_COST_UNSETTLED:
+        tb_stats_add(&v->cost_unsettled, 1);
+        break;
+    default:
+        tb_stats_add(&v->cost_invalid, 1);
+        break;
+    }
+}
+
+void tbucket_count_returned(double tokens)
+{
+    if (shm_seg && tokens > 0) {
+        tb_stats_add(&shm_seg->lease_returned,
+                     (uint64_t)floor(tokens + 0.5));
+    }
+}
+
 tb_lease_t *tbucket_lease_table(void)
 {
     if (!shm_seg || !shm_seg->lease_off) {
@@ -290,5 +331,6 @@ int tbucket_shm_view_get(tbucket_shm_view *v)
     v->clients = shm_seg->clients;
     v->local_entries = shm_seg->local_entries;
     v->generation = shm_seg->generation;
+    v->lease_returned = tb_stats_get(&shm_seg->lease_returned);
     return 1;
 }

@@ -137,8 +137,33 @@ static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
                           APR_OFFSETOF(tbucket_vhost_stats, lease_refills));
     collect_vhost_counter(t, seg, "tbucket_lease_tokens_granted_total",
                           "Tokens granted by those leases; unspent ones "
-                          "expire.",
+                          "go back to Redis.",
                           APR_OFFSETOF(tbucket_vhost_stats, lease_tokens));
+    collect_vhost_counter(t, seg, "tbucket_cost_reports_total",
+                          "Real costs reported by responses "
+                          "(TBucketCostHeader).",
+                          APR_OFFSETOF(tbucket_vhost_stats, cost_reports));
+    collect_vhost_counter(t, seg, "tbucket_cost_settled_total",
+                          "Reported costs settled on the buckets the "
+                          "request was charged to.",
+                          APR_OFFSETOF(tbucket_vhost_stats, cost_settled));
+    collect_vhost_counter(t, seg, "tbucket_cost_unsettled_total",
+                          "Reported costs that differed from the charge "
+                          "but were not settled (refused, failure "
+                          "policy, window algorithm, Redis error).",
+                          APR_OFFSETOF(tbucket_vhost_stats,
+                                       cost_unsettled));
+    collect_vhost_counter(t, seg, "tbucket_cost_invalid_total",
+                          "Reported costs ignored: not a number from 0 "
+                          "to 1e9.",
+                          APR_OFFSETOF(tbucket_vhost_stats, cost_invalid));
+    collect_vhost_counter(t, seg, "tbucket_cost_tokens_debited_total",
+                          "Tokens settlements took beyond the charge.",
+                          APR_OFFSETOF(tbucket_vhost_stats, cost_debited));
+    collect_vhost_counter(t, seg, "tbucket_cost_tokens_refunded_total",
+                          "Tokens settlements gave back.",
+                          APR_OFFSETOF(tbucket_vhost_stats,
+                                       cost_refunded));
 }
 
 /* One counter of tb_stats_t for every Redis configuration; field is the
@@ -339,6 +364,10 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg)
     f = fam_add(t, "tbucket_lease_entries_used", "gauge",
                 "Leases held in the shared lease table (TBucketLease).");
     add(f, "", NULL, (uint64_t)tb_lease_used(tbucket_lease_table()));
+    f = fam_add(t, "tbucket_lease_tokens_returned_total", "counter",
+                "Unspent lease tokens given back to Redis: when a lease "
+                "expired, and when the server stopped or restarted.");
+    add(f, "", NULL, seg->lease_returned);
     f = fam_add(t, "tbucket_config_generation", "gauge",
                 "Configuration loads since the server started.");
     add(f, "", NULL, seg->generation);

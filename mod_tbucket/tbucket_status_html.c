@@ -483,6 +483,8 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
                   &none, "vhost", 0);
     ap_rputs("</div></div><table class=\"kv\">", r);
     html_fig(r, t, "leases held", "tbucket_lease_entries_used", "", &none);
+    html_fig(r, t, "tokens given back", "tbucket_lease_tokens_returned_total",
+             "", &none);
     ap_rputs("</table>", r);
     html_all(r, t);
     ap_rputs("<footer>mod_tbucket &middot; no script, no external "

@@ -71,22 +71,10 @@ sed -e "s|@ROOT@|$ROOT|g" -e "s|@PORT@|$PORT|g" -e "s|@MODDIR@|$MODDIR|g" \
     -e "s|@REDIS_URL@|redis://127.0.0.1:$REDIS_PORT|g" \
     "$TOP/conf/demo/httpd.conf.in" > "$ROOT/httpd.conf"
 
-# A sanitizer build (make SANITIZER=address,undefined) needs its runtimes
-# preloaded into apache2, and only there (curl hangs with libasan).
-ASAN_PRELOAD=
-if ldd "$BUILD/mod_tbucket.so" 2>/dev/null | grep -q libasan; then
-    ASAN_PRELOAD="$(gcc -print-file-name=libasan.so) \
-$(gcc -print-file-name=libubsan.so)"
-fi
-with_san() {
-    if [ -n "$ASAN_PRELOAD" ]; then
-        LD_PRELOAD="$ASAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 "$@"
-    else
-        "$@"
-    fi
-}
-
-with_san "$APACHE" -t -f "$ROOT/httpd.conf"
+# apache2.sh preloads a sanitizer build's runtimes (make
+# SANITIZER=address,undefined) into apache2, and only there.
+APACHE2_SH="$TOP/scripts/apache2.sh"
+"$APACHE2_SH" "$BUILD/mod_tbucket.so" -t -f "$ROOT/httpd.conf"
 
 /usr/bin/redis-server --bind 127.0.0.1 --port "$REDIS_PORT" \
     --dir "$ROOT/redis" --save '' --appendonly no --daemonize no \
@@ -103,13 +91,9 @@ until /usr/bin/redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
 done
 
 # setsid: on shutdown Apache signals its whole process group, which must
-# not be ours.
-if [ -n "$ASAN_PRELOAD" ]; then
-    LD_PRELOAD="$ASAN_PRELOAD" ASAN_OPTIONS=detect_leaks=0 \
-        setsid "$APACHE" -f "$ROOT/httpd.conf" -DFOREGROUND &
-else
-    setsid "$APACHE" -f "$ROOT/httpd.conf" -DFOREGROUND &
-fi
+# not be ours. apache2.sh execs apache2, so $! is Apache's PID.
+setsid "$APACHE2_SH" "$BUILD/mod_tbucket.so" -f "$ROOT/httpd.conf" \
+    -DFOREGROUND &
 APACHE_PID=$!
 i=0
 until /usr/bin/curl -s -o /dev/null "http://127.0.0.1:$PORT/"; do

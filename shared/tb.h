@@ -6,8 +6,9 @@
  * buckets kept in Redis. It owns the bucket arithmetic (in Lua for Redis
  * and in C for the local fallback, kept identical by shared test vectors),
  * the Redis connections, the circuit breaker and the failure policy. It is
- * C99 + POSIX + hiredis: no APR, httpd or libconfig header appears here,
- * so every host links the same library. What only the library and its
+ * C99 + POSIX + hiredis + OpenSSL (TLS to Redis; its headers stay out of
+ * this one): no APR, httpd or libconfig header appears here, so every host
+ * links the same library. What only the library and its
  * unit tests use lives in tb_algo_int.h (the C twins of the scripts) and
  * tb_int.h (breaker, transport, policy).
  *
@@ -52,7 +53,9 @@ extern "C" {
 #define TB_ERR_OOM 6      /* Allocation failed.                         */
 #define TB_ERR_BREAKER 7  /* The breaker is open: Redis was not asked.  */
 #define TB_ERR_AUTH 8     /* AUTH or SELECT was refused.                */
-#define TB_ERR_KINDS 9
+#define TB_ERR_TLS 9      /* TLS handshake, certificate check or record
+                           * error (the reason is in errstr).          */
+#define TB_ERR_KINDS 10
 
 #define TB_ERRSTR_LEN 128
 
@@ -120,7 +123,9 @@ int64_t tb_bucket_ttl_ms(const tb_limit_t *lim);
 /* The state of one token bucket, as stored in the Redis hash (fields
  * `tokens` and `ts`). exists == 0 means "no key": a full bucket. */
 typedef struct tb_bucket {
-    double tokens;  /* Tokens in the bucket at ts (fractional).       */
+    double tokens;  /* Tokens in the bucket at ts (fractional); below 0,
+                     * down to -capacity, the debt a settlement left
+                     * (tb_client_settle), which refills first.     */
     int64_t ts_ms;  /* Clock of the last refill, in milliseconds.      */
     int exists;
 } tb_bucket_t;
@@ -245,7 +250,7 @@ int tb_name_valid(const char *name);
 
 /* What a URL names: one Redis, a primary found through Sentinel, or a
  * Redis Cluster. */
-#define TB_REDIS_SINGLE 0   /* redis:// or unix:                        */
+#define TB_REDIS_SINGLE 0   /* redis://, rediss:// or unix:             */
 #define TB_REDIS_SENTINEL 1 /* redis-sentinel://h:p[,h:p...]/MASTER     */
 #define TB_REDIS_CLUSTER 2  /* redis-cluster://h:p[,h:p...]             */
 
@@ -274,6 +279,9 @@ typedef struct tb_redis_addr {
     tb_redis_endpoint_t seeds[TB_MAX_SEEDS]; /* Sentinels (default
                           * port 26379) or cluster seeds (6379).      */
     char master[TB_MASTER_NAME_MAX]; /* Sentinel's master name.       */
+    int tls;             /* 1: every connection made for this address
+                          * speaks TLS (data nodes, sentinels and
+                          * cluster nodes alike).                     */
 } tb_redis_addr_t;
 
 /* Parse "redis://[user:password@]host[:port][/db]" (IPv6 hosts in
@@ -281,6 +289,9 @@ typedef struct tb_redis_addr {
  * "redis-sentinel://[user:password@]host[:port][,host[:port]...]/MASTER[/db]"
  * or "redis-cluster://[user:password@]host[:port][,host[:port]...]"
  * (Cluster has database 0 only), at most TB_MAX_SEEDS endpoints.
+ * "rediss://" is redis:// over TLS; "?tls=on" at the end of a redis://,
+ * redis-sentinel:// or redis-cluster:// URL turns TLS on too ("?tls=off"
+ * is the default). A unix socket never uses TLS.
  * On error returns TB_ERR with a message naming the bad part. */
 int tb_url_parse(const char *url, tb_redis_addr_t *addr, char *err,
                  size_t errlen);
@@ -350,23 +361,91 @@ size_t tb_local_used(tb_local_t *t);
  * entry identity: 16 bytes of SHA-256 of the full Redis key. Times are
  * milliseconds of one clock shared by every user of the table (the
  * module uses tb_clock_now_us() / 1000: CLOCK_MONOTONIC is system-wide).
- * Unused tokens of an expired or evicted lease are dropped, never
- * returned. */
+ *
+ * Each entry also keeps what giving its tokens back needs (the bucket's
+ * full key and limit, and the host's tag for where that bucket lives) and
+ * the key's recent traffic through this table, which sizes the next
+ * lease: about one ttl of it. Unspent tokens go back to the shared
+ * bucket: those of an expired lease in the call that next refills the
+ * key (tb_lease_plan, tb_request_t.lease_back), every lease's when the
+ * host drains the table (tb_lease_drain, tb_client_give_back). An entry
+ * evicted to make room for another key loses its tokens. */
 typedef struct tb_local tb_lease_t;
 
 size_t tb_lease_size(size_t entries);
 tb_lease_t *tb_lease_init(void *mem, size_t entries);
 /* Spend cost tokens of key's lease. 1 when a lease valid at now_ms held
- * them (*left: the tokens it keeps), 0 when the caller must ask Redis.
- * -1 on bad arguments. */
+ * them (*left: the tokens it keeps; cost counts as the key's traffic),
+ * 0 when the caller must ask Redis. -1 on bad arguments. */
 int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
                    int64_t now_ms, double *left);
-/* Add tokens to key's lease, valid until expires_ms. A lease still valid
- * at now_ms keeps its tokens (two children that refilled at once lose
- * nothing) and takes the later expiry; an expired one is replaced.
- * TB_OK, or TB_ERR on bad arguments. */
-int tb_lease_store(tb_lease_t *t, const char *key, double tokens,
-                   int64_t now_ms, int64_t expires_ms);
+
+/* A lease's bucket: what the table keeps to size, store and give back
+ * its tokens. Borrowed for the call. */
+typedef struct tb_lease_info {
+    const char *key;      /* The bucket's full Redis key, shorter than
+                           * TB_KEY_BUF (tb_key_build_shard's form).  */
+    tb_limit_t limit;     /* Its limit (a shard's, for a split key).   */
+    int64_t ttl_ms;       /* How long a grant may be spent, and the
+                           * span of traffic a lease is sized on:
+                           * 1 .. 86400000.                            */
+    int owner;            /* The host's tag for where the bucket lives
+                           * (the module: its Redis configuration's
+                           * slot), handed back by tb_lease_drain.     */
+} tb_lease_info_t;
+
+/* What tb_lease_plan decided for one refill. */
+typedef struct tb_lease_plan {
+    double want;          /* Tokens to ask for, the cost included
+                           * (tb_request_t.lease): floor of the key's
+                           * traffic over about one ttl, this request
+                           * included, within cost .. max.             */
+    double back;          /* Unspent tokens of the key's expired lease,
+                           * taken out of the table: return them in the
+                           * same call (tb_request_t.lease_back), or
+                           * tb_lease_store them if it fails.          */
+    uint64_t epoch;       /* The table's drain count when planned.     */
+} tb_lease_plan_t;
+
+/* A request tb_lease_spend could not pay: count cost as the key's
+ * traffic (making its entry if there is none), size the lease and take
+ * an expired lease's tokens out. TB_OK, or TB_ERR on bad arguments
+ * (cost < 0, max < cost, max > TB_MAX_LEASE, a bad info). */
+int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *info, double cost,
+                  double max, int64_t now_ms, tb_lease_plan_t *plan);
+
+/* Keep tokens as key's lease until now_ms + info->ttl_ms: a grant beyond
+ * the cost, or plan->back that a failed call did not return. A lease
+ * still valid keeps its tokens too (two children that refilled at once
+ * lose nothing) and takes the later expiry. 1 when kept; 0 when the table
+ * was drained since the plan (the host is stopping or restarting): the
+ * caller gives the tokens back itself; -1 on bad arguments. */
+int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *info,
+                   const tb_lease_plan_t *plan, double tokens,
+                   int64_t now_ms);
+
+/* Add tokens to key's lease if one is valid at now_ms (a settlement that
+ * gives tokens back): 1 when added, 0 when there is none (the caller
+ * returns them to Redis), -1 on bad arguments. */
+int tb_lease_credit(tb_lease_t *t, const char *key, double tokens,
+                    int64_t now_ms);
+
+/* A lease's tokens taken out by tb_lease_drain: info is valid for the
+ * call only. */
+typedef void (*tb_lease_give_fn)(void *arg, const tb_lease_info_t *info,
+                                 double tokens);
+
+/* Empty the table for a host that stops or restarts: bump its drain
+ * count (grants planned before are no longer stored: tb_lease_store
+ * answers 0), remove every entry and hand each one that holds tokens,
+ * expired or not, to give(arg, ...), which is called without the lock
+ * held. Returns the number handed. Any process may drain while others
+ * spend. */
+size_t tb_lease_drain(tb_lease_t *t, tb_lease_give_fn give, void *arg);
+
+/* The drain count: a host that saw it change stops taking leases. */
+uint64_t tb_lease_epoch(tb_lease_t *t);
+
 /* Entries in use, for metrics. */
 size_t tb_lease_used(tb_lease_t *t);
 
@@ -381,6 +460,43 @@ typedef enum {
 /* Parse "open" | "closed" | "local". */
 int tb_policy_parse(const char *s, tb_policy_t *p);
 const char *tb_policy_name(tb_policy_t p);
+
+/* TLS to Redis, for an address with TLS on (rediss://, ?tls=on): the
+ * settings of every connection the client makes for it. The zero value is
+ * the safe one: the system's CA store, no client certificate, each
+ * connection's own host as the server name, verification on. Only
+ * tb_tls_create() reads the files. */
+typedef struct tb_tls_options {
+    const char *ca_file;     /* PEM CA certificates the server's must chain
+                              * to, or NULL: the system's CA store.     */
+    const char *cert_file;   /* PEM client certificate (and chain), for a
+                              * server that asks for one, or NULL.      */
+    const char *key_file;    /* Its PEM private key, unencrypted; needed
+                              * with cert_file and only with it.        */
+    const char *server_name; /* The name (or IP address) the server's
+                              * certificate must carry, also sent as SNI;
+                              * NULL: the host each connection goes to
+                              * (the URL's, a sentinel's or a cluster
+                              * node's).                                */
+    int no_verify;           /* 1: accept any certificate (tls_verify
+                              * off): encryption without authentication,
+                              * for tests. Default 0: verify.           */
+} tb_tls_options_t;
+
+/* A TLS context: the CA, certificate and key read once, shared by every
+ * connection of the clients given it. Thread-safe once made, and a forked
+ * child may go on using its parent's (the module makes it in the parent,
+ * as root, so key files may stay readable by root only). */
+typedef struct tb_tls tb_tls_t;
+
+/* Read and check the files of o: each must be readable and parse, the key
+ * must be unencrypted and match the certificate, and cert_file and
+ * key_file come together. Returns NULL with a message naming the setting
+ * and the file in err, e.g. "tls_ca '/etc/ca.pem': No such file or
+ * directory". */
+tb_tls_t *tb_tls_create(const tb_tls_options_t *o, char *err,
+                        size_t errlen);
+void tb_tls_free(tb_tls_t *t);
 
 /* Client options: a small value struct on the caller's stack. Call
  * tb_options_init() first for the defaults. */
@@ -407,6 +523,13 @@ typedef struct tb_options {
                                  * inode; one fstat), for hosts that
                                  * close or reuse fds under us, as
                                  * daemons do; default 0.           */
+    tb_tls_options_t tls;       /* TLS settings; only an address with
+                                 * TLS on may set them (or tls_ctx). */
+    tb_tls_t *tls_ctx;          /* The caller's TLS context (not
+                                 * owned; it must outlive the
+                                 * client), or NULL: the client makes
+                                 * one from tls when the URL asks for
+                                 * TLS.                             */
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);
@@ -451,6 +574,12 @@ typedef struct tb_request {
                              * same call (res->granted): token bucket,
                              * one main take, whole cost and lease,
                              * cost <= lease <= TB_MAX_LEASE.           */
+    double lease_back;      /* With a lease: unspent tokens of this
+                             * host's expired lease of the same bucket
+                             * (tb_lease_plan), returned in the same
+                             * call, up to the capacity, before the
+                             * decision; written even when the request
+                             * is refused. 0 .. TB_MAX_CAPACITY.        */
     const int64_t *now_ms;  /* Tests only: Redis's clock replaced by
                              * *now_ms. NULL in production.             */
 } tb_request_t;
@@ -493,11 +622,11 @@ typedef struct tb_client {
     struct tb_client_priv *priv;
 } tb_client_t;
 
-/* Create a client. Parses the URL and validates options; does not connect
- * (the first decision does, so a server can start while Redis is down).
- * Redis sockets are close-on-exec. hiredis writes with write(2): a host
- * that does not ignore SIGPIPE (Apache does) must block it around
- * decisions, as the shim does, or a dead Redis can kill it.
+/* Create a client. Parses the URL and validates options, and with TLS
+ * reads its files (unless tls_ctx is given); does not connect (the first
+ * decision does, so a server can start while Redis is down). Redis
+ * sockets are close-on-exec and written with send(MSG_NOSIGNAL), so a
+ * dead Redis cannot raise SIGPIPE.
  *
  * Returns NULL and a message in err on bad options. Thread-safe once
  * created: any number of threads may make decisions at once. */
@@ -521,6 +650,39 @@ int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
  * a word to Redis) every connection inherited from the parent and resets
  * the locks. Safe to call from a pthread_atfork child handler. */
 void tb_client_after_fork(tb_client_t *c);
+
+/* ==== The client: settling real costs, giving lease tokens back ====== */
+
+/* Settle what a request allowed by tb_client_run() really cost. req is
+ * the request that decision used, unchanged (the same key, shard, limits
+ * and algorithm, so the same buckets), each takes[i].cost being what
+ * bucket i was charged; cost is the real cost, 0 .. TB_MAX_CAPACITY.
+ * Each bucket is charged cost - takes[i].cost more (taken when positive,
+ * given back when negative) in one script call: a bucket never holds more
+ * than its capacity and may go into debt down to -capacity, which later
+ * decisions refuse with a retry_ms that covers it; its key's TTL covers
+ * the refill from the debt. Token bucket and GCRA only: the window
+ * algorithms keep what they charged (TB_ERR_ARG). No lease is taken or
+ * given back (req->lease and lease_back are ignored).
+ *
+ * TB_OK when Redis settled, or when every difference is 0 and nothing
+ * was sent (res->redis_us 0, remaining -1). res->allowed is then 0 when a
+ * bucket is left in debt, res->retry_ms the time until none is, and
+ * res->remaining the smallest number of whole tokens left (0 in debt),
+ * res->binding the most indebted or tightest bucket. TB_ERR when nothing
+ * was settled: res->source is TB_SRC_ERROR and res->err says why (the
+ * arguments, the breaker, Redis). No failure policy applies; a failed
+ * call counts toward the breaker as a decision's would. Thread-safe. */
+int tb_client_settle(tb_client_t *c, const tb_request_t *req, double cost,
+                     tb_result_t *res);
+
+/* Give tokens back to the token bucket at the full Redis key rkey (as
+ * tb_lease_drain hands them: info->key), of limit lim, up to its
+ * capacity, in one script call: unspent lease tokens of a host that
+ * stops. TB_OK, or TB_ERR with res as for tb_client_settle(). */
+int tb_client_give_back(tb_client_t *c, const char *rkey,
+                        const tb_limit_t *lim, double tokens,
+                        tb_result_t *res);
 
 /* ==== The client: tools and metrics ================================== */
 

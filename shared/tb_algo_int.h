@@ -36,6 +36,33 @@ int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
                     double cost, double want, int64_t now_ms,
                     tb_bucket_t *out, tb_verdict_t *v, int64_t *granted);
 
+/* The first step of tb_bucket.lua's lease call with its argument `back`:
+ * refill to now_ms, then add back (unspent tokens of an expired lease)
+ * up to the capacity. tb_bucket_lease() on the result is the rest of the
+ * call (its own refill then adds nothing). TB_ERR for a bad limit or
+ * back outside 0..TB_MAX_CAPACITY. */
+int tb_bucket_give_back(const tb_bucket_t *in, const tb_limit_t *lim,
+                        double back, int64_t now_ms, tb_bucket_t *out);
+
+/* Settlement, the C twin of tb_bucket.lua's 'settle' mode: refill each
+ * bucket to now_ms, deduct delta[i] (what requests really cost less what
+ * they were charged; negative gives tokens back), keep the result within
+ * -capacity .. capacity. out[] always receives the new states (the
+ * script always writes them, with the TTL tb_bucket_refill_ttl_ms).
+ * v->allowed is 0 when a bucket is left in debt (below 0 tokens), and
+ * v->retry_ms is then the largest time until one is out of it;
+ * v->remaining is the smallest floor of what is left (0 in debt). TB_ERR
+ * for bad arguments (as tb__settle_args_ok). */
+int tb_bucket_settle(const tb_bucket_t *in, const tb_limit_t *lim,
+                     const double *delta, int n, int64_t now_ms,
+                     tb_bucket_t *out, tb_verdict_t *v);
+
+/* The TTL the scripts give a bucket holding `tokens` when that may be a
+ * debt (a settlement, a refused call that gave tokens back): the time to
+ * refill to capacity, ceil((capacity - tokens) / rate * 1000) ms, plus a
+ * second. */
+int64_t tb_bucket_refill_ttl_ms(const tb_limit_t *lim, double tokens);
+
 /* The pure C twins: no clock, I/O or allocation; same arguments, checks
  * and verdict as tb_bucket_take() (out may alias in; out receives what
  * the script stores: on refusal a copy of in, as the script writes
@@ -51,6 +78,14 @@ typedef struct tb_gcra {
 int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
                  const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
                  tb_verdict_t *v);
+
+/* Settlement, the C twin of tb_gcra.lua's 'settle' mode: each TAT moves
+ * by delta[i] emission intervals, never behind now_ms nor more than
+ * 2 * capacity intervals ahead, and out[] always receives it. The verdict
+ * is as tb_bucket_settle()'s. */
+int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
+                   const double *delta, int n, int64_t now_ms,
+                   tb_gcra_t *out, tb_verdict_t *v);
 
 /* Window state: window number (floor(now_ms / window_ms)), cost spent in
  * it (cur) and in the one before (prev, sliding window only). */
@@ -101,6 +136,27 @@ static inline int tb__algo_args_ok(const tb_limit_t *lim, const double *cost,
     for (i = 0; i < n; i++) {
         if (tb_limit_check(&lim[i], NULL, 0) != TB_OK || !(cost[i] >= 0.0)
             || cost[i] > TB_MAX_CAPACITY) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Arguments of a settlement: limits as tb__algo_args_ok, and each delta
+ * (real cost - cost charged) finite within +-TB_MAX_CAPACITY. */
+static inline int tb__settle_args_ok(const tb_limit_t *lim,
+                                     const double *delta, int n,
+                                     const void *out, const tb_verdict_t *v)
+{
+    int i;
+
+    if (n < 1 || n > TB_MAX_BUCKETS || !lim || !delta || !out || !v) {
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        if (tb_limit_check(&lim[i], NULL, 0) != TB_OK
+            || !(delta[i] >= -TB_MAX_CAPACITY)
+            || !(delta[i] <= TB_MAX_CAPACITY)) {
             return 0;
         }
     }

@@ -5,7 +5,9 @@
  * the unit tests drive it with any time they like. It is the C twin of
  * shared/tb_bucket.lua and must perform the same double operations in the
  * same order, so that the two agree to the last bit on every vector in
- * tests/vectors/token_bucket.tsv.
+ * tests/vectors/token_bucket.tsv (decisions), lease.tsv (leases and the
+ * tokens they give back) and token_bucket_settle.tsv (settlements, which
+ * may leave a bucket in debt down to -capacity).
  */
 #include <math.h>
 #include <stdio.h>
@@ -43,7 +45,9 @@ static int limit_valid(const tb_limit_t *l, double cost)
 
 /* Refill one bucket to now_ms. A clock that went backwards refills nothing
  * and keeps the later stamp, so the interval is never credited twice; the
- * elapsed time is capped at the time to fill so the product stays exact. */
+ * elapsed time is capped at the time to fill so the product stays exact.
+ * A bucket in debt (tokens below 0 after a settlement) takes its debt
+ * longer to fill. */
 static void refill(const tb_bucket_t *in, const tb_limit_t *l,
                    int64_t now_ms, tb_bucket_t *out)
 {
@@ -54,6 +58,9 @@ static void refill(const tb_bucket_t *in, const tb_limit_t *l,
     double elapsed = (double)now_ms - (double)ts;
     double fill_ms = cap / rate * 1000;
 
+    if (tokens < 0) {
+        fill_ms = (cap - tokens) / rate * 1000;
+    }
     if (elapsed < 0) {
         elapsed = 0;
     }
@@ -74,21 +81,35 @@ static void refill(const tb_bucket_t *in, const tb_limit_t *l,
     out->exists = 1;
 }
 
-int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
-                   const double *cost, int n, int64_t now_ms,
-                   tb_bucket_t *out, tb_verdict_t *v)
+/* The steps of tb_bucket.lua over n buckets: settle selects its 'settle'
+ * mode, where cost is the difference to settle and every bucket keeps
+ * its new level, within -capacity .. capacity. */
+static void bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
+                       const double *cost, int n, int64_t now_ms,
+                       int settle, tb_bucket_t *out, tb_verdict_t *v)
 {
     int i;
 
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
+        double cap = lim[i].capacity;
         int64_t wait = 0;
 
         refill(&in[i], &lim[i], now_ms, &out[i]);
-        if (cost[i] > lim[i].capacity) {
+        if (settle) {
+            out[i].tokens = out[i].tokens - cost[i];
+            if (out[i].tokens > cap) {
+                out[i].tokens = cap;
+            }
+            if (out[i].tokens < -cap) {
+                out[i].tokens = -cap;
+            }
+            if (out[i].tokens < 0) {
+                wait = (int64_t)ceil(-out[i].tokens * 1000
+                                     / lim[i].rate_per_sec);
+            }
+        }
+        else if (cost[i] > cap) {
             wait = -1;
         }
         else if (out[i].tokens < cost[i]) {
@@ -99,11 +120,21 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
         tb__fold_wait(v, i, wait);
     }
     for (i = 0; i < n; i++) {
-        if (v->allowed) {
+        if (v->allowed && !settle) {
             out[i].tokens = out[i].tokens - cost[i];
         }
         tb__fold_left(v, i, out[i].tokens);
     }
+}
+
+int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms,
+                   tb_bucket_t *out, tb_verdict_t *v)
+{
+    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
+        return TB_ERR;
+    }
+    bucket_run(in, lim, cost, n, now_ms, 0, out, v);
     return TB_OK;
 }
 
@@ -140,14 +171,48 @@ int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
         out->tokens = out->tokens - grant;
     }
     v->allowed = wait == 0;
-    v->remaining = (int64_t)floor(out->tokens);
+    v->remaining = out->tokens < 0 ? 0 : (int64_t)floor(out->tokens);
     v->retry_ms = wait;
     v->binding = 0;
     *granted = (int64_t)grant;
     return TB_OK;
 }
 
+int tb_bucket_give_back(const tb_bucket_t *in, const tb_limit_t *lim,
+                        double back, int64_t now_ms, tb_bucket_t *out)
+{
+    if (!in || !out || !limit_valid(lim, 0) || !(back >= 0)
+        || back > TB_MAX_CAPACITY) {
+        return TB_ERR;
+    }
+    refill(in, lim, now_ms, out);
+    if (back > 0) {
+        out->tokens = out->tokens + back;
+        if (out->tokens > lim->capacity) {
+            out->tokens = lim->capacity;
+        }
+    }
+    return TB_OK;
+}
+
+int tb_bucket_settle(const tb_bucket_t *in, const tb_limit_t *lim,
+                     const double *delta, int n, int64_t now_ms,
+                     tb_bucket_t *out, tb_verdict_t *v)
+{
+    if (!in || !tb__settle_args_ok(lim, delta, n, out, v)) {
+        return TB_ERR;
+    }
+    bucket_run(in, lim, delta, n, now_ms, 1, out, v);
+    return TB_OK;
+}
+
 int64_t tb_bucket_ttl_ms(const tb_limit_t *lim)
 {
     return (int64_t)ceil(lim->capacity / lim->rate_per_sec * 1000) + 1000;
+}
+
+int64_t tb_bucket_refill_ttl_ms(const tb_limit_t *lim, double tokens)
+{
+    return (int64_t)ceil((lim->capacity - tokens) / lim->rate_per_sec * 1000)
+           + 1000;
 }

@@ -6,30 +6,51 @@
 -- in the same order on IEEE-754 doubles, checked against each other by the
 -- vectors in tests/vectors/token_bucket.tsv. Change both or neither.
 --
--- KEYS[i]   one hash per bucket: fields tokens (fractional tokens) and
---           ts (milliseconds of Redis's clock at the last refill).
--- ARGV[2+3n]  optional, n = 1 only: want, a lease size. If allowed, take
+-- KEYS[i]   one hash per bucket: fields tokens (fractional tokens; below 0
+--           down to -capacity when a settlement charged more than the
+--           bucket held: a debt) and ts (milliseconds of Redis's clock at
+--           the last refill). A bucket in debt refills from its debt.
+-- ARGV[2+3n]  optional, one of:
+--           'settle': settle what requests really cost instead of
+--           deciding. The cost of bucket i is then the difference to
+--           settle (real cost - cost charged): taken when positive, given
+--           back when negative; the bucket keeps between -capacity and
+--           capacity and is always written, with a TTL that covers its
+--           refill from what it holds. The reply's allowed is 0 when a
+--           bucket is left in debt, retry_ms the time until every bucket
+--           is out of it. C twin: tb_bucket_settle(); vectors:
+--           tests/vectors/token_bucket_settle.tsv.
+--           want, n = 1 only: a lease size. If allowed, take
 --           g = min(floor(tokens), want) (at least cost), not cost; g is a
 --           5th reply element (0 if refused). C twin: tb_bucket_lease();
 --           vectors: tests/vectors/lease.tsv.
+-- ARGV[3+3n]  optional after want: back, unspent tokens of an expired
+--           lease of the same bucket, added (up to capacity) after the
+--           refill and before the decision. A refused call that gave
+--           tokens back still writes the bucket. C twin:
+--           tb_bucket_give_back() then tb_bucket_lease().
 --
 -- All or nothing: the request is allowed only if every bucket holds its
 -- cost; then every bucket is deducted, otherwise none is and nothing is
 -- written. O(1) per bucket.
 --
 -- Returns {allowed, remaining, retry_ms, binding}: remaining is the smallest
--- floor(tokens) left, retry_ms the largest wait (0 when allowed, -1 when a
--- cost exceeds its capacity so that waiting cannot help) and binding the
--- 0-based index of the bucket that decided.
+-- floor(tokens) left (0 when in debt), retry_ms the largest wait (0 when
+-- allowed, -1 when a cost exceeds its capacity so that waiting cannot help)
+-- and binding the 0-based index of the bucket that decided.
 
 local level = {}
 local stamp = {}
+local mode = ARGV[2 + 3 * n]
+local settle = mode == 'settle'
 local want = nil
+local back = 0
 local grant = 0
 
-if #ARGV == 2 + 3 * n then
-  want = tonumber(ARGV[2 + 3 * n])
-  if n ~= 1 or want == nil then
+if mode ~= nil and not settle then
+  want = tonumber(mode)
+  if ARGV[3 + 3 * n] ~= nil then back = tonumber(ARGV[3 + 3 * n]) end
+  if n ~= 1 or want == nil or back == nil or not (back >= 0) then
     return redis.error_reply('ERR bad lease')
   end
 end
@@ -52,21 +73,34 @@ for i = 1, n do
     ts = now
   end
   -- Cap the elapsed time first: the product then stays small and exact.
+  -- A bucket in debt takes its debt longer to fill.
   local fill_ms = cap / rate * 1000
+  if tokens < 0 then fill_ms = (cap - tokens) / rate * 1000 end
   if elapsed >= fill_ms then
     tokens = cap
   else
     tokens = tokens + elapsed * rate / 1000
     if tokens > cap then tokens = cap end
   end
+  local wait = 0
+  if settle then
+    tokens = tokens - cost
+    if tokens > cap then tokens = cap end
+    if tokens < -cap then tokens = -cap end
+    if tokens < 0 then wait = math.ceil(-tokens * 1000 / rate) end
+  else
+    if back > 0 then
+      tokens = tokens + back
+      if tokens > cap then tokens = cap end
+    end
+    if cost > cap then
+      wait = -1
+    elseif tokens < cost then
+      wait = math.ceil((cost - tokens) * 1000 / rate)
+    end
+  end
   level[i] = tokens
   stamp[i] = ts
-  local wait = 0
-  if cost > cap then
-    wait = -1
-  elseif tokens < cost then
-    wait = math.ceil((cost - tokens) * 1000 / rate)
-  end
   fold_wait(i, wait)
 end
 
@@ -77,7 +111,7 @@ if want ~= nil and allowed == 1 then
   if grant > want then grant = want end
   if grant < cost then grant = cost end
   level[1] = level[1] - grant
-elseif allowed == 1 then
+elseif allowed == 1 and not settle then
   for i = 1, n do
     local _, _, cost = args(i)
     level[i] = level[i] - cost
@@ -88,11 +122,19 @@ for i = 1, n do
   fold_left(i, level[i])
 end
 
-if allowed == 1 then
-  for i = 1, n do
-    local cap, rate = args(i)
+-- The TTL covers the refill from what is written: from empty after an
+-- allowed take, from the level (a debt, maybe) otherwise.
+for i = 1, n do
+  local cap, rate = args(i)
+  local ttl = nil
+  if settle or (allowed == 0 and back > 0) then
+    ttl = math.ceil((cap - level[i]) / rate * 1000) + 1000
+  elseif allowed == 1 then
+    ttl = math.ceil(cap / rate * 1000) + 1000
+  end
+  if ttl ~= nil then
     redis.call('HSET', KEYS[i], 'tokens', level[i], 'ts', stamp[i])
-    redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate * 1000) + 1000)
+    redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end
 

@@ -9,6 +9,12 @@
  * happened, and the host logs. With a redis-cluster:// URL the script call
  * and the tools' commands go through tb_cluster.c instead of the pool;
  * Sentinel is the pool's business (tb_pool.c).
+ *
+ * tb_client_settle() and tb_client_give_back() make the other kind of
+ * call: the same script in its 'settle' mode, over the buckets a decision
+ * charged (or the bucket a lease came from), through the same breaker and
+ * counters but with no failure policy: a settlement Redis cannot make is
+ * reported, not guessed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +35,7 @@ struct tb_client_priv {
     void *own_local;       /* Our table's memory, if we made it. */
     tb_stats_t *stats;
     tb_stats_t own_stats;
+    tb_tls_t *own_tls;     /* Our TLS context, if we made it. */
 };
 
 void tb_options_init(tb_options_t *o)
@@ -56,13 +63,50 @@ static tb_client_t *fail(char *err, size_t errlen, const char *msg,
     return NULL;
 }
 
+/* 1 when o sets any TLS setting. */
+static int tls_options_set(const tb_options_t *o)
+{
+    const tb_tls_options_t *t = &o->tls;
+
+    return o->tls_ctx || t->ca_file || t->cert_file || t->key_file
+           || t->server_name || t->no_verify;
+}
+
+/* The TLS context of p's connections in *tls: the caller's, or one made
+ * from the options (the files are read here, once), or NULL for a
+ * plaintext address. TB_ERR with a message in err when the files are
+ * refused or TLS settings come with a plaintext address. */
+static int client_tls(struct tb_client_priv *p, const tb_options_t *o,
+                      const tb_redis_addr_t *addr, const tb_tls_t **tls,
+                      char *err, size_t errlen)
+{
+    *tls = NULL;
+    if (!addr->tls) {
+        if (tls_options_set(o)) {
+            snprintf(err, errlen, "TLS settings (tls_ca, tls_cert, tls_key, "
+                     "tls_server_name, tls_verify) need a TLS URL: "
+                     "rediss://, or ?tls=on");
+            return TB_ERR;
+        }
+        return TB_OK;
+    }
+    if (o->tls_ctx) {
+        *tls = o->tls_ctx;
+        return TB_OK;
+    }
+    p->own_tls = tb_tls_create(&o->tls, err, errlen);
+    *tls = p->own_tls;
+    return p->own_tls ? TB_OK : TB_ERR;
+}
+
 tb_client_t *tb_client_create(const tb_options_t *o, char *err,
                               size_t errlen)
 {
     tb_client_t *c;
     struct tb_client_priv *p;
     tb_redis_addr_t addr;
-    char uerr[160];
+    const tb_tls_t *tls;
+    char uerr[256];
     int cto;
 
     if (!o) {
@@ -103,12 +147,15 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
     }
     c->priv = p;
     p->stats = o->stats ? o->stats : &p->own_stats;
-    if (tb__pool_init(&p->pool, &addr, o->timeout_ms, cto, o->pool_size,
-                      o->verify_fd, p->stats) != TB_OK) {
+    if (client_tls(p, o, &addr, &tls, uerr, sizeof(uerr)) != TB_OK) {
+        return fail(err, errlen, uerr, c);
+    }
+    if (tb__pool_init(&p->pool, &addr, tls, o->timeout_ms, cto,
+                      o->pool_size, o->verify_fd, p->stats) != TB_OK) {
         return fail(err, errlen, "out of memory", c);
     }
     if (addr.kind == TB_REDIS_CLUSTER
-        && !(p->cluster = tb__cluster_create(&addr, o->timeout_ms, cto,
+        && !(p->cluster = tb__cluster_create(&addr, tls, o->timeout_ms, cto,
                                              o->pool_size, o->verify_fd,
                                              p->stats))) {
         return fail(err, errlen, "out of memory", c);
@@ -142,6 +189,8 @@ void tb_client_free(tb_client_t *c)
     if (c->priv) {
         tb__pool_destroy(&c->priv->pool);
         tb__cluster_free(c->priv->cluster);
+        /* After the connections that use it. */
+        tb_tls_free(c->priv->own_tls);
         pthread_mutex_destroy(&c->priv->bmu);
         free(c->priv->own_local);
         free(c->priv);
@@ -258,7 +307,8 @@ static int add_suffix(char *key, tb_algo_t algo)
     return 1;
 }
 
-/* A lease is whole tokens from one main token bucket. */
+/* A lease is whole tokens from one main token bucket; what it gives
+ * back is a number of tokens. */
 static int lease_valid(const tb_request_t *q)
 {
     const tb_take_t *t = &q->takes[0];
@@ -266,7 +316,8 @@ static int lease_valid(const tb_request_t *q)
     return q->algo == TB_ALGO_TOKEN_BUCKET && q->ntakes == 1 && !t->route
            && t->cost >= 1 && t->cost == floor(t->cost)
            && q->lease >= t->cost && q->lease <= TB_MAX_LEASE
-           && q->lease == floor(q->lease);
+           && q->lease == floor(q->lease)
+           && q->lease_back >= 0 && q->lease_back <= TB_MAX_CAPACITY;
 }
 
 /* Check a request and build what the script call needs: the takes with
@@ -282,7 +333,8 @@ static int prepare(const tb_request_t *q, tb_take_t *takes,
         || (!q->key && q->key_len) || !tb_algo_script_sha1(q->algo)
         || q->shards < 0 || q->shards > TB_MAX_SHARDS
         || (split && (q->shard < 0 || q->shard >= q->shards))
-        || q->lease < 0 || (q->lease > 0 && !lease_valid(q))) {
+        || q->lease < 0 || (q->lease > 0 && !lease_valid(q))
+        || (q->lease <= 0 && q->lease_back != 0)) {
         return 0;
     }
     for (i = 0; i < q->ntakes; i++) {
@@ -303,11 +355,21 @@ static int prepare(const tb_request_t *q, tb_take_t *takes,
     return 1;
 }
 
+/* What a script call is for: a decision, or a settlement (the script's
+ * 'settle' mode, the takes' costs being the differences to settle). */
+enum { CALL_DECIDE = 0, CALL_SETTLE = 1 };
+
+/* Room for the formatted numbers (numkeys, now, 3 per bucket, lease and
+ * what it gives back) and the arguments of one call. */
+#define CALL_NUMS (4 + TB_MAX_BUCKETS * 3)
+#define CALL_ARGS (3 + TB_MAX_BUCKETS * 4 + 3)
+
 /* The script's arguments, EVALSHA form: digest, the keys, the clock ("" for
- * Redis's own), capacity, rate and cost per bucket, and the lease size
- * when one is asked for. nums holds the formatted numbers. Returns argc. */
+ * Redis's own), capacity, rate and cost per bucket, then 'settle', or the
+ * lease size and the tokens given back when a lease is asked for. nums
+ * holds the formatted numbers. Returns argc. */
 static int build_argv(const tb_request_t *q, const tb_take_t *takes,
-                      char keys[][TB_KEY_BUF], char nums[][32],
+                      char keys[][TB_KEY_BUF], int what, char nums[][32],
                       const char **argv, size_t *argvlen)
 {
     int i, argc = 0, n = q->ntakes;
@@ -341,10 +403,18 @@ static int build_argv(const tb_request_t *q, const tb_take_t *takes,
         argv[argc] = b + 64;
         argvlen[argc++] = fmt_num(b + 64, 32, takes[i].cost);
     }
-    if (q->lease > 0) {
-        /* The lease: the script's optional last argument. */
+    if (what == CALL_SETTLE) {
+        argv[argc] = "settle";
+        argvlen[argc++] = 6;
+    }
+    else if (q->lease > 0) {
+        /* The lease: the script's optional arguments after the buckets. */
         argv[argc] = nums[2 + 3 * n];
         argvlen[argc++] = fmt_num(nums[2 + 3 * n], 32, q->lease);
+        if (q->lease_back > 0) {
+            argv[argc] = nums[3 + 3 * n];
+            argvlen[argc++] = fmt_num(nums[3 + 3 * n], 32, q->lease_back);
+        }
     }
     return argc;
 }
@@ -369,19 +439,74 @@ static void take_reply(const tb__script_reply_t *rep, const tb_request_t *q,
     }
 }
 
+/* May a call go to Redis now? Counts a skip when the breaker says no. */
+static int breaker_allows(struct tb_client_priv *p, tb_monotime_us now)
+{
+    int allow;
+
+    pthread_mutex_lock(&p->bmu);
+    allow = tb_breaker_allow(&p->breaker, now);
+    pthread_mutex_unlock(&p->bmu);
+    if (!allow) {
+        tb_stats_add(&p->stats->breaker_skips, 1);
+    }
+    return allow;
+}
+
+/* One script call, to the pool or to key0's cluster node, counted and
+ * reported to the breaker; started at now. Sets res->redis_us and
+ * res->breaker_change, and *end to the clock after the call. TB_OK with
+ * *rep, or TB_ERR with *e. */
+static int script_call(tb_client_t *c, const char *key0, int argc,
+                       const char **argv, size_t *argvlen,
+                       tb_monotime_us now, tb__script_reply_t *rep,
+                       tb__error_t *e, tb_result_t *res,
+                       tb_monotime_us *end)
+{
+    struct tb_client_priv *p = c->priv;
+    int changed = 0, rc;
+
+    tb_stats_add(&p->stats->redis_calls, 1);
+    rc = p->cluster ? tb__cluster_run_script(p->cluster, key0, argc, argv,
+                                             argvlen, rep, e)
+                    : tb__run_script(&p->pool, argc, argv, argvlen, rep, e);
+    *end = tb_clock_now_us();
+    res->redis_us = *end - now;
+    tb_stats_latency(p->stats, res->redis_us);
+
+    /* A batch that failed is one failure however many calls rode on it:
+     * only its first member reports it. */
+    if (rc == TB_OK || !e->shared) {
+        pthread_mutex_lock(&p->bmu);
+        changed = rc == TB_OK ? tb_breaker_success(&p->breaker, *end)
+                              : tb_breaker_failure(&p->breaker, *end);
+        pthread_mutex_unlock(&p->bmu);
+    }
+    if (changed) {
+        res->breaker_change = rc == TB_OK ? -1 : 1;
+        tb_stats_add(rc == TB_OK ? &p->stats->breaker_closes
+                                 : &p->stats->breaker_opens, 1);
+    }
+    if (rc != TB_OK) {
+        tb_stats_add(&p->stats->redis_errors, 1);
+        tb_stats_add(&p->stats->errors[e->err], 1);
+        set_error(c, e);
+    }
+    return rc;
+}
+
 int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
 {
     struct tb_client_priv *p;
     tb_take_t takes[TB_MAX_BUCKETS];
     char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
-    char nums[3 + TB_MAX_BUCKETS * 3][32]; /* numkeys, now, 3 per bucket,
-                                            * lease */
-    const char *argv[3 + TB_MAX_BUCKETS * 4 + 2];
-    size_t argvlen[3 + TB_MAX_BUCKETS * 4 + 2];
+    char nums[CALL_NUMS][32];
+    const char *argv[CALL_ARGS];
+    size_t argvlen[CALL_ARGS];
     tb__script_reply_t rep;
     tb__error_t e = { 0, 0, "" };
     tb_monotime_us now, t1;
-    int argc, allow, changed, rc;
+    int argc;
 
     memset(res, 0, sizeof(*res));
     if (!c || !c->priv || !q || !prepare(q, takes, keys)) {
@@ -393,42 +518,13 @@ int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
     tb_stats_add(&p->stats->decisions, 1);
     now = tb_clock_now_us();
 
-    pthread_mutex_lock(&p->bmu);
-    allow = tb_breaker_allow(&p->breaker, now);
-    pthread_mutex_unlock(&p->bmu);
-    if (!allow) {
-        tb_stats_add(&p->stats->breaker_skips, 1);
+    if (!breaker_allows(p, now)) {
         answer(c, keys, takes, q->ntakes, TB_ERR_BREAKER, now, res);
         goto count;
     }
-
-    argc = build_argv(q, takes, keys, nums, argv, argvlen);
-    tb_stats_add(&p->stats->redis_calls, 1);
-    rc = p->cluster ? tb__cluster_run_script(p->cluster, keys[0], argc, argv,
-                                             argvlen, &rep, &e)
-                    : tb__run_script(&p->pool, argc, argv, argvlen, &rep, &e);
-    t1 = tb_clock_now_us();
-    res->redis_us = t1 - now;
-    tb_stats_latency(p->stats, res->redis_us);
-
-    /* A batch that failed is one failure however many decisions rode on
-     * it: only its first member reports it. */
-    changed = 0;
-    if (rc == TB_OK || !e.shared) {
-        pthread_mutex_lock(&p->bmu);
-        changed = rc == TB_OK ? tb_breaker_success(&p->breaker, t1)
-                              : tb_breaker_failure(&p->breaker, t1);
-        pthread_mutex_unlock(&p->bmu);
-    }
-    if (changed) {
-        res->breaker_change = rc == TB_OK ? -1 : 1;
-        tb_stats_add(rc == TB_OK ? &p->stats->breaker_closes
-                                 : &p->stats->breaker_opens, 1);
-    }
-    if (rc != TB_OK) {
-        tb_stats_add(&p->stats->redis_errors, 1);
-        tb_stats_add(&p->stats->errors[e.err], 1);
-        set_error(c, &e);
+    argc = build_argv(q, takes, keys, CALL_DECIDE, nums, argv, argvlen);
+    if (script_call(c, keys[0], argc, argv, argvlen, now, &rep, &e, res,
+                    &t1) != TB_OK) {
         answer(c, keys, takes, q->ntakes, e.err, t1, res);
         goto count;
     }
@@ -452,6 +548,109 @@ int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
     q.takes = takes;
     q.ntakes = n;
     return tb_client_run(c, &q, res);
+}
+
+/* ---- Settling real costs, giving lease tokens back ------------------ */
+
+/* A settlement that sent nothing, or whose arguments were refused. */
+static int settle_none(tb_result_t *res, int err)
+{
+    res->source = err ? TB_SRC_ERROR : TB_SRC_REDIS;
+    res->err = err;
+    res->allowed = !err;
+    res->remaining = err ? 0 : -1;
+    return err ? TB_ERR : TB_OK;
+}
+
+/* One 'settle' call of q's script over its takes, whose costs are the
+ * differences to settle; keys are the takes' Redis keys. */
+static int settle_call(tb_client_t *c, const tb_request_t *q,
+                       const tb_take_t *takes, char keys[][TB_KEY_BUF],
+                       tb_result_t *res)
+{
+    char nums[CALL_NUMS][32];
+    const char *argv[CALL_ARGS];
+    size_t argvlen[CALL_ARGS];
+    tb__script_reply_t rep;
+    tb__error_t e = { 0, 0, "" };
+    tb_monotime_us now = tb_clock_now_us(), t1;
+    int argc;
+
+    if (!breaker_allows(c->priv, now)) {
+        return settle_none(res, TB_ERR_BREAKER);
+    }
+    argc = build_argv(q, takes, keys, CALL_SETTLE, nums, argv, argvlen);
+    if (script_call(c, keys[0], argc, argv, argvlen, now, &rep, &e, res,
+                    &t1) != TB_OK) {
+        return settle_none(res, e.err);
+    }
+    res->allowed = rep.v[0] == 1;
+    res->remaining = rep.v[1];
+    res->retry_ms = rep.v[2];
+    res->binding = rep.v[3] >= 0 && rep.v[3] < q->ntakes ? (int)rep.v[3]
+                                                         : 0;
+    res->limit = takes[res->binding].limit.capacity;
+    res->source = TB_SRC_REDIS;
+    return TB_OK;
+}
+
+int tb_client_settle(tb_client_t *c, const tb_request_t *q, double cost,
+                     tb_result_t *res)
+{
+    tb_take_t takes[TB_MAX_BUCKETS];
+    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
+    tb_request_t plain;
+    int i, changes = 0;
+
+    memset(res, 0, sizeof(*res));
+    if (!c || !c->priv || !q || !(cost >= 0) || cost > TB_MAX_CAPACITY
+        || (q->algo != TB_ALGO_TOKEN_BUCKET && q->algo != TB_ALGO_GCRA)) {
+        return settle_none(res, TB_ERR_ARG);
+    }
+    /* The decision's request without its lease: the same buckets. */
+    plain = *q;
+    plain.lease = 0;
+    plain.lease_back = 0;
+    if (!prepare(&plain, takes, keys)) {
+        return settle_none(res, TB_ERR_ARG);
+    }
+    for (i = 0; i < plain.ntakes; i++) {
+        takes[i].cost = cost - takes[i].cost;
+        changes += takes[i].cost != 0;
+    }
+    if (!changes) {
+        return settle_none(res, 0);
+    }
+    return settle_call(c, &plain, takes, keys, res);
+}
+
+int tb_client_give_back(tb_client_t *c, const char *rkey,
+                        const tb_limit_t *lim, double tokens,
+                        tb_result_t *res)
+{
+    tb_take_t take;
+    char keys[1][TB_KEY_BUF];
+    tb_request_t q;
+    size_t len = rkey ? strlen(rkey) : 0;
+
+    memset(res, 0, sizeof(*res));
+    if (!c || !c->priv || !len || len >= TB_KEY_BUF || !lim
+        || tb_limit_check(lim, NULL, 0) != TB_OK || !(tokens >= 0)
+        || tokens > TB_MAX_CAPACITY) {
+        return settle_none(res, TB_ERR_ARG);
+    }
+    if (tokens == 0) {
+        return settle_none(res, 0);
+    }
+    memcpy(keys[0], rkey, len + 1);
+    memset(&take, 0, sizeof(take));
+    take.limit = *lim;
+    take.cost = -tokens;
+    memset(&q, 0, sizeof(q));
+    q.takes = &take;
+    q.ntakes = 1;
+    q.algo = TB_ALGO_TOKEN_BUCKET;
+    return settle_call(c, &q, &take, keys, res);
 }
 
 /* A tool's command about one key: to the pool, or to the key's node. */

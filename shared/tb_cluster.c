@@ -52,6 +52,7 @@ struct tb__cluster {
     int pool_size;               /* Connections per node.              */
     int verify_fd;
     tb_stats_t *stats;
+    const tb_tls_t *tls;         /* Every node's; not owned.           */
     tb__cnode_t *nodes[TB__MAX_NODES];
     int nnodes;
     short slots[TB__SLOTS];      /* Index into nodes, or -1.           */
@@ -133,8 +134,9 @@ static tb__cnode_t *node_get(tb__cluster_t *c, const char *host, int port,
     a.path[0] = '\0';
     snprintf(a.host, sizeof(a.host), "%s", host);
     a.port = port;
-    if (tb__pool_init(&n->pool, &a, c->timeout_ms, c->connect_timeout_ms,
-                      c->pool_size, c->verify_fd, c->stats) != TB_OK) {
+    if (tb__pool_init(&n->pool, &a, c->tls, c->timeout_ms,
+                      c->connect_timeout_ms, c->pool_size, c->verify_fd,
+                      c->stats) != TB_OK) {
         free(n);
         return NULL;
     }
@@ -146,7 +148,8 @@ static tb__cnode_t *node_get(tb__cluster_t *c, const char *host, int port,
     return n;
 }
 
-tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a, int timeout_ms,
+tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a,
+                                  const tb_tls_t *tls, int timeout_ms,
                                   int connect_timeout_ms, int pool_size,
                                   int verify_fd, tb_stats_t *stats)
 {
@@ -164,6 +167,7 @@ tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a, int timeout_ms,
     c->pool_size = pool_size;
     c->verify_fd = verify_fd;
     c->stats = stats;
+    c->tls = tls;
     c->stale = 1;
     for (i = 0; i < TB__SLOTS; i++) {
         c->slots[i] = -1;

@@ -1,5 +1,6 @@
 /* tb_conn.c -- one Redis connection: a non-blocking socket that the core
- * owns, bounded by deadlines, with hiredis's reader parsing the replies.
+ * owns, bounded by deadlines, with hiredis's reader parsing the replies,
+ * in plaintext or over TLS.
  *
  * Every step waits in poll(2) against a deadline on the monotonic clock:
  * the connect (all addresses of the host in turn, within one connect
@@ -14,6 +15,14 @@
  * the host. Sockets are close-on-exec, and the connection remembers the
  * device and inode of its socket, so that a host that closed the fd and
  * reused its number (daemons do) is detected before we write to it.
+ *
+ * TLS (tb_tls.c) is a second pair of write and read loops over the same
+ * poll-with-deadline, taken on one test of c->ssl, so the plaintext path
+ * does no more than it did. The handshake follows the connect within the
+ * connect deadline. A TLS read or write may have to wait for the other
+ * direction (SSL says which), and bytes of a reply may already sit inside
+ * SSL, where poll(2) cannot see them: the TLS reader polls only when SSL
+ * holds nothing already received.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -168,6 +177,7 @@ struct tb__conn {
     ino_t ino;
     redisReader *reader;
     tb__buf_t out;          /* Scratch for tb__conn_command().        */
+    struct ssl_st *ssl;     /* The TLS session, or NULL: plaintext.   */
 };
 
 /* Milliseconds left until deadline for poll(2): 0 when past, at most a
@@ -344,8 +354,52 @@ static int open_tcp(const char *host, int port, tb_monotime_us deadline,
     return fd;
 }
 
+/* Wait for events on fd by deadline for step (a message's prefix). 0, or
+ * -1 with *e. */
+static int wait_step(int fd, short events, tb_monotime_us deadline,
+                     const char *step, tb__error_t *e)
+{
+    int rc = wait_fd(fd, events, deadline);
+
+    if (rc > 0) {
+        return 0;
+    }
+    if (rc == 0) {
+        set_timeout(e, step);
+    }
+    else {
+        set_io_error(e, step, errno);
+    }
+    return -1;
+}
+
+/* The TLS handshake on c's connected socket, by deadline. */
+static int tls_start(tb__conn_t *c, const tb_tls_t *tls, const char *host,
+                     tb_monotime_us deadline, tb__error_t *e)
+{
+    short events = 0;
+    int rc;
+
+    if (!(c->ssl = tb__tls_session(tls, c->fd, host, e))) {
+        return -1;
+    }
+    while ((rc = tb__tls_handshake(c->ssl, &events, e)) == 0) {
+        if (wait_step(c->fd, events, deadline, "tls handshake", e) < 0) {
+            if (e->err == TB_ERR_TIMEOUT) {
+                /* A plaintext Redis waits for the end of a line that
+                 * our ClientHello never sends. */
+                tb__set_error(e, TB_ERR_TIMEOUT, "tls handshake: timed "
+                              "out (does this port speak TLS?)");
+            }
+            return -1;
+        }
+    }
+    return rc > 0 ? 0 : -1;
+}
+
 tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
-                          tb_monotime_us deadline, tb__error_t *e)
+                          const tb_tls_t *tls, tb_monotime_us deadline,
+                          tb__error_t *e)
 {
     tb__conn_t *c = calloc(1, sizeof(*c));
     struct stat st;
@@ -367,6 +421,10 @@ tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
         c->dev = st.st_dev;
         c->ino = st.st_ino;
     }
+    if (tls && tls_start(c, tls, host, deadline, e) < 0) {
+        tb__conn_free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -374,6 +432,9 @@ void tb__conn_free(tb__conn_t *c)
 {
     if (!c) {
         return;
+    }
+    if (c->ssl) {
+        tb__tls_end(c->ssl);
     }
     if (c->fd >= 0) {
         close(c->fd);
@@ -412,6 +473,29 @@ int tb__conn_fd(const tb__conn_t *c)
     return c->fd;
 }
 
+static int tls_write(tb__conn_t *c, const char *buf, size_t len,
+                     tb_monotime_us deadline, tb__error_t *e)
+{
+    size_t done = 0;
+    short events = 0;
+    long n;
+
+    while (done < len) {
+        n = tb__tls_write(c->ssl, buf + done, len - done, &events, e);
+        if (n > 0) {
+            done += (size_t)n;
+        }
+        else if (n < 0
+                 || wait_step(c->fd, events, deadline, "tls write", e) < 0) {
+            if (e->err == TB_ERR_IO) {
+                tb__tls_why_closed(c->ssl, e);
+            }
+            return TB_ERR;
+        }
+    }
+    return TB_OK;
+}
+
 int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
                    tb_monotime_us deadline, tb__error_t *e)
 {
@@ -419,6 +503,9 @@ int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
     ssize_t n;
     int rc;
 
+    if (c->ssl) {
+        return tls_write(c, buf, len, deadline, e);
+    }
     while (done < len) {
         n = send(c->fd, buf + done, len - done, MSG_NOSIGNAL);
         if (n > 0) {
@@ -489,11 +576,54 @@ static int read_some(tb__conn_t *c, tb__error_t *e)
     return -1;
 }
 
+/* read_some over TLS: 1 read something, 0 nothing yet (*events says
+ * what to wait for), -1 error or EOF (with *e). */
+static int tls_read_some(tb__conn_t *c, short *events, tb__error_t *e)
+{
+    char buf[READ_CHUNK];
+    long n = tb__tls_read(c->ssl, buf, sizeof(buf), events, e);
+
+    if (n <= 0) {
+        return n < 0 ? -1 : 0;
+    }
+    if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+        tb__set_error(e, TB_ERR_OOM, "read: out of memory");
+        return -1;
+    }
+    return 1;
+}
+
+static int tls_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
+                    tb__error_t *e)
+{
+    short events = POLLIN;
+    int rc;
+
+    for (;;) {
+        rc = take_reply(c, r, e);
+        if (rc != 0) {
+            return rc > 0 ? TB_OK : TB_ERR;
+        }
+        /* As the plaintext reader, wait before reading, unless SSL
+         * already holds bytes the socket will not announce again. */
+        if (!tb__tls_buffered(c->ssl)
+            && wait_step(c->fd, events, deadline, "tls read", e) < 0) {
+            return TB_ERR;
+        }
+        if (tls_read_some(c, &events, e) < 0) {
+            return TB_ERR;
+        }
+    }
+}
+
 int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
                   tb__error_t *e)
 {
     int rc;
 
+    if (c->ssl) {
+        return tls_read(c, deadline, r, e);
+    }
     for (;;) {
         rc = take_reply(c, r, e);
         if (rc != 0) {
@@ -520,12 +650,13 @@ int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
 int tb__conn_poll(tb__conn_t *c, redisReply **r)
 {
     tb__error_t e;
+    short events;
     int rc = take_reply(c, r, &e);
 
     if (rc != 0) {
         return rc;
     }
-    rc = read_some(c, &e);
+    rc = c->ssl ? tls_read_some(c, &events, &e) : read_some(c, &e);
     if (rc <= 0) {
         return rc;
     }

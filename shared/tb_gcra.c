@@ -7,7 +7,10 @@
  * burst tolerance CAPACITY requests: a request of cost k passes when
  * max(TAT - now, 0) + k * T <= CAPACITY * T (+ EPS_MS, the slack that
  * absorbs the rounding of a stored TAT near today's clock). No clock, I/O
- * or allocation.
+ * or allocation. A settlement (tb_gcra_settle) moves the TAT by the
+ * difference between what requests really cost and what they were
+ * charged, and may leave it up to 2 * CAPACITY * T ahead: a debt that
+ * later requests wait out.
  */
 #include <math.h>
 
@@ -15,17 +18,16 @@
 
 #define EPS_MS 0.001
 
-int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
-                 const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
-                 tb_verdict_t *v)
+/* The steps of tb_gcra.lua: settle selects its 'settle' mode, where cost
+ * is the difference to settle and the new TAT is always stored. */
+static void gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
+                     const double *cost, int n, int64_t now_ms, int settle,
+                     tb_gcra_t *out, tb_verdict_t *v)
 {
     double debt[TB_MAX_BUCKETS], after[TB_MAX_BUCKETS];
     double now = (double)now_ms;
     int i;
 
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
         double interval = 1000 / lim[i].rate_per_sec;
@@ -39,7 +41,17 @@ int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
             debt[i] = in[i].tat_ms - now;
         }
         after[i] = debt[i] + cost[i] * interval;
-        if (cost[i] > lim[i].capacity) {
+        if (settle) {
+            /* Never behind now (a full bucket), never a debt beyond one
+             * capacity. */
+            if (after[i] < 0) {
+                after[i] = 0;
+            }
+            if (after[i] > 2 * limit) {
+                after[i] = 2 * limit;
+            }
+        }
+        if (cost[i] > lim[i].capacity && !settle) {
             wait = -1;
         }
         else if (after[i] > limit + EPS_MS) {
@@ -53,13 +65,13 @@ int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
     for (i = 0; i < n; i++) {
         double interval = 1000 / lim[i].rate_per_sec;
         double limit = lim[i].capacity * interval;
-        double used = v->allowed ? after[i] : debt[i];
+        double used = v->allowed || settle ? after[i] : debt[i];
 
         tb__fold_left(v, i, (limit - used + EPS_MS) / interval);
     }
     for (i = 0; i < n; i++) {
         /* On refusal the script writes nothing: out keeps the input. */
-        if (v->allowed) {
+        if (v->allowed || settle) {
             out[i].tat_ms = now + after[i];
             out[i].exists = 1;
         }
@@ -67,5 +79,26 @@ int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
             out[i] = in[i];
         }
     }
+}
+
+int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
+                 const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
+                 tb_verdict_t *v)
+{
+    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
+        return TB_ERR;
+    }
+    gcra_run(in, lim, cost, n, now_ms, 0, out, v);
+    return TB_OK;
+}
+
+int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
+                   const double *delta, int n, int64_t now_ms,
+                   tb_gcra_t *out, tb_verdict_t *v)
+{
+    if (!in || !tb__settle_args_ok(lim, delta, n, out, v)) {
+        return TB_ERR;
+    }
+    gcra_run(in, lim, delta, n, now_ms, 1, out, v);
     return TB_OK;
 }

@@ -18,13 +18,25 @@
 -- a request may pass at most 1 us early. Keep RATE below about 1e5/s per key
 -- for the rounding to stay under 1% of T.
 --
--- KEYS[i]   one string per bucket (TAT in ms).
+-- KEYS[i]   one string per bucket (TAT in ms). A TAT more than
+--           CAPACITY * T ahead of now is a debt (a settlement charged more
+--           than the bucket held): requests wait until it is paid.
+-- ARGV[2+3n]  optional: 'settle', to settle what requests really cost
+--           instead of deciding. The cost of bucket i is then the
+--           difference to settle (real cost - cost charged): the TAT moves
+--           by cost * T, never behind now (a full bucket) nor more than
+--           2 * CAPACITY * T ahead (a debt of CAPACITY), and is always
+--           written. The reply's allowed is 0 when a bucket is left in
+--           debt, retry_ms the time until every bucket is out of it. C
+--           twin: tb_gcra_settle(); vectors: the rows of
+--           tests/vectors/gcra.tsv marked settle.
 --
 -- All or nothing over the buckets, O(1) per bucket. Returns
 -- {allowed, remaining, retry_ms, binding} exactly as tb_bucket.lua does.
 
 local EPS = 0.001
 
+local settle = ARGV[2 + 3 * n] == 'settle'
 local debt = {}
 local after = {}
 
@@ -40,10 +52,14 @@ for i = 1, n do
     d = tat - now
   end
   local a = d + cost * interval
+  if settle then
+    if a < 0 then a = 0 end
+    if a > 2 * limit then a = 2 * limit end
+  end
   debt[i] = d
   after[i] = a
   local wait = 0
-  if cost > cap then
+  if cost > cap and not settle then
     wait = -1
   elseif a > limit + EPS then
     wait = math.ceil(a - limit - EPS)
@@ -56,11 +72,11 @@ for i = 1, n do
   local cap, rate = args(i)
   local interval = 1000 / rate
   local used = debt[i]
-  if allowed == 1 then used = after[i] end
+  if allowed == 1 or settle then used = after[i] end
   fold_left(i, (cap * interval - used + EPS) / interval)
 end
 
-if allowed == 1 then
+if allowed == 1 or settle then
   for i = 1, n do
     redis.call('SET', KEYS[i], now + after[i], 'PX',
                math.ceil(after[i]) + 1000)

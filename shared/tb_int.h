@@ -1,8 +1,9 @@
 /* tb_int.h -- the I/O side of the core that hosts never call: the circuit
- * breaker, the transport (tb_resp.c, tb_conn.c, tb_pool.c), the script
- * call (tb_redis.c), Sentinel (tb_sentinel.c), Cluster (tb_cluster.c) and
- * the failure policy (tb_policy.c). Internal: the library's files and its
- * unit tests include it; hosts include tb.h only.
+ * breaker, the transport (tb_resp.c, tb_conn.c and its TLS, tb_tls.c,
+ * tb_pool.c), the script call (tb_redis.c), Sentinel (tb_sentinel.c),
+ * Cluster (tb_cluster.c) and the failure policy (tb_policy.c). Internal:
+ * the library's files and its unit tests include it; hosts include tb.h
+ * only.
  */
 #ifndef TB_INT_H
 #define TB_INT_H
@@ -85,15 +86,49 @@ int tb__buf_argv(tb__buf_t *b, int argc, const char **argv,
                  const size_t *argvlen);
 void tb__buf_free(tb__buf_t *b);
 
+/* ---- TLS (tb_tls.c) -------------------------------------------------
+ *
+ * OpenSSL's SSL stays opaque here: only tb_tls.c includes OpenSSL. The
+ * I/O calls never wait: 0 means "wait for *events (POLLIN or POLLOUT) on
+ * the socket and call again with the same arguments"; -1 fills *e (kind
+ * TB_ERR_TLS for a handshake, certificate or record failure, TB_ERR_IO
+ * for a closed or broken socket).
+ */
+struct ssl_st;
+
+/* A session for the connected socket fd, checked against t's server
+ * name or else host; no I/O yet. NULL with *e. */
+struct ssl_st *tb__tls_session(const tb_tls_t *t, int fd, const char *host,
+                               tb__error_t *e);
+/* One step of the handshake: 1 done, 0 wait, -1 failed. */
+int tb__tls_handshake(struct ssl_st *s, short *events, tb__error_t *e);
+/* Bytes written (> 0) or read (> 0; a reply may span several calls), 0
+ * wait, -1 failed. */
+long tb__tls_write(struct ssl_st *s, const char *buf, size_t len,
+                   short *events, tb__error_t *e);
+long tb__tls_read(struct ssl_st *s, char *buf, size_t len, short *events,
+                  tb__error_t *e);
+/* After an I/O error: when the server's last words were a TLS alert (a
+ * TLS 1.3 server refuses a client certificate after the handshake, then
+ * resets the connection our write was on), *e becomes that alert. */
+void tb__tls_why_closed(struct ssl_st *s, tb__error_t *e);
+/* 1 when the session holds received bytes not yet read: read before
+ * polling the socket, which may have nothing more to say. */
+int tb__tls_buffered(const struct ssl_st *s);
+/* Free the session without a word to the server (no close_notify). */
+void tb__tls_end(struct ssl_st *s);
+
 /* ---- One connection (tb_conn.c) ------------------------------------ */
 
 typedef struct tb__conn tb__conn_t;
 
 /* Connect to path (a unix socket) when it is non-empty, else host:port,
- * by deadline. NULL with *e on failure. The socket is non-blocking and
- * close-on-exec. */
+ * by deadline, and with tls (not NULL) complete a TLS handshake with
+ * host by the same deadline. NULL with *e on failure. The socket is
+ * non-blocking and close-on-exec. */
 tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
-                          tb_monotime_us deadline, tb__error_t *e);
+                          const tb_tls_t *tls, tb_monotime_us deadline,
+                          tb__error_t *e);
 /* Close and free. tb__conn_free(NULL) does nothing. */
 void tb__conn_free(tb__conn_t *c);
 /* Free without closing the fd: the host closed it and may have reused
@@ -171,6 +206,7 @@ typedef struct tb__pool {
     pid_t pid;                 /* Process that owns these sockets.    */
     int verify_fd;
     tb_stats_t *stats;
+    const tb_tls_t *tls;       /* Not owned; NULL: plaintext.         */
     /* Sentinel (addr.kind TB_REDIS_SENTINEL): the primary the sentinels
      * last named. Under mu, except that rmu lets one thread at a time
      * ask the sentinels. */
@@ -187,7 +223,10 @@ typedef struct tb__pool {
     tb_monotime_us watch_retry_us; /* No new subscription before.    */
 } tb__pool_t;
 
-int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
+/* tls: the context of every connection (sentinels' too), not owned, or
+ * NULL for plaintext. */
+int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr,
+                  const tb_tls_t *tls, int timeout_ms,
                   int connect_timeout_ms, int size, int verify_fd,
                   tb_stats_t *stats);
 void tb__pool_destroy(tb__pool_t *p);
@@ -216,11 +255,10 @@ int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
 int tb__setup(const tb_redis_addr_t *a, tb__conn_t *c,
               tb_monotime_us deadline, tb__error_t *e);
 
-/* Subscribe to +switch-master on a sentinel of a (tried from *next,
- * which advances past one that failed). The connection, or NULL with *e.
- * tb_sentinel.c. */
-tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
-                               int connect_timeout_ms, int timeout_ms,
+/* Subscribe to +switch-master on a sentinel of p's address (tried from
+ * *next, which advances past one that failed), with p's timeouts and
+ * TLS. The connection, or NULL with *e. tb_sentinel.c. */
+tb__conn_t *tb__sentinel_watch(const tb__pool_t *p, int *next,
                                tb__error_t *e);
 
 /* Read what a watch has received without waiting. 1 with host and *port
@@ -229,13 +267,12 @@ tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
 int tb__sentinel_poll(tb__conn_t *watch, const tb_redis_addr_t *a,
                       char *host, size_t hostsz, int *port);
 
-/* Ask the sentinels of a (tried in turn from *first, which is set to the
- * one that answered) for the address of a->master. TB_OK with host and
- * *port filled, or TB_ERR with *e naming the last failure. tb_sentinel.c.*/
-int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
-                         int connect_timeout_ms, int timeout_ms,
-                         char *host, size_t hostsz, int *port,
-                         tb__error_t *e);
+/* Ask the sentinels of p's address (tried in turn from *first, which is
+ * set to the one that answered) for the address of its master, with p's
+ * timeouts and TLS. TB_OK with host and *port filled, or TB_ERR with *e
+ * naming the last failure. tb_sentinel.c. */
+int tb__sentinel_resolve(const tb__pool_t *p, int *first, char *host,
+                         size_t hostsz, int *port, tb__error_t *e);
 
 /* The script's reply. */
 typedef struct tb__script_reply {
@@ -288,9 +325,10 @@ int tb__command_node(tb__pool_t *p, int asking, int argc,
 typedef struct tb__cluster tb__cluster_t;
 
 /* A client for the cluster whose seeds, user and password are in a (kind
- * TB_REDIS_CLUSTER); pool_size connections per node. Connects nothing.
- * NULL when out of memory. */
-tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a, int timeout_ms,
+ * TB_REDIS_CLUSTER); pool_size connections per node, each with tls (not
+ * owned; NULL: plaintext). Connects nothing. NULL when out of memory. */
+tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a,
+                                  const tb_tls_t *tls, int timeout_ms,
                                   int connect_timeout_ms, int pool_size,
                                   int verify_fd, tb_stats_t *stats);
 void tb__cluster_free(tb__cluster_t *c);

@@ -1,5 +1,6 @@
-/* tb_local.c -- the bounded table of local buckets behind the `local`
- * failure policy, and the same table holding token leases.
+/* tb_local.c -- bounded tables in caller memory: the local buckets behind
+ * the `local` failure policy, and the token leases a server takes from
+ * the shared buckets.
  *
  * When Redis cannot decide, each server falls back to its own buckets,
  * sized limit/replicas so that N replicas together still admit about the
@@ -16,32 +17,62 @@
  * the block serialises threads and processes; it is held for a hash look-up
  * and a few multiplications. A process that died holding it would wedge
  * the others, so a waiter takes the lock over after LOCK_STEAL_US.
+ *
+ * A lease table is the same block with larger entries (lease_entry_t):
+ * besides the unspent tokens and their expiry, each keeps the bucket's
+ * full key and limit, so that tokens can go back to the shared bucket
+ * without the request that took them, and the key's recent traffic on
+ * this server, which sizes its next lease.
  */
+#include <math.h>
 #include <sched.h>
 #include <string.h>
 
 #include "tb_int.h"
 
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
-#define LEASE_MAGIC 0x74626c32u /* "tbl2": a lease table. */
+#define LEASE_MAGIC 0x74626c33u /* "tbl3": a lease table. */
 #define PROBE 8
 #define LOCK_STEAL_US 100000
 
-typedef struct local_entry {
+/* What every entry starts with: identity, last use, occupancy. */
+typedef struct entry_head {
     unsigned char id[16];
-    double tokens;
-    int64_t ts_ms;
-    int64_t used_ms; /* Last use, for LRU eviction.  */
+    int64_t used_ms;  /* Last use, for LRU eviction.  */
     uint32_t inuse;
     uint32_t pad;
+} entry_head_t;
+
+/* A local bucket: tokens at ts_ms. */
+typedef struct local_entry {
+    entry_head_t h;
+    double tokens;
+    int64_t ts_ms;
 } local_entry_t;
+
+/* A lease and its key's recent traffic. */
+typedef struct lease_entry {
+    entry_head_t h;
+    double tokens;       /* Unspent tokens.                              */
+    int64_t expires_ms;  /* Spendable before this time.                  */
+    double recent;       /* Tokens asked here, each weighted by
+                          * exp(-age / ttl_ms): about one ttl of traffic.*/
+    int64_t recent_ms;   /* When recent was last decayed.                */
+    int64_t ttl_ms;      /* The last lease's ttl, the decay's constant.  */
+    tb_limit_t limit;    /* The bucket's limit, for giving tokens back.  */
+    int32_t owner;       /* The host's tag (tb_lease_info_t).            */
+    uint32_t pad;
+    char key[TB_KEY_BUF]; /* The bucket's full Redis key.                */
+} lease_entry_t;
 
 struct tb_local {
     uint32_t magic;
     uint32_t lock;
     uint64_t mask;   /* Entries - 1; entries is a power of two. */
     uint64_t used;
-    local_entry_t e[];
+    uint64_t esize;  /* Bytes per entry, a multiple of 8.       */
+    uint64_t epoch;  /* Lease tables: drains so far.            */
+    uint64_t e[];    /* mask + 1 entries of esize bytes each.   */
 };
 
 static size_t round_entries(size_t entries)
@@ -54,13 +85,13 @@ static size_t round_entries(size_t entries)
     return n;
 }
 
-size_t tb_local_size(size_t entries)
+static size_t table_size(size_t entries, size_t esize)
 {
-    return sizeof(struct tb_local)
-           + round_entries(entries) * sizeof(local_entry_t);
+    return sizeof(struct tb_local) + round_entries(entries) * esize;
 }
 
-tb_local_t *tb_local_init(void *mem, size_t entries)
+static tb_local_t *table_init(void *mem, size_t entries, size_t esize,
+                              uint32_t magic)
 {
     tb_local_t *t = mem;
     size_t n = round_entries(entries);
@@ -68,10 +99,26 @@ tb_local_t *tb_local_init(void *mem, size_t entries)
     if (!mem) {
         return NULL;
     }
-    memset(t, 0, tb_local_size(entries));
+    memset(t, 0, table_size(entries, esize));
     t->mask = n - 1;
-    t->magic = LOCAL_MAGIC;
+    t->esize = esize;
+    t->magic = magic;
     return t;
+}
+
+static entry_head_t *entry_at(tb_local_t *t, uint64_t i)
+{
+    return (entry_head_t *)((char *)t->e + (i & t->mask) * t->esize);
+}
+
+size_t tb_local_size(size_t entries)
+{
+    return table_size(entries, sizeof(local_entry_t));
+}
+
+tb_local_t *tb_local_init(void *mem, size_t entries)
+{
+    return table_init(mem, entries, sizeof(local_entry_t), LOCAL_MAGIC);
 }
 
 static void lock(tb_local_t *t)
@@ -100,16 +147,32 @@ static void unlock(tb_local_t *t)
     __atomic_store_n(&t->lock, 0, __ATOMIC_RELEASE);
 }
 
-/* The slot for id: its own, a free one in the window, or the LRU one. */
-static local_entry_t *slot(tb_local_t *t, const unsigned char id[16],
-                           int *found)
+/* The entry of id, or NULL; claims nothing. */
+static entry_head_t *find(tb_local_t *t, const unsigned char id[16])
 {
     uint64_t h, i;
-    local_entry_t *free_e = NULL, *lru = NULL;
 
     memcpy(&h, id, sizeof(h));
     for (i = 0; i < PROBE; i++) {
-        local_entry_t *e = &t->e[(h + i) & t->mask];
+        entry_head_t *e = entry_at(t, h + i);
+
+        if (e->inuse && memcmp(e->id, id, 16) == 0) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* The slot for id: its own, a free one in the window, or the LRU one. */
+static entry_head_t *slot(tb_local_t *t, const unsigned char id[16],
+                          int *found)
+{
+    uint64_t h, i;
+    entry_head_t *free_e = NULL, *lru = NULL;
+
+    memcpy(&h, id, sizeof(h));
+    for (i = 0; i < PROBE; i++) {
+        entry_head_t *e = entry_at(t, h + i);
 
         if (e->inuse && memcmp(e->id, id, 16) == 0) {
             *found = 1;
@@ -167,18 +230,18 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
     for (i = 0; i < n; i++) {
         int found;
 
-        ent[i] = slot(t, id[i], &found);
+        ent[i] = (local_entry_t *)slot(t, id[i], &found);
         st[i].exists = found;
         st[i].tokens = found ? ent[i]->tokens : 0;
         st[i].ts_ms = found ? ent[i]->ts_ms : 0;
         if (!found) {
             /* Claim it now so a second key of this call cannot. */
-            memcpy(ent[i]->id, id[i], 16);
-            ent[i]->inuse = 1;
+            memcpy(ent[i]->h.id, id[i], 16);
+            ent[i]->h.inuse = 1;
             ent[i]->tokens = div[i].capacity;
             ent[i]->ts_ms = now_ms;
         }
-        ent[i]->used_ms = now_ms;
+        ent[i]->h.used_ms = now_ms;
     }
     rc = tb_bucket_take(st, div, cost, n, now_ms, st, v);
     if (rc == TB_OK) {
@@ -196,61 +259,61 @@ size_t tb_local_used(tb_local_t *t)
     return t ? (size_t)__atomic_load_n(&t->used, __ATOMIC_RELAXED) : 0;
 }
 
-/* ---- The lease table ---------------------------------------
+/* ---- The lease table -------------------------------------------------
  *
- * The same block, lock, probe window and LRU eviction, with another
- * magic; an entry's tokens are the lease's unspent tokens and its ts_ms
- * the lease's expiry. Spending is a look-up and a subtraction under the
- * lock, so a lease is never spent twice across children. */
+ * Spending is a look-up and a subtraction under the lock, so a lease is
+ * never spent twice across children. Tokens leave the table only by
+ * being spent, by tb_lease_plan (an expired lease's, to be returned in
+ * the call that refills) and by tb_lease_drain (every lease's, to be
+ * returned when the server stops); an entry evicted to make room for
+ * another key (eight keys in its probe window, all used more recently)
+ * loses them. */
 
 size_t tb_lease_size(size_t entries)
 {
-    return tb_local_size(entries);
+    return table_size(entries, sizeof(lease_entry_t));
 }
 
 tb_lease_t *tb_lease_init(void *mem, size_t entries)
 {
-    tb_lease_t *t = tb_local_init(mem, entries);
-
-    if (t) {
-        t->magic = LEASE_MAGIC;
-    }
-    return t;
+    return table_init(mem, entries, sizeof(lease_entry_t), LEASE_MAGIC);
 }
 
-/* The entry of id, or NULL; claims nothing. */
-static local_entry_t *find(tb_local_t *t, const unsigned char id[16])
+static int lease_table(const tb_lease_t *t)
 {
-    uint64_t h, i;
+    return t && t->magic == LEASE_MAGIC;
+}
 
-    memcpy(&h, id, sizeof(h));
-    for (i = 0; i < PROBE; i++) {
-        local_entry_t *e = &t->e[(h + i) & t->mask];
-
-        if (e->inuse && memcmp(e->id, id, 16) == 0) {
-            return e;
-        }
+/* Bring e->recent to now_ms and add cost. A clock read earlier by
+ * another process (now_ms < recent_ms) decays nothing. */
+static void count_traffic(lease_entry_t *e, double cost, int64_t now_ms)
+{
+    if (now_ms > e->recent_ms && e->ttl_ms > 0) {
+        e->recent *= exp(-(double)(now_ms - e->recent_ms)
+                         / (double)e->ttl_ms);
+        e->recent_ms = now_ms;
     }
-    return NULL;
+    e->recent += cost;
 }
 
 int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
                    int64_t now_ms, double *left)
 {
     unsigned char id[32];
-    local_entry_t *e;
+    lease_entry_t *e;
     int hit = 0;
 
-    if (!t || t->magic != LEASE_MAGIC || !key || !left || !(cost >= 0)
+    if (!lease_table(t) || !key || !left || !(cost >= 0)
         || cost > TB_MAX_CAPACITY) {
         return -1;
     }
     tb_sha256(key, strlen(key), id);
     lock(t);
-    e = find(t, id);
-    if (e && now_ms < e->ts_ms && e->tokens >= cost) {
+    e = (lease_entry_t *)find(t, id);
+    if (e && now_ms < e->expires_ms && e->tokens >= cost) {
         e->tokens -= cost;
-        e->used_ms = now_ms;
+        e->h.used_ms = now_ms;
+        count_traffic(e, cost, now_ms);
         *left = e->tokens;
         hit = 1;
     }
@@ -258,36 +321,165 @@ int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
     return hit;
 }
 
-int tb_lease_store(tb_lease_t *t, const char *key, double tokens,
-                   int64_t now_ms, int64_t expires_ms)
+static int info_valid(const tb_lease_info_t *in)
+{
+    return in && in->key && in->key[0] && strlen(in->key) < TB_KEY_BUF
+           && tb_limit_check(&in->limit, NULL, 0) == TB_OK
+           && in->ttl_ms >= 1 && in->ttl_ms <= 86400000;
+}
+
+/* Make e the entry of in, keeping its traffic when it already was. */
+static void entry_claim(lease_entry_t *e, const unsigned char id[16],
+                        const tb_lease_info_t *in, int found,
+                        int64_t now_ms)
+{
+    if (!found) {
+        memset((char *)e + sizeof(e->h), 0, sizeof(*e) - sizeof(e->h));
+        memcpy(e->h.id, id, 16);
+        e->h.inuse = 1;
+        e->recent_ms = now_ms;
+    }
+    e->ttl_ms = in->ttl_ms;
+    e->limit = in->limit;
+    e->owner = in->owner;
+    memcpy(e->key, in->key, strlen(in->key) + 1);
+    e->h.used_ms = now_ms;
+}
+
+int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
+                  double max, int64_t now_ms, tb_lease_plan_t *plan)
 {
     unsigned char id[32];
-    local_entry_t *e;
+    lease_entry_t *e;
+    double want;
     int found;
 
-    if (!t || t->magic != LEASE_MAGIC || !key || !(tokens >= 0)
-        || tokens > TB_MAX_CAPACITY) {
+    if (!lease_table(t) || !info_valid(in) || !plan || !(cost >= 0)
+        || !(max >= cost) || max > TB_MAX_LEASE) {
         return TB_ERR;
+    }
+    tb_sha256(in->key, strlen(in->key), id);
+    lock(t);
+    e = (lease_entry_t *)slot(t, id, &found);
+    entry_claim(e, id, in, found, now_ms);
+    count_traffic(e, cost, now_ms);
+    plan->back = 0;
+    if (now_ms >= e->expires_ms && e->tokens > 0) {
+        plan->back = e->tokens;
+        e->tokens = 0;
+    }
+    plan->epoch = t->epoch;
+    want = floor(e->recent);
+    unlock(t);
+    if (want > max) {
+        want = max;
+    }
+    plan->want = want < cost ? cost : want;
+    return TB_OK;
+}
+
+int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
+                   const tb_lease_plan_t *plan, double tokens,
+                   int64_t now_ms)
+{
+    unsigned char id[32];
+    lease_entry_t *e;
+    int found, kept = 0;
+
+    if (!lease_table(t) || !info_valid(in) || !plan || !(tokens >= 0)
+        || tokens > TB_MAX_CAPACITY) {
+        return -1;
+    }
+    tb_sha256(in->key, strlen(in->key), id);
+    lock(t);
+    if (t->epoch == plan->epoch) {
+        e = (lease_entry_t *)slot(t, id, &found);
+        entry_claim(e, id, in, found, now_ms);
+        if (now_ms < e->expires_ms) {
+            /* Another child refilled too: keep both grants. */
+            e->tokens += tokens;
+        }
+        else {
+            e->tokens = tokens;
+        }
+        if (now_ms + in->ttl_ms > e->expires_ms) {
+            e->expires_ms = now_ms + in->ttl_ms;
+        }
+        kept = 1;
+    }
+    unlock(t);
+    return kept;
+}
+
+int tb_lease_credit(tb_lease_t *t, const char *key, double tokens,
+                    int64_t now_ms)
+{
+    unsigned char id[32];
+    lease_entry_t *e;
+    int kept = 0;
+
+    if (!lease_table(t) || !key || !(tokens >= 0)
+        || tokens > TB_MAX_CAPACITY) {
+        return -1;
     }
     tb_sha256(key, strlen(key), id);
     lock(t);
-    e = slot(t, id, &found);
-    if (found && now_ms < e->ts_ms) {
-        /* Another child refilled too: keep both grants. */
+    e = (lease_entry_t *)find(t, id);
+    if (e && now_ms < e->expires_ms) {
         e->tokens += tokens;
-        if (expires_ms > e->ts_ms) {
-            e->ts_ms = expires_ms;
-        }
+        e->h.used_ms = now_ms;
+        kept = 1;
     }
-    else {
-        memcpy(e->id, id, 16);
-        e->inuse = 1;
-        e->tokens = tokens;
-        e->ts_ms = expires_ms;
-    }
-    e->used_ms = now_ms;
     unlock(t);
-    return TB_OK;
+    return kept;
+}
+
+uint64_t tb_lease_epoch(tb_lease_t *t)
+{
+    return lease_table(t) ? __atomic_load_n(&t->epoch, __ATOMIC_ACQUIRE)
+                          : 0;
+}
+
+size_t tb_lease_drain(tb_lease_t *t, tb_lease_give_fn give, void *arg)
+{
+    size_t n = 0;
+    uint64_t i;
+
+    if (!lease_table(t)) {
+        return 0;
+    }
+    lock(t);
+    __atomic_add_fetch(&t->epoch, 1, __ATOMIC_RELEASE);
+    unlock(t);
+    /* One entry at a time, so give() (a Redis call) never runs under the
+     * lock that every child's requests take. */
+    for (i = 0; i <= t->mask; i++) {
+        lease_entry_t copy, *e;
+        tb_lease_info_t info;
+
+        lock(t);
+        e = (lease_entry_t *)entry_at(t, i);
+        copy.h.inuse = e->h.inuse;
+        if (e->h.inuse) {
+            memcpy(&copy, e, sizeof(copy));
+            e->h.inuse = 0;
+            t->used--;
+        }
+        unlock(t);
+        if (!copy.h.inuse || !(copy.tokens > 0)) {
+            continue;
+        }
+        copy.key[TB_KEY_BUF - 1] = '\0';
+        info.key = copy.key;
+        info.limit = copy.limit;
+        info.ttl_ms = copy.ttl_ms;
+        info.owner = copy.owner;
+        if (give) {
+            give(arg, &info, copy.tokens);
+        }
+        n++;
+    }
+    return n;
 }
 
 size_t tb_lease_used(tb_lease_t *t)

@@ -171,7 +171,7 @@ const char *tb_err_name(int err)
 {
     static const char *const names[TB_ERR_KINDS] = {
         "none", "io", "timeout", "protocol", "reply", "arg", "oom",
-        "breaker", "auth"
+        "breaker", "auth", "tls"
     };
 
     if (err < 0 || err >= TB_ERR_KINDS) {

@@ -127,7 +127,8 @@ static struct timespec timespec_at(tb_monotime_us t)
     return ts;
 }
 
-int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
+int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr,
+                  const tb_tls_t *tls, int timeout_ms,
                   int connect_timeout_ms, int size, int verify_fd,
                   tb_stats_t *stats)
 {
@@ -142,6 +143,7 @@ int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr, int timeout_ms,
     p->size = size;
     p->verify_fd = verify_fd;
     p->stats = stats;
+    p->tls = tls;
     p->pid = self_pid();
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->rmu, NULL);
@@ -279,9 +281,7 @@ static void watch_check(tb__pool_t *p)
     }
     if (!p->watch && tb_clock_monotonic_us() >= p->watch_retry_us) {
         p->watch_retry_us = tb_clock_monotonic_us() + 1000000;
-        p->watch = tb__sentinel_watch(&p->addr, &p->watch_next,
-                                      p->connect_timeout_ms, p->timeout_ms,
-                                      &e);
+        p->watch = tb__sentinel_watch(p, &p->watch_next, &e);
         if (p->watch) {
             /* A switch may have been announced while nobody listened. */
             pthread_mutex_lock(&p->mu);
@@ -320,8 +320,7 @@ static int sentinel_target(tb__pool_t *p, char *host, size_t hostsz,
     first = p->next_sentinel;
     pthread_mutex_unlock(&p->mu);
     if (stale) {
-        rc = tb__sentinel_resolve(&p->addr, &first, p->connect_timeout_ms,
-                                  p->timeout_ms, h, sizeof(h), &pt, e);
+        rc = tb__sentinel_resolve(p, &first, h, sizeof(h), &pt, e);
         pthread_mutex_lock(&p->mu);
         if (rc == TB_OK) {
             set_primary(p, h, pt);
@@ -355,7 +354,7 @@ static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
         && sentinel_target(p, host, sizeof(host), &port, gen, e) != TB_OK) {
         return NULL;
     }
-    c = tb__conn_open(host, port, a->path,
+    c = tb__conn_open(host, port, a->path, p->tls,
                       tb__deadline_ms(p->connect_timeout_ms), e);
     if (c && tb__setup(a, c, tb__deadline_ms(p->timeout_ms), e) != TB_OK) {
         tb__conn_free(c);
@@ -616,6 +615,8 @@ static void wait_turn(tb__pool_t *p, tb__waiter_t *w)
             tb__set_error(&w->err, TB_ERR_TIMEOUT,
                           "no reply within %d ms (connection busy)",
                           p->timeout_ms);
+            /* The batch's leader reports the batch to the breaker. */
+            w->err.shared = 1;
             w->state = W_FAILED;
         }
     }

@@ -96,7 +96,12 @@ int tb__setup(const tb_redis_addr_t *a, tb__conn_t *c,
             char during[TB_ERRSTR_LEN];
 
             snprintf(during, sizeof(during), "%s", e->errstr);
-            tb__set_error(e, e->err, "%s: %s", what[i], during);
+            /* A TLS port drops a plaintext client at its first bytes. */
+            tb__set_error(e, e->err, "%s: %.90s%s", what[i], during,
+                          i == 0 && !a->tls && a->path[0] == '\0'
+                                  && e->err == TB_ERR_IO
+                              ? " (a TLS port? rediss://)"
+                              : "");
             return TB_ERR;
         }
         if (ok == TB_OK && r->type == REDIS_REPLY_ERROR) {

@@ -12,7 +12,7 @@
  * and reads it without waiting (one read attempt per call, no thread): the
  * switch is seen on the first decision after the sentinels announce it.
  * Sentinels are asked without AUTH (a URL's user and password are for the
- * data nodes).
+ * data nodes), over TLS when the URL asks for it, like the data nodes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +20,11 @@
 
 #include "tb_int.h"
 
-/* Ask one sentinel. TB_OK with host and *port, or TB_ERR and *e. */
-static int ask_one(const tb_redis_endpoint_t *s, const char *master,
-                   int connect_timeout_ms, int timeout_ms, char *host,
-                   size_t hostsz, int *port, tb__error_t *e)
+/* Ask one sentinel of p. TB_OK with host and *port, or TB_ERR and *e. */
+static int ask_one(const tb__pool_t *p, const tb_redis_endpoint_t *s,
+                   char *host, size_t hostsz, int *port, tb__error_t *e)
 {
+    const char *master = p->addr.master;
     const char *argv[3] = { "SENTINEL", "get-master-addr-by-name", master };
     size_t argvlen[3] = { 8, 23, 0 };
     tb__conn_t *c;
@@ -34,10 +34,10 @@ static int ask_one(const tb_redis_endpoint_t *s, const char *master,
 
     snprintf(during, sizeof(during), "sentinel %s:%d", s->host, s->port);
     argvlen[2] = strlen(master);
-    c = tb__conn_open(s->host, s->port, NULL,
-                      tb__deadline_ms(connect_timeout_ms), e);
+    c = tb__conn_open(s->host, s->port, NULL, p->tls,
+                      tb__deadline_ms(p->connect_timeout_ms), e);
     if (!c || tb__conn_command(c, 3, argv, argvlen,
-                               tb__deadline_ms(timeout_ms), &r, e)
+                               tb__deadline_ms(p->timeout_ms), &r, e)
                   != TB_OK) {
         char why[TB_ERRSTR_LEN];
 
@@ -74,11 +74,10 @@ static int ask_one(const tb_redis_endpoint_t *s, const char *master,
     return rc;
 }
 
-int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
-                         int connect_timeout_ms, int timeout_ms,
-                         char *host, size_t hostsz, int *port,
-                         tb__error_t *e)
+int tb__sentinel_resolve(const tb__pool_t *p, int *first, char *host,
+                         size_t hostsz, int *port, tb__error_t *e)
 {
+    const tb_redis_addr_t *a = &p->addr;
     int k, i;
 
     if (a->nseeds < 1) {
@@ -92,8 +91,7 @@ int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
         if (i < 0) {
             i = 0;
         }
-        if (ask_one(&a->seeds[i], a->master, connect_timeout_ms, timeout_ms,
-                    host, hostsz, port, e) == TB_OK) {
+        if (ask_one(p, &a->seeds[i], host, hostsz, port, e) == TB_OK) {
             *first = i;
             return TB_OK;
         }
@@ -101,12 +99,12 @@ int tb__sentinel_resolve(const tb_redis_addr_t *a, int *first,
     return TB_ERR;
 }
 
-tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
-                               int connect_timeout_ms, int timeout_ms,
+tb__conn_t *tb__sentinel_watch(const tb__pool_t *p, int *next,
                                tb__error_t *e)
 {
     static const char *argv[2] = { "SUBSCRIBE", "+switch-master" };
     static const size_t argvlen[2] = { 9, 14 };
+    const tb_redis_addr_t *a = &p->addr;
     const tb_redis_endpoint_t *s;
     tb__conn_t *c;
     redisReply *r = NULL;
@@ -116,10 +114,10 @@ tb__conn_t *tb__sentinel_watch(const tb_redis_addr_t *a, int *next,
         return NULL;
     }
     s = &a->seeds[(*next < 0 ? 0 : *next) % a->nseeds];
-    c = tb__conn_open(s->host, s->port, NULL,
-                      tb__deadline_ms(connect_timeout_ms), e);
+    c = tb__conn_open(s->host, s->port, NULL, p->tls,
+                      tb__deadline_ms(p->connect_timeout_ms), e);
     if (!c || tb__conn_command(c, 2, argv, argvlen,
-                               tb__deadline_ms(timeout_ms), &r, e)
+                               tb__deadline_ms(p->timeout_ms), &r, e)
                   != TB_OK) {
         goto err;
     }

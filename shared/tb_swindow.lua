@@ -15,7 +15,7 @@
 -- is an approximation: it can admit more than the exact log when the
 -- previous window's requests came late in it, and fewer when they came
 -- early. The error on a bursty trace is measured against the exact sliding
--- log in tests/integration/test_algo_figures.py.
+-- log by bench/algo_figures.py.
 --
 -- KEYS[i]   one hash per bucket: w (window number), cur and prev (cost
 --           spent in windows w and w - 1).

@@ -1,10 +1,12 @@
 /* tb_url.c -- Redis addresses: parsing and redaction.
  *
  * Accepts redis://[user:password@]host[:port][/db] (IPv6 hosts in
- * brackets, %XX escapes in the user and password) and unix:/path[?db=N],
- * and redis-sentinel://[userinfo@]h[:p][,h[:p]...]/MASTER[/db]
- * and redis-cluster://[userinfo@]h[:p][,h[:p]...], whose endpoint lists
- * land in addr->seeds.
+ * brackets, %XX escapes in the user and password), its TLS twin
+ * rediss://, unix:/path[?db=N], and
+ * redis-sentinel://[userinfo@]h[:p][,h[:p]...]/MASTER[/db] and
+ * redis-cluster://[userinfo@]h[:p][,h[:p]...], whose endpoint lists land
+ * in addr->seeds. A query "?tls=on" (or "?tls=off") ends any of the TCP
+ * forms: the one way to ask TLS of the sentinels and cluster nodes.
  * Runs at configuration time. tb_url_redact() is what logs and status
  * pages print, so a password never leaves this file in clear.
  */
@@ -20,11 +22,12 @@ static int fail(char *err, size_t errlen, const char *what, const char *url)
         /* Never echo the URL: it may hold a password. */
         snprintf(err, errlen, "bad Redis URL: %s%s", what,
                  url && strncmp(url, "redis://", 8) && strncmp(url, "unix:", 5)
+                         && strncmp(url, "rediss://", 9)
                          && strncmp(url, "redis-sentinel://", 17)
                          && strncmp(url, "redis-cluster://", 16)
-                     ? " (expected redis://host[:port][/db], unix:/path, "
-                       "redis-sentinel://host[:port][,...]/MASTER or "
-                       "redis-cluster://host[:port][,...])"
+                     ? " (expected redis://host[:port][/db], rediss://..., "
+                       "unix:/path, redis-sentinel://host[:port][,...]/MASTER"
+                       " or redis-cluster://host[:port][,...])"
                      : "");
     }
     return TB_ERR;
@@ -280,10 +283,27 @@ static int parse_ha_path(const char *slash, tb_redis_addr_t *a, char *err,
     return TB_OK;
 }
 
+/* The query of a TCP URL, "tls=on" or "tls=off", into a->tls. A rediss://
+ * URL is TLS already: "tls=off" contradicts it. */
+static int parse_query(const char *q, int rediss, tb_redis_addr_t *a)
+{
+    if (strcmp(q, "tls=on") == 0) {
+        a->tls = 1;
+        return TB_OK;
+    }
+    return strcmp(q, "tls=off") == 0 && !rediss ? TB_OK : TB_ERR;
+}
+
+/* Parse the part of a TCP URL after its scheme, p[0..end). */
+static int parse_tcp(const char *url, const char *p, const char *end,
+                     tb_redis_addr_t *a, char *err, size_t errlen);
+
 int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
                  size_t errlen)
 {
-    const char *p, *at, *slash, *end;
+    const char *p, *q, *at;
+    char *copy;
+    int rc;
 
     if (!a) {
         return fail(err, errlen, "no address to fill", NULL);
@@ -307,10 +327,40 @@ int tb_url_parse(const char *url, tb_redis_addr_t *a, char *err,
     else if (strncmp(url, "redis://", 8) == 0) {
         p = url + 8;
     }
+    else if (strncmp(url, "rediss://", 9) == 0) {
+        a->tls = 1;
+        p = url + 9;
+    }
     else {
         return fail(err, errlen, "unknown scheme", url);
     }
-    end = p + strlen(p);
+    /* The query starts at the first '?' after the userinfo (a password
+     * may hold a '?'). */
+    at = strrchr(p, '@');
+    q = strchr(at ? at : p, '?');
+    if (!q) {
+        return parse_tcp(url, p, p + strlen(p), a, err, errlen);
+    }
+    if (parse_query(q + 1, a->tls, a) != TB_OK) {
+        return fail(err, errlen, a->tls ? "rediss:// takes no query but "
+                    "?tls=on" : "the only query is ?tls=on or ?tls=off", url);
+    }
+    /* The rest parses as a string of its own. */
+    if (!(copy = malloc((size_t)(q - url) + 1))) {
+        return fail(err, errlen, "out of memory", url);
+    }
+    memcpy(copy, url, (size_t)(q - url));
+    copy[q - url] = '\0';
+    rc = parse_tcp(url, copy + (p - url), copy + (q - url), a, err, errlen);
+    free(copy);
+    return rc;
+}
+
+static int parse_tcp(const char *url, const char *p, const char *end,
+                     tb_redis_addr_t *a, char *err, size_t errlen)
+{
+    const char *at, *slash;
+
     slash = strchr(p, '/');
     /* The userinfo ends at the last '@' before the path: passwords may
      * hold '@' only when escaped, but be lenient with the host part. */
@@ -380,8 +430,12 @@ static void redact_ha(const tb_redis_addr_t *a, char *out, size_t outlen)
         n = snprintf(out + used, outlen - used, "/%s", a->master);
         used = n < 0 ? outlen : used + (size_t)n;
         if (a->db > 0 && used < outlen) {
-            snprintf(out + used, outlen - used, "/%d", a->db);
+            n = snprintf(out + used, outlen - used, "/%d", a->db);
+            used = n < 0 ? outlen : used + (size_t)n;
         }
+    }
+    if (a->tls && used < outlen) {
+        snprintf(out + used, outlen - used, "?tls=on");
     }
 }
 
@@ -407,7 +461,8 @@ void tb_url_redact(const tb_redis_addr_t *a, char *out, size_t outlen)
     if (a->db > 0) {
         snprintf(db, sizeof(db), "/%d", a->db);
     }
-    snprintf(out, outlen, "redis://%s%s%s%s%s%s:%d%s", a->user,
+    snprintf(out, outlen, "%s://%s%s%s%s%s%s:%d%s",
+             a->tls ? "rediss" : "redis", a->user,
              a->password[0] ? (a->user[0] ? ":***" : "***") : "",
              a->user[0] || a->password[0] ? "@" : "",
              strchr(a->host, ':') ? "[" : "", a->host,

@@ -2,9 +2,9 @@
  *
  * The only place libconfig appears. The file (example: conf/shim.conf)
  * holds scalar settings for the core's client (Redis URL, timeouts,
- * failure policy, breaker, replicas, key prefix), `strict`, and two lists
- * of rules, `inbound` and `outbound`. Every value is validated here, once:
- * a wrapper never parses. Unknown settings are errors, so a typo cannot
+ * failure policy, breaker, replicas, key prefix, TLS), `strict`, and two
+ * lists of rules, `inbound` and `outbound`. Every value is validated here,
+ * once: a wrapper never parses. Unknown settings are errors, so a typo cannot
  * silently disable a limit. Hostnames of outbound rules are resolved here
  * with getaddrinfo(); a later change of DNS is not seen until the program
  * restarts.
@@ -586,6 +586,67 @@ const shim_rule_t *shim_conf_rule(const shim_conf_t *conf, const char *want)
 
 /* ---- Top level ------------------------------------------------------ */
 
+/* A string setting into buf (size bytes), refused when it is empty or
+ * does not fit. */
+static int get_text(loader_t *ld, const config_setting_t *s, char *buf,
+                    size_t size)
+{
+    const char *str;
+
+    if (get_string(ld, s, &str) != TB_OK) {
+        return TB_ERR;
+    }
+    if (!*str || strlen(str) >= size) {
+        return fail(ld, s, "'%s' must be 1..%u bytes",
+                    config_setting_name(s), (unsigned)size - 1);
+    }
+    strcpy(buf, str);
+    return TB_OK;
+}
+
+/* The TLS settings (files are read by the core when it makes the
+ * client). 1 when s is one of them, with *rc its outcome; else 0. */
+static int tls_setting(loader_t *ld, const config_setting_t *s,
+                       shim_conf_t *conf, int *rc)
+{
+    const char *name = config_setting_name(s);
+    char *buf = !strcmp(name, "tls_ca")            ? conf->tls_ca
+                : !strcmp(name, "tls_cert")        ? conf->tls_cert
+                : !strcmp(name, "tls_key")         ? conf->tls_key
+                : !strcmp(name, "tls_server_name") ? conf->tls_server_name
+                                                   : NULL;
+
+    if (buf) {
+        *rc = get_text(ld, s, buf, !strcmp(name, "tls_server_name")
+                                       ? sizeof(conf->tls_server_name)
+                                       : SHIM_PATH_MAX);
+        return 1;
+    }
+    if (strcmp(name, "tls_verify") != 0) {
+        return 0;
+    }
+    if (config_setting_type(s) != CONFIG_TYPE_BOOL) {
+        *rc = fail(ld, s, "'tls_verify' must be true or false");
+    }
+    else {
+        conf->opts.tls.no_verify = !config_setting_get_bool(s);
+        *rc = TB_OK;
+    }
+    return 1;
+}
+
+/* Point opts at the set TLS buffers (NULL for the unset ones). */
+static void tls_point(shim_conf_t *conf)
+{
+    tb_tls_options_t *t = &conf->opts.tls;
+
+    t->ca_file = conf->tls_ca[0] ? conf->tls_ca : NULL;
+    t->cert_file = conf->tls_cert[0] ? conf->tls_cert : NULL;
+    t->key_file = conf->tls_key[0] ? conf->tls_key : NULL;
+    t->server_name = conf->tls_server_name[0] ? conf->tls_server_name
+                                              : NULL;
+}
+
 /* Scalars first, in one pass; rules after, because a rule's Redis prefix
  * depends on `prefix` wherever it sits in the file. */
 static int load_scalars(loader_t *ld, const config_setting_t *root,
@@ -673,7 +734,7 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
                 strcpy(conf->prefix, str);
             }
         }
-        else {
+        else if (!tls_setting(ld, s, conf, &rc)) {
             rc = fail(ld, s, "unknown setting '%s'", name);
         }
         if (rc != TB_OK) {
@@ -745,6 +806,7 @@ int shim_conf_load(const char *path, shim_conf_t *conf, char *err,
         goto done;
     }
     conf->opts.url = conf->url;
+    tls_point(conf);
     if ((list = config_setting_get_member(root, "inbound")) != NULL
         && load_rules(&ld, list, 1, conf) != TB_OK) {
         goto done;

@@ -351,6 +351,10 @@ static int shim_load(void)
         shim_warn("%s; running unlimited", msg);
         return ST_OFF;
     }
+    if (shim_conf.opts.tls.no_verify) {
+        shim_warn("%s: tls_verify = false: the Redis server's certificate "
+                  "is not checked", path);
+    }
     __atomic_store_n(&shim_client, c, __ATOMIC_RELEASE);
     return ST_READY;
 }

@@ -26,6 +26,7 @@
 #define SHIM_MAX_ADDRS 8    /* Addresses a rule's hostname may resolve to.*/
 #define SHIM_ERR_LEN 512    /* Room for "file:line: problem".             */
 #define SHIM_URL_MAX 512
+#define SHIM_PATH_MAX 512   /* A TLS file name, NUL included.            */
 
 typedef enum {
     SHIM_KEY_FIXED = 0,   /* A fixed name shared by every process.       */
@@ -73,8 +74,13 @@ typedef struct shim_rule {
 } shim_rule_t;
 
 typedef struct shim_conf {
-    tb_options_t opts;        /* opts.url points into url[].              */
+    tb_options_t opts;        /* opts.url points into url[], the set ones
+                               * of opts.tls into the tls_ buffers.      */
     char url[SHIM_URL_MAX];
+    char tls_ca[SHIM_PATH_MAX];     /* Empty: not set.                    */
+    char tls_cert[SHIM_PATH_MAX];
+    char tls_key[SHIM_PATH_MAX];
+    char tls_server_name[256];
     char prefix[TB_PREFIX_MAX + 1];
     int strict;               /* 1: a bad config stops the program.       */
     int timeout_set;          /* 1: the file sets timeout_ms.             */

@@ -28,7 +28,11 @@ import sys
 import tempfile
 import time
 
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APACHE = "/usr/sbin/apache2"
+# Starts apache2 with what the module build needs (the sanitizer runtimes
+# for a `make SANITIZER=...` build).
+APACHE2_SH = os.path.join(TOP, "scripts", "apache2.sh")
 HAPROXY = "/usr/sbin/haproxy"
 REDIS = "/usr/bin/redis-server"
 MODDIR = "/usr/lib/apache2/modules"
@@ -285,9 +289,7 @@ def plot(path, phases, capacity, rate):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        "build"))
+    ap.add_argument("--build", default=os.path.join(TOP, "build"))
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pace", type=float, default=40.0,
                     help="requests per second from the one client")
@@ -333,7 +335,8 @@ def main():
                                     a.capacity, a.rate))
             # setsid: prefork/event signal their whole process group on
             # shutdown, which must not include this script.
-            procs.start(name, ["setsid", APACHE, "-f", conf, "-DFOREGROUND"],
+            procs.start(name, ["setsid", APACHE2_SH, so, "-f", conf,
+                               "-DFOREGROUND"],
                         os.path.join(root, "logs", "stderr.log"), port)
             backends.append((name, port))
         hport = free_port()

@@ -13,12 +13,16 @@
  *   tbucket inspect KEY [--capacity N --rate R [--cost C]] [--route NAME]
  *   tbucket reset KEY [--route NAME]
  *
- * Common options: --url URL (redis://[user:password@]host[:port][/db] or
- * unix:/path), --config FILE (a shim configuration, read by the shim's
- * own loader, shim/shim_conf.c, so a file the shim refuses is refused here
- * too: its redis_url, timeout_ms and connect_timeout_ms are used unless a
- * flag says otherwise; $TBUCKET_CONFIG names the file when --config is not
- * given), --prefix STRING (default "rl:", the module's TBucketPrefix
+ * Common options: --url URL (redis://[user:password@]host[:port][/db],
+ * rediss://... for TLS, unix:/path, redis-sentinel://... or
+ * redis-cluster://..., those two with ?tls=on for TLS), --config FILE (a
+ * shim configuration, read by the shim's own loader, shim/shim_conf.c, so
+ * a file the shim refuses is refused here too: its redis_url, timeout_ms,
+ * connect_timeout_ms and tls_* settings are used unless a flag says
+ * otherwise; $TBUCKET_CONFIG names the file when --config is not given),
+ * --tls-ca FILE, --tls-cert FILE, --tls-key FILE, --tls-server-name NAME,
+ * --tls-verify on|off (TLS, as the module's tls_* options; off is warned
+ * about on stderr), --prefix STRING (default "rl:", the module's TBucketPrefix
  * default), --timeout DURATION (default 1s: a one-shot tool can afford to
  * wait longer than a request path), --rule [in:|out:]NAME (with a config:
  * take the prefix, capacity, rate, cost and fixed key of that shim rule,
@@ -87,6 +91,9 @@ typedef struct tool {
     const char *config;
     const char *rule;
     int url_set, prefix_set, timeout_set, connect_timeout_set;
+    tb_tls_options_t tls;      /* Flags, then the config file's.     */
+    char tls_buf[4][SHIM_PATH_MAX]; /* The file's TLS strings.       */
+    int verify_set;
     int timeout_ms;            /* Command timeout, ms.               */
     int connect_timeout_ms;    /* 0: the same as timeout_ms.         */
     int have_cap, have_rate, have_cost;
@@ -108,6 +115,8 @@ static void usage(FILE *f)
           "options: --url URL  --config FILE  --prefix STRING (rl:)\n"
           "         --timeout DURATION (1s)  --rule [in:|out:]NAME\n"
           "         --algorithm NAME (token-bucket)\n"
+          "         --tls-ca FILE  --tls-cert FILE  --tls-key FILE\n"
+          "         --tls-server-name NAME  --tls-verify on|off\n"
           "exit: 0 allowed/done, 64 usage, 65 cost > capacity,\n"
           "      69 Redis unavailable, 75 rejected (retry later), "
           "78 config\n", f);
@@ -159,6 +168,29 @@ static void use_rule(tool_t *t, const shim_rule_t *r)
     }
 }
 
+/* The file's TLS settings where no flag gave them, copied: conf is
+ * freed after loading. */
+static void config_tls(tool_t *t, const shim_conf_t *conf)
+{
+    const char **mine[4] = { &t->tls.ca_file, &t->tls.cert_file,
+                             &t->tls.key_file, &t->tls.server_name };
+    const char *theirs[4] = { conf->opts.tls.ca_file,
+                              conf->opts.tls.cert_file,
+                              conf->opts.tls.key_file,
+                              conf->opts.tls.server_name };
+    int i;
+
+    for (i = 0; i < 4; i++) {
+        if (!*mine[i] && theirs[i]) {
+            snprintf(t->tls_buf[i], sizeof(t->tls_buf[i]), "%s", theirs[i]);
+            *mine[i] = t->tls_buf[i];
+        }
+    }
+    if (!t->verify_set) {
+        t->tls.no_verify = conf->opts.tls.no_verify;
+    }
+}
+
 /* Read the Redis address and timeouts (and a rule) from a shim config
  * with shim_conf_load(), so the tool accepts exactly the files the shim
  * accepts. Flags given on the command line win; a timeout the file does
@@ -193,6 +225,7 @@ static int load_config(tool_t *t)
     if (!t->connect_timeout_set && conf->connect_timeout_set) {
         t->connect_timeout_ms = conf->opts.connect_timeout_ms;
     }
+    config_tls(t, conf);
     if (r != NULL) {
         use_rule(t, r);
     }
@@ -207,7 +240,8 @@ done:
 enum {
     OPT_URL = 256, OPT_PREFIX, OPT_TIMEOUT, OPT_CONNECT_TIMEOUT, OPT_CONFIG,
     OPT_CAPACITY, OPT_RATE, OPT_COST, OPT_ROUTE, OPT_POLICY, OPT_RULE,
-    OPT_ALGORITHM
+    OPT_ALGORITHM, OPT_TLS_CA, OPT_TLS_CERT, OPT_TLS_KEY,
+    OPT_TLS_SERVER_NAME, OPT_TLS_VERIFY
 };
 
 static const struct option long_opts[] = {
@@ -223,6 +257,11 @@ static const struct option long_opts[] = {
     { "policy", required_argument, NULL, OPT_POLICY },
     { "rule", required_argument, NULL, OPT_RULE },
     { "algorithm", required_argument, NULL, OPT_ALGORITHM },
+    { "tls-ca", required_argument, NULL, OPT_TLS_CA },
+    { "tls-cert", required_argument, NULL, OPT_TLS_CERT },
+    { "tls-key", required_argument, NULL, OPT_TLS_KEY },
+    { "tls-server-name", required_argument, NULL, OPT_TLS_SERVER_NAME },
+    { "tls-verify", required_argument, NULL, OPT_TLS_VERIFY },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 }
@@ -322,6 +361,22 @@ static int set_option(tool_t *t, int c, const char *arg)
                                "sliding-log");
         }
         return 0;
+    case OPT_TLS_CA:
+    case OPT_TLS_CERT:
+    case OPT_TLS_KEY:
+    case OPT_TLS_SERVER_NAME:
+        *(c == OPT_TLS_CA     ? &t->tls.ca_file
+          : c == OPT_TLS_CERT ? &t->tls.cert_file
+          : c == OPT_TLS_KEY  ? &t->tls.key_file
+                              : &t->tls.server_name) = arg;
+        return 0;
+    case OPT_TLS_VERIFY:
+        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
+            return usage_error("--tls-verify", "on or off");
+        }
+        t->tls.no_verify = strcmp(arg, "off") == 0;
+        t->verify_set = 1;
+        return 0;
     case 'q':
         t->quiet = 1;
         return 0;
@@ -404,9 +459,14 @@ static tb_client_t *connect_client(const tool_t *t, tb_policy_t pol)
     o.pool_size = 1;
     o.policy = pol;
     o.local_entries = 64;
+    o.tls = t->tls;
     c = tb_client_create(&o, err, sizeof(err));
     if (!c) {
         fprintf(stderr, "tbucket: --url: %s\n", err);
+    }
+    else if (t->tls.no_verify) {
+        fprintf(stderr, "tbucket: warning: --tls-verify off: the Redis "
+                        "server's certificate is not checked\n");
     }
     return c;
 }

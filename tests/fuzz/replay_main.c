@@ -5,7 +5,7 @@
  * Feeds each file (each regular file of a directory, sorted) to
  * LLVMFuzzerTestOneInput once. A failing invariant aborts, so the exit
  * status says whether the corpus still passes. Used by
- * tests/integration/test_fuzz_regress.py in `make test`.
+ * tests/integration/hostile/test_fuzz_regress.py in `make test`.
  */
 #include <dirent.h>
 #include <stdint.h>

@@ -11,7 +11,8 @@
 # every regression input), and grows a scratch corpus under
 # BUILD_DIR/fuzz/corpus/<name>/. A crash or failed invariant leaves its
 # input in BUILD_DIR/fuzz/artifacts/<name>/ and makes the run fail: copy
-# it into tests/fuzz/corpus/<name>/ so test_fuzz_regress.py replays it.
+# it into tests/fuzz/corpus/<name>/ so hostile/test_fuzz_regress.py
+# replays it.
 set -eu
 BUILD=${1:-build}
 SECS=${2:-25}
@@ -39,7 +40,7 @@ build() { # name extra-sources extra-libs
     echo "fuzz: building $FUZZ/fuzz_$1"
     # shellcheck disable=SC2086
     $CLANG $CFLAGS -fsanitize=fuzzer $SAN -o "$FUZZ/fuzz_$1" \
-        tests/fuzz/fuzz_$1.c $2 $CORE -lhiredis -lm -pthread $3
+        tests/fuzz/fuzz_$1.c $2 $CORE -lhiredis -lssl -lcrypto -lm -pthread $3
 }
 
 # Known, reported bugs (tests/fuzz/KNOWN_OPEN): skip their checks here.

@@ -1,13 +1,16 @@
-/* algo_vectors.h -- reads tests/vectors/<algo>.tsv for the issue-7 unit
- * tests (test_gcra.c, test_fwindow.c, test_swindow.c, test_slog.c).
+/* algo_vectors.h -- reads tests/vectors/<algo>.tsv for the unit tests of
+ * the algorithms' C twins (test_gcra.c, test_fwindow.c, test_swindow.c,
+ * test_slog.c).
  *
  * Each row is one call; rows of one case run in order on state that starts
  * missing. Columns: case, now_ms, capacity, rate, cost, allowed, remaining,
- * retry_ms, binding, state; per-bucket values are joined by '|'. The
- * including file defines av_reset() (a new case), av_take() (one call on
- * its twin) and av_state_ok() (does bucket i's state match the text?). The
- * same rows run against the real scripts in
- * tests/integration/test_algo_vectors.py.
+ * retry_ms, binding, state, and an optional op: "settle" marks a call of
+ * the script's settle mode (r->settle; the costs are the differences to
+ * settle). Per-bucket values are joined by '|'. The including file defines
+ * av_reset() (a new case), av_take() (one call on its twin, refusing with
+ * TB_ERR an op it has not) and av_state_ok() (does bucket i's state match
+ * the text?). The same rows run against the real scripts in
+ * tests/integration/algorithms/test_algo_vectors.py.
  */
 #ifndef ALGO_VECTORS_H
 #define ALGO_VECTORS_H
@@ -22,6 +25,7 @@ typedef struct av_row {
     char name[64];
     int64_t now_ms;
     int n;
+    int settle;
     tb_limit_t lim[TB_MAX_BUCKETS];
     double cost[TB_MAX_BUCKETS];
     tb_verdict_t want;
@@ -52,15 +56,20 @@ static int av_split(char *s, char sep, char **out, int max)
 
 static int av_parse(char *line, av_row_t *r)
 {
-    char *f[10], *caps[TB_MAX_BUCKETS], *rates[TB_MAX_BUCKETS];
+    char *f[11], *caps[TB_MAX_BUCKETS], *rates[TB_MAX_BUCKETS];
     char *costs[TB_MAX_BUCKETS], *states[TB_MAX_BUCKETS];
-    int i, n;
+    int i, n, nf;
 
     line[strcspn(line, "\r\n")] = '\0';
-    if (line[0] == '#' || line[0] == '\0'
-        || av_split(line, '\t', f, 10) != 10) {
+    if (line[0] == '#' || line[0] == '\0') {
         return 0;
     }
+    nf = av_split(line, '\t', f, 11);
+    if (nf < 10 || (nf == 11 && strcmp(f[10], "settle") != 0)
+        || strchr(f[nf - 1], '\t')) {
+        return -1;
+    }
+    r->settle = nf == 11;
     snprintf(r->name, sizeof(r->name), "%s", f[0]);
     r->now_ms = strtoll(f[1], NULL, 10);
     n = av_split(f[2], '|', caps, TB_MAX_BUCKETS);

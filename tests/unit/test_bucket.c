@@ -4,9 +4,12 @@
  * tests/vectors/token_bucket.tsv (directory from $TB_TEST_VECTORS) through
  * tb_bucket_take() and compares the verdict, the new state and the TTL
  * exactly: the same table runs against the Lua script in a real Redis
- * (tests/integration/test_core_vectors.py), so C and Lua cannot drift. The
+ * (tests/integration/core/test_core_vectors.py), so C and Lua cannot drift. The
  * named tests then check behaviours over sequences of calls with injected
- * time (never a sleep) and the argument checks.
+ * time (never a sleep) and the argument checks. The settlement twin
+ * tb_bucket_settle() runs tests/vectors/token_bucket_settle.tsv the same
+ * way (and test_core_settle.py runs it against the script), and the
+ * lease twin runs tests/vectors/lease.tsv.
  */
 #include <errno.h>
 #include <math.h>
@@ -40,8 +43,14 @@ typedef struct vec {
     int64_t want_ttl[TB_MAX_BUCKETS];
 } vec_t;
 
-static vec_t vecs[VEC_MAX];
-static int nvecs;
+/* A table of vectors: the decisions or the settlements. */
+typedef struct table {
+    const char *file;
+    vec_t v[VEC_MAX];
+    int n;
+} table_t;
+
+static table_t takes_tab, settles_tab;
 
 static double num(const char *s, int line)
 {
@@ -54,7 +63,7 @@ static double num(const char *s, int line)
     errno = 0;
     d = strtod(s, &end);
     if (*end || end == s || errno) {
-        fail_msg("token_bucket.tsv:%d: bad number '%s'", line, s);
+        fail_msg("vectors:%d: bad number '%s'", line, s);
     }
     return d;
 }
@@ -70,25 +79,27 @@ static int64_t inum(const char *s, int line)
     errno = 0;
     v = strtoll(s, &end, 10);
     if (*end || end == s || errno) {
-        fail_msg("token_bucket.tsv:%d: bad integer '%s'", line, s);
+        fail_msg("vectors:%d: bad integer '%s'", line, s);
     }
     return v;
 }
 
-/* Read the table once into vecs[]; rows with the same id in a run form
- * one vector. Any malformed row fails the test that asked. */
-static void load_vectors(void)
+/* Read a table once; rows with the same id in a run form one vector.
+ * Any malformed row fails the test that asked. */
+static void load_vectors(table_t *tab, const char *file)
 {
     const char *dir = getenv("TB_TEST_VECTORS");
     char path[4096], buf[1024];
+    vec_t *vecs = tab->v;
     FILE *f;
-    int line = 0;
+    int line = 0, nvecs = tab->n;
 
     if (nvecs) {
         return;
     }
-    snprintf(path, sizeof(path), "%s/token_bucket.tsv",
-             dir ? dir : "tests/vectors");
+    tab->file = file;
+    snprintf(path, sizeof(path), "%s/%s", dir ? dir : "tests/vectors",
+             tab->file);
     f = fopen(path, "r");
     if (!f) {
         fail_msg("cannot open %s (set TB_TEST_VECTORS): %s", path,
@@ -109,7 +120,7 @@ static void load_vectors(void)
             col[ncol++] = tok;
         }
         if (ncol != VEC_COLS || tok) {
-            fail_msg("token_bucket.tsv:%d: want %d columns", line, VEC_COLS);
+            fail_msg("%s:%d: want %d columns", tab->file, line, VEC_COLS);
         }
         i = (int)inum(col[1], line);
         if (i == 0) {
@@ -132,8 +143,8 @@ static void load_vectors(void)
                 || inum(col[10], line) != v->want.remaining
                 || inum(col[11], line) != v->want.retry_ms
                 || inum(col[12], line) != v->want.binding) {
-                fail_msg("token_bucket.tsv:%d: row does not continue "
-                         "vector '%s'", line, col[0]);
+                fail_msg("%s:%d: row does not continue vector '%s'",
+                         tab->file, line, col[0]);
             }
         }
         v->in[i].exists = (int)inum(col[2], line);
@@ -149,11 +160,14 @@ static void load_vectors(void)
         v->n = i + 1;
     }
     fclose(f);
+    tab->n = nvecs;
 }
 
-/* Check one vector; out may be the same array as the input. Prints each
- * difference and returns how many there were. */
-static int check_vector(const vec_t *v, const char *how, int alias)
+/* Check one vector, a decision or (settle) a settlement; out may be the
+ * same array as the input. Prints each difference and returns how many
+ * there were. */
+static int check_vector(const vec_t *v, const char *how, int alias,
+                        int settle)
 {
     tb_bucket_t work[TB_MAX_BUCKETS], sep[TB_MAX_BUCKETS], *out;
     tb_verdict_t got;
@@ -163,7 +177,10 @@ static int check_vector(const vec_t *v, const char *how, int alias)
     memset(sep, 0x5a, sizeof(sep));
     out = alias ? work : sep;
     memset(&got, 0x5a, sizeof(got));
-    rc = tb_bucket_take(work, v->lim, v->cost, v->n, v->now_ms, out, &got);
+    rc = settle ? tb_bucket_settle(work, v->lim, v->cost, v->n, v->now_ms,
+                                   out, &got)
+                : tb_bucket_take(work, v->lim, v->cost, v->n, v->now_ms,
+                                 out, &got);
     if (rc != TB_OK) {
         print_error("%s (line %d, %s): returned %d\n", v->id, v->line, how,
                     rc);
@@ -183,6 +200,10 @@ static int check_vector(const vec_t *v, const char *how, int alias)
         bad++;
     }
     for (i = 0; i < v->n; i++) {
+        int64_t ttl = settle ? tb_bucket_refill_ttl_ms(&v->lim[i],
+                                                       out[i].tokens)
+                             : tb_bucket_ttl_ms(&v->lim[i]);
+
         /* Exact comparison: C and Lua must agree to the last bit. */
         if (out[i].tokens != v->want_out[i].tokens
             || out[i].ts_ms != v->want_out[i].ts_ms || !out[i].exists) {
@@ -193,10 +214,9 @@ static int check_vector(const vec_t *v, const char *how, int alias)
                         (long long)v->want_out[i].ts_ms);
             bad++;
         }
-        if (tb_bucket_ttl_ms(&v->lim[i]) != v->want_ttl[i]) {
+        if (ttl != v->want_ttl[i]) {
             print_error("%s (line %d): bucket %d ttl %lld, want %lld\n",
-                        v->id, v->line, i,
-                        (long long)tb_bucket_ttl_ms(&v->lim[i]),
+                        v->id, v->line, i, (long long)ttl,
                         (long long)v->want_ttl[i]);
             bad++;
         }
@@ -204,64 +224,95 @@ static int check_vector(const vec_t *v, const char *how, int alias)
     return bad;
 }
 
-/* Every vector of the table, with a separate out[] and with out == in. */
-static void test_bucket_vectors(void **state)
+/* Every vector of a table, with a separate out[] and with out == in;
+ * returns how many of them take several buckets. */
+static int run_table(table_t *tab, const char *file, int settle)
 {
     int k, bad = 0, multi = 0;
 
-    (void)state;
-    load_vectors();
-    assert_true(nvecs >= 40);
-    for (k = 0; k < nvecs; k++) {
-        bad += check_vector(&vecs[k], "separate out", 0);
-        bad += check_vector(&vecs[k], "out aliases in", 1);
-        multi += vecs[k].n > 1;
+    load_vectors(tab, file);
+    for (k = 0; k < tab->n; k++) {
+        bad += check_vector(&tab->v[k], "separate out", 0, settle);
+        bad += check_vector(&tab->v[k], "out aliases in", 1, settle);
+        multi += tab->v[k].n > 1;
     }
-    assert_true(multi >= 5);
     if (bad) {
-        fail_msg("%d mismatches over %d vectors", bad, nvecs);
+        fail_msg("%s: %d mismatches over %d vectors", tab->file, bad,
+                 tab->n);
     }
+    return multi;
 }
 
-/* ---- Leases: tests/vectors/lease.tsv ------------------------ */
+static void test_bucket_vectors(void **state)
+{
+    int multi, k, debt = 0;
 
-#define LEASE_COLS 16
+    (void)state;
+    multi = run_table(&takes_tab, "token_bucket.tsv", 0);
+    assert_true(takes_tab.n >= 40);
+    assert_true(multi >= 5);
+    /* Buckets in debt (below 0 tokens) are among the states decided. */
+    for (k = 0; k < takes_tab.n; k++) {
+        debt += takes_tab.v[k].in[0].exists && takes_tab.v[k].in[0].tokens < 0;
+    }
+    assert_true(debt >= 5);
+}
+
+/* The settlement vectors: debits, refunds, debt and its floor. */
+static void test_bucket_settle_vectors(void **state)
+{
+    (void)state;
+    assert_true(run_table(&settles_tab, "token_bucket_settle.tsv", 1) >= 3);
+    assert_true(settles_tab.n >= 15);
+}
+
+/* ---- Leases: tests/vectors/lease.tsv ---------------------------------- */
+
+#define LEASE_COLS 17   /* The last, back, is optional. */
 
 /* One row: the call and what it must give. Fails the test on any
  * difference. Returns 1 when the row was checked. */
-static int check_lease_row(char **col, int line)
+static int check_lease_row(char **col, int ncol, int line)
 {
-    tb_bucket_t in, out;
+    tb_bucket_t in, out, mid;
     tb_limit_t lim;
     tb_verdict_t v;
-    int64_t granted = -7;
-    double cost, want;
+    int64_t granted = -7, ttl, now;
+    double cost, want, back;
 
     in.exists = (int)inum(col[1], line);
     in.tokens = num(col[2], line);
     in.ts_ms = inum(col[3], line);
+    now = inum(col[4], line);
     lim.capacity = num(col[5], line);
     lim.rate_per_sec = num(col[6], line);
     cost = num(col[7], line);
     want = num(col[8], line);
+    back = ncol > 16 ? num(col[16], line) : 0;
     memset(&out, 0x5a, sizeof(out));
-    assert_int_equal(tb_bucket_lease(&in, &lim, cost, want,
-                                     inum(col[4], line), &out, &v,
-                                     &granted), TB_OK);
+    /* The script's call with back: the give-back, then the lease. */
+    assert_int_equal(tb_bucket_give_back(&in, &lim, back, now, &mid), TB_OK);
+    assert_int_equal(tb_bucket_lease(back > 0 ? &mid : &in, &lim, cost, want,
+                                     now, &out, &v, &granted), TB_OK);
+    ttl = v.allowed || back == 0 ? tb_bucket_ttl_ms(&lim)
+                                 : tb_bucket_refill_ttl_ms(&lim, out.tokens);
     if (v.allowed != inum(col[9], line) || v.remaining != inum(col[10], line)
         || v.retry_ms != inum(col[11], line) || v.binding != 0
         || granted != inum(col[12], line)
         || out.tokens != num(col[13], line)
         || out.ts_ms != inum(col[14], line)
-        || tb_bucket_ttl_ms(&lim) != inum(col[15], line)) {
+        || ttl != inum(col[15], line)) {
         fail_msg("lease.tsv:%d %s: allowed=%d remaining=%lld retry=%lld "
                  "granted=%lld tokens=%.17g ts=%lld", line, col[0],
                  v.allowed, (long long)v.remaining, (long long)v.retry_ms,
                  (long long)granted, out.tokens, (long long)out.ts_ms);
     }
     /* out may alias in. */
-    assert_int_equal(tb_bucket_lease(&in, &lim, cost, want,
-                                     inum(col[4], line), &in, &v,
+    if (back > 0) {
+        assert_int_equal(tb_bucket_give_back(&in, &lim, back, now, &in),
+                         TB_OK);
+    }
+    assert_int_equal(tb_bucket_lease(&in, &lim, cost, want, now, &in, &v,
                                      &granted), TB_OK);
     assert_true(in.tokens == out.tokens && in.ts_ms == out.ts_ms);
     return 1;
@@ -272,7 +323,7 @@ static void test_bucket_lease_vectors(void **state)
     const char *dir = getenv("TB_TEST_VECTORS");
     char path[4096], buf[1024];
     FILE *f;
-    int line = 0, rows = 0;
+    int line = 0, rows = 0, backs = 0;
 
     (void)state;
     snprintf(path, sizeof(path), "%s/lease.tsv", dir ? dir : "tests/vectors");
@@ -293,13 +344,16 @@ static void test_bucket_lease_vectors(void **state)
              tok = strtok_r(NULL, "\t", &save)) {
             col[ncol++] = tok;
         }
-        if (ncol != LEASE_COLS || tok) {
-            fail_msg("lease.tsv:%d: want %d columns", line, LEASE_COLS);
+        if (ncol < LEASE_COLS - 1 || tok) {
+            fail_msg("lease.tsv:%d: want %d or %d columns", line,
+                     LEASE_COLS - 1, LEASE_COLS);
         }
-        rows += check_lease_row(col, line);
+        backs += ncol == LEASE_COLS;
+        rows += check_lease_row(col, ncol, line);
     }
     fclose(f);
     assert_true(rows >= 15);
+    assert_true(backs >= 5);
 }
 
 /* want == cost is tb_bucket_take() to the last bit, over a sweep of
@@ -738,10 +792,78 @@ static void test_bucket_bad_arguments(void **state)
     }
 }
 
+/* A debt is paid before anything passes: settle a bucket of 10 at 1/s
+ * from 4 tokens to the floor, then decide once a second. */
+static void test_bucket_settle_then_debt(void **state)
+{
+    tb_bucket_t b = { 4, 0, 1 };
+    tb_limit_t lim = { 10, 1 };
+    double delta = 1e6;
+    tb_verdict_t v;
+    int64_t t;
+
+    (void)state;
+    assert_int_equal(tb_bucket_settle(&b, &lim, &delta, 1, 0, &b, &v),
+                     TB_OK);
+    assert_true(b.tokens == -10);
+    assert_int_equal(v.allowed, 0);
+    assert_int_equal(v.retry_ms, 10000);
+    assert_int_equal(tb_bucket_refill_ttl_ms(&lim, b.tokens), 21000);
+    /* The wait covers the debt and the cost: 11 s for one token. */
+    for (t = 0; t < 11000; t += 1000) {
+        assert_int_equal(take1(&b, 10, 1, 1, t).allowed, 0);
+        assert_int_equal(take1(&b, 10, 1, 1, t).retry_ms, 11000 - t);
+    }
+    assert_int_equal(take1(&b, 10, 1, 1, 11000).allowed, 1);
+    /* A refund never lifts a bucket above its capacity. */
+    delta = -50;
+    assert_int_equal(tb_bucket_settle(&b, &lim, &delta, 1, 11000, &b, &v),
+                     TB_OK);
+    assert_true(b.tokens == 10);
+    assert_int_equal(v.allowed, 1);
+    assert_int_equal(v.remaining, 10);
+    /* A settlement of 0 refills only. */
+    delta = 0;
+    b.tokens = 2;
+    assert_int_equal(tb_bucket_settle(&b, &lim, &delta, 1, 12000, &b, &v),
+                     TB_OK);
+    assert_true(b.tokens == 3);
+}
+
+static void test_bucket_settle_bad_arguments(void **state)
+{
+    tb_bucket_t in[2] = { { 5, 0, 1 }, { 5, 0, 1 } }, out[2];
+    tb_limit_t lim[2] = { { 10, 1 }, { 10, 1 } };
+    double d[2] = { 1, 1 };
+    tb_verdict_t v;
+
+    (void)state;
+    assert_int_equal(tb_bucket_settle(in, lim, d, 2, 0, out, &v), TB_OK);
+    d[1] = NAN;
+    assert_int_equal(tb_bucket_settle(in, lim, d, 2, 0, out, &v), TB_ERR);
+    d[1] = -2e9;
+    assert_int_equal(tb_bucket_settle(in, lim, d, 2, 0, out, &v), TB_ERR);
+    d[1] = 1;
+    lim[1].rate_per_sec = 0;
+    assert_int_equal(tb_bucket_settle(in, lim, d, 2, 0, out, &v), TB_ERR);
+    lim[1].rate_per_sec = 1;
+    assert_int_equal(tb_bucket_settle(in, lim, d, 0, 0, out, &v), TB_ERR);
+    assert_int_equal(tb_bucket_settle(NULL, lim, d, 1, 0, out, &v), TB_ERR);
+    assert_int_equal(tb_bucket_settle(in, lim, d, 1, 0, out, NULL), TB_ERR);
+    assert_int_equal(tb_bucket_give_back(in, lim, -1, 0, out), TB_ERR);
+    assert_int_equal(tb_bucket_give_back(in, lim, NAN, 0, out), TB_ERR);
+    assert_int_equal(tb_bucket_give_back(in, NULL, 1, 0, out), TB_ERR);
+    assert_int_equal(tb_bucket_give_back(in, lim, 100, 0, out), TB_OK);
+    assert_true(out[0].tokens == 10);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket_vectors),
+        cmocka_unit_test(test_bucket_settle_vectors),
+        cmocka_unit_test(test_bucket_settle_then_debt),
+        cmocka_unit_test(test_bucket_settle_bad_arguments),
         cmocka_unit_test(test_bucket_lease_vectors),
         cmocka_unit_test(test_bucket_lease_matches_take),
         cmocka_unit_test(test_bucket_lease_bad_arguments),

@@ -8,7 +8,7 @@
  * closed loopback port (refused at once), or a listening socket that never
  * accepts (the connect succeeds in the kernel and the command times out);
  * the latter also lets the test count every connection the client makes.
- * Decisions against a real Redis are in tests/integration/test_core_*.py.
+ * Decisions against a real Redis are in tests/integration/core/.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -172,7 +172,8 @@ static void test_client_create_with_defaults(void **state)
 static void test_client_create_bad_options(void **state)
 {
     enum { URL, TIMEOUT0, TIMEOUTNEG, CTIMEOUTNEG, POOL0, POOLNEG, THRESH0,
-           COOLNEG, POLICY, REPLICAS0, REPLICASNEG, NBAD };
+           COOLNEG, POLICY, REPLICAS0, REPLICASNEG, TLS_PLAIN, TLS_NO_CA,
+           TLS_CERT_ALONE, TLS_NAME, NBAD };
     static const char *urls[] = {"http://x", "redis://h:0", "unix:", "", "x"};
     int k, u;
 
@@ -197,6 +198,21 @@ static void test_client_create_bad_options(void **state)
             case POLICY: o.policy = (tb_policy_t)7; break;
             case REPLICAS0: o.policy = TB_POLICY_LOCAL; o.replicas = 0; break;
             case REPLICASNEG: o.replicas = -2; break;
+            /* TLS settings with a plaintext URL are a mistake, not a
+             * silent plaintext connection. */
+            case TLS_PLAIN: o.tls.no_verify = 1; break;
+            case TLS_NO_CA:
+                o.url = "rediss://127.0.0.1:6380";
+                o.tls.ca_file = "/nonexistent/ca.pem";
+                break;
+            case TLS_CERT_ALONE:
+                o.url = "redis-cluster://h:1?tls=on";
+                o.tls.cert_file = "/etc/hostname";
+                break;
+            case TLS_NAME:
+                o.url = "rediss://127.0.0.1:6380";
+                o.tls.server_name = "bad name";
+                break;
             }
             memset(err, 0x5a, sizeof(err));
             if (tb_client_create(&o, err, 128) != NULL) {
@@ -225,6 +241,36 @@ static void test_client_free_null(void **state)
     (void)state;
     tb_client_free(NULL);
     tb_client_after_fork(NULL);
+    tb_tls_free(NULL);
+}
+
+/* A TLS context can be made any number of times in one process (a server
+ * makes them at every configuration load), and a client with TLS on
+ * makes its own when none is given. */
+static void test_client_tls_contexts(void **state)
+{
+    tb_tls_options_t t;
+    tb_options_t o;
+    tb_client_t *c;
+    char err[256];
+    int i;
+
+    (void)state;
+    memset(&t, 0, sizeof(t));
+    for (i = 0; i < 300; i++) {
+        tb_tls_t *ctx = tb_tls_create(&t, err, sizeof(err));
+
+        if (!ctx) {
+            fail_msg("context %d refused: %s", i, err);
+        }
+        tb_tls_free(ctx);
+    }
+    tb_options_init(&o);
+    o.url = "redis-sentinel://a:1,b:2/m?tls=on";
+    o.tls.server_name = "redis.example";
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    tb_client_free(c);
 }
 
 /* ---- Decisions with Redis unreachable ---------------------------------- */
@@ -573,6 +619,7 @@ int main(void)
         cmocka_unit_test(test_client_create_with_defaults),
         cmocka_unit_test(test_client_create_bad_options),
         cmocka_unit_test(test_client_free_null),
+        cmocka_unit_test(test_client_tls_contexts),
         cmocka_unit_test(test_client_decide_bad_arguments),
         cmocka_unit_test(test_client_policy_open_when_unreachable),
         cmocka_unit_test(test_client_policy_closed_when_unreachable),

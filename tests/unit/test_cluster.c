@@ -3,7 +3,7 @@
  * tb_key_slot() must be Redis's keyHashSlot: CRC16-XMODEM of the hash tag
  * (or of the whole key) modulo 16384. The table holds CRC16's check value
  * and slots printed by a real Redis 7.0 (CLUSTER KEYSLOT); the integration
- * test test_ha_cluster.py compares hundreds more against a live node. The
+ * test ha/test_ha_cluster.py compares hundreds more against a live node. The
  * routing, redirects and map refresh need a cluster and are tested there.
  */
 #include <setjmp.h>

@@ -1,7 +1,8 @@
-/* test_gcra.c -- unit tests of tb_gcra_take(), the C twin of
- * shared/tb_gcra.lua: the shared vectors, then exact edge cases (spacing,
- * burst tolerance, rounding near today's clock, all or nothing). Time is
- * injected; nothing sleeps.
+/* test_gcra.c -- unit tests of tb_gcra_take() and tb_gcra_settle(), the C
+ * twins of shared/tb_gcra.lua: the shared vectors (settlements and the
+ * debts they leave included), then exact edge cases (spacing, burst
+ * tolerance, rounding near today's clock, all or nothing, a debt's floor).
+ * Time is injected; nothing sleeps.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +22,10 @@ static void av_reset(int n)
 
 static int av_take(const av_row_t *r, tb_verdict_t *v)
 {
+    if (r->settle) {
+        return tb_gcra_settle(av_st, r->lim, r->cost, r->n, r->now_ms, av_st,
+                              v);
+    }
     return tb_gcra_take(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
 }
 
@@ -140,6 +145,35 @@ static void test_gcra_all_or_nothing(void **unused)
     assert_int_equal(v.retry_ms, -1);
 }
 
+/* A settlement into debt: nothing passes until the debt and the cost are
+ * paid, the debt never exceeds one capacity, a refund never goes past a
+ * full bucket. */
+static void test_gcra_settle_debt(void **unused)
+{
+    tb_gcra_t st = { 0, 0 };
+    tb_limit_t l = { 10, 2 };
+    double d = 1e9;
+    tb_verdict_t v;
+
+    (void)unused;
+    assert_true(take1(&st, 10, 2, 1, 0, &v));
+    assert_int_equal(tb_gcra_settle(&st, &l, &d, 1, 0, &st, &v), TB_OK);
+    /* Floor: a TAT two capacities (10 s) ahead. */
+    assert_true(st.tat_ms == 10000.0);
+    assert_int_equal(v.allowed, 0);
+    assert_int_equal(v.retry_ms, 5000);
+    assert_false(take1(&st, 10, 2, 1, 0, &v));
+    assert_int_equal(v.retry_ms, 5500);
+    assert_false(take1(&st, 10, 2, 1, 5499, &v));
+    assert_true(take1(&st, 10, 2, 1, 5500, &v));
+    d = -1e9;
+    assert_int_equal(tb_gcra_settle(&st, &l, &d, 1, 6000, &st, &v), TB_OK);
+    assert_true(st.tat_ms == 6000.0);
+    assert_int_equal(v.remaining, 10);
+    d = NAN;
+    assert_int_equal(tb_gcra_settle(&st, &l, &d, 1, 6000, &st, &v), TB_ERR);
+}
+
 static void test_gcra_bad_args(void **unused)
 {
     tb_gcra_t st = { 0, 0 };
@@ -188,6 +222,7 @@ int main(void)
         cmocka_unit_test(test_gcra_burst_tolerance),
         cmocka_unit_test(test_gcra_big_clock_rounding),
         cmocka_unit_test(test_gcra_all_or_nothing),
+        cmocka_unit_test(test_gcra_settle_debt),
         cmocka_unit_test(test_gcra_bad_args),
         cmocka_unit_test(test_gcra_algo_names),
     };

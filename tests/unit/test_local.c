@@ -1,5 +1,5 @@
 /* test_local.c -- unit tests for tb_local.c, the bounded local bucket
- * table behind the `local` failure policy.
+ * table behind the `local` failure policy, and the lease table.
  *
  * The table lives in caller memory: the tests give it malloc'd memory with
  * guard bytes after it (it must never write past tb_local_size()), and one
@@ -392,8 +392,41 @@ static void test_local_bad_arguments(void **state)
     table_free(&tab);
 }
 
-/* NULL pointers are bad arguments too: TB_ERR, not a crash. */
-/* ---- The lease table ---------------------------------------- */
+/* ---- The lease table --------------------------------------------------- */
+
+static tb_lease_t *lease_new(table_t *tab, size_t entries)
+{
+    tab->size = tb_lease_size(entries);
+    tab->mem = malloc(tab->size + GUARD);
+    assert_non_null(tab->mem);
+    memset(tab->mem, 0xa5, tab->size + GUARD);
+    return tb_lease_init(tab->mem, entries);
+}
+
+static tb_lease_info_t lease_info(const char *key, int64_t ttl_ms)
+{
+    tb_lease_info_t in;
+
+    in.key = key;
+    in.limit.capacity = 100;
+    in.limit.rate_per_sec = 10;
+    in.ttl_ms = ttl_ms;
+    in.owner = 7;
+    return in;
+}
+
+/* Keep tokens as key's lease from now_ms for ttl_ms, as a host does after
+ * a refill; returns the plan's size. */
+static double lease_put(tb_lease_t *l, const char *key, double tokens,
+                        int64_t now_ms, int64_t ttl_ms)
+{
+    tb_lease_info_t in = lease_info(key, ttl_ms);
+    tb_lease_plan_t plan;
+
+    assert_int_equal(tb_lease_plan(l, &in, 1, 1000, now_ms, &plan), TB_OK);
+    assert_int_equal(tb_lease_store(l, &in, &plan, tokens, now_ms), 1);
+    return plan.want;
+}
 
 static void test_local_lease_spend_and_expire(void **state)
 {
@@ -402,30 +435,28 @@ static void test_local_lease_spend_and_expire(void **state)
     double left = -1;
 
     (void)state;
-    tab.size = tb_lease_size(64);
-    tab.mem = malloc(tab.size + GUARD);
-    assert_non_null(tab.mem);
-    memset(tab.mem, 0xa5, tab.size + GUARD);
-    l = tb_lease_init(tab.mem, 64);
+    l = lease_new(&tab, 64);
     assert_non_null(l);
     /* No lease yet: ask Redis. */
     assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 1000, &left), 0);
-    assert_int_equal(tb_lease_store(l, "tb:{a}", 3, 1000, 2000), TB_OK);
+    lease_put(l, "tb:{a}", 3, 1000, 1000);
     assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 1500, &left), 1);
     assert_true(left == 2);
     /* Another key is not served from it. */
     assert_int_equal(tb_lease_spend(l, "tb:{b}", 1, 1500, &left), 0);
     /* A second grant while valid adds up and keeps the later expiry. */
-    assert_int_equal(tb_lease_store(l, "tb:{a}", 4, 1600, 1900), TB_OK);
+    lease_put(l, "tb:{a}", 4, 1600, 300);
     assert_int_equal(tb_lease_spend(l, "tb:{a}", 5, 1999, &left), 1);
     assert_true(left == 1);
-    /* Too few tokens left, then expired: both miss, nothing returned. */
+    /* A settlement's refund joins a valid lease, not an expired one. */
+    assert_int_equal(tb_lease_credit(l, "tb:{a}", 2, 1999), 1);
+    assert_int_equal(tb_lease_spend(l, "tb:{a}", 3, 1999, &left), 1);
+    assert_true(left == 0);
+    assert_int_equal(tb_lease_credit(l, "tb:{a}", 1, 1999), 1);
     assert_int_equal(tb_lease_spend(l, "tb:{a}", 2, 1999, &left), 0);
     assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 2000, &left), 0);
-    /* An expired lease is replaced, not added to. */
-    assert_int_equal(tb_lease_store(l, "tb:{a}", 2, 2100, 3000), TB_OK);
-    assert_int_equal(tb_lease_spend(l, "tb:{a}", 2, 2100, &left), 1);
-    assert_true(left == 0);
+    assert_int_equal(tb_lease_credit(l, "tb:{a}", 1, 2000), 0);
+    assert_int_equal(tb_lease_credit(l, "tb:{zz}", 1, 1000), 0);
     assert_int_equal(tb_lease_used(l), 1);
     /* A local table is not a lease table, and back. */
     assert_int_equal(tb_lease_spend((tb_lease_t *)tb_local_init(tab.mem, 64),
@@ -433,8 +464,149 @@ static void test_local_lease_spend_and_expire(void **state)
     l = tb_lease_init(tab.mem, 64);
     assert_int_equal(tb_lease_spend(l, NULL, 1, 0, &left), -1);
     assert_int_equal(tb_lease_spend(l, "k", -1, 0, &left), -1);
-    assert_int_equal(tb_lease_store(l, "k", NAN, 0, 1), TB_ERR);
     assert_int_equal(tb_lease_spend(NULL, "k", 1, 0, &left), -1);
+    assert_int_equal(tb_lease_credit(l, "k", NAN, 0), -1);
+    table_free(&tab);
+}
+
+/* The unspent tokens of an expired lease come out once, in the plan of
+ * the key's next refill; those of a valid lease stay. */
+static void test_local_lease_expired_tokens_come_back(void **state)
+{
+    tb_lease_info_t in = lease_info("tb:{e}", 500);
+    tb_lease_plan_t plan;
+    table_t tab;
+    tb_lease_t *l;
+    double left;
+
+    (void)state;
+    l = lease_new(&tab, 64);
+    lease_put(l, "tb:{e}", 9, 0, 500);
+    assert_int_equal(tb_lease_spend(l, "tb:{e}", 4, 100, &left), 1);
+    /* Still valid: nothing comes back, the 5 stay spendable. */
+    assert_int_equal(tb_lease_plan(l, &in, 6, 50, 499, &plan), TB_OK);
+    assert_true(plan.back == 0);
+    assert_int_equal(tb_lease_spend(l, "tb:{e}", 5, 499, &left), 1);
+    lease_put(l, "tb:{e}", 7, 499, 500);
+    /* Expired: the 7 come back, once. */
+    assert_int_equal(tb_lease_plan(l, &in, 1, 50, 999, &plan), TB_OK);
+    assert_true(plan.back == 7);
+    assert_int_equal(tb_lease_plan(l, &in, 1, 50, 999, &plan), TB_OK);
+    assert_true(plan.back == 0);
+    assert_int_equal(tb_lease_spend(l, "tb:{e}", 1, 999, &left), 0);
+    table_free(&tab);
+}
+
+/* The size follows the key's traffic: the cost alone for a new or quiet
+ * key, growing with the requests of about one ttl, never above max. */
+static void test_local_lease_size_follows_traffic(void **state)
+{
+    tb_lease_info_t in = lease_info("tb:{s}", 1000);
+    tb_lease_plan_t plan;
+    table_t tab;
+    tb_lease_t *l;
+    double left;
+    int k, hits = 0, plans = 0;
+
+    (void)state;
+    l = lease_new(&tab, 64);
+    assert_int_equal(tb_lease_plan(l, &in, 2, 50, 0, &plan), TB_OK);
+    assert_true(plan.want == 2);
+    /* 200 requests of cost 1 in 200 ms: each refill at most doubles the
+     * lease, and the cap holds. */
+    for (k = 1; k <= 200; k++) {
+        if (tb_lease_spend(l, "tb:{s}", 1, k, &left) == 1) {
+            hits++;
+            continue;
+        }
+        assert_int_equal(tb_lease_plan(l, &in, 1, 50, k, &plan), TB_OK);
+        assert_true(plan.want >= 1 && plan.want <= 50);
+        if (plan.want > 1) {
+            assert_int_equal(tb_lease_store(l, &in, &plan, plan.want - 1, k),
+                             1);
+        }
+        plans++;
+    }
+    assert_true(plan.want == 50);
+    assert_true(plans <= 4 + 200 / 50 + 2);
+    assert_int_equal(hits + plans, 200);
+    /* About 200 requests in one ttl: a second later about 200/e remain,
+     * ten ttls later nothing does, and a lease is the cost alone. */
+    assert_int_equal(tb_lease_plan(l, &in, 1, 1000, 1200, &plan), TB_OK);
+    assert_true(plan.want >= 60 && plan.want <= 80);
+    assert_int_equal(tb_lease_plan(l, &in, 3, 1000, 20000, &plan), TB_OK);
+    assert_true(plan.want == 3);
+    table_free(&tab);
+}
+
+typedef struct given {
+    int n;
+    double tokens;
+    int owner;
+    char key[TB_KEY_BUF];
+    double cap;
+} given_t;
+
+static void give_cb(void *arg, const tb_lease_info_t *in, double tokens)
+{
+    given_t *g = arg;
+
+    g->n++;
+    g->tokens += tokens;
+    g->owner = in->owner;
+    g->cap = in->limit.capacity;
+    snprintf(g->key, sizeof(g->key), "%s", in->key);
+}
+
+/* A drain hands every lease holding tokens, valid or expired, with what
+ * giving them back needs; empties the table; and a grant planned before
+ * it is refused, so it cannot outlive the drain. */
+static void test_local_lease_drain(void **state)
+{
+    tb_lease_info_t in = lease_info("tb:{late}", 1000);
+    tb_lease_plan_t plan;
+    given_t g;
+    table_t tab;
+    tb_lease_t *l;
+    uint64_t epoch;
+    double left;
+
+    (void)state;
+    memset(&g, 0, sizeof(g));
+    l = lease_new(&tab, 64);
+    lease_put(l, "tb:{one}", 5, 0, 1000);
+    lease_put(l, "tb:{two}", 2.5, 0, 10);
+    lease_put(l, "tb:{empty}", 0, 0, 1000);
+    assert_int_equal(tb_lease_plan(l, &in, 1, 50, 0, &plan), TB_OK);
+    epoch = tb_lease_epoch(l);
+    assert_int_equal(tb_lease_used(l), 4);
+    assert_int_equal(tb_lease_drain(l, give_cb, &g), 2);
+    assert_int_equal(g.n, 2);
+    assert_true(g.tokens == 7.5);
+    assert_int_equal(g.owner, 7);
+    assert_true(g.cap == 100);
+    assert_true(strcmp(g.key, "tb:{one}") == 0
+                || strcmp(g.key, "tb:{two}") == 0);
+    assert_int_equal(tb_lease_used(l), 0);
+    assert_true(tb_lease_epoch(l) == epoch + 1);
+    assert_int_equal(tb_lease_spend(l, "tb:{one}", 1, 1, &left), 0);
+    assert_int_equal(tb_lease_store(l, &in, &plan, 9, 1), 0);
+    assert_int_equal(tb_lease_drain(l, give_cb, &g), 0);
+    /* Bad arguments. */
+    assert_int_equal(tb_lease_plan(l, &in, 5, 4, 0, &plan), TB_ERR);
+    assert_int_equal(tb_lease_plan(l, &in, -1, 4, 0, &plan), TB_ERR);
+    assert_int_equal(tb_lease_plan(l, &in, 1, 2e9, 0, &plan), TB_ERR);
+    in.ttl_ms = 0;
+    assert_int_equal(tb_lease_plan(l, &in, 1, 4, 0, &plan), TB_ERR);
+    in.ttl_ms = 10;
+    in.limit.capacity = 0;
+    assert_int_equal(tb_lease_plan(l, &in, 1, 4, 0, &plan), TB_ERR);
+    in.limit.capacity = 10;
+    in.key = "";
+    assert_int_equal(tb_lease_plan(l, &in, 1, 4, 0, &plan), TB_ERR);
+    in.key = "k";
+    assert_int_equal(tb_lease_store(l, &in, &plan, NAN, 0), -1);
+    assert_int_equal(tb_lease_drain(NULL, give_cb, &g), 0);
     table_free(&tab);
 }
 
@@ -487,7 +659,7 @@ static void test_local_lease_shared_across_fork(void **state)
     (void)state;
     assert_true(mem != MAP_FAILED);
     l = tb_lease_init(mem, 64);
-    assert_int_equal(tb_lease_store(l, "tb:{hot}", 4000, 0, 1000), TB_OK);
+    lease_put(l, "tb:{hot}", 4000, 0, 1000);
     assert_int_equal(pipe(pipefd), 0);
     pid = fork();
     assert_true(pid >= 0);
@@ -550,6 +722,9 @@ int main(void)
         cmocka_unit_test(test_local_bad_arguments),
         cmocka_unit_test(test_local_null_arguments),
         cmocka_unit_test(test_local_lease_spend_and_expire),
+        cmocka_unit_test(test_local_lease_expired_tokens_come_back),
+        cmocka_unit_test(test_local_lease_size_follows_traffic),
+        cmocka_unit_test(test_local_lease_drain),
         cmocka_unit_test(test_local_lease_shared_across_fork),
     };
 

@@ -290,6 +290,9 @@ static void test_parse_source_and_error_names(void **state)
     assert_non_null(tb_source_name((tb_source_t)99));
     assert_string_equal(tb_err_name(TB_ERR_IO), "io");
     assert_string_equal(tb_err_name(TB_ERR_TIMEOUT), "timeout");
+    assert_string_equal(tb_err_name(TB_ERR_AUTH), "auth");
+    assert_string_equal(tb_err_name(TB_ERR_TLS), "tls");
+    assert_string_equal(tb_err_name(TB_ERR_KINDS), "unknown");
     /* Every kind has a distinct, non-empty name without spaces (they end
      * up in metric labels); unknown kinds still get a string. */
     for (k = 0; k < TB_ERR_KINDS; k++) {

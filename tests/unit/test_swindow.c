@@ -22,6 +22,9 @@ static void av_reset(int n)
 
 static int av_take(const av_row_t *r, tb_verdict_t *v)
 {
+    if (r->settle) {
+        return TB_ERR; /* The window scripts have no settle mode. */
+    }
     return tb_swindow_take(av_st, r->lim, r->cost, r->n, r->now_ms, av_st,
                            v);
 }

@@ -373,6 +373,59 @@ static void test_url_redact_sentinel_cluster(void **state)
     }
 }
 
+/* TLS: rediss:// and ?tls=on (any TCP kind) set tls; ?tls=off and the
+ * plain schemes leave it off; anything else in a query is refused, as is
+ * a rediss:// URL that says tls=off. Redaction keeps TLS on. */
+static void test_url_parse_tls(void **state)
+{
+    static const struct {
+        const char *url;
+        int tls, kind, port, db;
+    } ok[] = {
+        {"rediss://h:6380", 1, TB_REDIS_SINGLE, 6380, 0},
+        {"rediss://:p%3Fw@h/2", 1, TB_REDIS_SINGLE, 6379, 2},
+        {"rediss://u:p?w@h:1/3?tls=on", 1, TB_REDIS_SINGLE, 1, 3},
+        {"redis://h:1/4?tls=on", 1, TB_REDIS_SINGLE, 1, 4},
+        {"redis://h:1?tls=off", 0, TB_REDIS_SINGLE, 1, 0},
+        {"redis-sentinel://a,b:2/m/5?tls=on", 1, TB_REDIS_SENTINEL, 26379, 5},
+        {"redis-sentinel://a/m?tls=off", 0, TB_REDIS_SENTINEL, 26379, 0},
+        {"redis-cluster://a:1,b:2?tls=on", 1, TB_REDIS_CLUSTER, 1, 0},
+        {"redis-cluster://a:1/?tls=on", 1, TB_REDIS_CLUSTER, 1, 0},
+    };
+    static const char *refused[] = {
+        "rediss://h?tls=off", "redis://h?tls=yes", "redis://h?db=1",
+        "redis-cluster://a?", "unix:/tmp/s?tls=on", "rediss://",
+        "rediss:/h", "redis-sentinel://a?tls=on",
+    };
+    size_t k;
+
+    (void)state;
+    for (k = 0; k < sizeof(ok) / sizeof(ok[0]); k++) {
+        tb_redis_addr_t a, b;
+        char err[160] = "", out[512];
+
+        if (tb_url_parse(ok[k].url, &a, err, sizeof(err)) != TB_OK) {
+            fail_msg("%s refused: %s", ok[k].url, err);
+        }
+        assert_int_equal(a.tls, ok[k].tls);
+        assert_int_equal(a.kind, ok[k].kind);
+        assert_int_equal(a.port, ok[k].port);
+        assert_int_equal(a.db, ok[k].db);
+        tb_url_redact(&a, out, sizeof(out));
+        assert_int_equal(tb_url_parse(out, &b, err, sizeof(err)), TB_OK);
+        assert_int_equal(b.tls, a.tls);
+    }
+    for (k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
+        tb_redis_addr_t a;
+        char err[160] = "";
+
+        if (tb_url_parse(refused[k], &a, err, sizeof(err)) == TB_OK) {
+            fail_msg("%s accepted", refused[k]);
+        }
+        assert_true(err[0] != '\0');
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -384,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_url_redact_round_trip),
         cmocka_unit_test(test_url_parse_sentinel_cluster),
         cmocka_unit_test(test_url_redact_sentinel_cluster),
+        cmocka_unit_test(test_url_parse_tls),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """gen_algo_vectors.py -- write tests/vectors/{gcra,fixed_window,
 sliding_window,sliding_log}.tsv from the Python model of the scripts
-(tests/integration/algo_model.py).
+(tests/integration/tbtest/algo_model.py).
 
 Each row is one call; rows of one case run in order on the same keys, which
 start missing. Columns (tab-separated), one value per bucket joined by '|':
   case now_ms capacity rate cost allowed remaining retry_ms binding state
+  [op]
 state is what Redis holds afterwards: '-' for no key; gcra the TAT (ms);
 windows "w,cur,prev"; the log its times ascending, ',' between ('-' empty).
+op is absent for a decision; "settle" marks a call of the script's
+'settle' mode, whose cost column holds the differences to settle (real
+cost - cost charged, negative to give back): gcra only, which may then
+hold a debt (a TAT more than capacity intervals ahead).
 The C tests and the Redis tests must both reproduce every row; the
 hand-computed edge cases live in the unit tests. Regenerate with
   python3 tests/vectors/gen_algo_vectors.py
@@ -17,9 +22,12 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
-from algo_model import MODELS  # noqa: E402
+from tbtest.algo_model import MODELS, SETTLE_MODELS  # noqa: E402
 
 BIG = 1764000000000  # A realistic Redis clock (ms since 1970).
+
+
+SETTLE = "settle"
 
 
 def rep(k, step):
@@ -52,6 +60,32 @@ CASES = {
         "huge_rate": [(5, [b(100, 1e6, 50)])] * 3 + [(6, [b(100, 1e6, 50)])],
         "multi_all_or_nothing": [(0, [b(5, 1), b(2, 10)])] * 3
         + [(100, [b(5, 1), b(2, 10)]), (100, [b(5, 1), b(2, 10, 3)])],
+        # Settlements: debt, its floor, refunds never above capacity.
+        "settle_debit_into_debt": [(0, [b(5, 1)]),
+                                   (0, [b(5, 1, 8)], SETTLE),
+                                   (0, [b(5, 1)]), (4000, [b(5, 1)]),
+                                   (4999, [b(5, 1)]), (5000, [b(5, 1)]),
+                                   (5000, [b(5, 1)])],
+        "settle_debt_floor": [(0, [b(5, 1)]), (0, [b(5, 1, 100)], SETTLE),
+                              (0, [b(5, 1)]), (6000, [b(5, 1)]),
+                              (6000, [b(5, 1, 100)], SETTLE),
+                              (16000, [b(5, 1, 5)])],
+        "settle_refund": [(0, [b(10, 2)])] * 3
+        + [(0, [b(10, 2, -2)], SETTLE), (0, [b(10, 2)]),
+           (100, [b(10, 2, -10)], SETTLE), (100, [b(10, 2, 10)])],
+        "settle_missing_key": [(500, [b(3, 1, -3)], SETTLE),
+                               (700, [b(3, 1, 2)], SETTLE),
+                               (700, [b(3, 1, 2)])],
+        "settle_multi": [(0, [b(5, 1), b(2, 10)]),
+                         (0, [b(5, 1, 3), b(2, 10, 3)], SETTLE),
+                         (100, [b(5, 1), b(2, 10)]),
+                         (300, [b(5, 1), b(2, 10)]),
+                         (300, [b(5, 1, -4), b(2, 10, -0.5)], SETTLE)],
+        "settle_big_clock_fraction": [(BIG, [b(4, 3)]),
+                                      (BIG + 1, [b(4, 3, 2.5)], SETTLE),
+                                      (BIG + 1, [b(4, 3)]),
+                                      (BIG + 667, [b(4, 3)]),
+                                      (BIG + 668, [b(4, 3, -0.25)], SETTLE)],
     },
     "fixed_window": {
         "window_fills": [(100, [b(5, 5)])] * 6,
@@ -131,19 +165,24 @@ def main():
                                   "state"])]
         for name, steps in cases.items():
             states = None
-            for now, buckets in steps:
+            for step in steps:
+                now, buckets, op = (step + (None,))[:3]
                 if states is None:
                     states = [None] * len(buckets)
                 lims = [(c, r) for c, r, _ in buckets]
                 costs = [k for _, _, k in buckets]
-                v, states = model(states, lims, costs, now)
-                rows.append("\t".join([
+                run = SETTLE_MODELS[algo] if op == SETTLE else model
+                v, states = run(states, lims, costs, now)
+                cols = [
                     name, str(now),
                     "|".join(fmt_num(c) for c, _ in lims),
                     "|".join(fmt_num(r) for _, r in lims),
                     "|".join(fmt_num(k) for k in costs),
                     str(v[0]), str(v[1]), str(v[2]), str(v[3]),
-                    "|".join(fmt_state(algo, s) for s in states)]))
+                    "|".join(fmt_state(algo, s) for s in states)]
+                if op:
+                    cols.append(op)
+                rows.append("\t".join(cols))
         with open(os.path.join(HERE, algo + ".tsv"), "w") as f:
             f.write("\n".join(rows) + "\n")
 

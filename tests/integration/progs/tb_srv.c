@@ -97,7 +97,9 @@ static void handle(int c)
                  "\r\nConnection: close\r\n\r\n%s", strlen(reply), reply);
         reply = buf;
     }
-    (void)write(c, reply, strlen(reply));
+    if (write(c, reply, strlen(reply)) < 0) {
+        /* The client left first: nothing to tell it. */
+    }
     close(c);
 }
 

@@ -1,0 +1,178 @@
+"""test_docs_reference.py -- the reference pages cannot drift from the code.
+
+docs/reference.txt is the one source of the man pages. These tests read
+the names the code accepts -- the module's AP_INIT_* directive table, the
+settings the shim's loader compares against, the tool's long options,
+commands and exit codes -- and require the two sets to be equal, so a new
+directive without documentation (or documentation of a removed one) fails.
+They also render the pages and check groff has nothing to say.
+"""
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+
+import pytest
+
+from tbtest.env import ROOT
+
+REF = os.path.join(ROOT, "docs", "reference.txt")
+
+
+def load_gen():
+    spec = importlib.util.spec_from_file_location(
+        "gen_man", os.path.join(ROOT, "docs", "gen_man.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GEN = load_gen()
+PAGES = GEN.parse(REF)
+
+
+def read(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def function_body(src, signature):
+    """The text of a C function from its signature to the closing brace
+    in column 0."""
+    start = src.find(signature)
+    assert start >= 0, "cannot find %r" % signature
+    end = src.find("\n}\n", start)
+    assert end > 0
+    return src[start:end]
+
+
+def code_directives():
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, "mod_tbucket", "*.c")):
+        with open(path, encoding="utf-8") as f:
+            names |= set(re.findall(r'AP_INIT_[A-Z0-9_]+\(\s*"([^"]+)"',
+                                    f.read()))
+    return names
+
+
+def shim_names(function):
+    body = function_body(read("shim/shim_conf.c"), function)
+    return re.findall(r'(?:(!?inbound)\s*&&\s*)?strcmp\(name,\s*"(\w+)"\)',
+                      body)
+
+
+def diff_message(kind, code, docs):
+    return ("%s in the code but not in docs/reference.txt: %s; "
+            "documented but not in the code: %s"
+            % (kind, sorted(code - docs) or "-", sorted(docs - code) or "-"))
+
+
+# Every AP_INIT_* directive of mod_tbucket/*.c has an entry, and back.
+def test_docs_001_01_directives():
+    code = code_directives()
+    assert code, "no AP_INIT_* table found in mod_tbucket/*.c"
+    docs = set(GEN.entries(PAGES, "directive"))
+    assert code == docs, diff_message("directives", code, docs)
+
+
+# Every top-level setting the shim's loader accepts has an entry, and back.
+def test_docs_001_02_shim_settings():
+    code = {n for _, n in shim_names("static int load_scalars(")}
+    code |= {n for _, n in shim_names("static int tls_setting(")}
+    assert code, "no settings found in shim/shim_conf.c:load_scalars"
+    docs = set(GEN.entries(PAGES, "setting"))
+    assert code == docs, diff_message("shim settings", code, docs)
+
+
+# Every rule setting has an entry, for the right direction(s).
+def test_docs_001_03_shim_rule_settings():
+    code = {}
+    for cond, name in shim_names("static int load_rule("):
+        code[name] = {"inbound": "inbound", "!inbound": "outbound",
+                      "": "both"}[cond]
+    assert code, "no rule settings found in shim/shim_conf.c:load_rule"
+    docs = GEN.entries(PAGES, "rule")
+    assert set(code) == set(docs), diff_message("rule settings", set(code),
+                                                set(docs))
+    for name, direction in code.items():
+        assert docs[name].fields.get("applies") == direction, \
+            "rule setting %s applies to %s in the code" % (name, direction)
+
+
+# The tool's long options, commands and exit codes are documented.
+def test_docs_001_04_tool():
+    src = read("tools/tbucket.c")
+    opts = set(re.findall(r'\{\s*"([a-z-]+)",\s*(?:no|required|optional)'
+                          r'_argument', src))
+    docs = set(GEN.entries(PAGES, "option"))
+    assert opts == docs, diff_message("tbucket options", opts, docs)
+    cmds = set(re.findall(r'strcmp\(t\.cmd,\s*"(\w+)"\)', src))
+    docs = set(GEN.entries(PAGES, "command"))
+    assert cmds == docs, diff_message("tbucket commands", cmds, docs)
+    codes = set(re.findall(r"#define EXIT_\w+ (\d+)", src)) | {"0"}
+    docs = set(GEN.entries(PAGES, "exit"))
+    assert codes == docs, diff_message("tbucket exit codes", codes, docs)
+
+
+# Directives used in the shipped configs are real, documented directives.
+def test_docs_001_05_conf_examples_use_documented_names():
+    directives = set(GEN.entries(PAGES, "directive"))
+    settings = set(GEN.entries(PAGES, "setting")) | set(
+        GEN.entries(PAGES, "rule"))
+    for path in glob.glob(os.path.join(ROOT, "conf", "*")):
+        if os.path.isdir(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if os.path.basename(path) == "shim.conf":
+            lines = [ln.split("#")[0].split("//")[0]
+                     for ln in text.splitlines()]
+            used = set(re.findall(r"(?:^|[{;(,\s])([a-z_]+)\s*=",
+                                  "\n".join(lines)))
+            assert used <= settings, "%s: undocumented %s" % (
+                path, sorted(used - settings))
+        else:
+            used = set(re.findall(r"\b(TBucket[A-Za-z]+)", text))
+            assert used <= directives, "%s: undocumented %s" % (
+                path, sorted(used - directives))
+
+
+# Each entry says how it is written; directives also say where.
+def test_docs_001_06_entries_complete():
+    for kind in ("directive", "setting", "rule", "command", "option"):
+        for name, e in GEN.entries(PAGES, kind).items():
+            assert e.fields.get("syntax"), "%s %s has no @syntax" % (kind,
+                                                                     name)
+            assert any(ln.strip() for ln in e.lines), \
+                "%s %s has no description" % (kind, name)
+    for name, e in GEN.entries(PAGES, "directive").items():
+        assert e.fields["syntax"].split()[0] == name
+        assert e.fields.get("context"), "directive %s has no @context" % name
+
+
+# The generated pages render without groff warnings and name every entry.
+def test_docs_001_07_man_pages_render(tmp_path):
+    groff = "/usr/bin/groff"
+    if not os.path.exists(groff):
+        pytest.fail("groff is missing: apt-get install groff-base")
+    out = tmp_path / "man"
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "docs",
+                                                     "gen_man.py"),
+                    REF, str(out)], check=True)
+    names = sorted(os.listdir(out))
+    assert names == ["mod_tbucket.5", "tbucket-shim.5", "tbucket.8"]
+    for page in PAGES:
+        path = out / ("%s.%s" % (page.name, page.section))
+        p = subprocess.run([groff, "-man", "-Tutf8", "-ww", "-z", str(path)],
+                           capture_output=True, text=True)
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        text = subprocess.run([groff, "-man", "-Tascii", "-P-cbou",
+                               str(path)], capture_output=True,
+                              text=True).stdout
+        flat = re.sub(r"\s+", "", text)
+        for b in page.blocks:
+            if b[0] == "entry":
+                assert b[1].name.replace("-", "") in flat.replace("-", ""), \
+                    "%s: %s missing from the rendered page" % (path,
+                                                               b[1].name)

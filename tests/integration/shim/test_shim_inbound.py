@@ -1,0 +1,184 @@
+"""test_shim_inbound.py -- inbound rules: a real daemon under LD_PRELOAD,
+its accept() limited by a shared bucket; a client opens many connections
+quickly and counts which were served, closed or answered 429."""
+import time
+
+import pytest
+
+from tbtest.shim import (Proc, bucket, cli, plain_env, redis_clients,
+                         shim_env, write_conf)
+
+
+def in_rule(port, **kw):
+    fields = {"name": "web", "port": port, "capacity": 5, "rate": "2/s"}
+    fields.update(kw)
+    return "{ " + " ".join(
+        '%s = %s;' % (k, '"%s"' % v if isinstance(v, str) else v)
+        for k, v in fields.items()) + " }"
+
+
+def inbound(*rules):
+    return "inbound = (\n  " + ",\n  ".join(rules) + "\n);"
+
+
+def free_port():
+    from tbtest.env import free_port as fp
+    return fp()
+
+
+def daemon(progs, conf, port, *flags):
+    return Proc([progs["tb_srv"], "-p", str(port)] + list(flags),
+                shim_env(conf))
+
+
+def within(served, capacity, rate, seconds):
+    """The accepted count a bucket allows in `seconds`: capacity plus the
+    refill, plus one for a token that lands on the boundary."""
+    return served <= capacity + rate * seconds + 1
+
+
+# test_shim_100_01: action `close`: the daemon serves at most capacity +
+# rate*T of a quick burst; the rest are closed before it sees them, and the
+# daemon's accept() goes on waiting (it serves again after a refill).
+def test_shim_100_01(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(in_rule(port)))
+    srv = daemon(progs, conf, port)
+    try:
+        t0 = time.monotonic()
+        (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 30], plain_env())
+        took = time.monotonic() - t0
+        assert s["ok"] == 30              # the kernel completed every handshake
+        assert s["served"] >= 5
+        assert within(s["served"], 5, 2, took), (s, took)
+        assert s["closed"] == 30 - s["served"] and s["r429"] == 0
+        time.sleep(0.6)                   # one token back at 2/s
+        (s2,), _ = cli(progs, ["-r", "127.0.0.1", port, 1], plain_env())
+        assert s2["served"] == 1
+    finally:
+        out, err = srv.stop()
+    assert "served %d" % (s["served"] + 1) in out
+    assert bucket(redis_server, "tb:shim:in:web:{127.0.0.1}")
+    assert err == ""
+
+
+# test_shim_100_02: action `http429`: the refused get a minimal HTTP 429
+# with Retry-After and Connection: close.
+def test_shim_100_02(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(in_rule(port, action="http429")))
+    srv = daemon(progs, conf, port, "-H")
+    try:
+        t0 = time.monotonic()
+        (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 25], plain_env())
+        took = time.monotonic() - t0
+        assert 5 <= s["served"] and within(s["served"], 5, 2, took)
+        assert s["r429"] == 25 - s["served"] and s["closed"] == 0
+    finally:
+        srv.stop()
+
+
+# test_shim_100_03: a non-blocking listener with accept4() and a poll
+# loop: refusals never block the loop; the daemon keeps serving.
+def test_shim_100_03(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(in_rule(port, capacity=3, rate=5)))
+    srv = daemon(progs, conf, port, "-n", "-4")
+    try:
+        t0 = time.monotonic()
+        (s,), _ = cli(progs, ["-r", "-t", "4", "127.0.0.1", port, 10],
+                      plain_env())
+        took = time.monotonic() - t0
+        assert 3 <= s["served"] and within(s["served"], 3, 5, took)
+        assert s["served"] + s["closed"] == 40
+        time.sleep(0.3)
+        (s2,), _ = cli(progs, ["-r", "127.0.0.1", port, 1], plain_env())
+        assert s2["served"] == 1
+    finally:
+        out, _ = srv.stop()
+    assert "eagain" in out and int(out.split()[-1]) > 0
+
+
+# test_shim_100_04: two daemon processes on one port (SO_REUSEPORT) under
+# one rule share one limit: together they serve no more than one bucket
+# allows, and both talk to Redis.
+def test_shim_100_04(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(in_rule(port, capacity=6, rate=1)))
+    a = daemon(progs, conf, port, "-R")
+    b = daemon(progs, conf, port, "-R")
+    try:
+        t0 = time.monotonic()
+        (s,), _ = cli(progs, ["-r", "-t", "4", "127.0.0.1", port, 15],
+                      plain_env())
+        took = time.monotonic() - t0
+        assert 6 <= s["served"] and within(s["served"], 6, 1, took)
+        assert len(redis_clients(redis_server)) >= 2
+    finally:
+        out_a, _ = a.stop()
+        out_b, _ = b.stop()
+    served = [int(o.split()[1]) for o in (out_a, out_b)]
+    assert sum(served) == s["served"]
+
+
+# test_shim_100_05: IPv6: a daemon on ::1 under a rule with address "::1";
+# the key is the peer's IPv6 address.
+def test_shim_100_05(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(in_rule(port, address="::1", capacity=2,
+                                      rate="1/h")))
+    srv = Proc([progs["tb_srv"], "-a", "::1", "-p", str(port)],
+               shim_env(conf))
+    try:
+        (s,), _ = cli(progs, ["-r", "::1", port, 6], plain_env())
+        assert s["served"] == 2 and s["closed"] == 4
+    finally:
+        srv.stop()
+    assert bucket(redis_server, "tb:shim:in:web:{::1}")
+
+
+# test_shim_100_06: a rule whose local address does not match is not
+# applied, and a fixed key names one bucket for every peer.
+def test_shim_100_06(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server, inbound(
+        in_rule(port, name="elsewhere", address="127.0.0.2", capacity=1),
+        in_rule(port, name="shared", address="127.0.0.1", capacity=3,
+                rate="1/h", key="all-clients")))
+    srv = daemon(progs, conf, port)
+    try:
+        (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 5], plain_env())
+        assert s["served"] == 3
+    finally:
+        srv.stop()
+    keys = [k.decode() for k in redis_server.client().keys("*")]
+    assert keys == ["tb:shim:in:shared:{all-clients}"]
+
+
+# test_shim_100_07: a forking daemon: the parent's accept() is limited, and
+# each forked child connects to a downstream under an outbound rule on its
+# own Redis connection; the children together stay within that bucket.
+def test_shim_100_07(redis_server, progs, tmp_path):
+    down = Proc([progs["tb_srv"]], plain_env())
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(in_rule(port, capacity=8, rate="1/h")) + "\n"
+                      + "outbound = ( { name = \"down\"; host = "
+                      "\"127.0.0.1\"; port = %d; capacity = 4; "
+                      "rate = \"1/h\"; } );" % down.port)
+    srv = daemon(progs, conf, port, "-f", "-o", "127.0.0.1:%d" % down.port)
+    try:
+        (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 12], plain_env())
+        assert s["served"] == 4 and s["down"] == 4 and s["closed"] == 4
+        b = bucket(redis_server, "tb:shim:out:down:{down}")
+        assert b["tokens"] < 1
+    finally:
+        _, err = srv.stop()
+        down_out, _ = down.stop()
+    assert "served 4 " in down_out
+    assert err == ""

@@ -1,0 +1,101 @@
+"""tbtest/load.py -- small, bounded HTTP load for the accuracy tests.
+
+Each worker thread keeps one keep-alive connection (requests.Session) and
+sends GETs in a loop until the deadline, round-robin over the URLs it is
+given, optionally paced to a rate. Every run is bounded in time and in
+requests; the result counts statuses and the window the requests spanned.
+"""
+import threading
+import time
+
+import requests
+
+
+class Result:
+    def __init__(self):
+        self.codes = {}
+        self.first = None
+        self.last = None
+        self.errors = 0
+        self.ok_times = []
+        self.lock = threading.Lock()
+
+    def add(self, code, t0, t1):
+        with self.lock:
+            self.codes[code] = self.codes.get(code, 0) + 1
+            self.first = t0 if self.first is None else min(self.first, t0)
+            self.last = t1 if self.last is None else max(self.last, t1)
+            if code == 200:
+                self.ok_times.append((t0 + t1) / 2)
+
+    @property
+    def ok(self):
+        return self.codes.get(200, 0)
+
+    @property
+    def refused(self):
+        return self.codes.get(429, 0)
+
+    @property
+    def total(self):
+        return sum(self.codes.values())
+
+    def max_in(self, seconds):
+        """The most 200s whose midpoint falls in any `seconds` window."""
+        ts = sorted(self.ok_times)
+        best = j = 0
+        for i, t in enumerate(ts):
+            while ts[j] < t - seconds:
+                j += 1
+            best = max(best, i - j + 1)
+        return best
+
+    @property
+    def window(self):
+        """Seconds from the first request's send to the last's answer."""
+        return (self.last - self.first) if self.first is not None else 0.0
+
+
+def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
+          max_requests=200000):
+    """GET urls round-robin from `threads` workers for `seconds`; with
+    rate (requests/s over all workers) each worker is paced evenly."""
+    res = Result()
+    deadline = time.monotonic() + seconds
+    budget = [max_requests]
+    block = threading.Lock()
+
+    def worker(idx):
+        s = requests.Session()
+        s.headers.update(headers or {})
+        n = idx
+        interval = threads / rate if rate else 0.0
+        nxt = time.monotonic() + (interval * idx / threads if rate else 0)
+        while True:
+            if rate:
+                pause = nxt - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                nxt += interval
+            if time.monotonic() >= deadline:
+                break
+            with block:
+                if budget[0] <= 0:
+                    break
+                budget[0] -= 1
+            t0 = time.monotonic()
+            try:
+                r = s.get(urls[n % len(urls)], timeout=10)
+                res.add(r.status_code, t0, time.monotonic())
+            except requests.RequestException:
+                with res.lock:
+                    res.errors += 1
+            n += 1
+        s.close()
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=seconds + 30)
+    return res

@@ -1,0 +1,329 @@
+"""tbtest/shim.py -- helpers for the LD_PRELOAD shim tests (shim/).
+
+The test programs (tests/integration/progs/) are built by make into
+$TB_BUILD/progs; the `progs` fixture (conftest.py) maps PROG_NAMES to
+their paths. Every program that should be limited runs with
+LD_PRELOAD=<build>/libtbucket_preload.so and TBUCKET_CONFIG pointing at a
+config written by the test. Servers are started by PID and
+stopped by PID; every wait is bounded.
+"""
+import os
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tbtest.env import BUILD, ROOT, require, stop_pid
+
+SHIM_SO = os.path.join(BUILD, "libtbucket_preload.so")
+CURL = "/usr/bin/curl"
+PHP_CGI = "/usr/bin/php-cgi8.2"
+
+# The test programs make builds into $TB_BUILD/progs: a TCP/HTTP daemon,
+# a client (tb_cli2 is a copy: a "$program" key must differ by name), a
+# program that closes sockets in odd ways, one with calls from a library
+# constructor, a connect() loop and a fake connect() for timing.
+PROG_NAMES = ("tb_srv", "tb_cli", "tb_cli2", "closer", "ctor_main",
+              "connect_loop", "libfakeconnect.so")
+
+
+def write_conf(path, redis, body="", **scalars):
+    """Write a shim config: redis_url and timeouts first, then scalars
+    (Python values become libconfig ones), then body (rules, verbatim)."""
+    # Generous timeouts: on a loaded test machine a 50 ms Redis call can
+    # time out, and the open policy would then let a connection through.
+    # Tests about timeouts set their own.
+    settings = {"redis_url": redis.url if redis else "redis://127.0.0.1:1",
+                "timeout_ms": 1000, "connect_timeout_ms": 1000}
+    settings.update(scalars)
+    lines = []
+    for k, v in settings.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        elif isinstance(v, str):
+            v = '"%s"' % v
+        lines.append("%s = %s;" % (k, v))
+    with open(str(path), "w") as f:
+        f.write("\n".join(lines) + "\n" + body + "\n")
+    return str(path)
+
+
+PLAIN_SHIM_SO = os.path.join(ROOT, "build", "libtbucket_preload.so")
+
+
+def shim_env(conf, foreign=False, **extra):
+    """The environment of a program run under the shim. Under `make asan`
+    (TB_ASAN=1) our own C programs get the sanitizer build with its
+    runtimes preloaded first; foreign programs (curl, php-cgi, python),
+    which hang or fail with libasan preloaded, get the plain build."""
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = SHIM_SO
+    if os.environ.get("TB_ASAN") == "1":
+        if foreign:
+            if not os.path.exists(PLAIN_SHIM_SO):
+                pytest.fail("%s is missing: run make first" % PLAIN_SHIM_SO)
+            env["LD_PRELOAD"] = PLAIN_SHIM_SO
+        else:
+            cc = require("/usr/bin/gcc", "gcc")
+            rt = [subprocess.run([cc, "-print-file-name=" + lib],
+                                 stdout=subprocess.PIPE, text=True,
+                                 check=True).stdout.strip()
+                  for lib in ("libasan.so", "libubsan.so")]
+            env["LD_PRELOAD"] = " ".join(rt + [SHIM_SO])
+            env["ASAN_OPTIONS"] = "detect_leaks=0"
+    if conf is None:
+        env.pop("TBUCKET_CONFIG", None)
+    else:
+        env["TBUCKET_CONFIG"] = str(conf)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def out_rule(port, **kw):
+    """One outbound rule as libconfig text."""
+    fields = {"name": "db", "host": "127.0.0.1", "port": port,
+              "capacity": 3, "rate": "1/h"}
+    fields.update(kw)
+    parts = []
+    for k, v in fields.items():
+        parts.append('%s = %s;' % (k, '"%s"' % v if isinstance(v, str)
+                                   else v))
+    return "{ " + " ".join(parts) + " }"
+
+
+def outbound(*rules):
+    return "outbound = (\n  " + ",\n  ".join(rules) + "\n);"
+
+
+def plain_env():
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.pop("TBUCKET_CONFIG", None)
+    return env
+
+
+def parse_kv(line):
+    """'who=main ok=3 errs=A:1,B:2' -> dict, numbers as int."""
+    out = {}
+    for tok in line.split():
+        if "=" not in tok:
+            continue
+        k, v = tok.split("=", 1)
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def errs(summary):
+    """The errs=NAME:n,... field as a dict."""
+    e = summary.get("errs", "")
+    if not e or isinstance(e, int):
+        return {}
+    return {k: int(v) for k, v in (x.split(":") for x in e.split(","))}
+
+
+class Proc:
+    """A server started by PID; reads its "ready <port>" line."""
+
+    def __init__(self, argv, env, ready_timeout=10.0):
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.port = None
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [],
+                                    max(0.0, deadline - time.monotonic()))
+            if not r:
+                break
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("ready "):
+                self.port = int(line.split()[1])
+                return
+        self.stop()
+        raise RuntimeError("%s did not become ready: %s" %
+                           (argv, self.proc.stderr.read()))
+
+    def stop(self):
+        """SIGTERM by PID; return (stdout, stderr) of the rest."""
+        stop_pid(self.proc)
+        try:
+            out, err = self.proc.communicate(timeout=10)
+        except (ValueError, subprocess.TimeoutExpired):
+            out, err = "", ""
+        return out or "", err or ""
+
+
+def run(argv, env, timeout=60, check=True):
+    """Run a program to completion (bounded); return CompletedProcess."""
+    p = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError("%s exited %d: %s" % (argv, p.returncode,
+                                                   p.stderr))
+    return p
+
+
+def cli(progs, args, env, timeout=60, name="tb_cli"):
+    """Run tb_cli; return its summary lines as dicts (the last one for a
+    single process) and stderr."""
+    p = run([progs[name]] + [str(a) for a in args], env, timeout=timeout)
+    lines = [parse_kv(l) for l in p.stdout.splitlines() if l.startswith("who=")]
+    return lines, p.stderr
+
+
+def bucket(redis, key):
+    """The stored hash of a bucket key: {'tokens': float, 'ts': int}, or
+    {} when missing."""
+    h = redis.client().hgetall(key)
+    return {k.decode(): float(v) for k, v in h.items()}
+
+
+def redis_clients(redis):
+    """Connections Redis sees, excluding the one asking."""
+    return [c for c in redis.client().client_list()
+            if c.get("cmd") != "client|list"]
+
+
+def stderr_lines(text):
+    return [l for l in text.splitlines() if l.strip()]
+
+
+# ---- Real clients under one shared outbound rule ------------------------
+
+def wait_rule(name, port, capacity, rate_per_sec, max_wait_ms=10000):
+    """One outbound `wait` rule with every other setting at its default,
+    as a new user would write it."""
+    return ('outbound = ( { name = "%s"; host = "127.0.0.1"; port = %d; '
+            'capacity = %d; rate = "%d/s"; on_limit = "wait"; '
+            'max_wait_ms = %d; } );'
+            % (name, port, capacity, rate_per_sec, max_wait_ms))
+
+
+def run_workers(workers, timeout=60):
+    """Run each worker in its own thread. A worker is a callable taking a
+    threading.Barrier: it gets ready (a script process started and
+    waiting), waits on the barrier, works and returns (ok, fail, error).
+    The clock starts when every worker is ready, so that interpreter
+    start-up is not counted as load. Returns the results (None for a
+    worker that did not finish within timeout) and the seconds from the
+    start to the last end."""
+    import threading
+    results = [None] * len(workers)
+    barrier = threading.Barrier(len(workers) + 1, timeout=timeout)
+
+    def body(i, w):
+        try:
+            results[i] = w(barrier)
+        except Exception as e:          # reported through the result
+            barrier.abort()
+            results[i] = (0, 1, repr(e))
+
+    threads = [threading.Thread(target=body, args=(i, w), daemon=True)
+               for i, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    t0 = time.monotonic()
+    for t in threads:
+        t.join(max(0.0, t0 + timeout - time.monotonic()))
+    return results, time.monotonic() - t0
+
+
+def process_loop(argv, env, n, duration, ok=lambda p: p.returncode == 0,
+                 call_timeout=30):
+    """A worker that runs argv up to n times in a row (one process per
+    call), starting no call after `duration` seconds; returns (ok, fail,
+    last error)."""
+    def work(barrier):
+        good = bad = 0
+        err = ""
+        barrier.wait()
+        end = time.monotonic() + duration
+        for _ in range(n):
+            if time.monotonic() >= end:
+                break
+            try:
+                p = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True,
+                                   timeout=call_timeout)
+            except subprocess.TimeoutExpired:
+                bad += 1
+                break
+            if ok(p):
+                good += 1
+            else:
+                bad += 1
+                err = p.stderr.strip()[-300:]
+        return good, bad, err
+    return work
+
+
+def script_worker(argv, env, timeout):
+    """A worker that is one process looping by itself: it prints "ready",
+    waits for a line on stdin, loops, and prints "ok=N fail=M" last.
+    Returns (ok, fail, stderr)."""
+    def work(barrier):
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            ready = p.stdout.readline()
+            barrier.wait()
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            out, err = p.communicate(timeout=timeout)
+        except BaseException:
+            stop_pid(p, signal.SIGKILL)
+            raise
+        lines = [l for l in out.splitlines() if l.startswith("ok=")]
+        if not ready.startswith("ready") or p.returncode != 0 or not lines:
+            return 0, 1, ready + out[-300:] + err[-300:]
+        kv = parse_kv(lines[-1])
+        return kv["ok"], kv["fail"], err.strip()[-300:]
+    return work
+
+
+PHP = "/usr/bin/php"
+
+
+def php_loop(body, setup=""):
+    """A PHP script for script_worker: prints "ready", waits for a line on
+    stdin, runs `setup` once, then `body` (which counts $ok and $fail) up
+    to $N times and for at most $SECS seconds, and prints the tally."""
+    return ('<?php\necho "ready\\n";\nfgets(STDIN);\n'
+            '$n = (int)getenv("N");\n'
+            '$end = microtime(true) + (float)getenv("SECS");\n' + setup
+            + '$ok = 0; $fail = 0;\n'
+            'for ($i = 0; $i < $n && microtime(true) < $end; $i++) {\n'
+            + body + '}\necho "ok=$ok fail=$fail\\n";\n')
+
+
+def check_shared_limit(what, admitted, capacity, rate, seconds, span=None):
+    """Assert that a downstream accepted no more than a bucket allows in
+    `seconds` (capacity + rate x T) and at least 0.9 of it: a `wait` rule
+    both holds the limit and uses it. With span (seconds between the first
+    and the last connection the downstream saw) the tighter bound
+    capacity + rate x span + 1 holds too (one token of jitter between a
+    decision and its accept). Prints the figures; returns the ratio."""
+    bound = capacity + rate * seconds
+    ratio = admitted / bound
+    print("\n%s: admitted %d, bound %.1f (capacity %d + %g/s x %.2f s), "
+          "ratio %.3f%s" % (what, admitted, bound, capacity, rate, seconds,
+                           ratio, "" if span is None else
+                           ", server span %.2f s" % span))
+    assert admitted <= bound, (what, admitted, bound)
+    assert ratio >= 0.9, (what, admitted, bound)
+    if span is not None:
+        assert admitted <= capacity + rate * span + 1, (what, admitted,
+                                                        span)
+    return ratio
