@@ -1109,6 +1109,12 @@ def floor_rounds(a, rd, variants, wcpu, tag):
             r["script_calls"] = r["script_calls_n"] / req
             r["pings"] = (c1[2] - c0[2]) / req
             results[name].append(r)
+            if not r["requests"]:
+                # Seen once under a load average of 29: every connection
+                # of a prefork server unanswered for the whole run.
+                miss("%s.%s round %d" % (tag, name, i),
+                     "no response in %d s; the round's ratios leave it out"
+                     % a.floor_seconds)
             log("%s %-7s round %d: %6.0f req/s p50 %.2f ms p99 %.2f ms "
                 "non-2xx %d errors %d cpu/req apache %.1f us redis %.1f us "
                 "scripts %d for %d requests batch %s" % (
@@ -1159,10 +1165,12 @@ def record_floor(tag, results, pairs, targets):
                 record(t + ".batch_size", round(median(batches), 2),
                        "calls/write")
     for num, den in pairs:
-        if not (results.get(num) and results.get(den)):
+        both = [(x, y) for x, y in zip(results.get(num, []),
+                                        results.get(den, []))
+                if x["requests"] and y["requests"]]
+        if not both:
             continue
-        ratio = median([x["rps"] / y["rps"] for x, y in
-                        zip(results[num], results[den])])
+        ratio = median([x["rps"] / y["rps"] for x, y in both])
         want = targets.get((num, den))
         record("%s.ratio.%s_over_%s" % (tag, num, den), round(ratio, 3), "x",
                ">= %.2f" % want if want else "",
@@ -1171,10 +1179,13 @@ def record_floor(tag, results, pairs, targets):
     # ratio the req/s would show if the Apache CPU were all Apache's. It
     # moves far less than req/s when other work shares that CPU.
     for num, den in pairs:
-        if not (results.get(num) and results.get(den)):
+        both = [(x, y) for x, y in zip(results.get(num, []),
+                                        results.get(den, []))
+                if x["requests"] and y["requests"]]
+        if not both:
             continue
         ratio = median([y["server_cpu_us"] / max(x["server_cpu_us"], 1e-9)
-                        for x, y in zip(results[num], results[den])])
+                        for x, y in both])
         record("%s.cpu_ratio.%s_over_%s" % (tag, num, den), round(ratio, 3),
                "x")
 
@@ -1531,7 +1542,7 @@ def main():
     a.concurrency = 50
     a.rounds = 2 if a.quick else 3
     a.http_rounds = 2 if a.quick else 3
-    a.core_seconds = 1 if a.quick else 3
+    a.core_seconds = 1 if a.quick else 2
     a.tls_seconds = 1 if a.quick else 2
     a.http_seconds = 2 if a.quick else 3
     a.callgrind_decisions = 2000 if a.quick else 20000
@@ -1540,7 +1551,7 @@ def main():
     a.rss_requests = 20000 if a.quick else 100000
     a.ab_requests = 2000 if a.quick else 5000
     a.shim_calls = 1000 if a.quick else 5000
-    a.floor_rounds = 2 if a.quick else 7
+    a.floor_rounds = 2 if a.quick else 5
     a.floor_seconds = 2
     a.perf_seconds = 2 if a.quick else 3
     a.perf_top = 12
