@@ -293,6 +293,7 @@ bench:
 	    linux-perf
 	-$(MAKE) all $(BENCH_FLOOR_SO)
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
+	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
 
 clean:
 	rm -rf build

@@ -22,12 +22,23 @@
  * tbucket_lease.c's, and settling the cost a response reports
  * (TBucketCostHeader) is tbucket_settle.c's: a decision here records
  * what both need.
+ *
+ * A concurrency limit (TBucketConcurrency) takes a slot in the same call
+ * and gives it back once, when the chain's first request's pool is
+ * destroyed: that pool is shared by the chain's internal redirects, and
+ * httpd destroys it once, after the response is written (the EOR bucket),
+ * whatever the end: success, error status, ErrorDocument, an aborted
+ * client or a handler that timed out. log_transaction would run at the
+ * same moment, but a pool cleanup cannot be skipped or run twice. A
+ * refusal by concurrency gets 429, Retry-After: 1 and
+ * {"error":"too many concurrent requests","limit":N}.
  */
 #include "apr_atomic.h"
 #include "apr_general.h"
 #include "apr_hash.h"
 #include "apr_strings.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "ap_mpm.h"
@@ -45,6 +56,21 @@
 /* Per-process state of the shard choice (see pick_shard). */
 static apr_uint64_t shard_seed;
 static volatile apr_uint32_t shard_seq;
+
+/* A concurrency slot held by a request chain, released by a cleanup on
+ * the chain's first request's pool. The request is copied: the release
+ * needs its prefix, key and ttl after the request's own data is gone. */
+typedef struct tbucket_held {
+    tbucket_srv_conf *sc;
+    tb_request_t q;
+    tb_slot_t slot;
+} tbucket_held;
+
+/* Set by a pre-cleanup of the child's pool, which runs before the pools
+ * under it (connections, requests) are destroyed: a request's cleanup
+ * then knows that the child is going away (prefork does it from a signal
+ * handler) and leaves the slot to expire instead of talking to Redis. */
+static volatile sig_atomic_t child_exiting;
 
 static tbucket_srv_conf *srv_conf(const server_rec *s)
 {
@@ -174,10 +200,20 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
 /* One client per distinct Redis configuration per child, made here so
  * that no connection is ever shared across fork and each generation of
  * children has its own. */
+static apr_status_t note_child_exit(void *data)
+{
+    (void)data;
+    child_exiting = 1;
+    return APR_SUCCESS;
+}
+
 static void child_init(apr_pool_t *pchild, server_rec *main_s)
 {
     apr_hash_t *made = apr_hash_make(pchild);
     server_rec *s;
+
+    child_exiting = 0;
+    apr_pool_pre_cleanup_register(pchild, NULL, note_child_exit);
 
     /* Each child its own shard sequence. */
     if (apr_generate_random_bytes((unsigned char *)&shard_seed,
@@ -425,6 +461,108 @@ static int respond(request_rec *r, int status, const char *body)
     return DONE;
 }
 
+/* ---- Concurrency slots ------------------------------------------------ */
+
+/* Give the chain's slot back: a pre-cleanup of the first request's
+ * pool, which httpd destroys once, after the response is written (when
+ * the EOR bucket goes), however the chain ended. A child on its way out
+ * leaves the slot to expire. */
+static apr_status_t release_slot(void *data)
+{
+    tbucket_held *h = data;
+    tbucket_client *c = h->sc->client;
+
+    tbucket_count_slot(h->sc, TBUCKET_SLOT_RELEASED);
+    if (child_exiting || !c || !c->tb) {
+        tbucket_count_slot(h->sc, TBUCKET_SLOT_RELEASE_FAILED);
+        return APR_SUCCESS;
+    }
+    if (tb_client_release(c->tb, &h->q, &h->slot) != TB_OK) {
+        tbucket_count_slot(h->sc, TBUCKET_SLOT_RELEASE_FAILED);
+        ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, c->s, TBLOGNO(00121)
+                     "could not release a concurrency slot (%s: %s): it "
+                     "expires in %" APR_INT64_T_FMT " ms",
+                     tb_err_name(c->tb->err), c->tb->errstr,
+                     h->q.concurrency_ttl_ms);
+    }
+    return APR_SUCCESS;
+}
+
+/* Keep the slot a decision took until the chain ends. */
+static void hold_slot(request_rec *root, tbucket_srv_conf *sc,
+                      const tb_request_t *q, const tb_slot_t *slot)
+{
+    tbucket_held *h = apr_pcalloc(root->pool, sizeof(*h));
+
+    h->sc = sc;
+    h->q.prefix = q->prefix;
+    h->q.key = apr_pmemdup(root->pool, q->key, q->key_len);
+    h->q.key_len = q->key_len;
+    h->q.concurrency_ttl_ms = q->concurrency_ttl_ms;
+    h->slot = *slot;
+    /* A pre-cleanup: it runs first when the pool is destroyed, before
+     * the cleanups other modules registered later (mod_cgid's waits up
+     * to 10 ms for the script's process to be gone), so the slot is free
+     * by the time the client can send its next request. */
+    apr_pool_pre_cleanup_register(root->pool, h, release_slot);
+    tbucket_count_slot(sc, TBUCKET_SLOT_TAKEN);
+}
+
+/* Count a refusal by the limit that made it; the closed policy's
+ * refusals are fallback decisions, counted as such only. */
+static void count_refusal(const tbucket_srv_conf *sc, const tb_result_t *res)
+{
+    if (res->allowed || res->source == TB_SRC_CLOSED) {
+        return;
+    }
+    if (res->refused_by == TB_LIMIT_CONCURRENCY) {
+        tbucket_count_refusal(sc, TBUCKET_LIMIT_CONCURRENCY);
+        tbucket_count_slot(sc, TBUCKET_SLOT_REFUSED);
+    }
+    else {
+        tbucket_count_refusal(sc, TBUCKET_LIMIT_RATE);
+    }
+}
+
+/* The request's decision: one script call (or a lease, or a shard of the
+ * key) for the buckets and the concurrency slot together. *lease_key gets
+ * the lease's key when the lease decided (tbucket_settle.c needs it). */
+static void decide(apr_pool_t *pool, const tbucket_dir_conf *dc,
+                   tbucket_srv_conf *sc, tb_request_t *q, tb_result_t *res,
+                   const char **lease_key)
+{
+    int k = dc->shards > 1 ? dc->shards : 1;
+
+    if (dc->concurrency > 0) {
+        /* check_config refuses shards and leases with concurrency where
+         * it can see them; in .htaccess they are ignored here. */
+        q->concurrency = dc->concurrency;
+        q->concurrency_ttl_ms = dc->concurrency_ttl_ms;
+        tb_client_run(sc->client->tb, q, res);
+        return;
+    }
+    if (k > 1) {
+        q->shards = k;
+        q->shard = pick_shard(k);
+    }
+    /* A lease needs one token bucket and a cost of at least one token;
+     * check_config refuses the rest where it can see them (not in
+     * .htaccess), and here they decide without. */
+    if (dc->lease > 0 && q->ntakes == 1 && q->algo == TB_ALGO_TOKEN_BUCKET
+        && q->takes[0].cost >= 1) {
+        tbucket_lease_decide(pool, dc, sc, q, res, lease_key);
+    }
+    else {
+        tb_client_run(sc->client->tb, q, res);
+    }
+    if (k > 1) {
+        /* The headers and TBUCKET_REMAINING speak for the whole bucket:
+         * the shard's figure times K, an estimate (add_limit_headers
+         * caps it at the capacity). */
+        res->remaining *= k;
+    }
+}
+
 /* Decide request r (not a sub-request) for the first time in its chain.
  * Returns DECLINED to let it through, or the response status. */
 static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
@@ -437,10 +575,9 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     tbucket_req *rq;
     const char *key, *prefix, *lease_key = NULL;
     apr_int64_t retry_s = 0;
-    int n, shadow = dc->shadow == 1, cost_exceeded;
-    int k = dc->shards > 1 ? dc->shards : 1;
+    int n, shadow = dc->shadow == 1, cost_exceeded, by_conc;
 
-    if (!dc->limit_set) {
+    if (!dc->limit_set && dc->concurrency <= 0) {
         return DECLINED;
     }
     if (!sc->client || !sc->client->tb) {
@@ -449,7 +586,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
         return DECLINED;
     }
     key = request_key(r, dc, sc, &prefix);
-    n = build_takes(dc, key, takes);
+    n = dc->limit_set ? build_takes(dc, key, takes) : 0;
     memset(&q, 0, sizeof(q));
     q.prefix = prefix;
     q.key = key;
@@ -457,26 +594,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     q.takes = takes;
     q.ntakes = n;
     q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
-    if (k > 1) {
-        q.shards = k;
-        q.shard = pick_shard(k);
-    }
-    /* A lease needs one token bucket and a cost of at least one token;
-     * check_config refuses the rest where it can see them (not in
-     * .htaccess), and here they decide without. */
-    if (dc->lease > 0 && n == 1 && q.algo == TB_ALGO_TOKEN_BUCKET
-        && takes[0].cost >= 1) {
-        tbucket_lease_decide(root->pool, dc, sc, &q, &res, &lease_key);
-    }
-    else {
-        tb_client_run(sc->client->tb, &q, &res);
-    }
-    if (k > 1) {
-        /* The headers and TBUCKET_REMAINING speak for the whole bucket:
-         * the shard's figure times K, an estimate (add_limit_headers
-         * caps it at the capacity). */
-        res.remaining *= k;
-    }
+    decide(root->pool, dc, sc, &q, &res, &lease_key);
     if (res.err == TB_ERR_ARG) {
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
                       "the limiter refused its arguments: not limited");
@@ -489,6 +607,10 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
                       tb_err_name(res.err), sc->client->tb->errstr,
                       tb_policy_name(sc->policy));
     }
+    if (res.slot.kind != TB_SLOT_NONE) {
+        hold_slot(root, sc, &q, &res.slot);
+    }
+    by_conc = !res.allowed && res.refused_by == TB_LIMIT_CONCURRENCY;
     cost_exceeded = !res.allowed && res.retry_ms < 0;
     if (!res.allowed && !cost_exceeded) {
         retry_s = (res.retry_ms + 999) / 1000;
@@ -501,15 +623,18 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     rq->outcome = outcome_of(&res, shadow);
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
                                  res.remaining > 0 ? res.remaining : 0);
-    if (k > 1 && res.remaining
-                 > (apr_int64_t)takes[res.binding].limit.capacity) {
+    if (n && q.shards > 1
+        && res.remaining > (apr_int64_t)takes[res.binding].limit.capacity) {
         rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
                 (apr_int64_t)takes[res.binding].limit.capacity);
     }
     ap_set_module_config(root->request_config, &tbucket_module, rq);
     set_env(r, rq);
-    add_limit_headers(r, dc, takes, &res, retry_s);
+    if (n) {
+        add_limit_headers(r, dc, takes, &res, retry_s);
+    }
     tbucket_count(sc, rq->outcome, cost_exceeded);
+    count_refusal(sc, &res);
 
     if (res.allowed) {
         return DECLINED;
@@ -519,7 +644,8 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
                       "shadow mode: would refuse %s (%s, retry after %"
                       APR_INT64_T_FMT " s)", r->uri,
                       cost_exceeded ? "cost exceeds capacity"
-                                    : "over the limit", retry_s);
+                      : by_conc ? "too many concurrent requests"
+                                : "over the limit", retry_s);
         return DECLINED;
     }
     if (cost_exceeded) {
@@ -534,6 +660,15 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     }
     apr_table_setn(r->err_headers_out, "Retry-After",
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, retry_s));
+    if (by_conc) {
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00120)
+                      "refused %s: %" APR_INT64_T_FMT " of %d requests of "
+                      "its key in flight (%s)", r->uri, res.in_flight,
+                      dc->concurrency, tbucket_outcome_names[rq->outcome]);
+        return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
+                       "{\"error\":\"too many concurrent requests\","
+                       "\"limit\":%d}\n", dc->concurrency));
+    }
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00112)
                   "rate limited %s (%s), retry after %" APR_INT64_T_FMT " s",
                   r->uri, tbucket_outcome_names[rq->outcome], retry_s);

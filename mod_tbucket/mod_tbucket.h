@@ -20,7 +20,8 @@
 /* Log tags: "TB" + five digits + ": ", one number per call site, never
  * reused (the rules of httpd's docs/log-message-tags/README). 001xx are
  * in mod_tbucket.c, tbucket_config.c and tbucket_check.c, 002xx in
- * tbucket_shm.c, 004xx in tbucket_settle.c, 005xx in tbucket_lease.c. */
+ * tbucket_shm.c, 004xx in tbucket_settle.c, 005xx in tbucket_lease.c;
+ * 00120..00129 belong to concurrency limits. */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
@@ -40,6 +41,26 @@ typedef enum {
 /* The TBUCKET_DECISION value of each outcome, also the outcome label of
  * the metrics (defined in tbucket_shm.c, with the counters). */
 extern const char *const tbucket_outcome_names[TBUCKET_OUTCOMES];
+
+/* The kinds of limit that refuse, in the metrics' label order. */
+typedef enum {
+    TBUCKET_LIMIT_RATE = 0,
+    TBUCKET_LIMIT_CONCURRENCY,
+    TBUCKET_LIMIT_KINDS
+} tbucket_limit_kind;
+
+/* What happens to concurrency slots, in the metrics' label order. */
+typedef enum {
+    TBUCKET_SLOT_TAKEN = 0,
+    TBUCKET_SLOT_REFUSED,
+    TBUCKET_SLOT_RELEASED,
+    TBUCKET_SLOT_RELEASE_FAILED,
+    TBUCKET_SLOT_EVENTS
+} tbucket_slot_event;
+
+/* Label values of the two enums above (tbucket_shm.c). */
+extern const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS];
+extern const char *const tbucket_slot_event_names[TBUCKET_SLOT_EVENTS];
 
 /* ---- Shared memory slots (the segment is private to tbucket_shm.c) -- */
 
@@ -68,6 +89,14 @@ typedef struct tbucket_vhost_stats {
     uint64_t cost_debited;            /* Tokens settlements took,
                                        * rounded per settlement.        */
     uint64_t cost_refunded;           /* Tokens settlements gave back.  */
+    /* Refusals (shadow mode's would-be ones too) decided by a limit, not
+     * by the closed policy, by the kind of limit that refused. */
+    uint64_t refused[TBUCKET_LIMIT_KINDS];
+    /* Concurrency slots: taken by allowed requests, refused (as
+     * refused[TBUCKET_LIMIT_CONCURRENCY]), given back when the request
+     * ended, and of those the releases Redis did not get (such a slot
+     * lasts until its ttl). */
+    uint64_t slot_event[TBUCKET_SLOT_EVENTS];
 } tbucket_vhost_stats;
 
 typedef struct tbucket_client_stats {
@@ -178,6 +207,11 @@ typedef struct tbucket_dir_conf {
     /* TBucketCostHeader: the response header that reports a request's
      * real cost; NULL unset, "" turned off in this scope. */
     const char *cost_header;
+    /* concurrency: -1 unset, 0 off, else at most N requests of a key in
+     * flight (TBucketConcurrency N, 1..TB_MAX_CONCURRENCY);
+     * concurrency_ttl_ms the life of a slot never released. */
+    int concurrency;
+    int concurrency_ttl_ms;
 } tbucket_dir_conf;
 
 typedef struct tbucket_settle tbucket_settle;
@@ -207,6 +241,9 @@ void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
 /* The directive table; the head comment of tbucket_config.c is the
  * directive manual. */
 extern const command_rec tbucket_cmds[];
+
+/* ---- tbucket_records.c --------------------------------------------- */
+
 void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s);
 void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
 void *tbucket_create_dir_conf(apr_pool_t *p, char *dir);
@@ -256,6 +293,11 @@ void tbucket_count_cost(const tbucket_srv_conf *sc, tbucket_cost_event ev,
 
 /* Count lease tokens given back to Redis. Thread- and process-safe. */
 void tbucket_count_returned(double tokens);
+/* Count a refusal by the kind of limit that made it, and a concurrency
+ * slot's event, for a server. Thread- and process-safe (and async-signal
+ * safe: atomic adds only). */
+void tbucket_count_refusal(const tbucket_srv_conf *sc, tbucket_limit_kind k);
+void tbucket_count_slot(const tbucket_srv_conf *sc, tbucket_slot_event e);
 
 /* The local-policy table in the segment, or NULL. */
 tb_local_t *tbucket_local_table(void);

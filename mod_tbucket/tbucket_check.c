@@ -6,11 +6,13 @@
  * log is open, so the messages reach the administrator's terminal. What
  * cannot work is refused: a client configuration the core would refuse,
  * a lease with route buckets or another algorithm, shards too small to
- * keep one token and a valid rate each. What works but is likely a
- * mistake draws one warning each: a cost that never fits its bucket,
- * TBucketEnable without a limit, more route buckets than a request can
- * take, a lease smaller than the cost, sliding-log beyond its capacity, a
- * cost header where the algorithm cannot settle it.
+ * keep one token and a valid rate each, a concurrency limit with shards
+ * or a lease. What works but is likely a mistake draws one warning each:
+ * a cost that never fits its bucket, TBucketEnable without a limit, more
+ * route buckets than a request can take, a lease smaller than the cost,
+ * sliding-log beyond its capacity, a cost header where the algorithm
+ * cannot settle it, a concurrency slot's ttl shorter than the server's
+ * Timeout.
  * The main server, every virtual host and each of their <Directory> and
  * <Location> sections (merged with the server's defaults) are checked;
  * .htaccess files are not read at this point.
@@ -56,10 +58,18 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     double shards = dc->shards > 1 ? dc->shards : 1;
     int i;
 
-    if (dc->enable == 1 && !dc->limit_set) {
+    if (dc->enable == 1 && !dc->limit_set && dc->concurrency <= 0) {
         warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
-                  "TBucketLimit in %s: requests there are not limited",
-                  where));
+                  "TBucketLimit or TBucketConcurrency in %s: requests there "
+                  "are not limited", where));
+    }
+    if (dc->concurrency > 0
+        && (apr_interval_time_t)dc->concurrency_ttl_ms * 1000 < s->timeout) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketConcurrency ttl=%dms in "
+                  "%s is shorter than Timeout %" APR_TIME_T_FMT "s: a slow "
+                  "request may lose its slot while it still runs",
+                  dc->concurrency_ttl_ms, where,
+                  apr_time_sec(s->timeout)));
     }
     if (dc->limit_set) {
         check_cost(p, seen, s, where, "TBucketLimit", dc->cost,
@@ -121,7 +131,8 @@ static const char *shard_limit_bad(const tb_limit_t *l, int k)
 
 /* What one effective scope asks that cannot work, as a message naming
  * the directive and the scope, or NULL. A lease takes one token bucket;
- * shards must each keep a valid limit (shard_limit_bad). */
+ * a concurrency limit needs a Redis call per request and one hash tag
+ * per key; shards must each keep a valid limit (shard_limit_bad). */
 static const char *refuse_scope(apr_pool_t *p, const char *where,
                                 const tbucket_dir_conf *dc)
 {
@@ -139,6 +150,16 @@ static const char *refuse_scope(apr_pool_t *p, const char *where,
         return apr_psprintf(p, "TBucketLease in %s: leases need "
                             "TBucketAlgorithm token-bucket, not %s", where,
                             tb_algo_name((tb_algo_t)dc->algo));
+    }
+    if (dc->concurrency > 0 && dc->lease > 0) {
+        return apr_psprintf(p, "TBucketConcurrency in %s: every request "
+                            "must ask Redis for its slot, and TBucketLease "
+                            "applies there", where);
+    }
+    if (dc->concurrency > 0 && k > 1) {
+        return apr_psprintf(p, "TBucketConcurrency in %s: a key's slots are "
+                            "one set, and TBucketShards %d splits the key",
+                            where, k);
     }
     if (k == 1) {
         return NULL;

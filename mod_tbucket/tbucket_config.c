@@ -1,12 +1,10 @@
-/* tbucket_config.c -- mod_tbucket's directives and configuration records.
+/* tbucket_config.c -- mod_tbucket's directives.
  *
- * The directive table and its handlers, the server and directory records
- * with their create and merge functions, and the client options a
- * server's record stands for. The handlers validate every value with the
- * core's parsers at config time, so the request path never parses; a bad
- * value is refused with a message naming the directive and the value.
- * The create and merge functions follow httpd's conventions (mod_proxy's
- * _set flags, mod_headers' merges). What can only be judged once scopes
+ * The directive table and its handlers. The handlers validate every value
+ * with the core's parsers at config time, so the request path never
+ * parses; a bad value is refused with a message naming the directive and
+ * the value. The records they fill, with their create and merge
+ * functions, are tbucket_records.c's; what can only be judged once scopes
  * are merged is checked in tbucket_check.c.
  *
  * Server and virtual-host scope (a virtual host inherits what it does not
@@ -85,6 +83,14 @@
  *       Each key's buckets become K sub-buckets of capacity/K and rate/K
  *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
  *       a hot key's load spreads over K Redis Cluster slots.
+ *   TBucketConcurrency N [ttl=DURATION] | Off  (default Off, ttl 60s)
+ *       At most N requests of one key in flight at once, across every
+ *       server sharing the Redis: a slot in "<prefix>{<key>}:conc" is
+ *       taken in the same Redis call as the buckets (all or nothing) and
+ *       given back when the request ends, whatever the end; a slot never
+ *       given back (the process died) expires ttl after it was taken.
+ *       Works alone or with TBucketLimit; refused with TBucketShards or
+ *       TBucketLease (ignored where apache2 -t cannot see it).
  *
  *   SetHandler tbucket-status
  *       The counters in the Prometheus text format, or with ?view=html as
@@ -106,169 +112,6 @@ APLOG_USE_MODULE(tbucket);
 static tbucket_srv_conf *srv_conf(const server_rec *s)
 {
     return ap_get_module_config(s->module_config, &tbucket_module);
-}
-
-/* ---- Configuration records ------------------------------------------ */
-
-void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
-{
-    tbucket_srv_conf *sc = apr_pcalloc(p, sizeof(*sc));
-
-    (void)s;
-    sc->timeout_ms = 50;
-    sc->policy = TB_POLICY_OPEN;
-    sc->replicas = 1;
-    sc->breaker_threshold = 5;
-    sc->breaker_cooldown_ms = 10000;
-    sc->prefix = TBUCKET_DEFAULT_PREFIX;
-    sc->ip_prefix = TBUCKET_DEFAULT_PREFIX "ip:";
-    sc->vhost_slot = -1;
-    sc->client_slot = -1;
-    return sc;
-}
-
-/* A virtual host takes what it sets and inherits the rest from the main
- * server; field by field, so "TBucketRedis URL" in a vhost keeps the main
- * server's timeout. Allocates a new record; base and add are untouched. */
-void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
-{
-    const tbucket_srv_conf *base = basev, *add = addv;
-    tbucket_srv_conf *m = apr_pcalloc(p, sizeof(*m));
-
-#define TAKE(field, flag)                                    \
-    do {                                                     \
-        m->field = add->flag ? add->field : base->field;     \
-        m->flag = add->flag | base->flag;                    \
-    } while (0)
-    TAKE(url, url_set);
-    TAKE(timeout_ms, timeout_set);
-    TAKE(connect_timeout_ms, connect_timeout_set);
-    TAKE(pool_size, pool_set);
-    TAKE(policy, policy_set);
-    TAKE(replicas, replicas_set);
-    TAKE(breaker_threshold, threshold_set);
-    TAKE(breaker_cooldown_ms, cooldown_set);
-    TAKE(prefix, prefix_set);
-    TAKE(ip_prefix, prefix_set);
-    TAKE(tls, url_set);
-    TAKE(tls_ctx, url_set);
-#undef TAKE
-    m->vhost_slot = -1;
-    m->client_slot = -1;
-    return m;
-}
-
-/* Options of the client a server will make in each child. */
-void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
-{
-    tb_options_init(o);
-    o->url = sc->url ? sc->url : TB_DEFAULT_URL;
-    o->timeout_ms = sc->timeout_ms;
-    o->connect_timeout_ms = sc->connect_timeout_ms;
-    if (sc->pool_size > 0) {
-        o->pool_size = sc->pool_size;
-    }
-    o->breaker_threshold = sc->breaker_threshold;
-    o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
-    o->policy = sc->policy;
-    o->replicas = sc->replicas;
-    o->tls = sc->tls;
-    o->tls_ctx = sc->tls_ctx;
-}
-
-void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
-{
-    tbucket_dir_conf *dc = apr_pcalloc(p, sizeof(*dc));
-
-    (void)dir;
-    dc->enable = -1;
-    dc->shadow = -1;
-    dc->headers = -1;
-    dc->algo = -1;
-    dc->cost = 1;
-    dc->lease = -1;
-    dc->shards = -1;
-    return dc;
-}
-
-/* Outer routes first, an inner route of the same name replacing the outer
- * one; past MAX_ROUTES the outermost are dropped (check_config warns). */
-static apr_array_header_t *merge_routes(apr_pool_t *p,
-                                        apr_array_header_t *base,
-                                        apr_array_header_t *add)
-{
-    apr_array_header_t *m;
-    int i, j, skip;
-
-    if (!add || !add->nelts) {
-        return base;
-    }
-    if (!base || !base->nelts) {
-        return add;
-    }
-    m = apr_array_make(p, base->nelts + add->nelts, sizeof(tbucket_route));
-    for (i = 0; i < base->nelts; i++) {
-        const tbucket_route *b = &APR_ARRAY_IDX(base, i, tbucket_route);
-
-        for (skip = 0, j = 0; j < add->nelts && !skip; j++) {
-            skip = !strcmp(b->name,
-                           APR_ARRAY_IDX(add, j, tbucket_route).name);
-        }
-        if (!skip) {
-            APR_ARRAY_PUSH(m, tbucket_route) = *b;
-        }
-    }
-    for (j = 0; j < add->nelts; j++) {
-        APR_ARRAY_PUSH(m, tbucket_route) = APR_ARRAY_IDX(add, j,
-                                                         tbucket_route);
-    }
-    if (m->nelts > MAX_ROUTES) {
-        memmove(m->elts, m->elts + (m->nelts - MAX_ROUTES) * m->elt_size,
-                MAX_ROUTES * m->elt_size);
-        m->nelts = MAX_ROUTES;
-    }
-    return m;
-}
-
-/* Runs per request (server/request.c merges sections as it walks), so it
- * copies scalars and pointers only: the tenant tables are chained, not
- * copied, and routes are rebuilt only when both sides have some. */
-void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
-{
-    const tbucket_dir_conf *base = basev, *add = addv;
-    tbucket_dir_conf *m = apr_palloc(p, sizeof(*m));
-
-    m->enable = add->enable != -1 ? add->enable : base->enable;
-    m->shadow = add->shadow != -1 ? add->shadow : base->shadow;
-    m->headers = add->headers != -1 ? add->headers : base->headers;
-    m->algo = add->algo != -1 ? add->algo : base->algo;
-    m->key_set = add->key_set | base->key_set;
-    m->key = add->key_set ? add->key : base->key;
-    m->key_late = add->key_set ? add->key_late : base->key_late;
-    m->limit_set = add->limit_set | base->limit_set;
-    m->limit = add->limit_set ? add->limit : base->limit;
-    m->cost_set = add->cost_set | base->cost_set;
-    m->cost = add->cost_set ? add->cost : base->cost;
-    if (add->tenants) {
-        m->tenants = add->tenants;
-        m->tenants_up = base;
-    }
-    else {
-        m->tenants = base->tenants;
-        m->tenants_up = base->tenants_up;
-    }
-    m->routes = merge_routes(p, base->routes, add->routes);
-    if (add->lease != -1) {
-        m->lease = add->lease;
-        m->lease_ttl_ms = add->lease_ttl_ms;
-    }
-    else {
-        m->lease = base->lease;
-        m->lease_ttl_ms = base->lease_ttl_ms;
-    }
-    m->shards = add->shards != -1 ? add->shards : base->shards;
-    m->cost_header = add->cost_header ? add->cost_header : base->cost_header;
-    return m;
 }
 
 /* ---- Directive handlers --------------------------------------------- */
@@ -754,44 +597,62 @@ static const char *set_header_style(cmd_parms *cmd, void *dcv,
                      "expected legacy, ietf, both or off");
 }
 
-/* TBucketLease N [ttl=DURATION] | Off. */
-static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+/* "N [ttl=DURATION] | Off", the form TBucketLease and TBucketConcurrency
+ * share. *n gets 0 for Off, else N in 1..max_n (`what` names it in a
+ * message); *ttl_ms the ttl, 1..max_ttl_ms (ttl_why says so when it is
+ * not), or dflt_ttl_ms; usage answers an empty line. */
+static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
+                               const char *usage, const char *what,
+                               int64_t max_n, int dflt_ttl_ms,
+                               int64_t max_ttl_ms, const char *ttl_why,
+                               int *n, int *ttl_ms)
 {
-    tbucket_dir_conf *dc = dcv;
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
     const char *word, *value;
     char err[128];
-    int64_t n, ms;
+    int64_t v, ms;
 
     if (!*n_arg) {
-        return "TBucketLease: expected the tokens per lease, e.g. "
-               "TBucketLease 20 ttl=1s (or Off)";
+        return usage;
     }
-    dc->lease_ttl_ms = 1000;
+    *ttl_ms = dflt_ttl_ms;
     if (!strcasecmp(n_arg, "off")) {
-        dc->lease = 0;
-        return *args ? "TBucketLease: Off takes no options" : NULL;
+        *n = 0;
+        return *args ? apr_psprintf(cmd->pool, "%s: Off takes no options",
+                                    cmd->cmd->name) : NULL;
     }
-    if (tb_parse_int(n_arg, 1, 1000000, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "lease size", n_arg, err);
+    if (tb_parse_int(n_arg, 1, max_n, &v, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, what, n_arg, err);
     }
-    dc->lease = (int)n;
+    *n = (int)v;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
         if (!name || strcmp(name, "ttl")) {
-            return apr_psprintf(cmd->pool, "TBucketLease: unknown option "
-                                "'%s' (expected ttl=DURATION)", word);
+            return apr_psprintf(cmd->pool, "%s: unknown option '%s' "
+                                "(expected ttl=DURATION)", cmd->cmd->name,
+                                word);
         }
         if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
             return bad_value(cmd, "ttl", value, err);
         }
-        if (ms < 1 || ms > 60000) {
-            return bad_value(cmd, "ttl", value, "must be 1ms..60s");
+        if (ms < 1 || ms > max_ttl_ms) {
+            return bad_value(cmd, "ttl", value, ttl_why);
         }
-        dc->lease_ttl_ms = (int)ms;
+        *ttl_ms = (int)ms;
     }
     return NULL;
+}
+
+/* TBucketLease N [ttl=DURATION] | Off. */
+static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+
+    return parse_n_ttl(cmd, args, "TBucketLease: expected the tokens per "
+                       "lease, e.g. TBucketLease 20 ttl=1s (or Off)",
+                       "lease size", 1000000, 1000, 60000,
+                       "must be 1ms..60s", &dc->lease, &dc->lease_ttl_ms);
 }
 
 static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
@@ -830,6 +691,20 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
     }
     dc->cost_header = apr_pstrdup(cmd->pool, arg);
     return NULL;
+}
+
+/* TBucketConcurrency N [ttl=DURATION] | Off. */
+static const char *set_concurrency(cmd_parms *cmd, void *dcv,
+                                   const char *args)
+{
+    tbucket_dir_conf *dc = dcv;
+
+    return parse_n_ttl(cmd, args, "TBucketConcurrency: expected the "
+                       "requests in flight per key, e.g. TBucketConcurrency "
+                       "4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
+                       TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS,
+                       "must be more than 0", &dc->concurrency,
+                       &dc->concurrency_ttl_ms);
 }
 
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
@@ -876,5 +751,8 @@ const command_rec tbucket_cmds[] = {
                   "X-Request-Cost, or Off"),
     AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
+    AP_INIT_RAW_ARGS("TBucketConcurrency", set_concurrency, NULL, DIR_SCOPE,
+                     "Requests of one key in flight at once, e.g. 4 "
+                     "ttl=60s, or Off"),
     { NULL }
 };

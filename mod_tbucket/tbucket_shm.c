@@ -3,11 +3,11 @@
  * One anonymous shared memory segment per parent process holds everything
  * that must be the same whichever child answers: the decision and lease
  * counters of every virtual host, the core's counters (tb_stats_t) of
- * every distinct Redis configuration, the table of local buckets behind
- * the `local` failure policy and the table of token leases, and the count
- * of lease tokens given back. The segment
- * is made in the first real post_config and hangs off the process pool,
- * so a graceful restart keeps it: counters do not go backwards, and
+ * every distinct Redis configuration, the table of local buckets (and
+ * concurrency slot counts) behind the `local` failure policy and the
+ * table of token leases, and the count of lease tokens given back. The
+ * segment is made in the first real post_config and hangs off the process
+ * pool, so a graceful restart keeps it: counters do not go backwards, and
  * children of the old generation that are still finishing requests keep
  * writing to valid memory.
  *
@@ -63,6 +63,14 @@ static tbucket_shm *shm_seg = NULL;
 const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
     "allowed", "rejected", "shadow-rejected", "fallback-open",
     "fallback-closed", "fallback-local"
+};
+
+const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS] = {
+    "rate", "concurrency"
+};
+
+const char *const tbucket_slot_event_names[TBUCKET_SLOT_EVENTS] = {
+    "taken", "refused", "released", "release-failed"
 };
 
 /* Bytes before the local table: the header rounded up to a cache line. */
@@ -301,6 +309,24 @@ void tbucket_count_returned(double tokens)
     if (shm_seg && tokens > 0) {
         tb_stats_add(&shm_seg->lease_returned,
                      (uint64_t)floor(tokens + 0.5));
+    }
+}
+
+void tbucket_count_refusal(const tbucket_srv_conf *sc, tbucket_limit_kind k)
+{
+    tbucket_vhost_stats *v = vhost_stats(sc);
+
+    if (v && k < TBUCKET_LIMIT_KINDS) {
+        tb_stats_add(&v->refused[k], 1);
+    }
+}
+
+void tbucket_count_slot(const tbucket_srv_conf *sc, tbucket_slot_event e)
+{
+    tbucket_vhost_stats *v = vhost_stats(sc);
+
+    if (v && e < TBUCKET_SLOT_EVENTS) {
+        tb_stats_add(&v->slot_event[e], 1);
     }
 }
 

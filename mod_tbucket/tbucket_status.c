@@ -90,6 +90,67 @@ static void collect_vhost_counter(tbucket_metrics *t,
     }
 }
 
+/* One counter array of tbucket_vhost_stats per virtual host, a sample
+ * per element labelled label=names[k]; field is the array's offset. */
+static void collect_vhost_array(tbucket_metrics *t,
+                                const tbucket_shm_view *seg,
+                                const char *name, const char *help,
+                                const char *label, const char *const *names,
+                                int n, apr_size_t field)
+{
+    tbucket_family *f = fam_add(t, name, "counter", help);
+    tbucket_labels l, vh;
+    uint32_t i;
+    int k;
+
+    for (i = 0; i < seg->nvhosts; i++) {
+        const uint64_t *c = (const uint64_t *)
+            ((const char *)&seg->vhosts[i] + field);
+
+        vh = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+        for (k = 0; k < n; k++) {
+            l = tbucket_labels_with(&vh, label, names[k]);
+            add(f, "", &l, tb_stats_get(&c[k]));
+        }
+    }
+}
+
+/* Refusals by the kind of limit, and concurrency slots by what became
+ * of them, per virtual host; the slots held now are those taken and not
+ * yet given back. */
+static void collect_limits(tbucket_metrics *t, const tbucket_shm_view *seg)
+{
+    tbucket_family *f;
+    tbucket_labels l;
+    uint32_t i;
+
+    collect_vhost_array(t, seg, "tbucket_refusals_total",
+                        "Requests refused (or, in shadow mode, that would "
+                        "have been) by a limit, by the kind of limit that "
+                        "refused; the closed policy's refusals are not "
+                        "counted here.", "limit", tbucket_limit_names,
+                        TBUCKET_LIMIT_KINDS,
+                        APR_OFFSETOF(tbucket_vhost_stats, refused));
+    collect_vhost_array(t, seg, "tbucket_concurrency_slots_total",
+                        "Concurrency slots (TBucketConcurrency): taken, "
+                        "refused, released when the request ended, and "
+                        "releases Redis did not get (those slots expire by "
+                        "their ttl).", "event", tbucket_slot_event_names,
+                        TBUCKET_SLOT_EVENTS,
+                        APR_OFFSETOF(tbucket_vhost_stats, slot_event));
+    f = fam_add(t, "tbucket_concurrency_in_flight", "gauge",
+                "Concurrency slots this server holds now: requests in "
+                "flight that took one.");
+    for (i = 0; i < seg->nvhosts; i++) {
+        const uint64_t *ev = seg->vhosts[i].slot_event;
+        uint64_t taken = tb_stats_get(&ev[TBUCKET_SLOT_TAKEN]);
+        uint64_t back = tb_stats_get(&ev[TBUCKET_SLOT_RELEASED]);
+
+        l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+        add(f, "", &l, taken > back ? taken - back : 0);
+    }
+}
+
 static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
 {
     uint64_t total[TBUCKET_OUTCOMES] = { 0 };
@@ -128,6 +189,7 @@ static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
         l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
         add(f, "", &l, tb_stats_get(&seg->vhosts[i].cost_exceeded));
     }
+    collect_limits(t, seg);
     collect_vhost_counter(t, seg, "tbucket_lease_hits_total",
                           "Requests allowed from a token lease, without "
                           "asking Redis (TBucketLease).",

@@ -440,9 +440,11 @@ static void html_all(request_rec *r, const tbucket_metrics *t)
 void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
 {
     const tbucket_family *gen = fam_find(t, "tbucket_config_generation");
-    tbucket_labels none;
+    tbucket_labels none, limit_rate, limit_conc;
 
     memset(&none, 0, sizeof(none));
+    limit_rate = tbucket_labels_with(NULL, "limit", "rate");
+    limit_conc = tbucket_labels_with(NULL, "limit", "concurrency");
     ap_rprintf(r, "<!DOCTYPE html>\n<html lang=\"en\"><head>"
                "<meta charset=\"utf-8\">"
                "<meta name=\"viewport\" content=\"width=device-width\">"
@@ -486,6 +488,17 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     html_fig(r, t, "tokens given back", "tbucket_lease_tokens_returned_total",
              "", &none);
     ap_rputs("</table>", r);
+    ap_rputs("<h2>Refusals and concurrency slots</h2><div class=\"grid\">"
+             "<div><h3>refused by a rate limit</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_refusals_total"),
+                  &limit_rate, "vhost", 0);
+    ap_rputs("</div><div><h3>refused by a concurrency limit</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_refusals_total"),
+                  &limit_conc, "vhost", 0);
+    ap_rputs("</div><div><h3>slots held now</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_concurrency_in_flight"), &none,
+                  "vhost", 0);
+    ap_rputs("</div></div>", r);
     html_all(r, t);
     ap_rputs("<footer>mod_tbucket &middot; no script, no external "
              "resource; reload to refresh.</footer></main></body></html>\n",

@@ -23,8 +23,9 @@ APACHE=/usr/sbin/apache2
 so=${1:?usage: scripts/apache2.sh MODULE_SO [apache2 arguments...]}
 shift
 
-# The runtimes as the dynamic linker resolves them for this module.
-san=$(ldd "$so" 2>/dev/null \
+# The runtimes as the dynamic linker resolves them for this module, asked
+# without the caller's preload (ldd would list a preloaded one by path).
+san=$(LD_PRELOAD= ldd "$so" 2>/dev/null \
       | awk '$1 ~ /^lib(asan|ubsan)\.so/ && $3 ~ /^\// { printf "%s ", $3 }')
 case $san in
 *libasan*)

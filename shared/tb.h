@@ -558,7 +558,7 @@ typedef struct tb_request {
     const tb_take_t *takes; /* The buckets, all decided in one script
                              * call, all or nothing: takes[0] is the
                              * main bucket, routes follow.             */
-    int ntakes;             /* 1 .. TB_MAX_BUCKETS.                     */
+    int ntakes;             /* 1 .. TB_MAX_BUCKETS; 0 with concurrency. */
     tb_algo_t algo;         /* The script of every bucket. Sliding log:
                              * whole costs, capacity at most
                              * TB_SLOG_MAX_CAPACITY.                    */
@@ -582,6 +582,14 @@ typedef struct tb_request {
                              * is refused. 0 .. TB_MAX_CAPACITY.        */
     const int64_t *now_ms;  /* Tests only: Redis's clock replaced by
                              * *now_ms. NULL in production.             */
+    /* Concurrency (see "Concurrency limits" below). */
+    int concurrency;        /* 0: none. N (1 .. TB_MAX_CONCURRENCY): at
+                             * most N requests of the key in flight,
+                             * decided with the takes in the same call;
+                             * ntakes may then be 0. Not with shards.  */
+    int64_t concurrency_ttl_ms; /* A slot's life if it is never released,
+                             * 1 .. TB_MAX_CONCURRENCY_TTL_MS; 0: the
+                             * default, TB_CONCURRENCY_TTL_MS.          */
 } tb_request_t;
 
 typedef enum {
@@ -593,6 +601,34 @@ typedef enum {
                         * nothing was decided; allowed is 0. */
 } tb_source_t;
 const char *tb_source_name(tb_source_t s);
+
+/* Which limit refused a request. */
+typedef enum {
+    TB_LIMIT_NONE = 0,        /* Allowed.                                */
+    TB_LIMIT_RATE = 1,        /* A bucket (binding says which), or the
+                               * closed policy when the request had one. */
+    TB_LIMIT_CONCURRENCY = 2  /* The key's slots were all taken, or the
+                               * closed policy refused a request that had
+                               * only a concurrency limit.               */
+} tb_limit_kind_t;
+
+/* Where a request's concurrency slot is held. */
+typedef enum {
+    TB_SLOT_NONE = 0,   /* No slot: nothing to release.                  */
+    TB_SLOT_REDIS = 1,  /* A member of the key's slot set in Redis.      */
+    TB_SLOT_LOCAL = 2   /* A count in the local policy's table.          */
+} tb_slot_kind_t;
+
+#define TB_SLOT_ID_LEN 48
+
+/* A slot taken by a decision: a small value the host keeps until the
+ * request ends and then hands to tb_client_release(), once. */
+typedef struct tb_slot {
+    tb_slot_kind_t kind;
+    int64_t window;           /* TB_SLOT_LOCAL: the count it is in.     */
+    char id[TB_SLOT_ID_LEN];  /* TB_SLOT_REDIS: the set member, unique
+                               * across hosts, processes and requests. */
+} tb_slot_t;
 
 typedef struct tb_result {
     int allowed;
@@ -613,6 +649,15 @@ typedef struct tb_result {
                           * answered: no lease is made from a guess).
                           * res->remaining is what the bucket keeps
                           * after the grant.                           */
+    /* Which limit refused; and for concurrency requests the slot. */
+    tb_limit_kind_t refused_by;
+    int64_t in_flight;   /* Concurrency requests: slots of the key held
+                          * after the decision (on this server for the
+                          * local policy; 0 when open or closed
+                          * answered). Refused by concurrency: limit is
+                          * N, retry_ms TB_CONCURRENCY_RETRY_MS.  With
+                          * no takes, remaining is N - in_flight.     */
+    tb_slot_t slot;      /* The slot taken, kind TB_SLOT_NONE if none. */
 } tb_result_t;
 
 typedef struct tb_client {
@@ -683,6 +728,46 @@ int tb_client_settle(tb_client_t *c, const tb_request_t *req, double cost,
 int tb_client_give_back(tb_client_t *c, const char *rkey,
                         const tb_limit_t *lim, double tokens,
                         tb_result_t *res);
+
+/* ==== Concurrency limits ============================================= */
+
+/* At most N requests of one client key in flight at once, across every
+ * host sharing the Redis (tb_request_t.concurrency). The slots are a
+ * sorted set "<prefix>{<key>}:conc" beside the key's buckets (the same
+ * hash tag, so the same Cluster slot): members are slot ids, scores the
+ * slot's expiry in ms of Redis's clock. The decision prunes expired
+ * slots and takes one in the same script call as the buckets, all or
+ * nothing: a request refused by either kind of limit takes nothing from
+ * the other. A slot whose release never comes (the process died) is
+ * pruned at its expiry, concurrency_ttl_ms after it was taken; so is one
+ * whose request outlives the ttl.
+ *
+ * When Redis cannot decide, `open` allows without a slot, `closed`
+ * refuses, and `local` counts the key's slots of this server in the local
+ * table (tb_options_t.local, the same one as its buckets) against
+ * ceil(N / replicas). A local slot is counted for between ttl/2 and ttl:
+ * the count is kept per half-ttl window, this one and the one before, so
+ * the slot of a process that died is forgotten within ttl. */
+
+#define TB_MAX_CONCURRENCY 1000000
+#define TB_CONCURRENCY_TTL_MS 60000       /* Default slot life.       */
+#define TB_MAX_CONCURRENCY_TTL_MS 86400000
+/* The wait a full slot set answers with (ms). A constant: no slot says
+ * when its request will end, and a slot's age says nothing of how much
+ * of it is left. The scripts' CONC_WAIT (shared/tb_prelude.lua). */
+#define TB_CONCURRENCY_RETRY_MS 1000
+
+/* Release the slot a decision on *req took (res->slot), once, when the
+ * request ends: ZREM from the slot set for TB_SLOT_REDIS (one command,
+ * nothing else), a decrement of the local count for TB_SLOT_LOCAL,
+ * nothing for TB_SLOT_NONE. Only req's prefix, key, key_len and
+ * concurrency_ttl_ms are read. TB_OK when released (or nothing was held);
+ * TB_ERR when Redis could not be told, with c->err and c->errstr: the
+ * slot then lasts until its expiry. An open breaker is not tried (err
+ * TB_ERR_BREAKER). Releases neither count as decisions nor move the
+ * breaker. Thread-safe. */
+int tb_client_release(tb_client_t *c, const tb_request_t *req,
+                      const tb_slot_t *slot);
 
 /* ==== The client: tools and metrics ================================== */
 

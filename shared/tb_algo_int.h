@@ -123,6 +123,21 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
                   const tb_limit_t *lim, const double *cost, int n,
                   int replicas, int64_t now_ms, tb_verdict_t *v);
 
+/* The local policy's slot count of a concurrency limit (tb_local.c),
+ * kept in the same table as its buckets under the slot set's full Redis
+ * key, in windows of window_ms (see "Concurrency limits" in tb.h).
+ * take: 1 when fewer than limit slots were counted (one more is, and
+ * *window says in which window, for the release), 0 when full; *held is
+ * the count after. -1 on bad arguments. release: gives back one slot of
+ * `window`, or nothing when that window has been forgotten. Both take
+ * the table's lock. */
+int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
+                       int64_t window_ms, int64_t now_ms, int64_t *window,
+                       int64_t *held);
+void tb_local_conc_release(tb_local_t *t, const char *key,
+                           int64_t window_ms, int64_t window,
+                           int64_t now_ms);
+
 /* Arguments every twin checks, as tb_bucket_take() does. */
 static inline int tb__algo_args_ok(const tb_limit_t *lim, const double *cost,
                                    int n, const void *out,

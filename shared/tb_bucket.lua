@@ -41,7 +41,9 @@
 
 local level = {}
 local stamp = {}
-local mode = ARGV[2 + 3 * n]
+-- The optional arguments end at nargv: the concurrency ones follow.
+local mode = nil
+if nargv >= 2 + 3 * n then mode = ARGV[2 + 3 * n] end
 local settle = mode == 'settle'
 local want = nil
 local back = 0
@@ -49,7 +51,7 @@ local grant = 0
 
 if mode ~= nil and not settle then
   want = tonumber(mode)
-  if ARGV[3 + 3 * n] ~= nil then back = tonumber(ARGV[3 + 3 * n]) end
+  if nargv >= 3 + 3 * n then back = tonumber(ARGV[3 + 3 * n]) end
   if n ~= 1 or want == nil or back == nil or not (back >= 0) then
     return redis.error_reply('ERR bad lease')
   end
@@ -139,6 +141,6 @@ for i = 1, n do
 end
 
 if want ~= nil then
-  return {allowed, remaining, retry, binding, grant}
+  return finish({allowed, remaining, retry, binding, grant})
 end
-return {allowed, remaining, retry, binding}
+return finish({allowed, remaining, retry, binding})

@@ -8,7 +8,9 @@
  * once per decision and never logs: counters and the result say what
  * happened, and the host logs. With a redis-cluster:// URL the script call
  * and the tools' commands go through tb_cluster.c instead of the pool;
- * Sentinel is the pool's business (tb_pool.c).
+ * Sentinel is the pool's business (tb_pool.c). A concurrency limit rides
+ * on the same script call (one more key and four more arguments) and is
+ * released by tb_client_release(), one ZREM.
  *
  * tb_client_settle() and tb_client_give_back() make the other kind of
  * call: the same script in its 'settle' mode, over the buckets a decision
@@ -16,10 +18,12 @@
  * counters but with no failure policy: a settlement Redis cannot make is
  * reported, not guessed.
  */
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tb_int.h"
 
@@ -36,6 +40,11 @@ struct tb_client_priv {
     tb_stats_t *stats;
     tb_stats_t own_stats;
     tb_tls_t *own_tls;     /* Our TLS context, if we made it. */
+    /* Concurrency slot ids: "<tag>.<pid>.<seq>". The tag is random per
+     * client, the pid tells a forked child from its parent, and the
+     * sequence is atomic across threads. */
+    char slot_tag[17];
+    uint64_t slot_seq;
 };
 
 void tb_options_init(tb_options_t *o)
@@ -51,6 +60,27 @@ void tb_options_init(tb_options_t *o)
     o->replicas = 1;
     o->local_entries = 4096;
     o->closed_retry_ms = 1000;
+}
+
+/* 16 hex digits of /dev/urandom, or of the clock and an address when it
+ * cannot be read: unique enough to tell hosts apart in slot ids. */
+static void make_slot_tag(char *tag, const void *salt)
+{
+    unsigned char b[8];
+    uint64_t x = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC), i;
+
+    if (fd < 0 || read(fd, b, sizeof(b)) != (ssize_t)sizeof(b)) {
+        x = (uint64_t)tb_clock_now_us() * 0x9e3779b97f4a7c15ULL
+            ^ (uint64_t)(uintptr_t)salt;
+        memcpy(b, &x, sizeof(b));
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    for (i = 0; i < 8; i++) {
+        snprintf(tag + 2 * i, 3, "%02x", b[i]);
+    }
 }
 
 static tb_client_t *fail(char *err, size_t errlen, const char *msg,
@@ -161,6 +191,7 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
         return fail(err, errlen, "out of memory", c);
     }
     pthread_mutex_init(&p->bmu, NULL);
+    make_slot_tag(p->slot_tag, p);
     tb_breaker_init(&p->breaker, o->breaker_threshold,
                     o->breaker_cooldown_ms);
     p->policy = o->policy;
@@ -222,27 +253,34 @@ static void set_error(tb_client_t *c, const tb__error_t *e)
     memcpy(c->errstr, e->errstr, sizeof(c->errstr));
 }
 
-/* Answer by the declared policy when Redis did not. */
+static void policy_of(struct tb_client_priv *p, tb_monotime_us now,
+                      tb__policy_t *pol)
+{
+    pol->policy = p->policy;
+    pol->replicas = p->replicas;
+    pol->local = p->local;
+    pol->closed_retry_ms = p->closed_retry_ms;
+    pthread_mutex_lock(&p->bmu);
+    pol->breaker_wait_ms = tb_breaker_wait_ms(&p->breaker, now);
+    pthread_mutex_unlock(&p->bmu);
+}
+
+/* Answer by the declared policy when Redis did not. conc is NULL
+ * without a concurrency limit. */
 static void answer(tb_client_t *c, char keys[][TB_KEY_BUF],
-                   const tb_take_t *takes, int n, int err,
-                   tb_monotime_us now, tb_result_t *res)
+                   const tb_take_t *takes, int n, const tb__conc_t *conc,
+                   int err, tb_monotime_us now, tb_result_t *res)
 {
     struct tb_client_priv *p = c->priv;
     tb__policy_t pol;
     const char *kp[TB_MAX_BUCKETS];
     int i;
 
-    pol.policy = p->policy;
-    pol.replicas = p->replicas;
-    pol.local = p->local;
-    pol.closed_retry_ms = p->closed_retry_ms;
-    pthread_mutex_lock(&p->bmu);
-    pol.breaker_wait_ms = tb_breaker_wait_ms(&p->breaker, now);
-    pthread_mutex_unlock(&p->bmu);
+    policy_of(p, now, &pol);
     for (i = 0; i < n; i++) {
         kp[i] = keys[i];
     }
-    tb__policy_answer(&pol, kp, takes, n, err, now, p->stats, res);
+    tb__policy_answer(&pol, kp, takes, n, conc, err, now, p->stats, res);
 }
 
 /* "00" .. "99": two digits per division when formatting. */
@@ -320,16 +358,126 @@ static int lease_valid(const tb_request_t *q)
            && q->lease_back >= 0 && q->lease_back <= TB_MAX_CAPACITY;
 }
 
+static int key_command(tb_client_t *c, const char *rkey, int argc,
+                       const char **argv, const size_t *argvlen,
+                       redisReply **r, tb__error_t *e);
+
+/* ---- Concurrency slots ----------------------------------------------- */
+
+/* The slot life a request asks for. */
+static int64_t conc_ttl_ms(const tb_request_t *q)
+{
+    return q->concurrency_ttl_ms ? q->concurrency_ttl_ms
+                                 : TB_CONCURRENCY_TTL_MS;
+}
+
+/* The slot set of the request's key, "<prefix>{<key>}:conc", into out
+ * (TB_KEY_BUF bytes), and the policy's view of the limit. 0 when the
+ * prefix is bad. */
+static int conc_prepare(const tb_request_t *q, char *out, tb__conc_t *conc)
+{
+    size_t n = tb_key_build(q->prefix, q->key, q->key_len, NULL, out);
+
+    if (!n || n + sizeof(":conc") > TB_KEY_BUF) {
+        return 0;
+    }
+    memcpy(out + n, ":conc", sizeof(":conc"));
+    conc->key = out;
+    conc->limit = q->concurrency;
+    conc->ttl_ms = conc_ttl_ms(q);
+    return 1;
+}
+
+/* A concurrency limit is whole slots of one key, never split. */
+static int conc_valid(const tb_request_t *q)
+{
+    int64_t ttl = conc_ttl_ms(q);
+
+    return q->concurrency >= 1 && q->concurrency <= TB_MAX_CONCURRENCY
+           && ttl >= 1 && ttl <= TB_MAX_CONCURRENCY_TTL_MS
+           && q->shards <= 1;
+}
+
+/* A fresh slot id: "<tag>.<pid>.<seq>", unique across hosts (tag),
+ * forked children (pid) and this process's requests (seq). */
+static void conc_slot_id(struct tb_client_priv *p, char *id)
+{
+    uint64_t seq = __atomic_add_fetch(&p->slot_seq, 1, __ATOMIC_RELAXED);
+
+    snprintf(id, TB_SLOT_ID_LEN, "%s.%ld.%llx", p->slot_tag,
+             (long)getpid(), (unsigned long long)seq);
+}
+
+int tb_client_release(tb_client_t *c, const tb_request_t *q,
+                      const tb_slot_t *slot)
+{
+    struct tb_client_priv *p;
+    char key[TB_KEY_BUF];
+    const char *argv[3];
+    size_t argvlen[3];
+    tb__conc_t conc;
+    redisReply *r = NULL;
+    tb__error_t e = { 0, 0, "" };
+    tb_breaker_state_t st;
+
+    if (!c || !c->priv || !q || !slot) {
+        return TB_ERR;
+    }
+    if (slot->kind == TB_SLOT_NONE) {
+        return TB_OK;
+    }
+    p = c->priv;
+    if (!conc_prepare(q, key, &conc)) {
+        tb__set_error(&e, TB_ERR_ARG, "release: bad prefix");
+        set_error(c, &e);
+        return TB_ERR;
+    }
+    if (slot->kind == TB_SLOT_LOCAL) {
+        tb__policy_t pol;
+        tb_monotime_us now = tb_clock_now_us();
+
+        policy_of(p, now, &pol);
+        tb__policy_release(&pol, &conc, slot->window, now);
+        return TB_OK;
+    }
+    pthread_mutex_lock(&p->bmu);
+    st = p->breaker.state;
+    pthread_mutex_unlock(&p->bmu);
+    if (st == TB_BREAKER_OPEN) {
+        /* Not worth a timeout: the slot expires on its own. */
+        tb__set_error(&e, TB_ERR_BREAKER, "release: breaker open");
+        set_error(c, &e);
+        return TB_ERR;
+    }
+    argv[0] = "ZREM";
+    argvlen[0] = 4;
+    argv[1] = key;
+    argvlen[1] = strlen(key);
+    argv[2] = slot->id;
+    argvlen[2] = strlen(slot->id);
+    if (key_command(c, key, 3, argv, argvlen, &r, &e) != TB_OK) {
+        tb__reply_free(r);
+        set_error(c, &e);
+        return TB_ERR;
+    }
+    tb__reply_free(r);
+    return TB_OK;
+}
+
+/* ---- One decision ------------------------------------------------------ */
+
 /* Check a request and build what the script call needs: the takes with
  * the limits of the shard (a split key's sub-buckets hold capacity/K and
  * refill at rate/K) and the full Redis key of every bucket. 0 when the
- * request is malformed. */
+ * request is malformed. No takes at all is a concurrency limit alone. */
 static int prepare(const tb_request_t *q, tb_take_t *takes,
                    char keys[][TB_KEY_BUF])
 {
     int i, split = q->shards > 1, shard = split ? q->shard : -1;
 
-    if (!q->takes || q->ntakes < 1 || q->ntakes > TB_MAX_BUCKETS
+    if ((q->concurrency && !conc_valid(q)) || q->ntakes < 0
+        || (q->ntakes == 0 && !q->concurrency)
+        || (q->ntakes > 0 && !q->takes) || q->ntakes > TB_MAX_BUCKETS
         || (!q->key && q->key_len) || !tb_algo_script_sha1(q->algo)
         || q->shards < 0 || q->shards > TB_MAX_SHARDS
         || (split && (q->shard < 0 || q->shard >= q->shards))
@@ -359,30 +507,42 @@ static int prepare(const tb_request_t *q, tb_take_t *takes,
  * 'settle' mode, the takes' costs being the differences to settle). */
 enum { CALL_DECIDE = 0, CALL_SETTLE = 1 };
 
-/* Room for the formatted numbers (numkeys, now, 3 per bucket, lease and
- * what it gives back) and the arguments of one call. */
-#define CALL_NUMS (4 + TB_MAX_BUCKETS * 3)
-#define CALL_ARGS (3 + TB_MAX_BUCKETS * 4 + 3)
+/* Room for the formatted numbers (numkeys, now, 3 per bucket, the lease
+ * and what it gives back, the concurrency limit and ttl) and the
+ * arguments of one call (EVALSHA, digest, numkeys, the keys and the slot
+ * set, the clock, 3 per bucket, 2 for the lease, 4 for concurrency). */
+#define CALL_NUMS (6 + TB_MAX_BUCKETS * 3)
+#define CALL_ARGS (3 + TB_MAX_BUCKETS * 4 + 8)
 
 /* The script's arguments, EVALSHA form: digest, the keys, the clock ("" for
  * Redis's own), capacity, rate and cost per bucket, then 'settle', or the
- * lease size and the tokens given back when a lease is asked for. nums
- * holds the formatted numbers. Returns argc. */
+ * lease size and the tokens given back when a lease is asked for; with a
+ * concurrency limit (conc not NULL) its slot set as the last key and
+ * 'conc', N, ttl and the slot id last. Without buckets the token bucket's
+ * script carries the limit alone. nums holds the formatted numbers.
+ * Returns argc. */
 static int build_argv(const tb_request_t *q, const tb_take_t *takes,
-                      char keys[][TB_KEY_BUF], int what, char nums[][32],
+                      char keys[][TB_KEY_BUF], int what,
+                      const tb__conc_t *conc, const char *slot_id,
+                      char nums[][32],
                       const char **argv, size_t *argvlen)
 {
     int i, argc = 0, n = q->ntakes;
+    tb_algo_t algo = n > 0 ? q->algo : TB_ALGO_TOKEN_BUCKET;
 
     argv[argc] = "EVALSHA";
     argvlen[argc++] = 7;
-    argv[argc] = tb_algo_script_sha1(q->algo);
+    argv[argc] = tb_algo_script_sha1(algo);
     argvlen[argc++] = 40;
     argv[argc] = nums[0];
-    argvlen[argc++] = fmt_num(nums[0], 32, n);
+    argvlen[argc++] = fmt_num(nums[0], 32, n + (conc ? 1 : 0));
     for (i = 0; i < n; i++) {
         argv[argc] = keys[i];
         argvlen[argc++] = strlen(keys[i]);
+    }
+    if (conc) {
+        argv[argc] = conc->key;
+        argvlen[argc++] = strlen(conc->key);
     }
     if (q->now_ms) {
         argv[argc] = nums[1];
@@ -416,12 +576,24 @@ static int build_argv(const tb_request_t *q, const tb_take_t *takes,
             argvlen[argc++] = fmt_num(nums[3 + 3 * n], 32, q->lease_back);
         }
     }
+    if (conc) {
+        argv[argc] = "conc";
+        argvlen[argc++] = 4;
+        argv[argc] = nums[4 + 3 * n];
+        argvlen[argc++] = fmt_num(nums[4 + 3 * n], 32, conc->limit);
+        argv[argc] = nums[5 + 3 * n];
+        argvlen[argc++] = fmt_num(nums[5 + 3 * n], 32, (double)conc->ttl_ms);
+        argv[argc] = slot_id;
+        argvlen[argc++] = strlen(slot_id);
+    }
     return argc;
 }
 
-/* Turn the script's reply into the result. */
+/* Turn the script's reply into the result. The script binds a
+ * concurrency refusal to index n, past the buckets. */
 static void take_reply(const tb__script_reply_t *rep, const tb_request_t *q,
-                       const tb_take_t *takes, tb_result_t *res)
+                       const tb_take_t *takes, const char *slot_id,
+                       tb_result_t *res)
 {
     int n = q->ntakes;
 
@@ -429,13 +601,30 @@ static void take_reply(const tb__script_reply_t *rep, const tb_request_t *q,
     res->remaining = rep->v[1];
     res->retry_ms = rep->v[2];
     res->binding = rep->v[3] >= 0 && rep->v[3] < n ? (int)rep->v[3] : 0;
-    res->limit = takes[res->binding].limit.capacity;
+    res->limit = n > 0 ? takes[res->binding].limit.capacity : 0;
     res->source = TB_SRC_REDIS;
     res->err = TB_ERR_NONE;
+    if (!res->allowed) {
+        res->refused_by = q->concurrency && rep->v[3] == n
+                          ? TB_LIMIT_CONCURRENCY : TB_LIMIT_RATE;
+    }
     if (q->lease > 0 && res->allowed) {
         /* A reply without a grant means only the cost was taken. */
         res->granted = rep->v[4] >= takes[0].cost ? rep->v[4]
                                                   : (int64_t)takes[0].cost;
+    }
+    if (q->concurrency) {
+        res->in_flight = rep->v[5];
+        if (res->refused_by == TB_LIMIT_CONCURRENCY || n == 0) {
+            res->limit = q->concurrency;
+        }
+        if (n == 0) {
+            res->remaining = res->allowed ? q->concurrency - rep->v[5] : 0;
+        }
+        if (res->allowed) {
+            res->slot.kind = TB_SLOT_REDIS;
+            memcpy(res->slot.id, slot_id, TB_SLOT_ID_LEN);
+        }
     }
 }
 
@@ -499,36 +688,44 @@ int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
 {
     struct tb_client_priv *p;
     tb_take_t takes[TB_MAX_BUCKETS];
-    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
+    char keys[TB_MAX_BUCKETS][TB_KEY_BUF], ckey[TB_KEY_BUF];
     char nums[CALL_NUMS][32];
+    char slot_id[TB_SLOT_ID_LEN] = "";
     const char *argv[CALL_ARGS];
     size_t argvlen[CALL_ARGS];
     tb__script_reply_t rep;
     tb__error_t e = { 0, 0, "" };
+    tb__conc_t cbuf, *conc = NULL;
     tb_monotime_us now, t1;
     int argc;
 
     memset(res, 0, sizeof(*res));
-    if (!c || !c->priv || !q || !prepare(q, takes, keys)) {
+    if (!c || !c->priv || !q || !prepare(q, takes, keys)
+        || (q->concurrency && !conc_prepare(q, ckey, &cbuf))) {
         res->err = TB_ERR_ARG;
         res->source = TB_SRC_ERROR;
         return TB_ERR;
     }
     p = c->priv;
+    if (q->concurrency) {
+        conc = &cbuf;
+        conc_slot_id(p, slot_id);
+    }
     tb_stats_add(&p->stats->decisions, 1);
     now = tb_clock_now_us();
 
     if (!breaker_allows(p, now)) {
-        answer(c, keys, takes, q->ntakes, TB_ERR_BREAKER, now, res);
+        answer(c, keys, takes, q->ntakes, conc, TB_ERR_BREAKER, now, res);
         goto count;
     }
-    argc = build_argv(q, takes, keys, CALL_DECIDE, nums, argv, argvlen);
-    if (script_call(c, keys[0], argc, argv, argvlen, now, &rep, &e, res,
-                    &t1) != TB_OK) {
-        answer(c, keys, takes, q->ntakes, e.err, t1, res);
+    argc = build_argv(q, takes, keys, CALL_DECIDE, conc, slot_id, nums,
+                      argv, argvlen);
+    if (script_call(c, q->ntakes ? keys[0] : ckey, argc, argv, argvlen, now,
+                    &rep, &e, res, &t1) != TB_OK) {
+        answer(c, keys, takes, q->ntakes, conc, e.err, t1, res);
         goto count;
     }
-    take_reply(&rep, q, takes, res);
+    take_reply(&rep, q, takes, slot_id, res);
 
 count:
     tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
@@ -579,7 +776,8 @@ static int settle_call(tb_client_t *c, const tb_request_t *q,
     if (!breaker_allows(c->priv, now)) {
         return settle_none(res, TB_ERR_BREAKER);
     }
-    argc = build_argv(q, takes, keys, CALL_SETTLE, nums, argv, argvlen);
+    argc = build_argv(q, takes, keys, CALL_SETTLE, NULL, NULL, nums, argv,
+                      argvlen);
     if (script_call(c, keys[0], argc, argv, argvlen, now, &rep, &e, res,
                     &t1) != TB_OK) {
         return settle_none(res, e.err);

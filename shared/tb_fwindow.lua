@@ -60,4 +60,4 @@ if allowed == 1 then
   end
 end
 
-return {allowed, remaining, retry, binding}
+return finish({allowed, remaining, retry, binding})

@@ -83,4 +83,4 @@ if allowed == 1 or settle then
   end
 end
 
-return {allowed, remaining, retry, binding}
+return finish({allowed, remaining, retry, binding})

@@ -276,7 +276,8 @@ int tb__sentinel_resolve(const tb__pool_t *p, int *first, char *host,
 
 /* The script's reply. */
 typedef struct tb__script_reply {
-    int64_t v[5]; /* allowed, remaining, retry_ms, binding, granted */
+    int64_t v[6]; /* allowed, remaining, retry_ms, binding, granted,
+                   * concurrency slots held */
 } tb__script_reply_t;
 
 /* Run a script once over argv (EVALSHA form) through the pool; on
@@ -355,11 +356,24 @@ typedef struct tb__policy {
     int64_t breaker_wait_ms;
 } tb__policy_t;
 
+/* A request's concurrency limit, for the failure policy: the slot set's
+ * full Redis key (the local table's entry), N and the slot ttl. */
+typedef struct tb__conc {
+    const char *key;
+    int limit;
+    int64_t ttl_ms;
+} tb__conc_t;
+
 /* Fill *res by the policy, for a decision Redis did not make (err says
- * why). keys are the full Redis keys, used by the local table. */
+ * why). keys are the full Redis keys, used by the local table; n may be
+ * 0 when conc is given; conc is NULL without a concurrency limit. */
 void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
-                       const tb_take_t *takes, int n, int err,
-                       tb_monotime_us now, tb_stats_t *stats,
-                       tb_result_t *res);
+                       const tb_take_t *takes, int n,
+                       const tb__conc_t *conc, int err, tb_monotime_us now,
+                       tb_stats_t *stats, tb_result_t *res);
+
+/* Give back a slot the local policy counted in `window` (res->slot). */
+void tb__policy_release(const tb__policy_t *pol, const tb__conc_t *conc,
+                        int64_t window, tb_monotime_us now);
 
 #endif /* TB_INT_H */

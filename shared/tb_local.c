@@ -1,6 +1,6 @@
 /* tb_local.c -- bounded tables in caller memory: the local buckets behind
- * the `local` failure policy, and the token leases a server takes from
- * the shared buckets.
+ * the `local` failure policy with the slot counts of its concurrency
+ * limits, and the token leases a server takes from the shared buckets.
  *
  * When Redis cannot decide, each server falls back to its own buckets,
  * sized limit/replicas so that N replicas together still admit about the
@@ -43,11 +43,16 @@ typedef struct entry_head {
     uint32_t pad;
 } entry_head_t;
 
-/* A local bucket: tokens at ts_ms. */
+/* A local bucket: tokens at ts_ms. A concurrency count keeps the slots
+ * taken in window ts_ms (a window number) in tokens and those of the
+ * window before in prev. Keys tell them apart: a slot set's key (":conc")
+ * is never a bucket's. */
 typedef struct local_entry {
     entry_head_t h;
     double tokens;
     int64_t ts_ms;
+    uint32_t prev;
+    uint32_t pad;
 } local_entry_t;
 
 /* A lease and its key's recent traffic. */
@@ -257,6 +262,95 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
 size_t tb_local_used(tb_local_t *t)
 {
     return t ? (size_t)__atomic_load_n(&t->used, __ATOMIC_RELAXED) : 0;
+}
+
+/* ---- Slot counts of concurrency limits ------------------------------
+ *
+ * A count per slot set, in windows of window_ms: the slots taken in the
+ * current window and in the one before are in flight; older ones are
+ * forgotten, which is how the slot of a process that died frees itself.
+ * A slot is thus counted for between one and two windows. */
+
+/* Move e to window w: the current count becomes the previous one when w
+ * follows it, and both are dropped when w is further on. A window that
+ * went backwards (a clock step) keeps the counts. */
+static void conc_roll(local_entry_t *e, int64_t w)
+{
+    if (w == e->ts_ms + 1) {
+        e->prev = (uint32_t)e->tokens;
+        e->tokens = 0;
+        e->ts_ms = w;
+    }
+    else if (w > e->ts_ms + 1) {
+        e->prev = 0;
+        e->tokens = 0;
+        e->ts_ms = w;
+    }
+}
+
+int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
+                       int64_t window_ms, int64_t now_ms, int64_t *window,
+                       int64_t *held)
+{
+    unsigned char id[32];
+    local_entry_t *e;
+    int64_t w, n;
+    int found, taken = 0;
+
+    if (!t || t->magic != LOCAL_MAGIC || !key || limit < 1
+        || limit > TB_MAX_CONCURRENCY || window_ms < 1 || now_ms < 0
+        || !window || !held) {
+        return -1;
+    }
+    tb_sha256(key, strlen(key), id);
+    w = now_ms / window_ms;
+    lock(t);
+    e = (local_entry_t *)slot(t, id, &found);
+    if (!found) {
+        memcpy(e->h.id, id, 16);
+        e->h.inuse = 1;
+        e->tokens = 0;
+        e->prev = 0;
+        e->ts_ms = w;
+    }
+    conc_roll(e, w);
+    e->h.used_ms = now_ms;
+    n = (int64_t)e->tokens + e->prev;
+    if (n < limit) {
+        e->tokens += 1;
+        n++;
+        taken = 1;
+    }
+    *window = e->ts_ms;
+    *held = n;
+    unlock(t);
+    return taken;
+}
+
+void tb_local_conc_release(tb_local_t *t, const char *key,
+                           int64_t window_ms, int64_t window,
+                           int64_t now_ms)
+{
+    unsigned char id[32];
+    local_entry_t *e;
+
+    if (!t || t->magic != LOCAL_MAGIC || !key || window_ms < 1
+        || now_ms < 0) {
+        return;
+    }
+    tb_sha256(key, strlen(key), id);
+    lock(t);
+    e = (local_entry_t *)find(t, id);
+    if (e) {
+        conc_roll(e, now_ms / window_ms);
+        if (window == e->ts_ms && e->tokens >= 1) {
+            e->tokens -= 1;
+        }
+        else if (window == e->ts_ms - 1 && e->prev > 0) {
+            e->prev--;
+        }
+    }
+    unlock(t);
 }
 
 /* ---- The lease table -------------------------------------------------

@@ -5,8 +5,9 @@
  * cooldown (or a fixed retry-after) as the wait, and `local` decides on this
  * server's own bucket of capacity/replicas and rate/replicas from the
  * bounded table in tb_local.c, so N replicas together admit about the
- * shared limit while Redis is away. The breaker says when to stop trying;
- * the policy only says what an error means.
+ * shared limit while Redis is away; a concurrency limit gets there a
+ * count of this server's slots against ceil(N/replicas). The breaker says
+ * when to stop trying; the policy only says what an error means.
  */
 #include <math.h>
 #include <string.h>
@@ -43,20 +44,97 @@ const char *tb_policy_name(tb_policy_t p)
     return "unknown";
 }
 
-void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
-                       const tb_take_t *takes, int n, int err,
-                       tb_monotime_us now, tb_stats_t *stats,
-                       tb_result_t *res)
+/* The local policy's window of slot counts: half the ttl, so that a
+ * slot is counted for between ttl/2 and ttl (tb_local.c). */
+static int64_t conc_window_ms(const tb__conc_t *conc)
 {
-    int i;
+    return conc->ttl_ms >= 2 ? conc->ttl_ms / 2 : 1;
+}
 
+/* The local policy: a slot of ceil(N / replicas) on this server first,
+ * then the buckets of limit/replicas; a bucket that refuses gives the
+ * slot back, so neither kind takes anything when the other refuses. */
+static void local_answer(const tb__policy_t *pol, const char *const *keys,
+                         const tb_take_t *takes, int n,
+                         const tb__conc_t *conc, tb_monotime_us now,
+                         tb_result_t *res)
+{
+    int64_t now_ms = now / 1000, window = 0, held = 0;
+    tb_limit_t lim[TB_MAX_BUCKETS];
+    double cost[TB_MAX_BUCKETS];
+    tb_verdict_t v;
+    int i, got = 1;
+
+    memset(&v, 0, sizeof(v));
+    v.allowed = 1;
+    if (conc) {
+        int64_t share = ((int64_t)conc->limit + pol->replicas - 1)
+                        / pol->replicas;
+
+        got = tb_local_conc_take(pol->local, conc->key, share,
+                                 conc_window_ms(conc), now_ms, &window,
+                                 &held);
+        res->in_flight = held;
+        v.remaining = share - held;
+        if (got == 0) {
+            v.allowed = 0;
+            v.retry_ms = TB_CONCURRENCY_RETRY_MS;
+            res->refused_by = TB_LIMIT_CONCURRENCY;
+        }
+    }
+    if (got == 1 && n > 0) {
+        for (i = 0; i < n; i++) {
+            lim[i] = takes[i].limit;
+            cost[i] = takes[i].cost;
+        }
+        if (tb_local_take(pol->local, keys, lim, cost, n, pol->replicas,
+                          now_ms, &v) != TB_OK) {
+            got = -1;
+        }
+        else if (!v.allowed) {
+            res->refused_by = TB_LIMIT_RATE;
+            if (conc) {
+                tb_local_conc_release(pol->local, conc->key,
+                                      conc_window_ms(conc), window, now_ms);
+                res->in_flight = held - 1;
+            }
+        }
+    }
+    if (got < 0) {
+        /* No table (the host gave none): fail closed, not open. */
+        memset(&v, 0, sizeof(v));
+        v.retry_ms = pol->closed_retry_ms;
+        res->refused_by = n > 0 ? TB_LIMIT_RATE : TB_LIMIT_CONCURRENCY;
+    }
+    else if (conc && v.allowed) {
+        res->slot.kind = TB_SLOT_LOCAL;
+        res->slot.window = window;
+    }
+    res->allowed = v.allowed;
+    res->remaining = v.remaining;
+    res->retry_ms = v.retry_ms;
+    res->binding = v.binding;
+    if (res->refused_by == TB_LIMIT_CONCURRENCY || n == 0) {
+        res->limit = conc ? conc->limit : 0;
+    }
+    else {
+        res->limit = takes[v.binding].limit.capacity;
+    }
+}
+
+void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
+                       const tb_take_t *takes, int n,
+                       const tb__conc_t *conc, int err, tb_monotime_us now,
+                       tb_stats_t *stats, tb_result_t *res)
+{
     res->err = err;
     res->binding = 0;
-    res->limit = takes[0].limit.capacity;
+    res->limit = n > 0 ? takes[0].limit.capacity : conc->limit;
     switch (pol->policy) {
     case TB_POLICY_OPEN:
         res->allowed = 1;
-        res->remaining = (int64_t)floor(takes[0].limit.capacity);
+        res->remaining = n > 0 ? (int64_t)floor(takes[0].limit.capacity)
+                               : conc->limit;
         res->retry_ms = 0;
         res->source = TB_SRC_OPEN;
         tb_stats_add(&stats->fallback_open, 1);
@@ -66,32 +144,21 @@ void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
         res->remaining = 0;
         res->retry_ms = pol->breaker_wait_ms > 0 ? pol->breaker_wait_ms
                                                  : pol->closed_retry_ms;
+        res->refused_by = n > 0 ? TB_LIMIT_RATE : TB_LIMIT_CONCURRENCY;
         res->source = TB_SRC_CLOSED;
         tb_stats_add(&stats->fallback_closed, 1);
         return;
-    case TB_POLICY_LOCAL: {
-        tb_limit_t lim[TB_MAX_BUCKETS];
-        double cost[TB_MAX_BUCKETS];
-        tb_verdict_t v;
-
-        for (i = 0; i < n; i++) {
-            lim[i] = takes[i].limit;
-            cost[i] = takes[i].cost;
-        }
-        if (tb_local_take(pol->local, keys, lim, cost, n, pol->replicas,
-                          now / 1000, &v) != TB_OK) {
-            /* No table (the host gave none): fail closed, not open. */
-            memset(&v, 0, sizeof(v));
-            v.retry_ms = pol->closed_retry_ms;
-        }
-        res->allowed = v.allowed;
-        res->remaining = v.remaining;
-        res->retry_ms = v.retry_ms;
-        res->binding = v.binding;
-        res->limit = takes[v.binding].limit.capacity;
+    case TB_POLICY_LOCAL:
+        local_answer(pol, keys, takes, n, conc, now, res);
         res->source = TB_SRC_LOCAL;
         tb_stats_add(&stats->fallback_local, 1);
         return;
     }
-    }
+}
+
+void tb__policy_release(const tb__policy_t *pol, const tb__conc_t *conc,
+                        int64_t window, tb_monotime_us now)
+{
+    tb_local_conc_release(pol->local, conc->key, conc_window_ms(conc),
+                          window, now / 1000);
 }

@@ -128,20 +128,22 @@ int tb__setup(const tb_redis_addr_t *a, tb__conn_t *c,
     return rc == TB_OK ? ok : TB_ERR;
 }
 
-/* The scripts answer {allowed, remaining, retry_ms, binding} and, for a
- * lease, a fifth element: the tokens granted. */
+/* The scripts answer {allowed, remaining, retry_ms, binding}; for a
+ * lease a fifth element, the tokens granted; with a concurrency limit a
+ * fifth (0 without a lease) and a sixth, the slots held. */
 static int parse_reply(const redisReply *r, tb__script_reply_t *out,
                        tb__error_t *e)
 {
     size_t i;
 
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 || r->elements > 5) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 || r->elements > 6) {
         tb__set_error(e, TB_ERR_PROTOCOL,
-                      "script reply is not an array of 4 or 5 (type %d)",
+                      "script reply is not an array of 4 to 6 (type %d)",
                       r->type);
         return TB_ERR;
     }
     out->v[4] = 0;
+    out->v[5] = 0;
     for (i = 0; i < r->elements; i++) {
         if (r->element[i]->type != REDIS_REPLY_INTEGER) {
             tb__set_error(e, TB_ERR_PROTOCOL,

@@ -372,6 +372,7 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     r->action = SHIM_ACT_CLOSE;
     r->on_limit = SHIM_ON_FAIL;
     r->max_wait_ms = DEFAULT_MAX_WAIT_MS;
+    r->concurrency_ttl_ms = TB_CONCURRENCY_TTL_MS;
     r->fail_errno = ECONNREFUSED;
     r->nonblock_errno = EAGAIN;
     /* on_limit decides for non-blocking sockets too: most clients (curl,
@@ -423,6 +424,14 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
                                  "gcra, sliding-window, fixed-window or "
                                  "sliding-log", str);
             }
+        }
+        else if (inbound && strcmp(name, "concurrency") == 0) {
+            rc = get_int(ld, s, 1, TB_MAX_CONCURRENCY, &v);
+            r->concurrency = (int)v;
+        }
+        else if (inbound && strcmp(name, "concurrency_ttl_ms") == 0) {
+            rc = get_ms(ld, s, 1, TB_MAX_CONCURRENCY_TTL_MS,
+                        &r->concurrency_ttl_ms);
         }
         else if (inbound && strcmp(name, "action") == 0) {
             rc = get_string(ld, s, &str);
@@ -484,11 +493,12 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
         return fail(ld, g, "%s rule \"%s\" has no 'port'",
                     inbound ? "inbound" : "outbound", r->name);
     }
-    if (!have_cap || !have_rate) {
-        return fail(ld, g, "rule \"%s\" needs both 'capacity' and 'rate'",
-                    r->name);
+    /* An inbound rule may limit concurrency alone, with no bucket. */
+    if (have_cap != have_rate || (!have_cap && !r->concurrency)) {
+        return fail(ld, g, "rule \"%s\" needs both 'capacity' and 'rate'%s",
+                    r->name, inbound ? " (or 'concurrency')" : "");
     }
-    {
+    if (have_cap) {
         char why[96];
 
         if (tb_limit_check(&r->take.limit, why, sizeof(why)) != TB_OK) {

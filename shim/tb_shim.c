@@ -1,5 +1,5 @@
-/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4(), connect()
- * and dlopen().
+/* tb_shim.c -- the LD_PRELOAD wrappers: accept(), accept4(), connect(),
+ * close() and dlopen(), and the shim's initialisation.
  *
  *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
  *       legacy-daemon
@@ -8,10 +8,21 @@
  * program that cannot be changed. Inbound rules limit the connections a
  * program accepts (matched on the local port, optionally the local
  * address); outbound rules limit the connections it opens (matched on the
- * destination address and port). Every decision is one tb_client_decide()
- * call: the bucket, Redis, breaker and failure policy all live in the core,
- * none of it here. This file owns only what is particular to running
- * inside someone else's process:
+ * destination address and port). Every decision is one core call: the
+ * bucket, Redis, breaker and failure policy all live in the core, none of
+ * it in the shim, which holds only what running inside someone else's
+ * process needs:
+ *
+ *  - this file: the exported wrappers (the only symbols the .so exports,
+ *    tb_shim.map), what each does when a bucket refuses, and
+ *    initialisation;
+ *  - shim_core.c: every call into the core, made safe for the host (the
+ *    re-entrancy guard, SIGPIPE, fork, the Redis sockets of our own);
+ *  - shim_match.c: which rule applies to an address;
+ *  - shim_slots.c: which accepted connections hold a concurrency slot;
+ *  - shim_conf.c: the config file, read once into rule tables.
+ *
+ * This file owns:
  *
  *  - Resolution: dlsym(RTLD_NEXT) into real_* pointers, refusing our own
  *    wrapper; if a lookup fails we fall back to the raw system call rather
@@ -20,28 +31,22 @@
  *    through one pthread_once. The state turns INITIALISING before any
  *    work, and the thread-local guard is held, so a connect() made while
  *    loading the config (DNS) passes straight through.
- *  - Re-entrancy: hiredis, inside the core, calls connect() too, and that
- *    call lands in our wrapper. A thread-local guard is raised around every
- *    call into the core; a guarded wrapper goes straight to real_* and
- *    records the fd as one of ours (and marks it close-on-exec, so a
- *    fork-and-exec child does not inherit our Redis socket).
- *  - Fork: a pthread_atfork child handler only resets flags and the lock
- *    and calls tb_client_after_fork(); a pid check before each decision
- *    catches children made without fork() (raw clone).
- *  - Daemons that close every fd: the core is created with verify_fd, so
- *    before each use it checks that a connection's fd is still the socket
- *    it opened (same device and inode); if the program closed it or put a
- *    file or a socket of its own on the number, the core forgets the
- *    connection without writing to or closing that fd, and reconnects.
+ *  - The guard check: each wrapper reads the thread-local guard first and,
+ *    when the shim's own work is under way on this thread (a core call,
+ *    initialisation), goes straight to the real function.
  *  - Never exit the host: a problem is one line on stderr, written with
  *    real_write, and the calls go through. The one exception is a bad
  *    config under `strict = true` (or TBUCKET_STRICT=1), where the program
  *    is refused at start (exit status 78, EX_CONFIG) before main() runs.
- *  - SIGPIPE: hiredis writes with write(2), so a dead or stolen Redis
- *    socket would raise SIGPIPE and kill a host that does not ignore it.
- *    It is blocked around each core call and a SIGPIPE raised there is
- *    consumed.
- *  - errno is preserved across the shim's own work.
+ *  - errno is preserved across the shim's own work, and no wrapper
+ *    allocates.
+ *
+ * An inbound rule with `concurrency = N` also takes a slot for each
+ * connection it lets through (in the same decision as its bucket) and
+ * gives it back when the program closes the connection: close() looks up
+ * one bit per fd (shim_slots.c) and costs nothing more for an fd that
+ * holds no slot; for one that does, it closes the fd and then makes one
+ * Redis call.
  *
  * Behaviour when a bucket refuses:
  *  - inbound `close`: the accepted connection is closed and the wrapper
@@ -90,32 +95,25 @@
  * connect() calls made by another thread while this one is initialising
  * (they pass through unlimited).
  */
-#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "tb_shim.h"
+#include "shim_int.h"
 
 /* Marks the only symbols the .so exports; shim/tb_shim.map agrees. */
 #define SHIM_EXPORT __attribute__((visibility("default")))
-
-/* The preloaded library is in the initial TLS block, so the cheapest TLS
- * model applies: one %fs-relative load per guard check. */
-#define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
 
 /* With _GNU_SOURCE glibc declares socket address arguments as transparent
  * unions; our definitions must match the prototypes. */
@@ -128,7 +126,6 @@
 #endif
 
 #define SHIM_EX_CONFIG 78      /* sysexits.h EX_CONFIG.                  */
-#define SHIM_MAX_FDS 64        /* Redis fds we keep track of.            */
 #define SHIM_MAX_REJECTS 256   /* Refusals in one non-blocking accept.   */
 #define SHIM_429_READ_MS 10    /* Wait for the request before a 429, ms. */
 #define SHIM_MAX_WAIT_LOOPS 100000 /* Bound on `wait` iterations.        */
@@ -144,51 +141,29 @@ typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef int (*close_fn)(int);
 typedef void *(*dlopen_fn)(const char *, int);
 
 static connect_fn real_connect;
 static accept_fn real_accept;
 static accept4_fn real_accept4;
 static write_fn real_write;
+static close_fn real_close;
 static dlopen_fn real_dlopen;
 
 static int shim_state = ST_UNINIT;
 static pthread_once_t shim_once = PTHREAD_ONCE_INIT;
-static SHIM_TLS int shim_guard;
-/* Set only around tb_client_decide(): a guarded connect() then is the
- * core's Redis connection, not one made during initialisation (NSS). */
-static SHIM_TLS int shim_in_core;
 
-/* Filled once by shim_init(), read-only afterwards. */
+/* Filled once by shim_init(), read-only afterwards, so the wrappers
+ * consult it without a lock. */
 static shim_conf_t shim_conf;
-
-/* The client may be replaced (see the head comment); read it with
- * shim_client_get(). An abandoned client is never freed. */
-static tb_client_t *shim_client;
-
-/* Protects the fd table, the pid and client replacement. Taken only on
- * the matched path and never across a call into the core. */
-static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
-
-typedef struct shim_fd {
-    int fd;
-    dev_t dev;
-    ino_t ino;
-} shim_fd_t;
-
-static shim_fd_t shim_fds[SHIM_MAX_FDS];
-static int shim_nfds;
-static pid_t shim_pid;
-static int shim_warned_redis;
 
 /* ---- Logging ------------------------------------------------------- */
 
 /* One line on stderr, written with the real write(2) so that nothing of
  * ours runs inside it. A daemon may have put one of its TCP connections
  * on fd 2; we would rather lose a warning than write into it. */
-static void shim_warn(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
-static void shim_warn(const char *fmt, ...)
+void shim_warn(const char *fmt, ...)
 {
     char line[SHIM_ERR_LEN + 128];
     struct sockaddr_storage ss;
@@ -245,6 +220,7 @@ static void resolve_syms(void)
     real_connect = (connect_fn)load_sym("connect", (void *)connect);
     real_accept = (accept_fn)load_sym("accept", (void *)accept);
     real_accept4 = (accept4_fn)load_sym("accept4", (void *)accept4);
+    real_close = (close_fn)load_sym("close", (void *)close);
     __atomic_store_n(&real_dlopen,
                      (dlopen_fn)load_sym("dlopen", (void *)dlopen),
                      __ATOMIC_RELEASE);
@@ -260,6 +236,14 @@ static int call_connect(int fd, const struct sockaddr *sa, socklen_t len)
     return (int)syscall(SYS_connect, fd, sa, len);
 }
 
+static int call_close(int fd)
+{
+    if (real_close != NULL) {
+        return real_close(fd);
+    }
+    return (int)syscall(SYS_close, fd);
+}
+
 static int call_accept4(int fd, struct sockaddr *sa, socklen_t *len,
                         int flags, int plain)
 {
@@ -273,28 +257,6 @@ static int call_accept4(int fd, struct sockaddr *sa, socklen_t *len,
 }
 
 /* ---- Initialisation ------------------------------------------------ */
-
-static tb_client_t *shim_client_get(void)
-{
-    return __atomic_load_n(&shim_client, __ATOMIC_ACQUIRE);
-}
-
-/* Runs in the child after fork(): the parent's Redis connections must not
- * be spoken on, so the core drops them; our locks and flags start fresh.
- * No allocation and no Redis traffic here. */
-static void shim_atfork_child(void)
-{
-    tb_client_t *c = shim_client_get();
-
-    pthread_mutex_init(&shim_lock, NULL);
-    shim_guard = 0;
-    shim_in_core = 0;
-    shim_nfds = 0;
-    shim_pid = getpid();
-    if (c != NULL) {
-        tb_client_after_fork(c);
-    }
-}
 
 static int env_flag(const char *name, int dflt)
 {
@@ -315,6 +277,9 @@ static void refuse(const char *msg)
     _exit(SHIM_EX_CONFIG);
 }
 
+/* Load the config and create the core's client. ST_READY once the
+ * client is handed to shim_core.c, ST_OFF when there is nothing to limit
+ * or the config cannot be used (warned, or refused under strict). */
 static int shim_load(void)
 {
     char err[SHIM_ERR_LEN];
@@ -355,7 +320,7 @@ static int shim_load(void)
         shim_warn("%s: tls_verify = false: the Redis server's certificate "
                   "is not checked", path);
     }
-    __atomic_store_n(&shim_client, c, __ATOMIC_RELEASE);
+    shim_core_start(c, shim_conf.opts.policy);
     return ST_READY;
 }
 
@@ -370,11 +335,7 @@ static void shim_init(void)
     shim_guard++;
     __atomic_store_n(&shim_state, ST_INITIALISING, __ATOMIC_RELEASE);
     resolve_syms();
-    shim_pid = getpid();
     st = shim_load();
-    if (st == ST_READY) {
-        pthread_atfork(NULL, NULL, shim_atfork_child);
-    }
     __atomic_store_n(&shim_state, st, __ATOMIC_RELEASE);
     shim_guard--;
     errno = saved;
@@ -405,239 +366,7 @@ static inline int shim_active(void)
     return 0;
 }
 
-/* ---- Our own fds --------------------------------------------------- */
-
-/* Remember fd as a Redis connection of ours. Called from a guarded
- * connect(), that is from inside the core. */
-static void fds_record(int fd)
-{
-    struct stat st;
-    int i;
-
-    if (fstat(fd, &st) != 0) {
-        return;
-    }
-    /* Our socket must not leak into a program the host execs. */
-    (void)fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
-    pthread_mutex_lock(&shim_lock);
-    for (i = 0; i < shim_nfds && shim_fds[i].fd != fd; i++) {
-    }
-    if (i == shim_nfds && shim_nfds < SHIM_MAX_FDS) {
-        shim_nfds++;
-    }
-    if (i < shim_nfds) {
-        shim_fds[i].fd = fd;
-        shim_fds[i].dev = st.st_dev;
-        shim_fds[i].ino = st.st_ino;
-    }
-    pthread_mutex_unlock(&shim_lock);
-}
-
-/* 0 when the fd is open and still the socket we recorded, 1 when it was
- * closed, 2 when its number now names another file. */
-static int fd_state(const shim_fd_t *e)
-{
-    struct stat st;
-
-    if (fstat(e->fd, &st) != 0) {
-        return 1;
-    }
-    return st.st_dev == e->dev && st.st_ino == e->ino ? 0 : 2;
-}
-
-static int fds_is_ours(int fd)
-{
-    int i, found = 0;
-
-    pthread_mutex_lock(&shim_lock);
-    for (i = 0; i < shim_nfds && !found; i++) {
-        found = shim_fds[i].fd == fd && fd_state(&shim_fds[i]) == 0;
-    }
-    pthread_mutex_unlock(&shim_lock);
-    return found;
-}
-
-/* Forget entries whose fd is closed: the core closed a connection during
- * the last call. Called with shim_lock held. */
-static void fds_prune_closed(void)
-{
-    int i = 0;
-
-    while (i < shim_nfds) {
-        if (fd_state(&shim_fds[i]) == 1) {
-            shim_fds[i] = shim_fds[--shim_nfds];
-        }
-        else {
-            i++;
-        }
-    }
-}
-
-/* ---- Deciding ------------------------------------------------------ */
-
-/* hiredis writes with write(2): on a connection Redis has reset, or on an
- * fd number the program has reused, that raises SIGPIPE, whose default
- * action kills the host. Block it for this thread around a core call and
- * swallow one that the call raised; a SIGPIPE already pending before is
- * the program's and is left alone. */
-typedef struct sigpipe_guard {
-    sigset_t old;
-    int was_pending;
-} sigpipe_guard_t;
-
-static void sigpipe_block(sigpipe_guard_t *g)
-{
-    sigset_t set, pending;
-
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, &g->old);
-    g->was_pending = sigpending(&pending) == 0
-                     && sigismember(&pending, SIGPIPE);
-}
-
-static void sigpipe_restore(sigpipe_guard_t *g)
-{
-    static const struct timespec zero = {0, 0};
-    sigset_t set, pending;
-
-    if (!g->was_pending && sigpending(&pending) == 0
-        && sigismember(&pending, SIGPIPE)) {
-        sigemptyset(&set);
-        sigaddset(&set, SIGPIPE);
-        while (sigtimedwait(&set, NULL, &zero) == -1 && errno == EINTR) {
-        }
-    }
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
-
-/* Ask the core for one decision on rule r for `key`. Always
- * fills *res (the core applies the failure policy). The guard is raised
- * for the whole call, so hiredis's connect() goes straight to libc, and
- * cancellation is held off so that a cancelled thread cannot leave a core
- * lock taken. Thread-safe. */
-static void shim_decide(const shim_rule_t *r, const char *key, size_t len,
-                        tb_result_t *res)
-{
-    sigpipe_guard_t sp;
-    tb_request_t q;
-    tb_client_t *c;
-    pid_t pid = getpid();
-    int cancel;
-
-    memset(&q, 0, sizeof(q));
-    shim_guard++;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
-    sigpipe_block(&sp);
-    pthread_mutex_lock(&shim_lock);
-    if (pid != shim_pid) {
-        /* A child made without fork() (raw clone): no atfork ran. */
-        shim_pid = pid;
-        shim_nfds = 0;
-        c = shim_client_get();
-        if (c != NULL) {
-            tb_client_after_fork(c);
-        }
-    }
-    pthread_mutex_unlock(&shim_lock);
-
-    c = shim_client_get();
-    shim_in_core = 1;
-    q.prefix = r->prefix;
-    q.key = key;
-    q.key_len = len;
-    q.takes = &r->take;
-    q.ntakes = 1;
-    q.algo = r->algo;
-    tb_client_run(c, &q, res);
-    shim_in_core = 0;
-
-    if (shim_nfds > 0) {
-        pthread_mutex_lock(&shim_lock);
-        fds_prune_closed();
-        pthread_mutex_unlock(&shim_lock);
-    }
-    if (res->err != TB_ERR_NONE
-        && !__atomic_exchange_n(&shim_warned_redis, 1, __ATOMIC_RELAXED)) {
-        shim_warn("Redis could not decide for rule \"%s\" (%s); policy "
-                  "\"%s\" applies (further errors are not reported)",
-                  r->name, tb_err_name(res->err),
-                  tb_policy_name(shim_conf.opts.policy));
-    }
-    sigpipe_restore(&sp);
-    pthread_setcancelstate(cancel, NULL);
-    shim_guard--;
-}
-
-/* ---- Matching ------------------------------------------------------ */
-
-/* Split a socket address into family, address bytes and port; IPv4-mapped
- * IPv6 addresses count as IPv4. Returns 0 for anything but a complete
- * AF_INET / AF_INET6 address. */
-static int split_addr(const struct sockaddr *sa, socklen_t len, int *family,
-                      const unsigned char **bytes, int *port)
-{
-    if (sa == NULL) {
-        return 0;
-    }
-    if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
-
-        *family = AF_INET;
-        *bytes = (const unsigned char *)&in->sin_addr;
-        *port = ntohs(in->sin_port);
-        return 1;
-    }
-    if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
-
-        *port = ntohs(in6->sin6_port);
-        if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
-            *family = AF_INET;
-            *bytes = (const unsigned char *)&in6->sin6_addr + 12;
-        }
-        else {
-            *family = AF_INET6;
-            *bytes = (const unsigned char *)&in6->sin6_addr;
-        }
-        return 1;
-    }
-    return 0;
-}
-
-/* The first rule of the table for (family, bytes, port), or NULL. The
- * bitmap turns away unmatched ports with one bit test; the scan after it
- * runs only for a port that has a rule. */
-static const shim_rule_t *match(const shim_rule_t *rules, int n,
-                                const unsigned char *bitmap,
-                                const struct sockaddr *sa, socklen_t len)
-{
-    const unsigned char *bytes;
-    int family, port, i, j;
-
-    if (!split_addr(sa, len, &family, &bytes, &port)
-        || !shim_port_has_rule(bitmap, port)) {
-        return NULL;
-    }
-    for (i = 0; i < n; i++) {
-        const shim_rule_t *r = &rules[i];
-
-        if (r->port != port) {
-            continue;
-        }
-        if (r->naddrs == 0) {
-            return r;
-        }
-        for (j = 0; j < r->naddrs; j++) {
-            if (r->addrs[j].family == family
-                && memcmp(r->addrs[j].bytes, bytes,
-                          family == AF_INET ? 4 : 16) == 0) {
-                return r;
-            }
-        }
-    }
-    return NULL;
-}
+/* ---- Sockets and time ---------------------------------------------- */
 
 static int is_stream_socket(int fd)
 {
@@ -691,7 +420,7 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
     int64_t deadline;
     tb_result_t res;
 
-    if (!is_stream_socket(fd) || fds_is_ours(fd)) {
+    if (!is_stream_socket(fd) || shim_fds_is_ours(fd)) {
         errno = saved;
         return call_connect(fd, sa, len);
     }
@@ -730,20 +459,15 @@ SHIM_EXPORT int connect(int fd, __CONST_SOCKADDR_ARG addr, socklen_t len)
     const shim_rule_t *r;
 
     if (shim_guard) {
-        /* hiredis inside the core, or our own initialisation. */
+        /* The core opening a Redis socket, or our own initialisation. */
         int rc = call_connect(fd, sa, len);
 
-        if (shim_in_core && (rc == 0 || errno == EINPROGRESS)) {
-            int saved = errno;
-
-            fds_record(fd);
-            errno = saved;
-        }
+        shim_core_connected(fd, rc);
         return rc;
     }
     if (!shim_active() || shim_conf.nout == 0
-        || (r = match(shim_conf.out, shim_conf.nout, shim_conf.out_ports,
-                      sa, len)) == NULL) {
+        || (r = shim_match(shim_conf.out, shim_conf.nout,
+                           shim_conf.out_ports, sa, len)) == NULL) {
         return call_connect(fd, sa, len);
     }
     return limited_connect(fd, sa, len, r);
@@ -762,31 +486,8 @@ static const shim_rule_t *match_accepted(int cfd)
     if (getsockname(cfd, (struct sockaddr *)&local, &len) != 0) {
         return NULL;
     }
-    return match(shim_conf.in, shim_conf.nin, shim_conf.in_ports,
-                 (const struct sockaddr *)&local, len);
-}
-
-/* The bucket key of an accepted connection: the peer's IP as text, or the
- * rule's fixed key. Returns the length. */
-static size_t inbound_key(const shim_rule_t *r,
-                          const struct sockaddr_storage *peer,
-                          socklen_t plen, char *buf, size_t buflen,
-                          const char **key)
-{
-    const unsigned char *bytes;
-    int family, port;
-
-    if (r->key_kind != SHIM_KEY_PEER) {
-        *key = r->key;
-        return r->key_len;
-    }
-    *key = buf;
-    if (!split_addr((const struct sockaddr *)peer, plen, &family, &bytes,
-                    &port)
-        || inet_ntop(family, bytes, buf, (socklen_t)buflen) == NULL) {
-        snprintf(buf, buflen, "unknown");
-    }
-    return strlen(buf);
+    return shim_match(shim_conf.in, shim_conf.nin, shim_conf.in_ports,
+                      (const struct sockaddr *)&local, len);
 }
 
 /* Answer a refused connection with a minimal 429 and close it. Reading
@@ -850,9 +551,12 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
         if ((r = match_accepted(cfd)) == NULL) {
             break;
         }
-        klen = inbound_key(r, &peer, plen, ipbuf, sizeof(ipbuf), &key);
+        klen = shim_inbound_key(r, &peer, plen, ipbuf, sizeof(ipbuf), &key);
         shim_decide(r, key, klen, &res);
         if (res.allowed) {
+            if (res.slot.kind != TB_SLOT_NONE) {
+                shim_hold(cfd, r, key, klen, &res.slot);
+            }
             break;
         }
         if (r->action == SHIM_ACT_HTTP429) {
@@ -896,6 +600,31 @@ SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
         return call_accept4(fd, sa, alen, flags, 0);
     }
     return limited_accept(fd, sa, alen, flags, 0);
+}
+
+/* ---- close --------------------------------------------------------- */
+
+/* close() of an accepted connection that holds a concurrency slot: the
+ * slot is taken out of the table first (so that a connection accepted on
+ * the same fd number by another thread right after the close is not
+ * confused with this one), the fd closed (its result and errno are the
+ * program's), and the slot released. Every other fd costs the guard and
+ * one bit test. A guarded call (the core closing its own Redis socket)
+ * and a child made without fork() go straight through. */
+SHIM_EXPORT int close(int fd)
+{
+    shim_held_t h;
+    int rc, saved;
+
+    if (shim_guard || !shim_slots_marked(fd) || !shim_core_pid_matches()
+        || !shim_slots_take(fd, &h)) {
+        return call_close(fd);
+    }
+    rc = call_close(fd);
+    saved = errno;
+    shim_release(&h);
+    errno = saved;
+    return rc;
 }
 
 /* ---- dlopen -------------------------------------------------------- */

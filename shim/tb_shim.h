@@ -71,6 +71,11 @@ typedef struct shim_rule {
     int nonblock_wait;        /* Outbound: 1 (default, "wait") lets
                                * on_limit decide for a non-blocking socket
                                * too; 0 ("fail") never sleeps on one.   */
+    int concurrency;          /* Inbound: 0, or at most N connections of
+                               * one key open at once. A rule may have
+                               * this alone (take.limit.capacity 0: no
+                               * bucket).                               */
+    int64_t concurrency_ttl_ms; /* Life of a slot never released, ms.    */
 } shim_rule_t;
 
 typedef struct shim_conf {

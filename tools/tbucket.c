@@ -150,11 +150,12 @@ static void use_rule(tool_t *t, const shim_rule_t *r)
     if (!t->prefix_set) {
         strcpy(t->prefix, r->prefix);
     }
-    if (!t->have_cap) {
+    /* A rule with a concurrency limit alone has no bucket to give. */
+    if (!t->have_cap && r->take.limit.capacity > 0) {
         t->limit.capacity = r->take.limit.capacity;
         t->have_cap = 1;
     }
-    if (!t->have_rate) {
+    if (!t->have_rate && r->take.limit.capacity > 0) {
         t->limit.rate_per_sec = r->take.limit.rate_per_sec;
         t->have_rate = 1;
     }

@@ -8,6 +8,8 @@
  * closed loopback port (refused at once), or a listening socket that never
  * accepts (the connect succeeds in the kernel and the command times out);
  * the latter also lets the test count every connection the client makes.
+ * Concurrency limits are checked here for their arguments and for the
+ * policies' slots (the local count, its release and its expiry).
  * Decisions against a real Redis are in tests/integration/core/.
  */
 #include <arpa/inet.h>
@@ -612,6 +614,198 @@ static void test_client_stats_latency_histogram(void **state)
     assert_int_equal(tb_stats_get(&s.decisions), 7);
 }
 
+/* ---- Concurrency limits without Redis ----------------------------------- */
+
+/* A request with a concurrency limit on "client-1", with one bucket
+ * (cap > 0) or none (cap 0). */
+static int decide_conc(tb_client_t *c, int limit, int64_t ttl_ms, double cap,
+                       tb_result_t *res)
+{
+    tb_take_t t;
+    tb_request_t q;
+
+    memset(&t, 0, sizeof(t));
+    t.limit.capacity = cap;
+    t.limit.rate_per_sec = 1;
+    t.cost = 1;
+    memset(&q, 0, sizeof(q));
+    q.prefix = "tb:";
+    q.key = "client-1";
+    q.key_len = 8;
+    q.takes = &t;
+    q.ntakes = cap > 0 ? 1 : 0;
+    q.concurrency = limit;
+    q.concurrency_ttl_ms = ttl_ms;
+    return tb_client_run(c, &q, res);
+}
+
+static void release_conc(tb_client_t *c, const tb_slot_t *slot,
+                         int64_t ttl_ms)
+{
+    tb_request_t q;
+
+    memset(&q, 0, sizeof(q));
+    q.prefix = "tb:";
+    q.key = "client-1";
+    q.key_len = 8;
+    q.concurrency_ttl_ms = ttl_ms;
+    assert_int_equal(tb_client_release(c, &q, slot), TB_OK);
+}
+
+/* Out-of-range limits and ttls, shards, and no limit at all are
+ * refused before anything is sent; releasing no slot is a no-op. */
+static void test_client_concurrency_bad_arguments(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_request_t q;
+    tb_result_t res;
+    tb_take_t t;
+    tb_slot_t none;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_OPEN, 5, 1000, &st);
+    memset(&t, 0, sizeof(t));
+    t.limit.capacity = 10;
+    t.limit.rate_per_sec = 1;
+    t.cost = 1;
+    memset(&q, 0, sizeof(q));
+    q.prefix = "tb:";
+    q.key = "k";
+    q.key_len = 1;
+    q.takes = &t;
+#define BAD()                                                               \
+    do {                                                                    \
+        assert_int_equal(tb_client_run(c, &q, &res), TB_ERR);               \
+        assert_int_equal(res.err, TB_ERR_ARG);                              \
+        assert_int_equal(res.slot.kind, TB_SLOT_NONE);                      \
+    } while (0)
+    q.ntakes = 0;
+    BAD();                              /* Neither buckets nor slots.   */
+    q.concurrency = -1;
+    BAD();
+    q.concurrency = TB_MAX_CONCURRENCY + 1;
+    BAD();
+    q.concurrency = 2;
+    q.concurrency_ttl_ms = -5;
+    BAD();
+    q.concurrency_ttl_ms = TB_MAX_CONCURRENCY_TTL_MS + 1;
+    BAD();
+    q.concurrency_ttl_ms = 0;
+    q.ntakes = 1;
+    q.shards = 4;
+    BAD();                              /* A split key has no one set.  */
+    q.shards = 0;
+    q.prefix = "bad prefix";
+    BAD();
+#undef BAD
+    assert_int_equal(st.redis_calls, 0);
+    memset(&none, 0, sizeof(none));
+    assert_int_equal(tb_client_release(c, &q, &none), TB_OK);
+    assert_int_equal(tb_client_release(NULL, &q, &none), TB_ERR);
+    tb_client_free(c);
+}
+
+/* open admits without a slot; closed refuses, blaming concurrency when
+ * the request has no bucket. */
+static void test_client_concurrency_open_and_closed(void **state)
+{
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_result_t res;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    c = client_at(closed_port(), TB_POLICY_OPEN, 1000, 1000, &st);
+    assert_int_equal(decide_conc(c, 3, 0, 0, &res), TB_ERR);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.source, TB_SRC_OPEN);
+    assert_int_equal(res.slot.kind, TB_SLOT_NONE);
+    assert_int_equal(res.remaining, 3);
+    tb_client_free(c);
+    c = client_at(closed_port(), TB_POLICY_CLOSED, 1000, 1000, &st);
+    assert_int_equal(decide_conc(c, 3, 0, 0, &res), TB_ERR);
+    assert_int_equal(res.allowed, 0);
+    assert_int_equal(res.source, TB_SRC_CLOSED);
+    assert_int_equal(res.refused_by, TB_LIMIT_CONCURRENCY);
+    assert_int_equal(decide_conc(c, 3, 0, 10, &res), TB_ERR);
+    assert_int_equal(res.refused_by, TB_LIMIT_RATE);
+    tb_client_free(c);
+}
+
+/* local: ceil(N / replicas) slots on this server; a release frees one;
+ * a bucket that refuses takes no slot, and a full slot count takes no
+ * token; slots never released are forgotten within the ttl. */
+static void test_client_concurrency_local(void **state)
+{
+    tb_stats_t st;
+    tb_options_t o;
+    tb_client_t *c;
+    tb_result_t res, held[3];
+    char url[64], err[128];
+    int k;
+
+    (void)state;
+    memset(&st, 0, sizeof(st));
+    tb_options_init(&o);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", closed_port());
+    o.url = url;
+    o.policy = TB_POLICY_LOCAL;
+    o.replicas = 2;
+    o.breaker_threshold = 1000;
+    o.stats = &st;
+    c = tb_client_create(&o, err, sizeof(err));
+    assert_non_null(c);
+    for (k = 0; k < 3; k++) {       /* ceil(5 / 2) = 3 slots here. */
+        assert_int_equal(decide_conc(c, 5, 10000, 0, &held[k]), TB_ERR);
+        assert_int_equal(held[k].allowed, 1);
+        assert_int_equal(held[k].source, TB_SRC_LOCAL);
+        assert_int_equal(held[k].slot.kind, TB_SLOT_LOCAL);
+        assert_int_equal(held[k].in_flight, k + 1);
+    }
+    decide_conc(c, 5, 10000, 0, &res);
+    assert_int_equal(res.allowed, 0);
+    assert_int_equal(res.refused_by, TB_LIMIT_CONCURRENCY);
+    assert_int_equal(res.retry_ms, TB_CONCURRENCY_RETRY_MS);
+    assert_int_equal(res.slot.kind, TB_SLOT_NONE);
+    release_conc(c, &held[0].slot, 10000);
+    decide_conc(c, 5, 10000, 0, &held[0]);
+    assert_int_equal(held[0].allowed, 1);
+
+    /* Full: a bucket with tokens keeps them. */
+    decide_conc(c, 5, 10000, 4, &res);
+    assert_int_equal(res.refused_by, TB_LIMIT_CONCURRENCY);
+    for (k = 0; k < 3; k++) {
+        release_conc(c, &held[k].slot, 10000);
+    }
+    /* The bucket of 4 / 2 replicas = 2 tokens is whole: two pass, and
+     * the third, refused by the bucket, holds no slot. */
+    decide_conc(c, 5, 10000, 4, &held[0]);
+    decide_conc(c, 5, 10000, 4, &held[1]);
+    assert_int_equal(held[0].allowed + held[1].allowed, 2);
+    decide_conc(c, 5, 10000, 4, &res);
+    assert_int_equal(res.allowed, 0);
+    assert_int_equal(res.refused_by, TB_LIMIT_RATE);
+    assert_int_equal(res.in_flight, 2);
+    decide_conc(c, 5, 10000, 0, &held[2]);
+    assert_int_equal(held[2].allowed, 1);
+    assert_int_equal(held[2].in_flight, 3);
+
+    /* Never released: forgotten once a whole ttl has passed. */
+    decide_conc(c, 5, 10000, 0, &res);
+    assert_int_equal(res.allowed, 0);
+    fake_now_us += 10000 * 1000;
+    decide_conc(c, 5, 10000, 0, &res);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.in_flight, 1);
+    /* A release of a forgotten slot gives nothing back twice. */
+    release_conc(c, &held[2].slot, 10000);
+    decide_conc(c, 5, 10000, 0, &res);
+    assert_int_equal(res.in_flight, 2);
+    tb_client_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -629,6 +823,9 @@ int main(void)
         cmocka_unit_test(test_client_breaker_opens_and_stops_calling),
         cmocka_unit_test(test_client_breaker_counts_connections),
         cmocka_unit_test(test_client_stats_latency_histogram),
+        cmocka_unit_test(test_client_concurrency_bad_arguments),
+        cmocka_unit_test(test_client_concurrency_open_and_closed),
+        cmocka_unit_test(test_client_concurrency_local),
     };
 
     /* Before any object exists, as tb.h asks. */

@@ -1,5 +1,6 @@
 /* test_local.c -- unit tests for tb_local.c, the bounded local bucket
- * table behind the `local` failure policy, and the lease table.
+ * table behind the `local` failure policy, its slot counts for
+ * concurrency limits, and the lease table.
  *
  * The table lives in caller memory: the tests give it malloc'd memory with
  * guard bytes after it (it must never write past tb_local_size()), and one
@@ -707,6 +708,154 @@ static void test_local_null_arguments(void **state)
     table_free(&tab);
 }
 
+/* ---- Slot counts of concurrency limits ---------------------------------- */
+
+/* Up to the limit, then full; a release frees one; a key's slots are its
+ * own; a bucket under the same table is untouched. */
+static void test_local_conc_take_and_release(void **state)
+{
+    table_t tab;
+    int64_t w[4], held = 0;
+    int k;
+
+    (void)state;
+    table_new(&tab, 64);
+    for (k = 0; k < 3; k++) {
+        assert_int_equal(tb_local_conc_take(tab.t, "tb:{a}:conc", 3, 1000,
+                                            5000, &w[k], &held), 1);
+        assert_int_equal(held, k + 1);
+        assert_int_equal(w[k], 5);
+    }
+    assert_int_equal(tb_local_conc_take(tab.t, "tb:{a}:conc", 3, 1000, 5000,
+                                        &w[3], &held), 0);
+    assert_int_equal(held, 3);
+    assert_int_equal(tb_local_conc_take(tab.t, "tb:{b}:conc", 3, 1000, 5000,
+                                        &w[3], &held), 1);
+    assert_int_equal(held, 1);
+    tb_local_conc_release(tab.t, "tb:{a}:conc", 1000, w[0], 5100);
+    assert_int_equal(tb_local_conc_take(tab.t, "tb:{a}:conc", 3, 1000, 5200,
+                                        &w[0], &held), 1);
+    assert_int_equal(held, 3);
+    /* A release of a key never seen claims nothing. */
+    tb_local_conc_release(tab.t, "tb:{none}:conc", 1000, 5, 5200);
+    assert_int_equal(tb_local_used(tab.t), 2);
+    table_free(&tab);
+}
+
+/* A slot is counted in its window and the next, then forgotten: a slot
+ * that is never released (its process died) frees itself within two
+ * windows; a release after that gives back nothing; a release in the
+ * next window finds the slot there. */
+static void test_local_conc_windows(void **state)
+{
+    table_t tab;
+    int64_t w1, w2, w3, held = 0;
+
+    (void)state;
+    table_new(&tab, 64);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 10999, &w1,
+                                        &held), 1);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 11000, &w2,
+                                        &held), 1);
+    assert_int_equal(held, 2);                  /* 10 and 11 */
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 11999, &w3,
+                                        &held), 0);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 12000, &w3,
+                                        &held), 1);
+    assert_int_equal(held, 2);                  /* 10 forgotten at 12 */
+    /* The slot of window 11 is in the previous window now. */
+    tb_local_conc_release(tab.t, "k", 1000, w2, 12500);
+    tb_local_conc_release(tab.t, "k", 1000, w1, 12500);  /* forgotten */
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 12600, &w1,
+                                        &held), 1);
+    assert_int_equal(held, 2);
+    /* A clock that goes back counts in the stored window. */
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 9, 1000, 1000, &w2,
+                                        &held), 1);
+    assert_int_equal(w2, 12);
+    assert_int_equal(held, 3);
+    /* Two windows without a take or a release: nothing is in flight. */
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 1000, 14000, &w2,
+                                        &held), 1);
+    assert_int_equal(held, 1);
+    table_free(&tab);
+}
+
+static void test_local_conc_bad_arguments(void **state)
+{
+    table_t tab;
+    int64_t w, held;
+
+    (void)state;
+    table_new(&tab, 64);
+    assert_int_equal(tb_local_conc_take(NULL, "k", 1, 1, 0, &w, &held), -1);
+    assert_int_equal(tb_local_conc_take(tab.t, NULL, 1, 1, 0, &w, &held),
+                     -1);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 0, 1, 0, &w, &held), -1);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 0, 0, &w, &held), -1);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 1, -1, &w, &held),
+                     -1);
+    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 1, 0, NULL, &held),
+                     -1);
+    tb_local_conc_release(NULL, "k", 1, 0, 0);
+    tb_local_conc_release(tab.t, NULL, 1, 0, 0);
+    assert_int_equal(tb_local_used(tab.t), 0);
+    table_free(&tab);
+}
+
+typedef struct conc_hammer {
+    tb_local_t *t;
+    int rounds;
+    int max_seen;
+} conc_hammer_t;
+
+static void *conc_hammer_main(void *arg)
+{
+    conc_hammer_t *h = arg;
+    int64_t w, held;
+    int i;
+
+    for (i = 0; i < h->rounds; i++) {
+        if (tb_local_conc_take(h->t, "tb:{hot}:conc", 3, 1000000, 0, &w,
+                               &held) == 1) {
+            if (held > h->max_seen) {
+                h->max_seen = (int)held;
+            }
+            tb_local_conc_release(h->t, "tb:{hot}:conc", 1000000, w, 0);
+        }
+    }
+    return NULL;
+}
+
+/* Threads taking and releasing one key: never more than the limit held,
+ * and every slot comes back. */
+static void test_local_conc_threads(void **state)
+{
+    table_t tab;
+    pthread_t th[4];
+    conc_hammer_t h[4];
+    int64_t w, held;
+    int k;
+
+    (void)state;
+    table_new(&tab, 64);
+    for (k = 0; k < 4; k++) {
+        h[k].t = tab.t;
+        h[k].rounds = 20000;
+        h[k].max_seen = 0;
+        assert_int_equal(pthread_create(&th[k], NULL, conc_hammer_main,
+                                        &h[k]), 0);
+    }
+    for (k = 0; k < 4; k++) {
+        assert_int_equal(pthread_join(th[k], NULL), 0);
+        assert_true(h[k].max_seen >= 1 && h[k].max_seen <= 3);
+    }
+    assert_int_equal(tb_local_conc_take(tab.t, "tb:{hot}:conc", 3, 1000000,
+                                        0, &w, &held), 1);
+    assert_int_equal(held, 1);
+    table_free(&tab);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -726,6 +875,10 @@ int main(void)
         cmocka_unit_test(test_local_lease_size_follows_traffic),
         cmocka_unit_test(test_local_lease_drain),
         cmocka_unit_test(test_local_lease_shared_across_fork),
+        cmocka_unit_test(test_local_conc_take_and_release),
+        cmocka_unit_test(test_local_conc_windows),
+        cmocka_unit_test(test_local_conc_bad_arguments),
+        cmocka_unit_test(test_local_conc_threads),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

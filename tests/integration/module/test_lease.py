@@ -44,7 +44,9 @@ def script_calls(r):
 # anything, 600 requests from 4 connections (so several prefork children
 # share the lease), calls counted by INFO commandstats. The lease grows
 # with the key's traffic (sizes 1, 2, 4, ... N), so about log2(N) calls
-# more than 600 / N.
+# more than 600 / N; children that find the lease empty at the same
+# moment each refill (a loaded machine makes that likelier), so the bound
+# allows up to twice 600 / N.
 @pytest.mark.slow
 def test_module_010_01(apache_factory, redis_server):
     r = redis_server.client()
@@ -65,7 +67,7 @@ def test_module_010_01(apache_factory, redis_server):
         text = http_get(a.url("/tbucket-status")).text
         if n:
             # Every refill is one call; the rest were spent locally.
-            assert calls <= 600 / n + math.log2(n) + 4, rows
+            assert calls <= 2 * 600 / n + math.log2(n) + 4, rows
             hits = metric_sum(text, "tbucket_lease_hits_total")
             refills = metric_sum(text, "tbucket_lease_refills_total")
             granted = metric_sum(text,

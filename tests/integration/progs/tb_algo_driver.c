@@ -1,5 +1,5 @@
 /* tb_algo_driver.c -- drives the real client (libtb) with one algorithm,
- * for the issue-7 integration tests and bench/algo_figures.py.
+ * for the algorithm integration tests and bench/algo_figures.py.
  *
  *   tb_algo_driver URL ALGO CAPACITY RATE COST DURATION_MS PREFIX KEY
  *                  [--flush-after N] [--max-calls N]

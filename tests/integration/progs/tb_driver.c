@@ -45,6 +45,13 @@
  *   take_shard K SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...]
  *       take on shard SHARD of a key split in K; the limits are the whole
  *       key's (the core divides them by K).
+ *   conc N TTL_MS KEY [CAP RATE COST [ROUTE CAP RATE COST ...]]
+ *   conc_at NOW_MS N TTL_MS KEY [...]
+ *       A decision with a concurrency limit of N slots (ttl TTL_MS, 0 for
+ *       the default) on KEY, with the buckets when given: handle= (a
+ *       number for `release`, -1 when no slot was taken), slot_kind=,
+ *       slot_id=, in_flight=, refused_by= and then what take prints.
+ *   release HANDLE    tb_client_release() of that slot: rc= err=
  *   key KEY [ROUTE]   the Redis key the client uses, hex-encoded
  *   slot KEY          tb_key_slot() of the raw bytes of KEY
  *   stats             every counter of tb_stats_t
@@ -71,6 +78,20 @@
 #define MAX_ARGS (2 + 4 * TB_MAX_BUCKETS + 2)
 
 static const char *prefix = "tb:";
+
+/* Slots taken by `conc`, for `release`: the request's key and ttl and
+ * the slot. */
+#define MAX_HELD 4096
+
+typedef struct held {
+    char key[512];
+    size_t key_len;
+    int64_t ttl_ms;
+    tb_slot_t slot;
+} held_t;
+
+static held_t held[MAX_HELD];
+static int nheld;
 
 static int64_t realtime_us(void)
 {
@@ -206,6 +227,71 @@ static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
     t0 = tb_clock_monotonic_us();
     rc = tb_client_run(c, &q, &r);
     print_result(rc, &r, tb_clock_monotonic_us() - t0);
+}
+
+static const char *limit_kind_name(tb_limit_kind_t k)
+{
+    return k == TB_LIMIT_RATE ? "rate"
+           : k == TB_LIMIT_CONCURRENCY ? "concurrency" : "none";
+}
+
+/* conc[_at NOW_MS] N TTL_MS KEY [CAP RATE COST [ROUTE CAP RATE COST]...] */
+static void cmd_conc(tb_client_t *c, char **av, int ac, int with_now)
+{
+    tb_take_t t[TB_MAX_BUCKETS];
+    tb_request_t q;
+    tb_result_t r;
+    int64_t now = 0, lim, ttl;
+    long klen;
+    int n = 0, rc, h = -1;
+
+    if (with_now && (ac < 1 || to_i64(av[0], &now))) {
+        printf("error usage: conc_at NOW_MS N TTL_MS KEY ...\n");
+        return;
+    }
+    av += with_now;
+    ac -= with_now;
+    if (ac < 3 || to_i64(av[0], &lim) || to_i64(av[1], &ttl)
+        || (ac == 3 && (klen = unescape(av[2])) < 0)
+        || (ac > 3 && parse_takes(av + 2, ac - 2, &klen, t, &n))
+        || (size_t)klen >= sizeof(held[0].key)) {
+        printf("error usage: conc N TTL_MS KEY [CAP RATE COST ...]\n");
+        return;
+    }
+    request_init(&q, av[2], klen, t, n);
+    q.now_ms = with_now ? &now : NULL;
+    q.concurrency = (int)lim;
+    q.concurrency_ttl_ms = ttl;
+    rc = tb_client_run(c, &q, &r);
+    if (r.slot.kind != TB_SLOT_NONE && nheld < MAX_HELD) {
+        h = nheld++;
+        memcpy(held[h].key, av[2], (size_t)klen);
+        held[h].key_len = (size_t)klen;
+        held[h].ttl_ms = ttl;
+        held[h].slot = r.slot;
+    }
+    printf("ok handle=%d slot_kind=%d slot_id=%s in_flight=%lld "
+           "refused_by=%s ", h, (int)r.slot.kind,
+           r.slot.id[0] ? r.slot.id : "-", (long long)r.in_flight,
+           limit_kind_name(r.refused_by));
+    print_result(rc, &r, 0);
+}
+
+static void cmd_release(tb_client_t *c, char **av, int ac)
+{
+    tb_request_t q;
+    int64_t h;
+    int rc;
+
+    if (ac != 1 || to_i64(av[0], &h) || h < 0 || h >= nheld) {
+        printf("error usage: release HANDLE\n");
+        return;
+    }
+    request_init(&q, held[h].key, (long)held[h].key_len, NULL, 0);
+    q.concurrency_ttl_ms = held[h].ttl_ms;
+    rc = tb_client_release(c, &q, &held[h].slot);
+    printf("ok rc=%d err=%s\n", rc,
+           rc == TB_OK ? "none" : tb_err_name(c->err));
 }
 
 static void cmd_hammer(tb_client_t *c, char **av, int ac)
@@ -564,6 +650,15 @@ int main(int argc, char **argv)
         }
         else if (strcmp(av[0], "take_shard") == 0) {
             cmd_take_shard(c, av + 1, ac - 1);
+        }
+        else if (strcmp(av[0], "conc") == 0) {
+            cmd_conc(c, av + 1, ac - 1, 0);
+        }
+        else if (strcmp(av[0], "conc_at") == 0) {
+            cmd_conc(c, av + 1, ac - 1, 1);
+        }
+        else if (strcmp(av[0], "release") == 0) {
+            cmd_release(c, av + 1, ac - 1);
         }
         else if (strcmp(av[0], "hammer") == 0) {
             cmd_hammer(c, av + 1, ac - 1);

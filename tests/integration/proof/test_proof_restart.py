@@ -7,7 +7,7 @@
    holds no more Redis connections than its pools (CLIENT LIST, and the
    children's sockets to Redis).
  - An event-MPM child's resident memory across TB_RSS_REQUESTS (default
-   30,000; the issue's figure is 100,000) requests with distinct keys:
+   30,000; the figure asked for is 100,000) requests with distinct keys:
    growth after warm-up stays under 2 MB. Figures in $TB_BUILD/results/rss.tsv.
 """
 import os

@@ -1,0 +1,224 @@
+#!/usr/bin/python3
+"""conc.py -- what a concurrency limit costs: req/s of one Apache with a
+rate limit alone, and with the same rate limit plus a concurrency limit
+that nothing reaches (TBucketConcurrency 1000000), side by side.
+
+Both are Locations of one Apache (event MPM, 2 children x 32 threads,
+pinned with Redis on the last CPU, wrk on CPU 0), so the two variants
+share every server, connection and cache; wrk alternates them round by
+round (the order reverses every round) and the ratio is the median of
+the per-round ratios. A rate-limited request is one EVALSHA; with the
+concurrency limit it is the same EVALSHA (the slot is taken in it) plus
+one ZREM after the response: the Redis calls per request and Redis's
+time per call are counted with INFO commandstats over an exact number of
+requests (ab). CPU time per request (Apache's processes, Redis) is read
+from /proc around each round: on a machine other work loads, it moves
+less than req/s does.
+
+    /usr/bin/python3 bench/conc.py [--build DIR] [--quick]
+
+Prints a Markdown table and writes bench/results/conc.md. Uses the
+helpers of bench/run.py (Redis, wrk, pinning); `make bench` runs it after
+run.py.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import run as bench
+
+CONF = """ServerRoot "{root}"
+ServerName 127.0.0.1
+Listen 127.0.0.1:{port}
+PidFile {root}/run/httpd.pid
+DefaultRuntimeDir {root}/run
+Mutex file:{root}/run default
+ScoreBoardFile {root}/run/scoreboard
+ErrorLog {root}/logs/error.log
+LogLevel warn
+User www-data
+Group www-data
+LoadModule mpm_event_module {moddir}/mod_mpm_event.so
+LoadModule authz_core_module {moddir}/mod_authz_core.so
+StartServers 2
+ServerLimit 2
+ThreadsPerChild 32
+ThreadLimit 32
+MinSpareThreads 1
+MaxSpareThreads 64
+MaxRequestWorkers 64
+KeepAlive On
+MaxKeepAliveRequests 0
+Timeout 10
+DocumentRoot "{root}/htdocs"
+<Directory "{root}/htdocs">
+    Require all granted
+</Directory>
+LoadModule tbucket_module {so}
+TBucketRedis {url} timeout=500 pool=32
+TBucketPrefix bench:
+<Location /rate/>
+    TBucketEnable On
+    TBucketKey "%{{HTTP:X-API-Key}}"
+    TBucketLimit 1000000000 1000000000/s
+</Location>
+<Location /conc/>
+    TBucketEnable On
+    TBucketKey "%{{HTTP:X-API-Key}}"
+    TBucketLimit 1000000000 1000000000/s
+    TBucketConcurrency 1000000
+</Location>
+"""
+
+
+class Apache:
+    def __init__(self, tmp, cpus, so, url):
+        self.root = os.path.join(tmp, "httpd-conc")
+        self.port = bench.free_port()
+        self.cpus = cpus
+        for d in ("logs", "run", "htdocs/rate", "htdocs/conc"):
+            os.makedirs(os.path.join(self.root, d), exist_ok=True)
+        for d in ("rate", "conc"):
+            with open(os.path.join(self.root, "htdocs", d, "ok.txt"),
+                      "w") as f:
+                f.write("ok\n")
+        self.conf = os.path.join(self.root, "httpd.conf")
+        with open(self.conf, "w") as f:
+            f.write(CONF.format(root=self.root, port=self.port,
+                                moddir=bench.MODDIR, so=so, url=url))
+        for dirpath, dirs, files in os.walk(self.root):
+            os.chmod(dirpath, 0o755)
+            for fn in files:
+                os.chmod(os.path.join(dirpath, fn), 0o644)
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            bench.pin(self.cpus) + ["/usr/sbin/apache2", "-f", self.conf,
+                                    "-DFOREGROUND"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True)
+        if not bench.wait_port(self.port, 10):
+            raise RuntimeError("apache2 did not listen")
+        return self
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def pids(self):
+        return [self.proc.pid] + bench.children(self.proc.pid)
+
+    def stop(self):
+        bench.stop_proc(self.proc, timeout=15)
+
+
+def calls_per_request(rd, srv, path, n, cpus):
+    """EVALSHA and ZREM per request over exactly n requests, and Redis's
+    microseconds per call of each."""
+    # Requests wrk left in flight release their slots after it stops.
+    time.sleep(0.5)
+    rd.r.config_resetstat()
+    out = bench.run(bench.pin(cpus) + [
+        "ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10", "-H",
+        "X-API-Key: ab-%s-%d" % (path.strip("/"), os.getpid()),
+        srv.url(path + "ok.txt")], 120)
+    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
+    # The last releases come after the last responses.
+    time.sleep(0.2)
+    st = rd.r.info("commandstats")
+    out = {}
+    for cmd in ("evalsha", "zrem"):
+        c = st.get("cmdstat_" + cmd, {})
+        out[cmd] = c.get("calls", 0) / done
+        out[cmd + "_usec"] = c.get("usec_per_call", 0.0)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(bench.ROOT, "build"))
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    so = os.path.join(os.path.abspath(a.build), "mod_tbucket.so")
+    if not os.path.exists(so):
+        print("conc: %s is not built: not measured" % so)
+        return 1
+    rounds, seconds = (2, 2) if a.quick else (5, 3)
+    ncpu = os.cpu_count() or 1
+    scpu, wcpu = (str(ncpu - 1), "0") if ncpu > 1 else (None, None)
+    tmp = tempfile.mkdtemp(prefix="tbconc-", dir="/tmp")
+    os.chmod(tmp, 0o755)
+    rd = bench.Redis(tmp, scpu).start()
+    srv = None
+    rows = []
+    try:
+        srv = Apache(tmp, scpu, so, rd.url).start()
+        variants = (("rate", "/rate/"), ("conc", "/conc/"))
+        for name, path in variants:
+            bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
+                      ["warm" + name], 1, wcpu)
+        res = {name: [] for name, _ in variants}
+        for i in range(rounds):
+            order = variants if i % 2 == 0 else tuple(reversed(variants))
+            for name, path in order:
+                pids = srv.pids()
+                s0, r0 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
+                r = bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
+                              ["r%d%s" % (i, name)], seconds, wcpu)
+                s1, r1 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
+                req = max(r["requests"], 1)
+                r["server_us"] = (s1 - s0) * bench.TICK_US / req
+                r["redis_us"] = (r1 - r0) * bench.TICK_US / req
+                res[name].append(r)
+                bench.log("conc: %-4s round %d: %8.0f req/s p99 %.2f ms "
+                          "non-2xx %d" % (name, i, r["rps"],
+                                          r.get("p99", -1), r["non2xx"]))
+        for name, _ in variants:
+            rows.append(("http.%s.rps" % name,
+                         round(bench.median([r["rps"] for r in res[name]])),
+                         "req/s"))
+            rows.append(("http.%s.p99" % name,
+                         round(bench.median([r.get("p99", 0)
+                                             for r in res[name]]), 3), "ms"))
+            for k in ("server_us", "redis_us"):
+                rows.append(("http.%s.%s_cpu_per_request" % (name, k[:-3]),
+                             round(bench.median([r[k] for r in res[name]]),
+                                   1), "us"))
+        ratio = bench.median([c["rps"] / r["rps"] for c, r in
+                              zip(res["conc"], res["rate"])])
+        rows.append(("http.ratio.conc_over_rate", round(ratio, 3), "x"))
+        for name, path in variants:
+            c = calls_per_request(rd, srv, path, 2000, wcpu)
+            for cmd in ("evalsha", "zrem"):
+                rows.append(("http.%s.%s_per_request" % (name, cmd),
+                             round(c[cmd], 3), "calls"))
+                if c[cmd]:
+                    rows.append(("redis.%s.%s_usec_per_call" % (name, cmd),
+                                 round(c[cmd + "_usec"], 2), "us"))
+        left = len(rd.r.keys("bench:*:conc"))
+        rows.append(("redis.conc_sets_left", left, "keys"))
+    finally:
+        if srv is not None:
+            srv.stop()
+        rd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    lines = ["conc.py: a concurrency limit nothing reaches against the rate "
+             "limit alone (load average at the end %.2f)"
+             % os.getloadavg()[0], "",
+             "| figure | value | unit |", "| --- | ---: | --- |"]
+    lines += ["| %s | %s | %s |" % r for r in rows]
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.join(bench.HERE, "results"), exist_ok=True)
+    with open(os.path.join(bench.HERE, "results", "conc.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

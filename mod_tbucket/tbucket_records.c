@@ -1,0 +1,190 @@
+/* tbucket_records.c -- mod_tbucket's configuration records.
+ *
+ * The server and directory records with their create and merge functions,
+ * and the client options a server's record stands for. They follow
+ * httpd's conventions: every scalar is unset until a directive sets it
+ * (mod_proxy's _set flags, nginx's -1), and a merge makes a new record,
+ * taking what the inner scope set and the outer scope's value otherwise,
+ * never changing either (mod_headers). Merges run per request, so they
+ * only copy: tenant tables are chained, not merged.
+ */
+#include "apr_hash.h"
+#include "apr_strings.h"
+#include "apr_tables.h"
+
+#include "httpd.h"
+#include "http_config.h"
+
+#include "mod_tbucket.h"
+
+/* ---- Configuration records ------------------------------------------ */
+
+void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
+{
+    tbucket_srv_conf *sc = apr_pcalloc(p, sizeof(*sc));
+
+    (void)s;
+    sc->timeout_ms = 50;
+    sc->policy = TB_POLICY_OPEN;
+    sc->replicas = 1;
+    sc->breaker_threshold = 5;
+    sc->breaker_cooldown_ms = 10000;
+    sc->prefix = TBUCKET_DEFAULT_PREFIX;
+    sc->ip_prefix = TBUCKET_DEFAULT_PREFIX "ip:";
+    sc->vhost_slot = -1;
+    sc->client_slot = -1;
+    return sc;
+}
+
+/* A virtual host takes what it sets and inherits the rest from the main
+ * server; field by field, so "TBucketRedis URL" in a vhost keeps the main
+ * server's timeout. Allocates a new record; base and add are untouched. */
+void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    const tbucket_srv_conf *base = basev, *add = addv;
+    tbucket_srv_conf *m = apr_pcalloc(p, sizeof(*m));
+
+#define TAKE(field, flag)                                    \
+    do {                                                     \
+        m->field = add->flag ? add->field : base->field;     \
+        m->flag = add->flag | base->flag;                    \
+    } while (0)
+    TAKE(url, url_set);
+    TAKE(timeout_ms, timeout_set);
+    TAKE(connect_timeout_ms, connect_timeout_set);
+    TAKE(pool_size, pool_set);
+    TAKE(policy, policy_set);
+    TAKE(replicas, replicas_set);
+    TAKE(breaker_threshold, threshold_set);
+    TAKE(breaker_cooldown_ms, cooldown_set);
+    TAKE(prefix, prefix_set);
+    TAKE(ip_prefix, prefix_set);
+    TAKE(tls, url_set);
+    TAKE(tls_ctx, url_set);
+#undef TAKE
+    m->vhost_slot = -1;
+    m->client_slot = -1;
+    return m;
+}
+
+/* Options of the client a server will make in each child. */
+void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
+{
+    tb_options_init(o);
+    o->url = sc->url ? sc->url : TB_DEFAULT_URL;
+    o->timeout_ms = sc->timeout_ms;
+    o->connect_timeout_ms = sc->connect_timeout_ms;
+    if (sc->pool_size > 0) {
+        o->pool_size = sc->pool_size;
+    }
+    o->breaker_threshold = sc->breaker_threshold;
+    o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
+    o->policy = sc->policy;
+    o->replicas = sc->replicas;
+    o->tls = sc->tls;
+    o->tls_ctx = sc->tls_ctx;
+}
+
+void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
+{
+    tbucket_dir_conf *dc = apr_pcalloc(p, sizeof(*dc));
+
+    (void)dir;
+    dc->enable = -1;
+    dc->shadow = -1;
+    dc->headers = -1;
+    dc->algo = -1;
+    dc->cost = 1;
+    dc->lease = -1;
+    dc->shards = -1;
+    dc->concurrency = -1;
+    return dc;
+}
+
+/* Outer routes first, an inner route of the same name replacing the outer
+ * one; past MAX_ROUTES the outermost are dropped (check_config warns). */
+static apr_array_header_t *merge_routes(apr_pool_t *p,
+                                        apr_array_header_t *base,
+                                        apr_array_header_t *add)
+{
+    apr_array_header_t *m;
+    int i, j, skip;
+
+    if (!add || !add->nelts) {
+        return base;
+    }
+    if (!base || !base->nelts) {
+        return add;
+    }
+    m = apr_array_make(p, base->nelts + add->nelts, sizeof(tbucket_route));
+    for (i = 0; i < base->nelts; i++) {
+        const tbucket_route *b = &APR_ARRAY_IDX(base, i, tbucket_route);
+
+        for (skip = 0, j = 0; j < add->nelts && !skip; j++) {
+            skip = !strcmp(b->name,
+                           APR_ARRAY_IDX(add, j, tbucket_route).name);
+        }
+        if (!skip) {
+            APR_ARRAY_PUSH(m, tbucket_route) = *b;
+        }
+    }
+    for (j = 0; j < add->nelts; j++) {
+        APR_ARRAY_PUSH(m, tbucket_route) = APR_ARRAY_IDX(add, j,
+                                                         tbucket_route);
+    }
+    if (m->nelts > MAX_ROUTES) {
+        memmove(m->elts, m->elts + (m->nelts - MAX_ROUTES) * m->elt_size,
+                MAX_ROUTES * m->elt_size);
+        m->nelts = MAX_ROUTES;
+    }
+    return m;
+}
+
+/* Runs per request (server/request.c merges sections as it walks), so it
+ * copies scalars and pointers only: the tenant tables are chained, not
+ * copied, and routes are rebuilt only when both sides have some. */
+void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    const tbucket_dir_conf *base = basev, *add = addv;
+    tbucket_dir_conf *m = apr_palloc(p, sizeof(*m));
+
+    m->enable = add->enable != -1 ? add->enable : base->enable;
+    m->shadow = add->shadow != -1 ? add->shadow : base->shadow;
+    m->headers = add->headers != -1 ? add->headers : base->headers;
+    m->algo = add->algo != -1 ? add->algo : base->algo;
+    m->key_set = add->key_set | base->key_set;
+    m->key = add->key_set ? add->key : base->key;
+    m->key_late = add->key_set ? add->key_late : base->key_late;
+    m->limit_set = add->limit_set | base->limit_set;
+    m->limit = add->limit_set ? add->limit : base->limit;
+    m->cost_set = add->cost_set | base->cost_set;
+    m->cost = add->cost_set ? add->cost : base->cost;
+    if (add->tenants) {
+        m->tenants = add->tenants;
+        m->tenants_up = base;
+    }
+    else {
+        m->tenants = base->tenants;
+        m->tenants_up = base->tenants_up;
+    }
+    m->routes = merge_routes(p, base->routes, add->routes);
+    if (add->lease != -1) {
+        m->lease = add->lease;
+        m->lease_ttl_ms = add->lease_ttl_ms;
+    }
+    else {
+        m->lease = base->lease;
+        m->lease_ttl_ms = base->lease_ttl_ms;
+    }
+    m->shards = add->shards != -1 ? add->shards : base->shards;
+    m->cost_header = add->cost_header ? add->cost_header : base->cost_header;
+    if (add->concurrency != -1) {
+        m->concurrency = add->concurrency;
+        m->concurrency_ttl_ms = add->concurrency_ttl_ms;
+    }
+    else {
+        m->concurrency = base->concurrency;
+        m->concurrency_ttl_ms = base->concurrency_ttl_ms;
+    }
+    return m;
+}

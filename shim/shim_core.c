@@ -1,0 +1,358 @@
+/* shim_core.c -- calling the core safely from inside someone else's
+ * process: the re-entrancy guard, SIGPIPE, fork, the Redis sockets of
+ * our own, and the three calls the wrappers make (decide, hold, release).
+ *
+ * The wrappers (tb_shim.c) never call libtb themselves: shim_decide()
+ * and shim_release() each wrap one core call in the same steps.
+ *
+ *  - Re-entrancy: the core opens and closes its Redis sockets itself
+ *    (tb_conn.c), so its connect() and close() -- and the connect() of
+ *    getaddrinfo() resolving a Redis host -- land in our wrappers. A
+ *    thread-local guard is raised for the whole call; a guarded wrapper
+ *    goes straight to the real function, and a guarded connect() records
+ *    the fd as one of ours (and marks it close-on-exec, so a
+ *    fork-and-exec child does not inherit our Redis socket). The
+ *    wrappers never count or delay such an fd.
+ *  - Cancellation is held off for the call, so that a cancelled thread
+ *    cannot leave a core lock taken.
+ *  - SIGPIPE: the core's own writes cannot raise it: tb_conn.c sends
+ *    with send(MSG_NOSIGNAL), and TLS records go out through tb_tls.c's
+ *    socket BIO, which sends with MSG_NOSIGNAL too (and no close_notify
+ *    is ever written). What can is name resolution: a core call may
+ *    (re)connect, and for a Redis host given by name getaddrinfo() runs
+ *    inside it. glibc's resolver sends a query over TCP (after a
+ *    truncated answer, or under `options use-vc`) with writev(2), which
+ *    raises SIGPIPE when the name server has closed that connection, and
+ *    the NSS modules nsswitch.conf loads are no code of ours. A SIGPIPE
+ *    kills a host that does not ignore it, so it is blocked for this
+ *    thread around each core call and one raised there is consumed.
+ *  - Fork: a pthread_atfork child handler only resets flags and the lock
+ *    and calls tb_client_after_fork(); a pid check before each call
+ *    catches children made without fork() (raw clone).
+ *  - Daemons that close every fd: the core is created with verify_fd
+ *    (shim_conf.c), so before each use it checks that a connection's fd
+ *    is still the socket it opened (same device and inode); if the
+ *    program closed it or put a file or a socket of its own on the
+ *    number, the core forgets the connection without writing to or
+ *    closing that fd, and reconnects.
+ *
+ * Concurrency slots: an inbound rule with `concurrency = N` takes a slot
+ * in the same decision as its bucket. shim_hold() leaves it with
+ * shim_slots.c until the program closes the connection; the close()
+ * wrapper then hands it to shim_release(), one Redis call. A slot held
+ * by a process that dies expires by its ttl.
+ *
+ * Nothing here allocates. The core's failures are reported once each,
+ * on stderr; the failure policy itself is the core's.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim_int.h"
+
+#define SHIM_MAX_FDS 64        /* Redis fds we keep track of.            */
+
+SHIM_TLS int shim_guard;
+/* Set only for the length of a core call (core_enter() to core_leave()):
+ * a guarded connect() then is the core's Redis connection, not one made
+ * during initialisation (NSS). */
+static SHIM_TLS int shim_in_core;
+
+/* Set once by shim_core_start(), before the wrappers limit; read with
+ * shim_client_get(). Never freed: it serves the process to its end, and
+ * a forked child keeps it (tb_client_after_fork() drops the parent's
+ * connections). */
+static tb_client_t *shim_client;
+static tb_policy_t shim_policy;
+
+/* Protects the fd table and the pid. Taken only on the matched path and
+ * never across a call into the core. */
+static pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct shim_fd {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+} shim_fd_t;
+
+static shim_fd_t shim_fds[SHIM_MAX_FDS];
+static int shim_nfds;
+static pid_t shim_pid;
+static int shim_warned_redis;
+static int shim_warned_slots;
+
+static tb_client_t *shim_client_get(void)
+{
+    return __atomic_load_n(&shim_client, __ATOMIC_ACQUIRE);
+}
+
+/* ---- Fork ---------------------------------------------------------- */
+
+/* Runs in the child after fork(): the parent's Redis connections must not
+ * be spoken on, so the core drops them; our locks and flags start fresh.
+ * No allocation and no Redis traffic here. */
+static void shim_atfork_child(void)
+{
+    tb_client_t *c = shim_client_get();
+
+    pthread_mutex_init(&shim_lock, NULL);
+    shim_guard = 0;
+    shim_in_core = 0;
+    shim_nfds = 0;
+    shim_pid = getpid();
+    shim_slots_after_fork();
+    if (c != NULL) {
+        tb_client_after_fork(c);
+    }
+}
+
+void shim_core_start(tb_client_t *c, tb_policy_t policy)
+{
+    shim_policy = policy;
+    shim_pid = getpid();
+    __atomic_store_n(&shim_client, c, __ATOMIC_RELEASE);
+    pthread_atfork(NULL, NULL, shim_atfork_child);
+}
+
+int shim_core_pid_matches(void)
+{
+    return getpid() == shim_pid;
+}
+
+/* ---- Our own fds --------------------------------------------------- */
+
+/* Remember fd as a Redis connection of ours. Called from a guarded
+ * connect(), that is from inside the core. */
+static void fds_record(int fd)
+{
+    struct stat st;
+    int i;
+
+    if (fstat(fd, &st) != 0) {
+        return;
+    }
+    /* Our socket must not leak into a program the host execs. */
+    (void)fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+    pthread_mutex_lock(&shim_lock);
+    for (i = 0; i < shim_nfds && shim_fds[i].fd != fd; i++) {
+    }
+    if (i == shim_nfds && shim_nfds < SHIM_MAX_FDS) {
+        shim_nfds++;
+    }
+    if (i < shim_nfds) {
+        shim_fds[i].fd = fd;
+        shim_fds[i].dev = st.st_dev;
+        shim_fds[i].ino = st.st_ino;
+    }
+    pthread_mutex_unlock(&shim_lock);
+}
+
+void shim_core_connected(int fd, int rc)
+{
+    if (shim_in_core && (rc == 0 || errno == EINPROGRESS)) {
+        int saved = errno;
+
+        fds_record(fd);
+        errno = saved;
+    }
+}
+
+/* 0 when the fd is open and still the socket we recorded, 1 when it was
+ * closed, 2 when its number now names another file. */
+static int fd_state(const shim_fd_t *e)
+{
+    struct stat st;
+
+    if (fstat(e->fd, &st) != 0) {
+        return 1;
+    }
+    return st.st_dev == e->dev && st.st_ino == e->ino ? 0 : 2;
+}
+
+int shim_fds_is_ours(int fd)
+{
+    int i, found = 0;
+
+    pthread_mutex_lock(&shim_lock);
+    for (i = 0; i < shim_nfds && !found; i++) {
+        found = shim_fds[i].fd == fd && fd_state(&shim_fds[i]) == 0;
+    }
+    pthread_mutex_unlock(&shim_lock);
+    return found;
+}
+
+/* Forget entries whose fd is closed: the core closed a connection during
+ * the last call. Called with shim_lock held. */
+static void fds_prune_closed(void)
+{
+    int i = 0;
+
+    while (i < shim_nfds) {
+        if (fd_state(&shim_fds[i]) == 1) {
+            shim_fds[i] = shim_fds[--shim_nfds];
+        }
+        else {
+            i++;
+        }
+    }
+}
+
+/* ---- One core call ------------------------------------------------- */
+
+/* SIGPIPE blocked for this thread around a core call (see the head
+ * comment for what can still raise it there), and one that the call
+ * raised swallowed; a SIGPIPE already pending before is the program's
+ * and is left alone. */
+typedef struct sigpipe_guard {
+    sigset_t old;
+    int was_pending;
+} sigpipe_guard_t;
+
+static void sigpipe_block(sigpipe_guard_t *g)
+{
+    sigset_t set, pending;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+    g->was_pending = sigpending(&pending) == 0
+                     && sigismember(&pending, SIGPIPE);
+}
+
+static void sigpipe_restore(sigpipe_guard_t *g)
+{
+    static const struct timespec zero = {0, 0};
+    sigset_t set, pending;
+
+    if (!g->was_pending && sigpending(&pending) == 0
+        && sigismember(&pending, SIGPIPE)) {
+        sigemptyset(&set);
+        sigaddset(&set, SIGPIPE);
+        while (sigtimedwait(&set, NULL, &zero) == -1 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* A call into the core: the guard raised for the whole call, so the
+ * core's connect() and close() go straight to libc, cancellation held
+ * off so that a cancelled thread cannot leave a core lock taken, and
+ * SIGPIPE blocked. */
+typedef struct core_call {
+    sigpipe_guard_t sp;
+    int cancel;
+} core_call_t;
+
+static tb_client_t *core_enter(core_call_t *cc)
+{
+    pid_t pid = getpid();
+    tb_client_t *c;
+
+    shim_guard++;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cc->cancel);
+    sigpipe_block(&cc->sp);
+    pthread_mutex_lock(&shim_lock);
+    if (pid != shim_pid) {
+        /* A child made without fork() (raw clone): no atfork ran. */
+        shim_pid = pid;
+        shim_nfds = 0;
+        shim_slots_after_fork();
+        c = shim_client_get();
+        if (c != NULL) {
+            tb_client_after_fork(c);
+        }
+    }
+    pthread_mutex_unlock(&shim_lock);
+    shim_in_core = 1;
+    return shim_client_get();
+}
+
+static void core_leave(core_call_t *cc)
+{
+    shim_in_core = 0;
+    if (shim_nfds > 0) {
+        pthread_mutex_lock(&shim_lock);
+        fds_prune_closed();
+        pthread_mutex_unlock(&shim_lock);
+    }
+    sigpipe_restore(&cc->sp);
+    pthread_setcancelstate(cc->cancel, NULL);
+    shim_guard--;
+}
+
+/* ---- Decide, hold, release ----------------------------------------- */
+
+void shim_decide(const shim_rule_t *r, const char *key, size_t len,
+                 tb_result_t *res)
+{
+    core_call_t cc;
+    tb_request_t q;
+    tb_client_t *c = core_enter(&cc);
+
+    memset(&q, 0, sizeof(q));
+    q.prefix = r->prefix;
+    q.key = key;
+    q.key_len = len;
+    q.takes = &r->take;
+    q.ntakes = r->take.limit.capacity > 0 ? 1 : 0;
+    q.algo = r->algo;
+    q.concurrency = r->concurrency;
+    q.concurrency_ttl_ms = r->concurrency_ttl_ms;
+    tb_client_run(c, &q, res);
+    if (res->err != TB_ERR_NONE
+        && !__atomic_exchange_n(&shim_warned_redis, 1, __ATOMIC_RELAXED)) {
+        shim_warn("Redis could not decide for rule \"%s\" (%s); policy "
+                  "\"%s\" applies (further errors are not reported)",
+                  r->name, tb_err_name(res->err),
+                  tb_policy_name(shim_policy));
+    }
+    core_leave(&cc);
+}
+
+/* A failure is not reported: the slot expires by its ttl, and a Redis
+ * that fails is reported by the next decision. */
+void shim_release(const shim_held_t *h)
+{
+    core_call_t cc;
+    tb_request_t q;
+    tb_client_t *c = core_enter(&cc);
+
+    memset(&q, 0, sizeof(q));
+    q.prefix = h->rule->prefix;
+    q.key = shim_held_key(h, &q.key_len);
+    q.concurrency_ttl_ms = h->rule->concurrency_ttl_ms;
+    (void)tb_client_release(c, &q, &h->slot);
+    core_leave(&cc);
+}
+
+/* A slot that cannot be tracked (an fd past SHIM_SLOT_FDS, SHIM_MAX_HELD
+ * slots held already) is given back at once: that connection is not
+ * counted, and the first such case is reported. */
+void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
+               const tb_slot_t *slot)
+{
+    shim_held_t h;
+
+    if (shim_slots_hold(cfd, r, key, klen, slot) == 0) {
+        return;
+    }
+    if (!__atomic_exchange_n(&shim_warned_slots, 1, __ATOMIC_RELAXED)) {
+        shim_warn("rule \"%s\": cannot track the concurrency slot of fd "
+                  "%d (at most %d slots, fds below %d); such connections "
+                  "are not counted (further cases are not reported)",
+                  r->name, cfd, SHIM_MAX_HELD, SHIM_SLOT_FDS);
+    }
+    memset(&h, 0, sizeof(h));
+    h.fd = cfd;
+    h.rule = r;
+    snprintf(h.peer, sizeof(h.peer), "%.*s", (int)klen, key);
+    h.slot = *slot;
+    shim_release(&h);
+}

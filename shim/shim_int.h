@@ -1,0 +1,94 @@
+/* shim_int.h -- what the shim's own files share, and nothing more.
+ *
+ * tb_shim.c holds the exported wrappers and initialisation; it calls the
+ * core only through shim_core.c and asks shim_match.c which rule applies.
+ * This header joins them: the thread-local re-entrancy guard, the
+ * warning line, the calls into the core and the rule lookup. Nothing
+ * declared here is exported from the .so (-fvisibility=hidden and
+ * tb_shim.map), and nothing here allocates. tb_shim.h stays what the
+ * config loader hands out, shared with the tbucket tool; shim_slots.h
+ * is the table of concurrency slots.
+ */
+#ifndef SHIM_INT_H
+#define SHIM_INT_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+
+#include "shim_slots.h"
+#include "tb_shim.h"
+
+/* The preloaded library is in the initial TLS block, so the cheapest TLS
+ * model applies: one %fs-relative load per guard check. */
+#define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
+
+/* ---- The re-entrancy guard (shim_core.c) ---------------------------- */
+
+/* Non-zero while this thread is inside the shim's own work: a call into
+ * the core, or initialisation. Every wrapper reads it first and, when it
+ * is set, goes straight to the real function. Raised and lowered in
+ * pairs (a count, not a flag); a forked child starts at 0. */
+extern SHIM_TLS int shim_guard;
+
+/* ---- Logging (tb_shim.c) -------------------------------------------- */
+
+/* One line on stderr, "tbucket-shim[pid]: " and the message, written
+ * with the real write(2); nothing when fd 2 is a TCP socket. errno is
+ * preserved. Thread-safe. */
+void shim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- Calling the core (shim_core.c) --------------------------------- */
+
+/* Hand the core's client to shim_core.c, once, at initialisation, before
+ * the wrappers start limiting: it is used by every later call and never
+ * freed. `policy` is named in the warning when Redis cannot decide. Also
+ * records this process's pid and registers the fork handler. */
+void shim_core_start(tb_client_t *c, tb_policy_t policy);
+
+/* For a guarded connect() that returned rc: during a core call, an fd
+ * that connected or is connecting is one of the core's Redis sockets
+ * and is remembered as ours. errno is preserved. */
+void shim_core_connected(int fd, int rc);
+
+/* 1 when fd is one of the core's Redis sockets, still open and still
+ * the socket that was recorded. Thread-safe. */
+int shim_fds_is_ours(int fd);
+
+/* 1 when this process has the pid the shim last recorded (at start, in
+ * the fork handler, or at a core call); 0 in a child made without fork()
+ * that has not called the core yet (the slots in its table are its
+ * parent's). */
+int shim_core_pid_matches(void);
+
+/* One decision of rule r for `key` (len bytes): its bucket, when it has
+ * one, and its concurrency slot, when it has a limit. Always fills *res
+ * (the core applies the failure policy). Thread-safe. */
+void shim_decide(const shim_rule_t *r, const char *key, size_t len,
+                 tb_result_t *res);
+
+/* Keep the slot that the connection cfd took (rule r, key of klen bytes)
+ * until the program closes cfd; one that cannot be tracked is given back
+ * at once. Thread-safe. */
+void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
+               const tb_slot_t *slot);
+
+/* Give back a slot that shim_slots_take() handed out. Thread-safe. */
+void shim_release(const shim_held_t *h);
+
+/* ---- Matching (shim_match.c) ---------------------------------------- */
+
+/* The first rule of the table `rules` (n of them, `bitmap` their ports)
+ * for the address sa (len bytes), or NULL. Reads its arguments only. */
+const shim_rule_t *shim_match(const shim_rule_t *rules, int n,
+                              const unsigned char *bitmap,
+                              const struct sockaddr *sa, socklen_t len);
+
+/* The bucket key of a connection accepted under rule r from `peer`
+ * (plen bytes): the peer's IP as text, written into buf (buflen bytes,
+ * INET6_ADDRSTRLEN is enough), or the rule's own key. Sets *key and
+ * returns its length. */
+size_t shim_inbound_key(const shim_rule_t *r,
+                        const struct sockaddr_storage *peer, socklen_t plen,
+                        char *buf, size_t buflen, const char **key);
+
+#endif /* SHIM_INT_H */
