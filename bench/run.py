@@ -45,7 +45,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,13 @@ import tls_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+# Ports, processes by PID, redis-server and the head of an Apache config:
+# the integration tests' helpers.
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from tbtest.apache import server_root_conf  # noqa: E402
+from tbtest.env import (Redis as TestRedis, child_pids,  # noqa: E402
+                        free_port, stop_pid, wait_port)
+
 MODDIR = "/usr/lib/apache2/modules"
 NCPU = os.cpu_count() or 1
 T_START = time.monotonic()
@@ -86,23 +92,6 @@ def over_budget():
     return time.monotonic() - T_START > BUDGET_S
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
-
-
 def pin(cpus):
     """A taskset prefix, or nothing when cpus is None."""
     return ["taskset", "-c", cpus] if cpus else []
@@ -125,20 +114,6 @@ def kv(line):
 
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
-
-
-def stop_proc(proc, timeout=10.0):
-    """Stop a process we started, by PID; SIGKILL if it will not go."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-    except ProcessLookupError:
-        pass
 
 
 def rss_kb(pid):
@@ -185,55 +160,15 @@ def threads(pids):
     return out
 
 
-def children(ppid):
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == ppid:
-                out.append(int(d))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
 # ---- servers ------------------------------------------------------------
 
-class Redis:
+class Redis(TestRedis):
+    """The tests' redis-server, pinned to cpus (None: not pinned), with a
+    client `r` whose timeout allows long calls (FLUSHALL, SCRIPT LOAD)."""
+
     def __init__(self, tmp, cpus):
-        self.dir = os.path.join(tmp, "redis")
-        os.makedirs(self.dir)
-        self.port = free_port()
-        self.cpus = cpus
-        self.proc = None
-
-    def start(self):
-        conf = os.path.join(self.dir, "redis.conf")
-        with open(conf, "w") as f:
-            f.write("bind 127.0.0.1\nport %d\ndir %s\nsave \"\"\n"
-                    "appendonly no\ndaemonize no\nlogfile %s/redis.log\n"
-                    % (self.port, self.dir, self.dir))
-        self.proc = subprocess.Popen(pin(self.cpus) + ["redis-server", conf],
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        import redis
-        self.r = redis.Redis(host="127.0.0.1", port=self.port,
-                             socket_timeout=30)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if self.r.ping():
-                    return self
-            except Exception:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer")
-
-    @property
-    def url(self):
-        return "redis://127.0.0.1:%d" % self.port
+        super().__init__(os.path.join(tmp, "redis"), prefix=pin(cpus))
+        self.r = self.client(socket_timeout=30)
 
     def script_calls(self):
         """(calls, usec) of EVALSHA + EVAL since the last RESETSTAT."""
@@ -245,21 +180,9 @@ class Redis:
                 usec += st[k]["usec"]
         return calls, usec
 
-    def stop(self):
-        stop_proc(self.proc)
 
 
-APACHE_CONF = """ServerRoot "{root}"
-ServerName 127.0.0.1
-Listen 127.0.0.1:{port}
-PidFile {root}/run/httpd.pid
-DefaultRuntimeDir {root}/run
-Mutex file:{root}/run default
-ScoreBoardFile {root}/run/scoreboard
-ErrorLog {root}/logs/error.log
-LogLevel warn
-User www-data
-Group www-data
+APACHE_CONF = """{head}
 LoadModule authz_core_module {moddir}/mod_authz_core.so
 {mpm}
 KeepAlive On
@@ -362,8 +285,8 @@ class Apache:
         self.conf = os.path.join(self.root, "httpd.conf")
         with open(self.conf, "w") as f:
             f.write(APACHE_CONF.format(
-                root=self.root, port=self.port, moddir=MODDIR, mpm=mpm_conf,
-                extra=extra))
+                head=server_root_conf(self.root, self.port),
+                root=self.root, moddir=MODDIR, mpm=mpm_conf, extra=extra))
         # The children run as www-data: every parent needs o+x.
         for dirpath, dirs, files in os.walk(self.root):
             os.chmod(dirpath, 0o755)
@@ -399,10 +322,10 @@ class Apache:
                 os.path.basename(self.root), len(errs), errs[0][:200]))
 
     def pids(self):
-        return [self.proc.pid] + children(self.proc.pid)
+        return [self.proc.pid] + child_pids(self.proc.pid)
 
     def child_rss_kb(self):
-        kids = children(self.proc.pid)
+        kids = child_pids(self.proc.pid)
         return [rss_kb(p) for p in kids]
 
     def url(self, path):
@@ -410,7 +333,7 @@ class Apache:
 
     def stop(self):
         # SIGTERM to the parent only; it stops its own children.
-        stop_proc(self.proc, timeout=15)
+        stop_pid(self.proc, timeout=15)
 
 
 class Peer:
@@ -446,10 +369,10 @@ class Peer:
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
     def pids(self):
-        return [self.proc.pid] + children(self.proc.pid)
+        return [self.proc.pid] + child_pids(self.proc.pid)
 
     def stop(self):
-        stop_proc(self.proc, timeout=15)
+        stop_pid(self.proc, timeout=15)
 
 
 # ---- building -----------------------------------------------------------
@@ -781,7 +704,7 @@ def syscall_counts(a, tmp, variants, wcpu):
             continue
         out = os.path.join(tmp, "strace-" + name)
         cmd = ["strace", "-c", "-f", "-o", out]
-        for k in children(srv.proc.pid):
+        for k in child_pids(srv.proc.pid):
             cmd += ["-p", str(k)]
         st = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)

@@ -19,7 +19,7 @@ drifts less. Also recorded: the
 connections each TLS run made (one handshake each).
 
 Called by bench/run.py with the run module as `h` (its helpers: run, pin,
-kv, median, record, log, free_port, wait_port, stop_proc).
+kv, median, record, log, free_port, wait_port, stop_pid).
 """
 import os
 import resource
@@ -66,7 +66,7 @@ def start_redis(d, h, cpus, ca, crt, key):
     while time.monotonic() < deadline:
         if h.wait_port(port, 0.2) and h.wait_port(tls, 0.2):
             return proc, port, tls
-    h.stop_proc(proc)
+    h.stop_pid(proc)
     raise RuntimeError("TLS redis-server did not listen")
 
 
@@ -133,4 +133,4 @@ def part_tls(a, tool, tmp, h):
                 h.record("%s.%s.%s" % (tag, w, name),
                          round(h.median(xs), 1), "us CPU/decision")
     finally:
-        h.stop_proc(proc)
+        h.stop_pid(proc)

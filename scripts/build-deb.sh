@@ -46,9 +46,11 @@ git -C "$root" ls-files -z \
     | tar -C "$src" -xf -
 
 # A make above us (make deb) passes its variables and jobserver through
-# the environment; the package build takes only what debian/rules sets.
+# the environment (SANITIZER too, under make asan); the package build
+# takes only what debian/rules sets.
 cd "$src"
 env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u BUILD \
+    -u SANITIZER \
     dpkg-buildpackage -us -uc -b -j"$jobs"
 
 mv "$out"/src/*.deb "$out"/src/*.changes "$out"/src/*.buildinfo "$out"/

@@ -178,6 +178,36 @@ static inline int tb__settle_args_ok(const tb_limit_t *lim,
     return 1;
 }
 
+/* The window of a limit in ms, the time its rate takes to refill its
+ * capacity: capacity * 1000 / rate, in the window scripts' order. */
+static inline double tb__window_ms(const tb_limit_t *lim)
+{
+    return lim->capacity * 1000 / lim->rate_per_sec;
+}
+
+/* A wait of ms milliseconds as every script rounds it: up to a whole ms,
+ * and at least 1 (a refusal never says "now"). */
+static inline int64_t tb__wait_ms(double ms)
+{
+    int64_t wait = (int64_t)ceil(ms);
+
+    return wait < 1 ? 1 : wait;
+}
+
+/* The arguments of a twin's call in either mode: a state in, and those of
+ * a take (tb__algo_args_ok) or, with settle, of a settlement (cost holds
+ * the deltas). */
+static inline int tb__mode_args_ok(const void *in, const tb_limit_t *lim,
+                                   const double *cost, int n, int settle,
+                                   const void *out, const tb_verdict_t *v)
+{
+    if (!in) {
+        return 0;
+    }
+    return settle ? tb__settle_args_ok(lim, cost, n, out, v)
+                  : tb__algo_args_ok(lim, cost, n, out, v);
+}
+
 /* Start a verdict: allowed, nothing remaining yet. */
 static inline void tb__fold_init(tb_verdict_t *v)
 {
@@ -233,6 +263,53 @@ static inline void tb__fold_room(tb_verdict_t *v, const tb_limit_t *lim,
         }
         tb__fold_left(v, i, left);
     }
+}
+
+/* One bucket's step of a window counter's script: from the stored window
+ * *in (exists or not), the bucket's capacity, the request's cost, the
+ * window length win (ms) and now (ms), set *st to the current window (what
+ * is stored, cost not yet added, if the request is allowed) and *used to
+ * the cost it counts; return the bucket's wait (0 fits, -1 never, else
+ * ms). */
+typedef int64_t tb__window_step_t(const tb_window_t *in, double cap,
+                                  double cost, double win, double now,
+                                  tb_window_t *st, double *used);
+
+/* A window counter's take (tb_fwindow_take, tb_swindow_take): step each
+ * bucket, fold the waits and the room left, and store, when allowed, each
+ * current window with its cost added to cur; on refusal nothing, so out
+ * keeps in. */
+static inline int tb__window_take(tb__window_step_t *step,
+                                  const tb_window_t *in,
+                                  const tb_limit_t *lim, const double *cost,
+                                  int n, int64_t now_ms, tb_window_t *out,
+                                  tb_verdict_t *v)
+{
+    tb_window_t st[TB_MAX_BUCKETS];
+    double used[TB_MAX_BUCKETS];
+    int i;
+
+    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
+        return TB_ERR;
+    }
+    tb__fold_init(v);
+    for (i = 0; i < n; i++) {
+        tb__fold_wait(v, i, step(&in[i], lim[i].capacity, cost[i],
+                                 tb__window_ms(&lim[i]), (double)now_ms,
+                                 &st[i], &used[i]));
+    }
+    tb__fold_room(v, lim, cost, used, n);
+    for (i = 0; i < n; i++) {
+        if (v->allowed) {
+            out[i] = st[i];
+            out[i].cur = st[i].cur + cost[i];
+            out[i].exists = 1;
+        }
+        else {
+            out[i] = in[i];
+        }
+    }
+    return TB_OK;
 }
 
 #endif /* TB_ALGO_INT_H */

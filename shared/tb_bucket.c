@@ -83,13 +83,17 @@ static void refill(const tb_bucket_t *in, const tb_limit_t *l,
 
 /* The steps of tb_bucket.lua over n buckets: settle selects its 'settle'
  * mode, where cost is the difference to settle and every bucket keeps
- * its new level, within -capacity .. capacity. */
-static void bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
-                       const double *cost, int n, int64_t now_ms,
-                       int settle, tb_bucket_t *out, tb_verdict_t *v)
+ * its new level, within -capacity .. capacity. TB_ERR for bad arguments
+ * of that mode. */
+static int bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
+                      const double *cost, int n, int64_t now_ms, int settle,
+                      tb_bucket_t *out, tb_verdict_t *v)
 {
     int i;
 
+    if (!tb__mode_args_ok(in, lim, cost, n, settle, out, v)) {
+        return TB_ERR;
+    }
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
         double cap = lim[i].capacity;
@@ -125,17 +129,14 @@ static void bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
         }
         tb__fold_left(v, i, out[i].tokens);
     }
+    return TB_OK;
 }
 
 int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v)
 {
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
-    bucket_run(in, lim, cost, n, now_ms, 0, out, v);
-    return TB_OK;
+    return bucket_run(in, lim, cost, n, now_ms, 0, out, v);
 }
 
 /* The same steps as tb_bucket_take() for one bucket, then the lease of
@@ -199,11 +200,7 @@ int tb_bucket_settle(const tb_bucket_t *in, const tb_limit_t *lim,
                      const double *delta, int n, int64_t now_ms,
                      tb_bucket_t *out, tb_verdict_t *v)
 {
-    if (!in || !tb__settle_args_ok(lim, delta, n, out, v)) {
-        return TB_ERR;
-    }
-    bucket_run(in, lim, delta, n, now_ms, 1, out, v);
-    return TB_OK;
+    return bucket_run(in, lim, delta, n, now_ms, 1, out, v);
 }
 
 int64_t tb_bucket_ttl_ms(const tb_limit_t *lim)

@@ -460,25 +460,58 @@ static void backoff(int hop)
     }
 }
 
+/* The tries of one call by key: first the node serving the key's slot,
+ * then the target of each redirect, at most TB__MAX_HOPS tries, each after
+ * backoff(). A try that fails fills rd when it was redirected. */
+typedef struct hops {
+    tb__cluster_t *c;
+    unsigned slot;
+    tb__cnode_t *node;
+    int hop;
+    int asking;             /* Send ASKING before the call. */
+    tb__redirect_t rd;
+} hops_t;
+
+/* The node of the first try, made at once, or NULL (*e says why). */
+static tb__cnode_t *hops_first(hops_t *h, tb__cluster_t *c, const char *key,
+                               tb__error_t *e)
+{
+    h->c = c;
+    h->slot = tb_key_slot(key, strlen(key));
+    h->hop = 0;
+    h->asking = 0;
+    h->node = first_hop(c, h->slot, e);
+    return h->node;
+}
+
+/* The node of the next try after a failed one, or NULL: the failure was
+ * no redirect (its error stands), or the tries are used up. */
+static tb__cnode_t *hops_next(hops_t *h, tb__error_t *e)
+{
+    h->node = redirected(h->c, h->node, h->slot, &h->rd, &h->asking, e);
+    if (h->node && ++h->hop >= TB__MAX_HOPS) {
+        tb__set_error(e, TB_ERR_REPLY, "slot %u: too many redirects",
+                      h->slot);
+        return NULL;
+    }
+    if (h->node) {
+        backoff(h->hop);
+    }
+    return h->node;
+}
+
 int tb__cluster_run_script(tb__cluster_t *c, const char *key, int argc,
                            const char **argv, size_t *argvlen,
                            tb__script_reply_t *out, tb__error_t *e)
 {
-    unsigned slot = tb_key_slot(key, strlen(key));
-    tb__cnode_t *n = first_hop(c, slot, e);
-    tb__redirect_t rd;
-    int hop, asking = 0;
+    hops_t h;
+    tb__cnode_t *n;
 
-    for (hop = 0; n && hop < TB__MAX_HOPS; hop++) {
-        backoff(hop);
-        if (tb__run_script_node(&n->pool, asking, argc, argv, argvlen, out,
-                                &rd, e) == TB_OK) {
+    for (n = hops_first(&h, c, key, e); n; n = hops_next(&h, e)) {
+        if (tb__run_script_node(&n->pool, h.asking, argc, argv, argvlen, out,
+                                &h.rd, e) == TB_OK) {
             return TB_OK;
         }
-        n = redirected(c, n, slot, &rd, &asking, e);
-    }
-    if (n) {
-        tb__set_error(e, TB_ERR_REPLY, "slot %u: too many redirects", slot);
     }
     return TB_ERR;
 }
@@ -487,26 +520,20 @@ int tb__cluster_command(tb__cluster_t *c, const char *key, int argc,
                         const char **argv, const size_t *argvlen,
                         redisReply **reply, tb__error_t *e)
 {
-    unsigned slot = tb_key_slot(key, strlen(key));
-    tb__cnode_t *n = first_hop(c, slot, e);
-    tb__redirect_t rd;
-    int hop, asking = 0;
+    hops_t h;
+    tb__cnode_t *n;
 
     *reply = NULL;
-    for (hop = 0; n && hop < TB__MAX_HOPS; hop++) {
-        backoff(hop);
+    for (n = hops_first(&h, c, key, e); n; n = hops_next(&h, e)) {
+        /* The reply of a redirected try. */
         if (*reply) {
             tb__reply_free(*reply);
             *reply = NULL;
         }
-        if (tb__command_node(&n->pool, asking, argc, argv, argvlen, reply,
-                             &rd, e) == TB_OK) {
+        if (tb__command_node(&n->pool, h.asking, argc, argv, argvlen, reply,
+                             &h.rd, e) == TB_OK) {
             return TB_OK;
         }
-        n = redirected(c, n, slot, &rd, &asking, e);
-    }
-    if (n) {
-        tb__set_error(e, TB_ERR_REPLY, "slot %u: too many redirects", slot);
     }
     return TB_ERR;
 }

@@ -501,7 +501,6 @@ int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
 {
     size_t done = 0;
     ssize_t n;
-    int rc;
 
     if (c->ssl) {
         return tls_write(c, buf, len, deadline, e);
@@ -519,14 +518,7 @@ int tb__conn_write(tb__conn_t *c, const char *buf, size_t len,
             set_io_error(e, "write", errno);
             return TB_ERR;
         }
-        rc = wait_fd(c->fd, POLLOUT, deadline);
-        if (rc <= 0) {
-            if (rc == 0) {
-                set_timeout(e, "write");
-            }
-            else {
-                set_io_error(e, "write", errno);
-            }
+        if (wait_step(c->fd, POLLOUT, deadline, "write", e) < 0) {
             return TB_ERR;
         }
     }
@@ -631,14 +623,7 @@ int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
         }
         /* Nothing buffered: a reply takes a round trip, so wait first
          * rather than try a read that would say EAGAIN. */
-        rc = wait_fd(c->fd, POLLIN, deadline);
-        if (rc <= 0) {
-            if (rc == 0) {
-                set_timeout(e, "read");
-            }
-            else {
-                set_io_error(e, "read", errno);
-            }
+        if (wait_step(c->fd, POLLIN, deadline, "read", e) < 0) {
             return TB_ERR;
         }
         if (read_some(c, e) < 0) {

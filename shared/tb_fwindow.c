@@ -13,52 +13,31 @@
 
 #include "tb_algo_int.h"
 
+static int64_t fwindow_step(const tb_window_t *in, double cap, double cost,
+                            double win, double now, tb_window_t *st,
+                            double *used)
+{
+    double idx = floor(now / win);
+
+    *st = *in;
+    st->prev = 0;
+    if (!in->exists || idx > in->w) {
+        st->w = idx;
+        st->cur = 0;
+    }
+    *used = st->cur;
+    if (cost > cap) {
+        return -1;
+    }
+    if (st->cur + cost > cap) {
+        return tb__wait_ms((st->w + 1) * win - now);
+    }
+    return 0;
+}
+
 int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v)
 {
-    double wins[TB_MAX_BUCKETS], counts[TB_MAX_BUCKETS];
-    double now = (double)now_ms;
-    int i;
-
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
-    tb__fold_init(v);
-    for (i = 0; i < n; i++) {
-        double cap = lim[i].capacity;
-        double win = cap * 1000 / lim[i].rate_per_sec;
-        double idx = floor(now / win);
-        int64_t wait = 0;
-
-        wins[i] = in[i].w;
-        counts[i] = in[i].cur;
-        if (!in[i].exists || idx > wins[i]) {
-            wins[i] = idx;
-            counts[i] = 0;
-        }
-        if (cost[i] > cap) {
-            wait = -1;
-        }
-        else if (counts[i] + cost[i] > cap) {
-            wait = (int64_t)ceil((wins[i] + 1) * win - now);
-            if (wait < 1) {
-                wait = 1;
-            }
-        }
-        tb__fold_wait(v, i, wait);
-    }
-    tb__fold_room(v, lim, cost, counts, n);
-    for (i = 0; i < n; i++) {
-        if (v->allowed) {
-            out[i].w = wins[i];
-            out[i].cur = counts[i] + cost[i];
-            out[i].prev = 0;
-            out[i].exists = 1;
-        }
-        else {
-            out[i] = in[i];
-        }
-    }
-    return TB_OK;
+    return tb__window_take(fwindow_step, in, lim, cost, n, now_ms, out, v);
 }

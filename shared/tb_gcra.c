@@ -19,15 +19,19 @@
 #define EPS_MS 0.001
 
 /* The steps of tb_gcra.lua: settle selects its 'settle' mode, where cost
- * is the difference to settle and the new TAT is always stored. */
-static void gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
-                     const double *cost, int n, int64_t now_ms, int settle,
-                     tb_gcra_t *out, tb_verdict_t *v)
+ * is the difference to settle and the new TAT is always stored. TB_ERR
+ * for bad arguments of that mode. */
+static int gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
+                    const double *cost, int n, int64_t now_ms, int settle,
+                    tb_gcra_t *out, tb_verdict_t *v)
 {
     double debt[TB_MAX_BUCKETS], after[TB_MAX_BUCKETS];
     double now = (double)now_ms;
     int i;
 
+    if (!tb__mode_args_ok(in, lim, cost, n, settle, out, v)) {
+        return TB_ERR;
+    }
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
         double interval = 1000 / lim[i].rate_per_sec;
@@ -55,10 +59,7 @@ static void gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
             wait = -1;
         }
         else if (after[i] > limit + EPS_MS) {
-            wait = (int64_t)ceil(after[i] - limit - EPS_MS);
-            if (wait < 1) {
-                wait = 1;
-            }
+            wait = tb__wait_ms(after[i] - limit - EPS_MS);
         }
         tb__fold_wait(v, i, wait);
     }
@@ -79,26 +80,19 @@ static void gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
             out[i] = in[i];
         }
     }
+    return TB_OK;
 }
 
 int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
                  const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
                  tb_verdict_t *v)
 {
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
-    gcra_run(in, lim, cost, n, now_ms, 0, out, v);
-    return TB_OK;
+    return gcra_run(in, lim, cost, n, now_ms, 0, out, v);
 }
 
 int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *delta, int n, int64_t now_ms,
                    tb_gcra_t *out, tb_verdict_t *v)
 {
-    if (!in || !tb__settle_args_ok(lim, delta, n, out, v)) {
-        return TB_ERR;
-    }
-    gcra_run(in, lim, delta, n, now_ms, 1, out, v);
-    return TB_OK;
+    return gcra_run(in, lim, delta, n, now_ms, 1, out, v);
 }

@@ -47,46 +47,41 @@ size_t tb_key_sanitize(const char *key, size_t len, char *out)
     return 33;
 }
 
-int tb_prefix_valid(const char *prefix)
+/* A route name's bytes: letters, digits, '_', '.' and '-'. */
+static int name_byte(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+           || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+}
+
+/* 1 when s holds 1..max bytes, each one ok() accepts. */
+static int valid_text(const char *s, size_t max, int (*ok)(unsigned char))
 {
     size_t i, n;
 
-    if (!prefix) {
+    if (!s) {
         return 0;
     }
-    n = strlen(prefix);
-    if (n < 1 || n > TB_PREFIX_MAX) {
+    n = strlen(s);
+    if (n < 1 || n > max) {
         return 0;
     }
     for (i = 0; i < n; i++) {
-        if (!safe_byte((unsigned char)prefix[i])) {
+        if (!ok((unsigned char)s[i])) {
             return 0;
         }
     }
     return 1;
 }
 
+int tb_prefix_valid(const char *prefix)
+{
+    return valid_text(prefix, TB_PREFIX_MAX, safe_byte);
+}
+
 int tb_name_valid(const char *name)
 {
-    size_t i, n;
-
-    if (!name) {
-        return 0;
-    }
-    n = strlen(name);
-    if (n < 1 || n > TB_NAME_MAX) {
-        return 0;
-    }
-    for (i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)name[i];
-
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
-              || (c >= '0' && c <= '9') || c == '_' || c == '.'
-              || c == '-')) {
-            return 0;
-        }
-    }
-    return 1;
+    return valid_text(name, TB_NAME_MAX, name_byte);
 }
 
 size_t tb_key_build(const char *prefix, const char *key, size_t len,

@@ -43,37 +43,69 @@ static size_t decimal_len(const char *s)
     return digits ? i : 0;
 }
 
+/* The plain decimal that starts s, a rate or a duration (what names it
+ * in the messages), into *v; *end gets where its unit starts. */
+static int leading_decimal(const char *s, const char *what, double *v,
+                           char **end, char *err, size_t errlen)
+{
+    const char *why = NULL;
+
+    if (!s || !*s) {
+        why = "empty %s '%s'";
+    }
+    else {
+        errno = 0;
+        *v = strtod(s, end);
+        if (*end == s || errno != 0 || !isfinite(*v)
+            || *end != s + decimal_len(s)) {
+            why = "%s '%s' is not a number";
+        }
+    }
+    if (why && err && errlen) {
+        snprintf(err, errlen, why, what, s ? s : "(null)");
+    }
+    return why ? TB_ERR : TB_OK;
+}
+
+/* The units a number may end in, with what they divide a rate by (to
+ * tokens per second) or multiply a duration by (to ms); "" is none. */
+typedef struct unit {
+    const char *name;
+    double factor;
+} unit_t;
+
+static const unit_t rate_units[] = {
+    {"", 1}, {"/s", 1}, {"/m", 60}, {"/h", 3600}, {NULL, 0}
+};
+
+static const unit_t duration_units[] = {
+    {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {NULL, 0}
+};
+
+/* 1 and *factor when end is one of the units, else 0. */
+static int unit_factor(const char *end, const unit_t *u, double *factor)
+{
+    for (; u->name; u++) {
+        if (strcmp(end, u->name) == 0) {
+            *factor = u->factor;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen)
 {
     char *end;
     double v, div = 1;
 
-    if (!s || !*s) {
-        return fail(err, errlen, "empty rate '%s'", s);
+    if (leading_decimal(s, "rate", &v, &end, err, errlen) != TB_OK) {
+        return TB_ERR;
     }
-    errno = 0;
-    v = strtod(s, &end);
-    if (end == s || errno != 0 || !isfinite(v)
-        || end != s + decimal_len(s)) {
-        return fail(err, errlen, "rate '%s' is not a number", s);
-    }
-    if (*end == '/') {
-        if (strcmp(end, "/s") == 0) {
-            div = 1;
-        }
-        else if (strcmp(end, "/m") == 0) {
-            div = 60;
-        }
-        else if (strcmp(end, "/h") == 0) {
-            div = 3600;
-        }
-        else {
-            return fail(err, errlen,
-                        "rate '%s' must end in /s, /m or /h", s);
-        }
-    }
-    else if (*end != '\0') {
-        return fail(err, errlen, "rate '%s' has trailing characters", s);
+    if (!unit_factor(end, rate_units, &div)) {
+        return fail(err, errlen, *end == '/'
+                    ? "rate '%s' must end in /s, /m or /h"
+                    : "rate '%s' has trailing characters", s);
     }
     v = v / div;
     if (!(v > 0)) {
@@ -97,28 +129,10 @@ int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
     char *end;
     double v, mult = 1;
 
-    if (!s || !*s) {
-        return fail(err, errlen, "empty duration '%s'", s);
+    if (leading_decimal(s, "duration", &v, &end, err, errlen) != TB_OK) {
+        return TB_ERR;
     }
-    errno = 0;
-    v = strtod(s, &end);
-    if (end == s || errno != 0 || !isfinite(v)
-        || end != s + decimal_len(s)) {
-        return fail(err, errlen, "duration '%s' is not a number", s);
-    }
-    if (*end == '\0' || strcmp(end, "ms") == 0) {
-        mult = 1;
-    }
-    else if (strcmp(end, "s") == 0) {
-        mult = 1000;
-    }
-    else if (strcmp(end, "m") == 0) {
-        mult = 60000;
-    }
-    else if (strcmp(end, "h") == 0) {
-        mult = 3600000;
-    }
-    else {
+    if (!unit_factor(end, duration_units, &mult)) {
         return fail(err, errlen,
                     "duration '%s' must end in ms, s, m or h", s);
     }

@@ -63,7 +63,7 @@ int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
     tb__fold_init(v);
     for (i = 0; i < n; i++) {
         double cap = lim[i].capacity;
-        double win = cap * 1000 / lim[i].rate_per_sec;
+        double win = tb__window_ms(&lim[i]);
         int64_t wait = 0;
 
         trim(&logs[i], now - win);
@@ -75,11 +75,8 @@ int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
             /* Wait until the d-th oldest entry leaves the window. */
             double d = ceil(counts[i] + cost[i] - cap);
 
-            wait = (int64_t)ceil((double)logs[i].ts_ms[(size_t)d - 1] + win
-                                 - now);
-            if (wait < 1) {
-                wait = 1;
-            }
+            wait = tb__wait_ms((double)logs[i].ts_ms[(size_t)d - 1] + win
+                               - now);
         }
         tb__fold_wait(v, i, wait);
     }

@@ -13,76 +13,49 @@
 
 #include "tb_algo_int.h"
 
+static int64_t swindow_step(const tb_window_t *in, double cap, double cost,
+                            double win, double now, tb_window_t *st,
+                            double *used)
+{
+    double idx = floor(now / win);
+    double into, at;
+
+    *st = *in;
+    if (!in->exists || idx > in->w + 1) {
+        st->w = idx;
+        st->cur = 0;
+        st->prev = 0;
+    }
+    else if (idx == in->w + 1) {
+        st->w = idx;
+        st->prev = in->cur;
+        st->cur = 0;
+    }
+    /* A clock that went backwards stays at the start of the stored
+     * window, where the previous window weighs the most. */
+    into = now - st->w * win;
+    if (into < 0) {
+        into = 0;
+    }
+    *used = st->prev * ((win - into) / win) + st->cur;
+    if (cost > cap) {
+        return -1;
+    }
+    if (*used + cost > cap) {
+        if (st->cur + cost <= cap) {
+            at = st->w * win + win * (1 - (cap - st->cur - cost) / st->prev);
+        }
+        else {
+            at = (st->w + 1) * win + win * (1 - (cap - cost) / st->cur);
+        }
+        return tb__wait_ms(at - now);
+    }
+    return 0;
+}
+
 int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v)
 {
-    tb_window_t st[TB_MAX_BUCKETS];
-    double ests[TB_MAX_BUCKETS];
-    double now = (double)now_ms;
-    int i;
-
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
-        return TB_ERR;
-    }
-    tb__fold_init(v);
-    for (i = 0; i < n; i++) {
-        double cap = lim[i].capacity;
-        double win = cap * 1000 / lim[i].rate_per_sec;
-        double idx = floor(now / win);
-        double into;
-        int64_t wait = 0;
-
-        st[i] = in[i];
-        if (!in[i].exists || idx > in[i].w + 1) {
-            st[i].w = idx;
-            st[i].cur = 0;
-            st[i].prev = 0;
-        }
-        else if (idx == in[i].w + 1) {
-            st[i].w = idx;
-            st[i].prev = in[i].cur;
-            st[i].cur = 0;
-        }
-        /* A clock that went backwards stays at the start of the stored
-         * window, where the previous window weighs the most. */
-        into = now - st[i].w * win;
-        if (into < 0) {
-            into = 0;
-        }
-        ests[i] = st[i].prev * ((win - into) / win) + st[i].cur;
-        if (cost[i] > cap) {
-            wait = -1;
-        }
-        else if (ests[i] + cost[i] > cap) {
-            double at;
-
-            if (st[i].cur + cost[i] <= cap) {
-                at = st[i].w * win
-                     + win * (1 - (cap - st[i].cur - cost[i]) / st[i].prev);
-            }
-            else {
-                at = (st[i].w + 1) * win
-                     + win * (1 - (cap - cost[i]) / st[i].cur);
-            }
-            wait = (int64_t)ceil(at - now);
-            if (wait < 1) {
-                wait = 1;
-            }
-        }
-        tb__fold_wait(v, i, wait);
-    }
-    tb__fold_room(v, lim, cost, ests, n);
-    for (i = 0; i < n; i++) {
-        if (v->allowed) {
-            out[i].w = st[i].w;
-            out[i].cur = st[i].cur + cost[i];
-            out[i].prev = st[i].prev;
-            out[i].exists = 1;
-        }
-        else {
-            out[i] = in[i];
-        }
-    }
-    return TB_OK;
+    return tb__window_take(swindow_step, in, lim, cost, n, now_ms, out, v);
 }

@@ -21,18 +21,19 @@ import argparse
 import http.client
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APACHE = "/usr/sbin/apache2"
-# Starts apache2 with what the module build needs (the sanitizer runtimes
-# for a `make SANITIZER=...` build).
-APACHE2_SH = os.path.join(TOP, "scripts", "apache2.sh")
+# Ports, processes by PID and Apache's command line and server root: the
+# integration tests' helpers.
+sys.path.insert(0, os.path.join(TOP, "tests", "integration"))
+from tbtest.apache import (APACHE, apache2_argv,  # noqa: E402
+                           server_root_conf)
+from tbtest.env import free_port, stop_pid, wait_port  # noqa: E402
+
 HAPROXY = "/usr/sbin/haproxy"
 REDIS = "/usr/bin/redis-server"
 MODDIR = "/usr/lib/apache2/modules"
@@ -44,23 +45,6 @@ def need(path, package):
     if not os.path.exists(path):
         sys.exit("demo-replicas: %s is missing: apt-get install %s"
                  % (path, package))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
 class Procs:
@@ -75,7 +59,7 @@ class Procs:
                              stdin=subprocess.DEVNULL)
         out.close()
         self.procs.append((name, p))
-        if not wait_port(port):
+        if not wait_port(port, 15):
             with open(log, errors="replace") as f:
                 tail = f.read()[-2000:]
             raise RuntimeError("%s did not listen on %d:\n%s"
@@ -83,16 +67,7 @@ class Procs:
         return p
 
     def stop(self, p):
-        if p.poll() is not None:
-            return
-        try:
-            os.kill(p.pid, signal.SIGTERM)
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait(timeout=5)
-        except ProcessLookupError:
-            pass
+        stop_pid(p, timeout=15)
 
     def stop_all(self):
         for _, p in reversed(self.procs):
@@ -100,17 +75,7 @@ class Procs:
 
 
 def apache_conf(root, name, port, redis_port, so, capacity, rate):
-    return """ServerRoot "{root}"
-ServerName 127.0.0.1
-Listen 127.0.0.1:{port}
-PidFile {root}/run/httpd.pid
-DefaultRuntimeDir {root}/run
-Mutex file:{root}/run default
-ScoreBoardFile {root}/run/scoreboard
-ErrorLog {root}/logs/error.log
-LogLevel warn tbucket:info
-User www-data
-Group www-data
+    return """{head}
 LoadModule mpm_event_module {mods}/mod_mpm_event.so
 LoadModule authz_core_module {mods}/mod_authz_core.so
 LoadModule mime_module {mods}/mod_mime.so
@@ -141,8 +106,9 @@ TBucketKey "%{{HTTP:X-API-Key}}"
 TBucketLimit {capacity} {rate}
 LogFormat "%>s %{{TBUCKET_DECISION}}e" decision
 CustomLog {root}/logs/access.log decision
-""".format(root=root, name=name, port=port, redis_port=redis_port, so=so,
-           mods=MODDIR, capacity=capacity, rate=rate)
+""".format(head=server_root_conf(root, port, "warn tbucket:info"),
+           root=root, redis_port=redis_port, so=so, mods=MODDIR,
+           capacity=capacity, rate=rate)
 
 
 def haproxy_conf(port, backends):
@@ -335,8 +301,8 @@ def main():
                                     a.capacity, a.rate))
             # setsid: prefork/event signal their whole process group on
             # shutdown, which must not include this script.
-            procs.start(name, ["setsid", APACHE2_SH, so, "-f", conf,
-                               "-DFOREGROUND"],
+            procs.start(name, ["setsid"] + apache2_argv(so, "-f", conf,
+                                                        "-DFOREGROUND"),
                         os.path.join(root, "logs", "stderr.log"), port)
             backends.append((name, port))
         hport = free_port()

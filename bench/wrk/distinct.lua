@@ -1,11 +1,7 @@
 -- distinct.lua -- a new X-API-Key on every request: every decision makes
 -- a new bucket in Redis. Args: a run tag (keeps runs apart).
-local threads = 0
-
-function setup(thread)
-  threads = threads + 1
-  thread:set("id", threads)
-end
+local here = debug.getinfo(1, "S").source:match("^@(.-)[^/]*$")
+dofile(here .. "thread_ids.lua")
 
 function init(args)
   tag = "wrk-" .. (args[1] or "run") .. "-" .. id .. "-"

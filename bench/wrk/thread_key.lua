@@ -4,12 +4,8 @@
 -- key per thread: each bucket is hot and already exists. The header is set
 -- in init(), so wrk still sends one prebuilt request (no request()
 -- function): the same client cost as a plain run. Args: a run tag.
-local threads = 0
-
-function setup(thread)
-  threads = threads + 1
-  thread:set("id", threads)
-end
+local here = debug.getinfo(1, "S").source:match("^@(.-)[^/]*$")
+dofile(here .. "thread_ids.lua")
 
 function init(args)
   local tag = args[1] or "run"

@@ -1,6 +1,7 @@
 /* algo_vectors.h -- reads tests/vectors/<algo>.tsv for the unit tests of
  * the algorithms' C twins (test_gcra.c, test_fwindow.c, test_swindow.c,
- * test_slog.c).
+ * test_slog.c), and the vector hooks of the twins that keep their state
+ * in an array (GCRA and the two windows).
  *
  * Each row is one call; rows of one case run in order on state that starts
  * missing. Columns: case, now_ms, capacity, rate, cost, allowed, remaining,
@@ -9,15 +10,21 @@
  * settle). Per-bucket values are joined by '|'. The including file defines
  * av_reset() (a new case), av_take() (one call on its twin, refusing with
  * TB_ERR an op it has not) and av_state_ok() (does bucket i's state match
- * the text?). The same rows run against the real scripts in
+ * the text?), or AV_STATE and AV_TAKE for the array hooks (below).
+ * The same rows run against the real scripts in
  * tests/integration/algorithms/test_algo_vectors.py.
  */
 #ifndef ALGO_VECTORS_H
 #define ALGO_VECTORS_H
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cmocka.h>
 
 #include "tb_int.h"
 
@@ -149,5 +156,66 @@ static int av_run(const char *file, int *bad)
     fclose(fp);
     return rows;
 }
+
+/* The vector test of a twin: every row of dir/<file> matches, and there
+ * are at least min_rows of them. */
+static void av_check(const char *file, int min_rows)
+{
+    int bad, rows = av_run(file, &bad);
+
+    assert_true(rows >= min_rows);
+    assert_int_equal(bad, 0);
+}
+
+/* Does a window's state match the text "w,cur,prev" ("-": no key)? The
+ * fixed window stores prev 0. */
+static inline int av_window_ok(const tb_window_t *st, const char *text)
+{
+    double w, cur, prev;
+
+    if (strcmp(text, "-") == 0) {
+        return !st->exists;
+    }
+    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3 && st->exists
+           && st->w == w && st->cur == cur && st->prev == prev;
+}
+
+#ifdef AV_TAKE
+/* The hooks of a twin that keeps its buckets' states in an array (GCRA,
+ * the fixed and the sliding window): the including file defines AV_STATE
+ * (the state's type), AV_TAKE (the twin) and, when the script has a
+ * settle mode, AV_SETTLE before including this header, then defines
+ * av_state_ok(). */
+static AV_STATE av_st[TB_MAX_BUCKETS];
+
+static void av_reset(int n)
+{
+    (void)n;
+    memset(av_st, 0, sizeof(av_st));
+}
+
+static int av_take(const av_row_t *r, tb_verdict_t *v)
+{
+    if (r->settle) {
+#ifdef AV_SETTLE
+        return AV_SETTLE(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
+#else
+        return TB_ERR; /* The script has no settle mode. */
+#endif
+    }
+    return AV_TAKE(av_st, r->lim, r->cost, r->n, r->now_ms, av_st, v);
+}
+
+/* One call of the twin on one bucket, which must succeed; returns
+ * whether it was allowed. */
+static int take1(AV_STATE *st, double cap, double rate, double cost,
+                 int64_t now, tb_verdict_t *v)
+{
+    tb_limit_t l = { cap, rate };
+
+    assert_int_equal(AV_TAKE(st, &l, &cost, 1, now, st, v), TB_OK);
+    return v->allowed;
+}
+#endif /* AV_TAKE */
 
 #endif /* ALGO_VECTORS_H */

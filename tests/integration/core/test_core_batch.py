@@ -16,21 +16,8 @@ import subprocess
 import threading
 import time
 
-from tbtest.core import (check_after, load_vectors, num, put_buckets,
-                         redis_key)
-from tbtest.env import prog
-
-
-def kv(line):
-    out = {}
-    for part in line.split():
-        if "=" in part:
-            k, v = part.split("=", 1)
-            try:
-                out[k] = int(v)
-            except ValueError:
-                out[k] = v
-    return out
+from tbtest.core import check_after, load_vectors, put_buckets, vector_take
+from tbtest.env import parse_kv, prog
 
 
 def batch(url, *args, opts=(), stdin=None, timeout=60):
@@ -44,7 +31,7 @@ def batch(url, *args, opts=(), stdin=None, timeout=60):
     p = subprocess.run(cmd, input=stdin, capture_output=True, text=True,
                        timeout=timeout)
     assert p.returncode == 0, p.stderr
-    lines = [kv(x) for x in p.stdout.splitlines()]
+    lines = [parse_kv(x) for x in p.stdout.splitlines()]
     stats = [x for x, raw in zip(lines, p.stdout.splitlines())
              if raw.startswith("stats ")][0]
     return lines, stats
@@ -89,19 +76,13 @@ def test_core_030_02(redis_server):
 def test_core_030_03(redis_server):
     r = redis_server.client()
     vectors = load_vectors()
-    routes = ["r%d" % i for i in range(8)]
-    rows = []
+    rows, keys = [], []
     for vid, now, buckets, verdict in vectors:
         client = "b-" + vid
-        keys = [redis_key("B:", client, None if i == 0 else routes[i])
-                for i in range(len(buckets))]
-        put_buckets(r, keys, buckets)
-        args = []
-        for i, b in enumerate(buckets):
-            if i:
-                args.append(routes[i])
-            args += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
-        rows.append("%d %s %s" % (now, client, " ".join(args)))
+        row_keys, args = vector_take("B:", client, buckets)
+        put_buckets(r, row_keys, buckets)
+        keys.append(row_keys)
+        rows.append("%d %s %s" % (now, client, args))
     lines, stats = batch(redis_server.url, "rows", 8, opts=("-p", "1"),
                          stdin="\n".join(rows) + "\n")
     got = {x["row"]: x for x in lines if "row" in x}
@@ -111,9 +92,7 @@ def test_core_030_03(redis_server):
         assert x["source"] == "redis", (vid, x)
         assert [x["allowed"], x["remaining"], x["retry_ms"],
                 x["binding"]] == verdict, (vid, x)
-        keys = [redis_key("B:", "b-" + vid, None if k == 0 else routes[k])
-                for k in range(len(buckets))]
-        check_after(r, keys, buckets, verdict, vid)
+        check_after(r, keys[i], buckets, verdict, vid)
     assert stats["calls"] == len(vectors)
 
 

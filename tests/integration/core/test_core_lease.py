@@ -15,7 +15,7 @@ import os
 import pytest
 
 from tbtest.core import (info_commandstats, keyslot, num, sanitized,
-                          script_text)
+                         script_text, tsv_rows)
 from tbtest.env import ROOT
 
 LEASE = os.path.join(ROOT, "tests", "vectors", "lease.tsv")
@@ -26,14 +26,9 @@ COLS = ("id exists tokens ts_ms now_ms capacity rate cost want allowed "
 def load_lease():
     """The rows, back "0" where the optional column is absent."""
     rows = []
-    with open(LEASE) as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line or line.startswith("#"):
-                continue
-            parts = line.split("\t")
-            assert len(parts) in (len(COLS) - 1, len(COLS)), line
-            rows.append(dict(zip(COLS, parts + ["0"])))
+    for parts in tsv_rows(LEASE):
+        assert len(parts) in (len(COLS) - 1, len(COLS)), parts
+        rows.append(dict(zip(COLS, parts + ["0"])))
     return rows
 
 

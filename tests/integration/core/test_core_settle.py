@@ -12,8 +12,8 @@ tb_client_give_back, and a settlement Redis cannot make.
 """
 import pytest
 
-from tbtest.core import (SETTLE_VECTORS, info_commandstats, load_vectors,
-                         num, pct, put_buckets, script_text)
+from tbtest.core import (SETTLE_VECTORS, eval_vector, info_commandstats,
+                         load_vectors, num, pct, put_buckets)
 
 VECTORS = load_vectors(SETTLE_VECTORS)
 IDS = [v[0] for v in VECTORS]
@@ -38,16 +38,9 @@ def script_calls(r):
 # mode: the reply and the state, TTL included.
 @pytest.mark.parametrize("vec", VECTORS, ids=IDS)
 def test_core_settle_vectors_lua(redis_server, vec):
-    vid, now, buckets, verdict = vec
     r = redis_server.client()
-    keys = ["settle:{%s}:%d" % (vid, i) for i in range(len(buckets))]
-    put_buckets(r, keys, buckets)
-    argv = [str(now)]
-    for b in buckets:
-        argv += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
-    reply = r.eval(script_text(), len(keys), *(keys + argv + ["settle"]))
-    assert [int(x) for x in reply] == verdict, vid
-    check_state(r, keys, buckets, vid)
+    keys = eval_vector(r, vec, "settle", "settle")
+    check_state(r, keys, vec[2], vec[0])
 
 
 # The same vectors through the client: the request names the main bucket

@@ -12,8 +12,8 @@ import hashlib
 
 import pytest
 
-from tbtest.core import (check_after, info_commandstats, load_vectors, num,
-                         put_buckets, redis_key, script_text)
+from tbtest.core import (check_after, eval_vector, info_commandstats,
+                         load_vectors, put_buckets, script_text, vector_take)
 
 VECTORS = load_vectors()
 IDS = [v[0] for v in VECTORS]
@@ -24,13 +24,7 @@ IDS = [v[0] for v in VECTORS]
 def test_core_001_01(redis_server, vec):
     vid, now, buckets, verdict = vec
     r = redis_server.client()
-    keys = ["vec:{%s}:%d" % (vid, i) for i in range(len(buckets))]
-    put_buckets(r, keys, buckets)
-    argv = [str(now)]
-    for b in buckets:
-        argv += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
-    reply = r.eval(script_text(), len(keys), *(keys + argv))
-    assert [int(x) for x in reply] == verdict, vid
+    keys = eval_vector(r, vec, "vec")
     check_after(r, keys, buckets, verdict, vid)
 
 
@@ -57,19 +51,12 @@ def test_core_001_03(redis_server, drivers):
 def test_core_001_04(redis_server, drivers):
     r = redis_server.client()
     d = drivers(redis_server.url, prefix="v:")
-    routes = ["r%d" % i for i in range(8)]
     failures = []
     for vid, now, buckets, verdict in VECTORS:
         client = "c-" + vid
-        keys = [redis_key("v:", client, None if i == 0 else routes[i])
-                for i in range(len(buckets))]
+        keys, args = vector_take("v:", client, buckets)
         put_buckets(r, keys, buckets)
-        args = []
-        for i, b in enumerate(buckets):
-            if i:
-                args.append(routes[i])
-            args += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
-        res = d.cmd("take_at %d %s %s" % (now, client, " ".join(args)))
+        res = d.cmd("take_at %d %s %s" % (now, client, args))
         got = [res["allowed"], res["remaining"], res["retry_ms"],
                res["binding"]]
         if res["source"] != "redis" or got != verdict:

@@ -5,9 +5,9 @@ key (falls back to the client IP), a NUL (refused by httpd itself), a cost
 above the capacity. No child crashes, every Redis key keeps the prefix{...}
 shape, and the victim's bucket does not move."""
 import re
-import socket
 
 from tbtest.core import redis_key
+from tbtest.load import http_head
 from tbtest.proof import crash_lines
 
 SAFE_KEY = re.compile(rb"^ha:(ip:)?\{([\x21-\x7a\x7c\x7e]{1,128}|#[0-9a-f]{32})\}"
@@ -54,15 +54,7 @@ def raw_get(port, path, key, timeout=20):
     req = (b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
            + (b"X-API-Key: " + key + b"\r\n" if key is not None else b"")
            + b"Connection: close\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(req)
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    head = data.split(b"\r\n\r\n", 1)[0].decode(errors="replace")
+    head = http_head(port, req, timeout)
     return int(head.split(" ", 2)[1]), head
 
 

@@ -40,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "driver_common.h"
 #include "tb.h"
 
 #define MAX_THREADS 256
@@ -107,12 +108,7 @@ static void decide(const char *key, const tb_take_t *takes, int n,
     tb_request_t q;
     int64_t t0 = tb_clock_monotonic_us();
 
-    memset(&q, 0, sizeof(q));
-    q.prefix = prefix;
-    q.key = key;
-    q.key_len = strlen(key);
-    q.takes = takes;
-    q.ntakes = n;
+    request_init(&q, prefix, key, strlen(key), takes, n);
     q.now_ms = now_ms;
     tb_client_run(client, &q, &o->res);
     o->elapsed_us = tb_clock_monotonic_us() - t0;
@@ -250,19 +246,11 @@ int main(int argc, char **argv)
      * themselves. */
     o.breaker_threshold = 1000000;
     while ((opt = getopt(argc, argv, "u:t:c:p:P:b:x:")) != -1) {
-        switch (opt) {
-        case 'u': o.url = optarg; break;
-        case 't': o.timeout_ms = atoi(optarg); break;
-        case 'c': o.connect_timeout_ms = atoi(optarg); break;
-        case 'p': o.pool_size = atoi(optarg); break;
-        case 'P':
-            if (tb_policy_parse(optarg, &o.policy) != TB_OK) {
-                usage();
-            }
-            break;
-        case 'b': o.breaker_threshold = atoi(optarg); break;
-        case 'x': prefix = optarg; break;
-        default: usage();
+        if (opt == 'x') {
+            prefix = optarg;
+        }
+        else if (client_option(&o, opt, optarg) != 1) {
+            usage();
         }
     }
     if (argc - optind < 2) {

@@ -73,6 +73,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "driver_common.h"
 #include "tb.h"
 
 #define MAX_ARGS (2 + 4 * TB_MAX_BUCKETS + 2)
@@ -192,18 +193,6 @@ static void print_result(int rc, const tb_result_t *r, int64_t elapsed_us)
            rc, r->binding, r->limit, (long long)r->redis_us);
 }
 
-/* A request for the client key av[0] (escaped) over n takes. */
-static void request_init(tb_request_t *q, const char *key, long klen,
-                         const tb_take_t *t, int n)
-{
-    memset(q, 0, sizeof(*q));
-    q->prefix = prefix;
-    q->key = key;
-    q->key_len = (size_t)klen;
-    q->takes = t;
-    q->ntakes = n;
-}
-
 static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
 {
     tb_take_t t[TB_MAX_BUCKETS];
@@ -222,7 +211,7 @@ static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
                "...\n");
         return;
     }
-    request_init(&q, av[with_now], klen, t, n);
+    request_init(&q, prefix, av[with_now], (size_t)klen, t, n);
     q.now_ms = with_now ? &now : NULL;
     t0 = tb_clock_monotonic_us();
     rc = tb_client_run(c, &q, &r);
@@ -357,7 +346,7 @@ static void cmd_lease(tb_client_t *c, char **av, int ac, int with_now)
                "WANT [BACK]\n");
         return;
     }
-    request_init(&q, av[with_now + 2], klen, t, n);
+    request_init(&q, prefix, av[with_now + 2], (size_t)klen, t, n);
     if (parse_shard(av + with_now, &q)) {
         printf("error usage: lease[_at NOW_MS] K SHARD ...\n");
         return;
@@ -385,7 +374,7 @@ static int parse_run(char **av, int ac, tb_request_t *q, tb_take_t *t,
         || parse_takes(av + 4, ac - 4, &klen, t, &n)) {
         return -1;
     }
-    request_init(q, av[4], klen, t, n);
+    request_init(q, prefix, av[4], (size_t)klen, t, n);
     q->algo = algo;
     q->now_ms = strcmp(av[3], "-") != 0 ? now : NULL;
     return parse_shard(av + 1, q);
@@ -468,7 +457,7 @@ static void cmd_take_shard(tb_client_t *c, char **av, int ac)
         printf("error usage: take_shard K SHARD KEY CAP RATE COST ...\n");
         return;
     }
-    request_init(&q, av[2], klen, t, n);
+    request_init(&q, prefix, av[2], (size_t)klen, t, n);
     if (parse_shard(av, &q)) {
         printf("error usage: take_shard K SHARD ...\n");
         return;
@@ -589,26 +578,11 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     tb_options_init(&o);
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'u': o.url = optarg; break;
-        case 't': o.timeout_ms = atoi(optarg); break;
-        case 'c': o.connect_timeout_ms = atoi(optarg); break;
-        case 'p': o.pool_size = atoi(optarg); break;
-        case 'P':
-            if (tb_policy_parse(optarg, &o.policy) != TB_OK) {
-                usage();
-            }
-            break;
-        case 'r': o.replicas = atoi(optarg); break;
-        case 'b': o.breaker_threshold = atoi(optarg); break;
-        case 'B': o.breaker_cooldown_ms = atoll(optarg); break;
-        case 'x': prefix = optarg; break;
-        case 'A': o.tls.ca_file = optarg; break;
-        case 'C': o.tls.cert_file = optarg; break;
-        case 'K': o.tls.key_file = optarg; break;
-        case 'N': o.tls.server_name = optarg; break;
-        case 'V': o.tls.no_verify = strcmp(optarg, "off") == 0; break;
-        default: usage();
+        if (ch == 'x') {
+            prefix = optarg;
+        }
+        else if (client_option(&o, ch, optarg) != 1) {
+            usage();
         }
     }
     c = tb_client_create(&o, err, sizeof(err));

@@ -36,18 +36,32 @@ def _fold(n, waits, lefts_before, lefts_after):
     return allowed, remaining, retry, binding
 
 
-def _gcra(states, lims, costs, now, settle):
+def _run(states, lims, costs, now, bucket):
+    """One call on every bucket: bucket(state, cap, rate, cost, now)
+    returns (wait, left before, left after, state if allowed, state if
+    refused) for one bucket; the waits and what is left fold into the
+    verdict, which picks the states to store. Returns (verdict, states)."""
     now = float(now)
-    n = len(lims)
-    waits, before, after_l, afters = [], [], [], []
-    for i in range(n):
-        cap, rate = map(float, lims[i])
-        cost = float(costs[i])
+    waits, before, after, if_allowed, if_refused = [], [], [], [], []
+    for state, (cap, rate), cost in zip(states, lims, costs):
+        w, b, a, s_ok, s_no = bucket(state, float(cap), float(rate),
+                                     float(cost), now)
+        waits.append(w)
+        before.append(b)
+        after.append(a)
+        if_allowed.append(s_ok)
+        if_refused.append(s_no)
+    v = _fold(len(lims), waits, before, after)
+    return v, (if_allowed if v[0] else if_refused)
+
+
+def _gcra(settle):
+    def bucket(tat, cap, rate, cost, now):
         interval = 1000 / rate
         limit = cap * interval
         d = 0.0
-        if states[i] is not None and states[i] > now:
-            d = states[i] - now
+        if tat is not None and tat > now:
+            d = tat - now
         a = d + cost * interval
         if settle:
             a = min(max(a, 0.0), 2 * limit)
@@ -56,111 +70,85 @@ def _gcra(states, lims, costs, now, settle):
             wait = -1
         elif a > limit + EPS:
             wait = max(1, math.ceil(a - limit - EPS))
-        waits.append(wait)
-        before.append((limit - (a if settle else d) + EPS) / interval)
-        after_l.append((limit - a + EPS) / interval)
-        afters.append(a)
-    v = _fold(n, waits, before, after_l)
-    keep = v[0] or settle
-    new = [now + afters[i] for i in range(n)] if keep else list(states)
-    return v, new
+        new = now + a
+        return (wait, (limit - (a if settle else d) + EPS) / interval,
+                (limit - a + EPS) / interval, new, new if settle else tat)
+    return bucket
 
 
 def gcra(states, lims, costs, now):
-    return _gcra(states, lims, costs, now, False)
+    return _run(states, lims, costs, now, _gcra(False))
 
 
 def gcra_settle(states, lims, deltas, now):
-    return _gcra(states, lims, deltas, now, True)
+    return _run(states, lims, deltas, now, _gcra(True))
+
+
+def _fwindow(s, cap, rate, cost, now):
+    win = cap * 1000 / rate
+    idx = float(math.floor(now / win))
+    if s is None or idx > s[0]:
+        w, count = idx, 0.0
+    else:
+        w, count = s[0], s[1]
+    wait = 0
+    if cost > cap:
+        wait = -1
+    elif count + cost > cap:
+        wait = max(1, math.ceil((w + 1) * win - now))
+    return wait, cap - count, cap - count - cost, [w, count + cost, 0.0], s
 
 
 def fwindow(states, lims, costs, now):
-    now = float(now)
-    n = len(lims)
-    waits, before, after_l, st = [], [], [], []
-    for i in range(n):
-        cap, rate = map(float, lims[i])
-        cost = float(costs[i])
-        win = cap * 1000 / rate
-        idx = float(math.floor(now / win))
-        if states[i] is None or idx > states[i][0]:
-            w, count = idx, 0.0
+    return _run(states, lims, costs, now, _fwindow)
+
+
+def _swindow(s, cap, rate, cost, now):
+    win = cap * 1000 / rate
+    idx = float(math.floor(now / win))
+    if s is None or idx > s[0] + 1:
+        w, cur, prev = idx, 0.0, 0.0
+    elif idx == s[0] + 1:
+        w, cur, prev = idx, 0.0, s[1]
+    else:
+        w, cur, prev = s
+    into = now - w * win
+    if into < 0:
+        into = 0.0
+    est = prev * ((win - into) / win) + cur
+    wait = 0
+    if cost > cap:
+        wait = -1
+    elif est + cost > cap:
+        if cur + cost <= cap:
+            at = w * win + win * (1 - (cap - cur - cost) / prev)
         else:
-            w, count = states[i][0], states[i][1]
-        wait = 0
-        if cost > cap:
-            wait = -1
-        elif count + cost > cap:
-            wait = max(1, math.ceil((w + 1) * win - now))
-        waits.append(wait)
-        before.append(cap - count)
-        after_l.append(cap - count - cost)
-        st.append([w, count + cost, 0.0])
-    v = _fold(n, waits, before, after_l)
-    return v, (st if v[0] else list(states))
+            at = (w + 1) * win + win * (1 - (cap - cost) / cur)
+        wait = max(1, math.ceil(at - now))
+    return wait, cap - est, cap - est - cost, [w, cur + cost, prev], s
 
 
 def swindow(states, lims, costs, now):
-    now = float(now)
-    n = len(lims)
-    waits, before, after_l, st = [], [], [], []
-    for i in range(n):
-        cap, rate = map(float, lims[i])
-        cost = float(costs[i])
-        win = cap * 1000 / rate
-        idx = float(math.floor(now / win))
-        s = states[i]
-        if s is None or idx > s[0] + 1:
-            w, cur, prev = idx, 0.0, 0.0
-        elif idx == s[0] + 1:
-            w, cur, prev = idx, 0.0, s[1]
-        else:
-            w, cur, prev = s
-        into = now - w * win
-        if into < 0:
-            into = 0.0
-        est = prev * ((win - into) / win) + cur
-        wait = 0
-        if cost > cap:
-            wait = -1
-        elif est + cost > cap:
-            if cur + cost <= cap:
-                at = w * win + win * (1 - (cap - cur - cost) / prev)
-            else:
-                at = (w + 1) * win + win * (1 - (cap - cost) / cur)
-            wait = max(1, math.ceil(at - now))
-        waits.append(wait)
-        before.append(cap - est)
-        after_l.append(cap - est - cost)
-        st.append([w, cur + cost, prev])
-    v = _fold(n, waits, before, after_l)
-    return v, (st if v[0] else list(states))
+    return _run(states, lims, costs, now, _swindow)
+
+
+def _slog(s, cap, rate, cost, now):
+    """A refusal still stores the log with its expired entries trimmed."""
+    win = cap * 1000 / rate
+    log = [t for t in (s or []) if float(t) > now - win]
+    count = float(len(log))
+    wait = 0
+    if cost > cap:
+        wait = -1
+    elif count + cost > cap:
+        d = math.ceil(count + cost - cap)
+        wait = max(1, math.ceil(float(log[d - 1]) + win - now))
+    return (wait, cap - count, cap - count - cost,
+            sorted(log + [int(now)] * int(cost)), log)
 
 
 def slog(states, lims, costs, now):
-    n = len(lims)
-    waits, before, after_l, logs = [], [], [], []
-    for i in range(n):
-        cap, rate = map(float, lims[i])
-        cost = float(costs[i])
-        win = cap * 1000 / rate
-        log = [t for t in (states[i] or []) if float(t) > float(now) - win]
-        count = float(len(log))
-        wait = 0
-        if cost > cap:
-            wait = -1
-        elif count + cost > cap:
-            d = math.ceil(count + cost - cap)
-            wait = max(1, math.ceil(float(log[d - 1]) + win - float(now)))
-        waits.append(wait)
-        before.append(cap - count)
-        after_l.append(cap - count - cost)
-        logs.append(log)
-    v = _fold(n, waits, before, after_l)
-    if v[0]:
-        for i in range(n):
-            logs[i] = sorted(logs[i] + [int(now)] * int(costs[i]))
-    return v, logs
+    return _run(states, lims, costs, now, _slog)
 
 
 MODELS = {"gcra": gcra, "fixed_window": fwindow,

@@ -24,7 +24,8 @@ import time
 
 import pytest
 
-from tbtest.env import BUILD, ROOT, free_port, require, wait_port
+from tbtest.env import (BUILD, ROOT, child_pids, free_port, require,
+                         wait_port)
 
 APACHE = "/usr/sbin/apache2"
 APACHE2_SH = os.path.join(ROOT, "scripts", "apache2.sh")
@@ -63,6 +64,16 @@ PHP_WRAPPER = """#!/bin/sh
 exec %s
 """ % PHP_CGI
 
+# The two threaded MPMs take the same settings.
+THREADED_TUNING = """StartServers {servers}
+ServerLimit {servers}
+ThreadsPerChild 8
+ThreadLimit 8
+MinSpareThreads 8
+MaxSpareThreads {threads}
+MaxRequestWorkers {threads}
+"""
+
 MPM_TUNING = {
     "prefork": """StartServers {servers}
 MinSpareServers {servers}
@@ -70,23 +81,29 @@ MaxSpareServers {servers}
 ServerLimit {limit}
 MaxRequestWorkers {limit}
 """,
-    "worker": """StartServers {servers}
-ServerLimit {servers}
-ThreadsPerChild 8
-ThreadLimit 8
-MinSpareThreads 8
-MaxSpareThreads {threads}
-MaxRequestWorkers {threads}
-""",
-    "event": """StartServers {servers}
-ServerLimit {servers}
-ThreadsPerChild 8
-ThreadLimit 8
-MinSpareThreads 8
-MaxSpareThreads {threads}
-MaxRequestWorkers {threads}
-""",
+    "worker": THREADED_TUNING,
+    "event": THREADED_TUNING,
 }
+
+
+def server_root_conf(root, port, log_level="warn"):
+    """The directives every apache2 of ours starts with: its own server
+    root, one loopback port, the run files and the error log (logs/) in
+    that root, since nothing else sets them without systemd, and children
+    as www-data. Lines without a final newline."""
+    return "\n".join([
+        'ServerRoot "%s"' % root,
+        "ServerName 127.0.0.1",
+        "Listen 127.0.0.1:%d" % port,
+        "PidFile %s/run/httpd.pid" % root,
+        "DefaultRuntimeDir %s/run" % root,
+        "Mutex file:%s/run default" % root,
+        "ScoreBoardFile %s/run/scoreboard" % root,
+        "ErrorLog %s/logs/error.log" % root,
+        "LogLevel %s" % log_level,
+        "User www-data",
+        "Group www-data",
+    ])
 
 
 def apache2_argv(so, *args):
@@ -168,17 +185,7 @@ class Apache:
         else:
             mods.append("cgid")
         lines = [
-            'ServerRoot "%s"' % r,
-            "ServerName 127.0.0.1",
-            "Listen 127.0.0.1:%d" % self.port,
-            "PidFile %s/run/httpd.pid" % r,
-            "DefaultRuntimeDir %s/run" % r,
-            "Mutex file:%s/run default" % r,
-            "ScoreBoardFile %s/run/scoreboard" % r,
-            "ErrorLog %s" % self.error_log,
-            "LogLevel %s" % self.log_level,
-            "User www-data",
-            "Group www-data",
+            server_root_conf(r, self.port, self.log_level),
             "LoadModule mpm_%s_module %s/mod_mpm_%s.so" % (mpm, MODDIR, mpm),
         ]
         for m in mods:
@@ -280,19 +287,8 @@ class Apache:
         raise RuntimeError("graceful restart did not complete")
 
     def child_pids(self):
-        """PIDs of this apache's children (from /proc, by parent PID)."""
-        pids = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == self.proc.pid:
-                    pids.append(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-        return pids
+        """PIDs of this apache's children."""
+        return child_pids(self.proc.pid)
 
     def stop(self):
         if self.proc is None:

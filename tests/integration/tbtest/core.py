@@ -14,9 +14,7 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-from tbtest.env import ROOT, lua_script, prog, stop_pid
+from tbtest.env import ROOT, lua_script, parse_kv, prog, stop_pid
 
 VECTORS = os.path.join(ROOT, "tests", "vectors", "token_bucket.tsv")
 SETTLE_VECTORS = os.path.join(ROOT, "tests", "vectors",
@@ -79,20 +77,6 @@ def keyslot(key):
         if e > s + 1:
             key = key[s + 1:e]
     return crc16(key) % 16384
-
-
-def parse_kv(line):
-    """'ok a=1 b=x' -> {'a': 1, 'b': 'x'} (ints where they parse)."""
-    out = {}
-    for tok in line.split()[1:]:
-        if "=" not in tok:
-            continue
-        k, v = tok.split("=", 1)
-        try:
-            out[k] = int(v)
-        except ValueError:
-            out[k] = v
-    return out
 
 
 class Driver:
@@ -170,6 +154,16 @@ class Driver:
                 pass
 
 
+def tsv_rows(path):
+    """The fields of each row of a vector table: every line that is not
+    blank or a # comment, split at tabs."""
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line and not line.startswith("#"):
+                yield line.split("\t")
+
+
 def load_vectors(path=VECTORS):
     """A vector table (token_bucket.tsv's layout): a list of (id, now_ms,
     buckets, verdict). In SETTLE_VECTORS a bucket's "cost" is its delta."""
@@ -177,34 +171,30 @@ def load_vectors(path=VECTORS):
             "allowed remaining retry_ms binding new_tokens new_ts_ms "
             "ttl_ms").split()
     vecs = []
-    with open(path) as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line or line.startswith("#"):
-                continue
-            row = dict(zip(cols, line.split("\t")))
-            assert len(line.split("\t")) == len(cols), line
-            b = {
-                "exists": row["exists"] == "1",
-                "tokens": None if row["tokens"] == "-"
-                else float(row["tokens"]),
-                "ts_ms": None if row["ts_ms"] == "-" else int(row["ts_ms"]),
-                "capacity": float(row["capacity"]),
-                "rate": float(row["rate_per_sec"]),
-                "cost": float(row["cost"]),
-                "new_tokens": float(row["new_tokens"]),
-                "new_ts_ms": int(row["new_ts_ms"]),
-                "ttl_ms": int(row["ttl_ms"]),
-            }
-            verdict = [int(row[k]) for k in
-                       ("allowed", "remaining", "retry_ms", "binding")]
-            if int(row["i"]) == 0:
-                vecs.append((row["id"], int(row["now_ms"]), [b], verdict))
-            else:
-                vid, now, buckets, v = vecs[-1]
-                assert vid == row["id"] and now == int(row["now_ms"])
-                assert v == verdict and len(buckets) == int(row["i"])
-                buckets.append(b)
+    for parts in tsv_rows(path):
+        assert len(parts) == len(cols), parts
+        row = dict(zip(cols, parts))
+        b = {
+            "exists": row["exists"] == "1",
+            "tokens": None if row["tokens"] == "-"
+            else float(row["tokens"]),
+            "ts_ms": None if row["ts_ms"] == "-" else int(row["ts_ms"]),
+            "capacity": float(row["capacity"]),
+            "rate": float(row["rate_per_sec"]),
+            "cost": float(row["cost"]),
+            "new_tokens": float(row["new_tokens"]),
+            "new_ts_ms": int(row["new_ts_ms"]),
+            "ttl_ms": int(row["ttl_ms"]),
+        }
+        verdict = [int(row[k]) for k in
+                   ("allowed", "remaining", "retry_ms", "binding")]
+        if int(row["i"]) == 0:
+            vecs.append((row["id"], int(row["now_ms"]), [b], verdict))
+        else:
+            vid, now, buckets, v = vecs[-1]
+            assert vid == row["id"] and now == int(row["now_ms"])
+            assert v == verdict and len(buckets) == int(row["i"])
+            buckets.append(b)
     return vecs
 
 
@@ -216,6 +206,42 @@ def put_buckets(r, keys, buckets):
         if b["exists"]:
             r.hset(k, mapping={"tokens": num(b["tokens"]),
                                "ts": str(b["ts_ms"])})
+
+
+def vector_argv(buckets):
+    """A vector's buckets as the script's arguments after now: capacity,
+    rate and cost of each."""
+    argv = []
+    for b in buckets:
+        argv += [num(b["capacity"]), num(b["rate"]), num(b["cost"])]
+    return argv
+
+
+def eval_vector(r, vec, tag, *mode):
+    """Run vector vec (a load_vectors row) through EVAL of the script text
+    with its injected now (and the optional mode argument, "settle"), on
+    keys tag:{id}:i that hold the vector's states before; asserts that the
+    reply is the vector's verdict and returns the keys."""
+    vid, now, buckets, verdict = vec
+    keys = ["%s:{%s}:%d" % (tag, vid, i) for i in range(len(buckets))]
+    put_buckets(r, keys, buckets)
+    argv = [str(now)] + vector_argv(buckets) + list(mode)
+    reply = r.eval(script_text(), len(keys), *(keys + argv))
+    assert [int(x) for x in reply] == verdict, vid
+    return keys
+
+
+def vector_take(prefix, client, buckets):
+    """A vector's buckets as one decision of the client for client key
+    `client`: the main bucket, then routes r1, r2... Returns the Redis
+    keys the client must use and the driver's words after the key
+    (CAP RATE COST [ROUTE CAP RATE COST ...])."""
+    keys, words = [], []
+    for i, b in enumerate(buckets):
+        route = "r%d" % i if i else None
+        keys.append(redis_key(prefix, client, route))
+        words += ([route] if route else []) + vector_argv([b])
+    return keys, " ".join(words)
 
 
 def num(x):

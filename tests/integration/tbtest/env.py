@@ -1,5 +1,6 @@
 """tbtest/env.py -- where things are (the source tree, the build, the test
-programs), free loopback ports, and a real redis-server.
+programs), what the test programs print, free loopback ports, processes by
+PID, and a real redis-server.
 
 Every server is started in a temp dir on a free loopback port, waited for
 until it answers, and stopped by PID on teardown. Nothing here mocks Redis.
@@ -48,6 +49,21 @@ def prog(name):
     return path
 
 
+def parse_kv(line):
+    """The key=value words of a test program's output line as a dict,
+    values as int where they parse: 'ok a=1 b=x' -> {'a': 1, 'b': 'x'}."""
+    out = {}
+    for tok in line.split():
+        if "=" not in tok:
+            continue
+        k, v = tok.split("=", 1)
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
 def free_port():
     """A free TCP port on 127.0.0.1 (bound then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -81,15 +97,35 @@ def stop_pid(proc, sig=signal.SIGTERM, timeout=10.0):
         pass
 
 
-class Redis:
-    """A redis-server of our own on a free loopback port in a temp dir."""
+def child_pids(ppid):
+    """PIDs of the processes whose parent is ppid (from /proc)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == ppid:
+                pids.append(int(d))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
 
-    def __init__(self, tmpdir, port=None, extra=None, password=None):
+
+class Redis:
+    """A redis-server of our own on a free loopback port in a temp dir.
+    prefix is put before its command line (bench/run.py pins it to CPUs
+    with taskset)."""
+
+    def __init__(self, tmpdir, port=None, extra=None, password=None,
+                 prefix=()):
         require(REDIS_SERVER, "redis-server")
         self.dir = str(tmpdir)
         self.port = port or free_port()
         self.extra = list(extra or [])
         self.password = password
+        self.prefix = list(prefix)
         if password:
             self.extra.append("requirepass %s" % password)
         self.proc = None
@@ -113,7 +149,7 @@ class Redis:
         ] + list(self.extra)
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
-        self.proc = subprocess.Popen([REDIS_SERVER, self.conf],
+        self.proc = subprocess.Popen(self.prefix + [REDIS_SERVER, self.conf],
                                      stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

@@ -1,10 +1,13 @@
-"""tbtest/load.py -- small, bounded HTTP load for the accuracy tests.
+"""tbtest/load.py -- small, bounded HTTP load for the accuracy tests, and
+single raw HTTP requests.
 
 Each worker thread keeps one keep-alive connection (requests.Session) and
 sends GETs in a loop until the deadline, round-robin over the URLs it is
 given, optionally paced to a rate. Every run is bounded in time and in
 requests; the result counts statuses and the window the requests spanned.
+http_head() sends bytes that python-requests would refuse or rewrite.
 """
+import socket
 import threading
 import time
 
@@ -99,3 +102,14 @@ def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
     for t in ts:
         t.join(timeout=seconds + 30)
     return res
+
+
+def http_head(port, request, timeout=10):
+    """Send one raw HTTP request (bytes, asking for `Connection: close`) to
+    127.0.0.1:port and read the answer until the server closes; returns
+    its head (status line and headers) as text."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        # recv() returns b"" once the server has closed.
+        data = b"".join(iter(lambda: s.recv(65536), b""))
+    return data.split(b"\r\n\r\n", 1)[0].decode(errors="replace")

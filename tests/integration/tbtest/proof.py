@@ -17,6 +17,7 @@ import threading
 import time
 
 from tbtest.env import BUILD, free_port, require, stop_pid, wait_port
+from tbtest.load import http_head
 
 HAPROXY = "/usr/sbin/haproxy"
 WRK = "/usr/bin/wrk"
@@ -285,17 +286,8 @@ class Prober:
         req = ("GET %s HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\n"
                "Connection: close\r\n\r\n" % (self.path, self.key)).encode()
         t0 = time.monotonic()
-        with socket.create_connection(("127.0.0.1", self.port),
-                                      timeout=10) as s:
-            s.sendall(req)
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+        head = http_head(self.port, req)
         lat = time.monotonic() - t0
-        head = data.split(b"\r\n\r\n", 1)[0].decode(errors="replace")
         status = int(head.split(" ", 2)[1]) if head.startswith("HTTP/") \
             else 0
         m = re.search(r"(?im)^X-TB-Decision: *(\S*)", head)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tbtest.env import BUILD, ROOT, require, stop_pid
+from tbtest.env import BUILD, ROOT, parse_kv, require, stop_pid
 
 SHIM_SO = os.path.join(BUILD, "libtbucket_preload.so")
 CURL = "/usr/bin/curl"
@@ -102,20 +102,6 @@ def plain_env():
     env.pop("LD_PRELOAD", None)
     env.pop("TBUCKET_CONFIG", None)
     return env
-
-
-def parse_kv(line):
-    """'who=main ok=3 errs=A:1,B:2' -> dict, numbers as int."""
-    out = {}
-    for tok in line.split():
-        if "=" not in tok:
-            continue
-        k, v = tok.split("=", 1)
-        try:
-            out[k] = int(v)
-        except ValueError:
-            out[k] = v
-    return out
 
 
 def errs(summary):
