@@ -277,12 +277,22 @@ run: deps
 	$(MAKE) all
 	sh scripts/run.sh $(abspath $(BUILD))
 
+# The floor module (bench/mod_floor.c): one blocking PING per request,
+# built like the module and linked against hiredis, never installed.
+BENCH_FLOOR_SO = $(BUILD)/bench/mod_floor.so
+
+$(BENCH_FLOOR_SO): bench/mod_floor.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(MOD_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -shared $< -o $@ \
+	    $(HIREDIS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+
 # Benchmarks (bench/README.md), never part of make test: under 10 minutes,
 # writes bench/results/latest.tsv and prints the table. A part whose .so
 # does not build is reported as not measured.
 bench:
-	@sh scripts/install-deps.sh python3-flask gunicorn valgrind strace
-	-$(MAKE) all
+	@sh scripts/install-deps.sh python3-flask gunicorn valgrind strace \
+	    linux-perf
+	-$(MAKE) all $(BENCH_FLOOR_SO)
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
 	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
 

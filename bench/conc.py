@@ -111,10 +111,10 @@ class Apache:
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
     def pids(self):
-        return [self.proc.pid] + bench.children(self.proc.pid)
+        return [self.proc.pid] + bench.child_pids(self.proc.pid)
 
     def stop(self):
-        bench.stop_proc(self.proc, timeout=15)
+        bench.stop_pid(self.proc, timeout=15)
 
 
 def calls_per_request(rd, srv, path, n, cpus):
