@@ -504,7 +504,7 @@ typedef struct tb_options {
     const char *url;            /* Default TB_DEFAULT_URL.          */
     int timeout_ms;             /* Command timeout, default 50.     */
     int connect_timeout_ms;     /* Default: timeout_ms.             */
-    int pool_size;              /* Connections per process, def. 4. */
+    int pool_size;              /* Connections per process, def. 2. */
     int breaker_threshold;      /* Default 5.                       */
     int64_t breaker_cooldown_ms;/* Default 10000.                   */
     tb_policy_t policy;         /* Default TB_POLICY_OPEN.          */

@@ -53,7 +53,7 @@ void tb_options_init(tb_options_t *o)
     o->url = TB_DEFAULT_URL;
     o->timeout_ms = 50;
     o->connect_timeout_ms = 0;
-    o->pool_size = 4;
+    o->pool_size = 2;
     o->breaker_threshold = 5;
     o->breaker_cooldown_ms = 10000;
     o->policy = TB_POLICY_OPEN;
