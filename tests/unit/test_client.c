@@ -136,7 +136,7 @@ static void test_client_options_defaults(void **state)
     memset(&o, 0x5a, sizeof(o));
     tb_options_init(&o);
     assert_int_equal(o.timeout_ms, 50);
-    assert_int_equal(o.pool_size, 4);
+    assert_int_equal(o.pool_size, 2);
     assert_int_equal(o.breaker_threshold, 5);
     assert_int_equal(o.breaker_cooldown_ms, 10000);
     assert_int_equal(o.policy, TB_POLICY_OPEN);
@@ -160,7 +160,7 @@ static void test_client_create_with_defaults(void **state)
     c = tb_client_create(&o, err, sizeof(err));
     assert_non_null(c);
     tb_client_pool_usage(c, &size, &open, &in_use);
-    assert_int_equal(size, 4);
+    assert_int_equal(size, 2);
     assert_int_equal(open, 0); /* Creating does not connect. */
     assert_int_equal(in_use, 0);
     assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_CLOSED);
