@@ -41,7 +41,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "ap_mpm.h"
 #include "httpd.h"
 #include "http_config.h"
 #include "http_core.h"
@@ -120,24 +119,21 @@ static void warn_no_verify(apr_hash_t *warned, server_rec *s,
                  "pose as Redis", label);
 }
 
-/* One connection per child suits prefork, which serves one request at a
- * time: there is nothing to batch. Threaded MPMs get two: the threads of
- * a child that decide at the same moment share one write and one read
- * (more connections split them into smaller batches and cost CPU: with
- * Apache CPU-bound, pool 8 was 0.99x the one-round-trip floor, 4 1.03x,
- * 2 1.09x, 1 1.17x), while a second connection lets one batch be written
- * while the other is still on its way, so Redis is not left idle for a
- * round trip between batches (the core alone, 32 threads: pool 1 42k
- * decisions/s, 2 95k, 4 72k). */
+/* One connection per child, whatever the MPM. Under prefork a child
+ * serves one request at a time: there is nothing to batch. Under a
+ * threaded MPM the threads of a child that decide at the same moment
+ * share that connection's next write and read, and every further
+ * connection splits them into smaller batches that cost CPU per request.
+ * Measured with Apache event CPU-bound beside Redis (make bench, floor
+ * part, medians of three runs): pool 1 1.19x the one-round-trip floor's
+ * req/s, 2 1.09x, 4 1.05x, 8 0.95x; p99 best at 1. What one connection
+ * gives up is overlap: Redis idles while a batch's replies are handed
+ * out, so a child's ceiling is one batch per round trip (the core alone,
+ * 32 threads on loopback: 42k decisions/s with 1, 95k with 2), far above
+ * what one child serves. pool= on TBucketRedis overrides it. */
 static int default_pool_size(void)
 {
-    int threaded = 0;
-
-    if (ap_mpm_query(AP_MPMQ_IS_THREADED, &threaded) != APR_SUCCESS
-        || threaded == AP_MPMQ_NOT_SUPPORTED) {
-        return 1;
-    }
-    return 2;
+    return 1;
 }
 
 static int post_config(apr_pool_t *pconf, apr_pool_t *plog,

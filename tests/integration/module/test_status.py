@@ -74,7 +74,7 @@ def test_module_005_01(apache_factory, redis_server):
     assert metric(text, "tbucket_redis_latency_seconds_bucket",
                   le="+Inf", **labels) == 5
     assert metric(text, "tbucket_breaker_state", **labels) == 0
-    assert metric(text, "tbucket_pool_size", **labels) == 2
+    assert metric(text, "tbucket_pool_size", **labels) == 1
     a.assert_log_clean()
 
 

@@ -216,7 +216,7 @@ def test_module_008_01(apache_factory, redis_server):
     fb = [k for k in f if k.startswith("tbucket_fallback_decisions_total{")
           and 'policy="closed"' in k and 'fallback="closed"' in k]
     assert len(fb) == 1 and f[fb[0]][0] == "4"
-    assert f["tbucket_pool_size{%s}" % ok][0] == "2"
+    assert f["tbucket_pool_size{%s}" % ok][0] == "1"
     assert "tbucket_pool_connections_in_use{%s}" % ok in f
     assert ">open</span>" in page.text      # the down vhost's breaker
     assert ">closed</span>" in page.text    # the working one
