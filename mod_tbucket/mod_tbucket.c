@@ -361,16 +361,24 @@ static int pick_shard(int k)
 }
 
 /* The core says which call opened or closed the breaker: log that once,
- * not once per request while it lasts. */
+ * not once per request while it lasts, and keep why it opened for the
+ * status page. */
 void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
                           const tb_result_t *res, const tbucket_srv_conf *sc)
 {
     if (res->breaker_change > 0) {
+        char why[TB_ERRSTR_LEN];
+
+        /* Other threads of this child may be writing errstr (the core
+         * keeps it for diagnostics, unlocked): one bounded copy, so the
+         * log line and the status page tell the same reason. */
+        apr_cpystrn(why, c->tb->errstr, sizeof(why));
         ap_log_error(APLOG_MARK, APLOG_WARNING, 0, r->server, TBLOGNO(00105)
-                     "Redis %s is failing (%s: %.127s): breaker open, the "
+                     "Redis %s is failing (%s: %s): breaker open, the "
                      "%s policy decides for %" APR_INT64_T_FMT " ms",
-                     c->label, tb_err_name(res->err), c->tb->errstr,
+                     c->label, tb_err_name(res->err), why,
                      tb_policy_name(sc->policy), sc->breaker_cooldown_ms);
+        tbucket_shm_note_failure(c->slot, res->err, why, apr_time_now());
     }
     else if (res->breaker_change < 0) {
         ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, r->server, TBLOGNO(00106)

@@ -99,11 +99,38 @@ typedef struct tbucket_vhost_stats {
     uint64_t slot_event[TBUCKET_SLOT_EVENTS];
 } tbucket_vhost_stats;
 
+#define TBUCKET_REASON_LEN 160        /* Bytes, NUL included; a multiple
+                                       * of 8 (copied in 8-byte words). */
+
+/* The failure that last opened a breaker of one Redis configuration, in
+ * whichever child it opened. Only tbucket_shm.c reads or writes the
+ * fields, with atomic loads and stores (its head comment says how a
+ * reader never sees half a record); others go through
+ * tbucket_shm_note_failure and tbucket_shm_failure_get. */
+typedef struct tbucket_failure_slot {
+    uint64_t seq;                     /* Odd while a writer copies.     */
+    uint64_t lock_us;                 /* 0 free, else the apr_time_now()
+                                       * at which a writer took it.     */
+    uint64_t kind;                    /* TB_ERR_* of the failed call.   */
+    uint64_t time_us;                 /* apr_time_t when the breaker
+                                       * opened; 0: never.              */
+    uint64_t reason[TBUCKET_REASON_LEN / 8]; /* The core's errstr.      */
+} tbucket_failure_slot;
+
+/* A consistent copy of a tbucket_failure_slot. */
+typedef struct tbucket_failure {
+    int kind;                         /* TB_ERR_* of the failed call.   */
+    apr_time_t time;                  /* When the breaker opened.       */
+    char reason[TBUCKET_REASON_LEN];  /* NUL-terminated, perhaps cut.   */
+} tbucket_failure;
+
 typedef struct tbucket_client_stats {
     char redis[TBUCKET_NAME_LEN];     /* Redacted URL: no password.     */
     char policy[16];                  /* "open", "closed" or "local".   */
     tb_stats_t stats;                 /* The core's counters, shared by
                                        * every child's client.          */
+    tbucket_failure_slot failure;     /* The last failure that opened a
+                                       * breaker, in any child.         */
 } tbucket_client_stats;
 
 /* What the status page reads of the segment: the slots in use and the
@@ -298,6 +325,21 @@ void tbucket_count_returned(double tokens);
  * safe: atomic adds only). */
 void tbucket_count_refusal(const tbucket_srv_conf *sc, tbucket_limit_kind k);
 void tbucket_count_slot(const tbucket_srv_conf *sc, tbucket_slot_event e);
+
+/* Record why a breaker of cs's Redis configuration opened: the error
+ * kind of the call, the core's errstr (control characters become '?',
+ * cut to TBUCKET_REASON_LEN - 1 bytes) and the time. For breaker
+ * transitions only, never per request. Thread- and process-safe; when
+ * another writer holds the record, this one is dropped (both describe
+ * the same Redis at the same moment). */
+void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
+                              const char *reason, apr_time_t now);
+
+/* Copy cs's last failure into *out: 1, or 0 when there is none or no
+ * consistent copy could be read (a writer is in the middle of it).
+ * Never blocks a writer. */
+int tbucket_shm_failure_get(const tbucket_client_stats *cs,
+                            tbucket_failure *out);
 
 /* The local-policy table in the segment, or NULL. */
 tb_local_t *tbucket_local_table(void);

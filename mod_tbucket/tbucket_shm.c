@@ -16,11 +16,28 @@
  * of a server's client (child_init), the counting functions and the two
  * tables (request path), and a read-only view (status page). Nothing here
  * renders or logs figures; the status page does.
+ *
+ * Each Redis configuration's slot also keeps the failure that last opened
+ * a breaker (kind, reason text, time), written only on that transition.
+ * The segment has no lock of its own and a process-shared mutex would
+ * need attaching in every child and could be left held by a child
+ * killed in the middle, so the record is a seqlock: the writer makes
+ * seq odd, copies, then makes it even; a reader copies and keeps the
+ * copy only if seq was even and unchanged across it, and retries a
+ * bounded number of times otherwise. Every field is copied with 8-byte
+ * atomic loads and stores, so readers and writers never race in the C
+ * sense either. Two children can open their breakers at once, so
+ * writers also take a lock word (the time they took it): the loser
+ * drops its record, and a lock held for FAILURE_STALE_US, far longer
+ * than the copy of a few hundred bytes takes, is taken over, since its
+ * holder died in the middle (prefork children exit from the SIGTERM
+ * handler).
  */
 #include "apr_shm.h"
 #include "apr_strings.h"
 
 #include <math.h>
+#include <sched.h>
 
 #include "httpd.h"
 #include "http_config.h"
@@ -31,12 +48,18 @@
 APLOG_USE_MODULE(tbucket);
 
 #define SHM_USERDATA_KEY "mod_tbucket_shm"
-#define SHM_MAGIC 0x74627533u         /* "tbu3": leases keep their key  */
+#define SHM_MAGIC 0x74627534u         /* "tbu4": clients keep their last
+                                       * failure.                       */
 #define MAX_VHOSTS 256                /* Slots; the last one is "other". */
 #define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
                                        * and policy.                    */
 #define LOCAL_ENTRIES 16384           /* Buckets in the local table.    */
 #define LEASE_ENTRIES 4096            /* Leases held at once.           */
+#define FAILURE_STALE_US 1000000      /* A failure writer's lock older
+                                       * than this, in microseconds, is
+                                       * a dead writer's.               */
+#define FAILURE_READ_TRIES 1000       /* Reads of a record being written
+                                       * before giving up.              */
 
 /* The segment. Slots are only added, by the parent, while no child of
  * the new generation exists yet; children only do atomic adds. */
@@ -328,6 +351,88 @@ void tbucket_count_slot(const tbucket_srv_conf *sc, tbucket_slot_event e)
     if (v && e < TBUCKET_SLOT_EVENTS) {
         tb_stats_add(&v->slot_event[e], 1);
     }
+}
+
+void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
+                              const char *reason, apr_time_t now)
+{
+    tbucket_failure_slot *f;
+    uint64_t words[TBUCKET_REASON_LEN / 8];
+    uint64_t held, seq;
+    char *w = (char *)words;
+    apr_size_t i;
+
+    if (!cs || now <= 0) {
+        return;
+    }
+    f = &cs->failure;
+    /* A lock taken less than FAILURE_STALE_US ago is a live writer's;
+     * an older one, or one from the future (the clock went back), is
+     * taken over. */
+    held = __atomic_load_n(&f->lock_us, __ATOMIC_RELAXED);
+    if (held && (uint64_t)now >= held
+        && (uint64_t)now - held < FAILURE_STALE_US) {
+        return;
+    }
+    if (!__atomic_compare_exchange_n(&f->lock_us, &held, (uint64_t)now, 0,
+                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        return;
+    }
+    memset(words, 0, sizeof(words));
+    for (i = 0; reason && reason[i] && i < sizeof(words) - 1; i++) {
+        unsigned char ch = (unsigned char)reason[i];
+
+        /* One line, whatever a server put in its error reply. */
+        w[i] = ch < 0x20 || ch == 0x7f ? '?' : (char)ch;
+    }
+    /* A dead writer may have left seq odd: it stays odd while copying. */
+    seq = __atomic_load_n(&f->seq, __ATOMIC_RELAXED) | 1;
+    __atomic_store_n(&f->seq, seq, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&f->kind, (uint64_t)kind, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->time_us, (uint64_t)now, __ATOMIC_RELAXED);
+    for (i = 0; i < TBUCKET_REASON_LEN / 8; i++) {
+        __atomic_store_n(&f->reason[i], words[i], __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&f->seq, seq + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->lock_us, 0, __ATOMIC_RELEASE);
+}
+
+int tbucket_shm_failure_get(const tbucket_client_stats *cs,
+                            tbucket_failure *out)
+{
+    const tbucket_failure_slot *f = &cs->failure;
+    uint64_t words[TBUCKET_REASON_LEN / 8];
+    uint64_t seq, kind, time_us;
+    int tries, i;
+
+    for (tries = 0; tries < FAILURE_READ_TRIES; tries++) {
+        seq = __atomic_load_n(&f->seq, __ATOMIC_ACQUIRE);
+        if (seq & 1) {
+            /* A writer is copying: a few hundred nanoseconds, unless it
+             * was preempted. */
+            sched_yield();
+            continue;
+        }
+        kind = __atomic_load_n(&f->kind, __ATOMIC_RELAXED);
+        time_us = __atomic_load_n(&f->time_us, __ATOMIC_RELAXED);
+        for (i = 0; i < TBUCKET_REASON_LEN / 8; i++) {
+            words[i] = __atomic_load_n(&f->reason[i], __ATOMIC_RELAXED);
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&f->seq, __ATOMIC_RELAXED) != seq) {
+            continue;
+        }
+        if (!time_us) {
+            return 0;
+        }
+        out->kind = kind < TB_ERR_KINDS ? (int)kind : TB_ERR_NONE;
+        out->time = (apr_time_t)time_us;
+        memcpy(out->reason, words, sizeof(out->reason));
+        out->reason[sizeof(out->reason) - 1] = '\0';
+        return 1;
+    }
+    return 0;
 }
 
 tb_lease_t *tbucket_lease_table(void)

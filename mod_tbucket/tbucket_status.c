@@ -313,6 +313,39 @@ static void collect_errors(tbucket_metrics *t, const tbucket_shm_view *seg,
     }
 }
 
+/* When and with what kind of error each Redis configuration's breaker
+ * last opened, in any child; the reason goes to t->failures only. */
+static void collect_last_failure(tbucket_metrics *t,
+                                 const tbucket_shm_view *seg,
+                                 const tbucket_labels *cl)
+{
+    tbucket_family *f = fam_add(t,
+        "tbucket_redis_last_failure_timestamp_seconds", "gauge",
+        "Unix time at which a breaker last opened (any child), labelled "
+        "with the error kind of the call that opened it; the HTML view "
+        "also gives the reason.");
+    tbucket_failure fl;
+    uint32_t i;
+
+    for (i = 0; i < seg->nclients; i++) {
+        tbucket_failure_note *n;
+        tbucket_labels l;
+
+        if (!tbucket_shm_failure_get(&seg->clients[i], &fl)) {
+            continue;
+        }
+        l = tbucket_labels_with(&cl[i], "kind", tb_err_name(fl.kind));
+        add(f, "", &l, (uint64_t)fl.time);
+        APR_ARRAY_IDX(f->samples, f->samples->nelts - 1,
+                      tbucket_sample).micro = 1;
+        n = apr_array_push(t->failures);
+        n->labels = cl[i];
+        n->kind = tb_err_name(fl.kind);
+        n->time = fl.time;
+        n->reason = apr_pstrdup(t->p, fl.reason);
+    }
+}
+
 /* The clients of this process, each once. */
 static apr_array_header_t *process_clients(apr_pool_t *p)
 {
@@ -387,6 +420,7 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
                  "Failed Redis calls, all kinds.",
                  APR_OFFSETOF(tb_stats_t, redis_errors));
     collect_errors(t, seg, cl);
+    collect_last_failure(t, seg, cl);
     collect_latency(t, seg, cl);
     collect_stat(t, seg, cl, "tbucket_redis_connects_total",
                  "Redis connections opened.",
@@ -415,6 +449,7 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg)
 
     t->p = p;
     t->families = apr_array_make(p, 32, sizeof(tbucket_family *));
+    t->failures = apr_array_make(p, 2, sizeof(tbucket_failure_note));
     collect_decisions(t, seg);
     collect_clients(t, seg);
     f = fam_add(t, "tbucket_local_entries_used", "gauge",

@@ -37,9 +37,22 @@ typedef struct tbucket_family {
     apr_array_header_t *samples;      /* tbucket_sample, in output order. */
 } tbucket_family;
 
+/* Why a Redis configuration's breaker last opened. The text view has
+ * the time and kind only (a sample of
+ * tbucket_redis_last_failure_timestamp_seconds): a free-text reason
+ * would make a new series for every message. The HTML view shows all. */
+typedef struct tbucket_failure_note {
+    tbucket_labels labels;            /* redis and policy.                */
+    const char *kind;                 /* tb_err_name of the failed call.  */
+    apr_time_t time;
+    const char *reason;               /* Raw, unescaped.                  */
+} tbucket_failure_note;
+
 typedef struct tbucket_metrics {
     apr_pool_t *p;
     apr_array_header_t *families;     /* tbucket_family *, in output order. */
+    apr_array_header_t *failures;     /* tbucket_failure_note, one per Redis
+                                       * configuration that has one.      */
 } tbucket_metrics;
 
 /* A copy of base with one more label (base may be NULL); past

@@ -50,6 +50,7 @@ static const char html_css[] =
     "font-weight:600;color:#fff}"
     ".s0{background:#1a7f37}.s1{background:#cf222e}.s2{background:#bf8700}"
     ".zero{color:#8c959f}"
+    ".fail{margin:2px 0 4px}.fail code.reason{color:#cf222e}"
     "details{margin-top:22px}summary{cursor:pointer;font-weight:600}"
     "footer{margin-top:18px;color:#57606a;font-size:12px}";
 
@@ -347,15 +348,51 @@ static const char *mean_text(request_rec *r, const tbucket_metrics *t,
     return us_text(r->pool, (int64_t)(sum->value / count->value));
 }
 
+/* Why the breaker of one Redis configuration last opened, in any child:
+ * the time for people and as the figure the text view has (Unix
+ * seconds), the error kind and the reason. The reason comes from Redis
+ * or the network as much as from the core, so it is escaped like
+ * everything else. */
+static void html_last_failure(request_rec *r, const tbucket_metrics *t,
+                              const tbucket_labels *cl)
+{
+    const tbucket_family *f =
+        fam_find(t, "tbucket_redis_last_failure_timestamp_seconds");
+    const tbucket_failure_note *n = NULL;
+    tbucket_labels want;
+    int i;
+
+    for (i = 0; !n && i < t->failures->nelts; i++) {
+        n = &APR_ARRAY_IDX(t->failures, i, tbucket_failure_note);
+        n = labels_include(&n->labels, cl) ? n : NULL;
+    }
+    ap_rputs("<p class=\"fail\"><b>Last failure</b> (a breaker opened, "
+             "any child): ", r);
+    if (!n) {
+        ap_rputs("<span class=\"zero\">none recorded</span></p>", r);
+        return;
+    }
+    want = tbucket_labels_with(cl, "kind", n->kind);
+    ap_rprintf(r, "%s &middot; kind <code class=\"kind\">%s</code> "
+               "&middot; <code class=\"reason\">%s</code> &middot; Unix "
+               "time ", ap_ht_time(r->pool, n->time,
+                                   "%Y-%m-%d %H:%M:%S UTC", 1),
+               h(r, n->kind), h(r, n->reason));
+    html_value(r, f, sample_find(f, "", &want), 0);
+    ap_rputs("</p>", r);
+}
+
 /* Everything about one Redis configuration (redacted URL and policy). */
 static void html_client(request_rec *r, const tbucket_metrics *t,
                         const tbucket_labels *cl)
 {
     ap_rprintf(r, "<h2>Redis <code>%s</code> &middot; policy %s</h2>"
-               "<div class=\"card\"><div class=\"grid\"><div>"
-               "<h3>Breaker and pool (answering process)</h3>"
-               "<table class=\"kv\">",
+               "<div class=\"card\">",
                h(r, label_get(cl, "redis")), h(r, label_get(cl, "policy")));
+    html_last_failure(r, t, cl);
+    ap_rputs("<div class=\"grid\"><div>"
+             "<h3>Breaker and pool (answering process)</h3>"
+             "<table class=\"kv\">", r);
     html_breaker(r, t, cl);
     html_fig(r, t, "breaker opened", "tbucket_breaker_opens_total", "", cl);
     html_fig(r, t, "breaker closed", "tbucket_breaker_closes_total", "",
