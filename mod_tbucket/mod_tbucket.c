@@ -125,12 +125,12 @@ static void warn_no_verify(apr_hash_t *warned, server_rec *s,
  * share that connection's next write and read, and every further
  * connection splits them into smaller batches that cost CPU per request.
  * Measured with Apache event CPU-bound beside Redis (make bench, floor
- * part, medians of three runs): pool 1 1.19x the one-round-trip floor's
- * req/s, 2 1.09x, 4 1.05x, 8 0.95x; p99 best at 1. What one connection
+ * part, medians of three runs): pool 1 1.18x the one-round-trip floor's
+ * req/s, 2 1.07x, 4 1.03x, 8 0.99x; p99 best at 1. What one connection
  * gives up is overlap: Redis idles while a batch's replies are handed
  * out, so a child's ceiling is one batch per round trip (the core alone,
- * 32 threads on loopback: 42k decisions/s with 1, 95k with 2), far above
- * what one child serves. pool= on TBucketRedis overrides it. */
+ * 32 threads on loopback: about 60k decisions/s with 1, 100k with 2),
+ * far above what one child serves. pool= on TBucketRedis overrides it. */
 static int default_pool_size(void)
 {
     return 1;

@@ -248,9 +248,14 @@ static int take_valid(const tb_take_t *t)
 
 static void set_error(tb_client_t *c, const tb__error_t *e)
 {
-    /* Racy across threads by nature; it is for diagnostics only. */
-    c->err = e->err;
-    memcpy(c->errstr, e->errstr, sizeof(c->errstr));
+    /* Racy across threads by nature; it is for diagnostics only. The
+     * last byte is never anything but NUL, so a host that prints errstr
+     * while two threads write it reads a mixed message, never past it. */
+    size_t n = strnlen(e->errstr, sizeof(c->errstr) - 1);
+
+    __atomic_store_n(&c->err, e->err, __ATOMIC_RELAXED);
+    memcpy(c->errstr, e->errstr, n);
+    c->errstr[n] = '\0';
 }
 
 static void policy_of(struct tb_client_priv *p, tb_monotime_us now,

@@ -181,6 +181,8 @@ typedef struct tb__batch {
     int n;
     tb__buf_t out;                  /* Their encoded commands.         */
     tb_monotime_us deadline;        /* The earliest member's.          */
+    unsigned seq;                   /* Futex word: moves whenever a
+                                     * member's state does.           */
 } tb__batch_t;
 
 /* One connection of the pool and its two batches: b[cur] is being
