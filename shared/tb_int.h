@@ -103,18 +103,17 @@ struct ssl_st *tb__tls_session(const tb_tls_t *t, int fd, const char *host,
 /* One step of the handshake: 1 done, 0 wait, -1 failed. */
 int tb__tls_handshake(struct ssl_st *s, short *events, tb__error_t *e);
 /* Bytes written (> 0) or read (> 0; a reply may span several calls), 0
- * wait, -1 failed. */
+ * wait, -1 failed. A read with block waits in recv() for as long as the
+ * socket's SO_RCVTIMEO lets it (0 with POLLIN when that ran out); one
+ * without never waits. */
 long tb__tls_write(struct ssl_st *s, const char *buf, size_t len,
                    short *events, tb__error_t *e);
-long tb__tls_read(struct ssl_st *s, char *buf, size_t len, short *events,
-                  tb__error_t *e);
+long tb__tls_read(struct ssl_st *s, char *buf, size_t len, int block,
+                  short *events, tb__error_t *e);
 /* After an I/O error: when the server's last words were a TLS alert (a
  * TLS 1.3 server refuses a client certificate after the handshake, then
  * resets the connection our write was on), *e becomes that alert. */
 void tb__tls_why_closed(struct ssl_st *s, tb__error_t *e);
-/* 1 when the session holds received bytes not yet read: read before
- * polling the socket, which may have nothing more to say. */
-int tb__tls_buffered(const struct ssl_st *s);
 /* Free the session without a word to the server (no close_notify). */
 void tb__tls_end(struct ssl_st *s);
 

@@ -10,12 +10,15 @@
  * writes with send(MSG_NOSIGNAL), as the plaintext path does, so a dead
  * Redis cannot raise SIGPIPE in the host.
  *
- * Nothing here waits: the handshake step, the read and the write return
- * what they would wait for (POLLIN or POLLOUT: a read may need to write
- * and a write to read) and tb_conn.c polls against its deadline. Reads
- * ahead (read_ahead), so a reply is usually one recv(); whatever SSL
- * already holds is reported by tb__tls_buffered() so the reader does not
- * poll for bytes that have already arrived.
+ * Nothing here waits but a blocking read: the handshake step, the write
+ * and a non-blocking read return what they would wait for (POLLIN or
+ * POLLOUT: a read may need to write and a write to read) and tb_conn.c
+ * polls against its deadline. A blocking read (tb__tls_read with block)
+ * lets recv() wait, bounded by the socket's SO_RCVTIMEO, which tb_conn.c
+ * sets to the time left, as its plaintext reader does: one system call
+ * per reply instead of poll() then recv(). Writes never block (send with
+ * MSG_DONTWAIT, whatever the socket's mode). Reads ahead (read_ahead),
+ * so a reply is usually one recv().
  *
  * Verification is on unless the host turns it off: the server's chain
  * must lead to the CA (the system store by default), and the
@@ -51,9 +54,19 @@ struct tb_tls {
 
 /* ---- The socket BIO: send(MSG_NOSIGNAL) and recv ------------------- */
 
+/* The BIO's data is the fd shifted left by one, its low bit set while a
+ * blocking read is under way: no allocation per connection. */
+#define BIO_BLOCK 1
+
 static int bio_fd(BIO *b)
 {
-    return (int)(intptr_t)BIO_get_data(b);
+    return (int)((intptr_t)BIO_get_data(b) >> 1);
+}
+
+static void bio_set_block(BIO *b, int block)
+{
+    BIO_set_data(b, (void *)(((intptr_t)bio_fd(b) << 1)
+                             | (block ? BIO_BLOCK : 0)));
 }
 
 static int bio_write(BIO *b, const char *buf, int len)
@@ -62,7 +75,7 @@ static int bio_write(BIO *b, const char *buf, int len)
 
     BIO_clear_retry_flags(b);
     do {
-        n = send(bio_fd(b), buf, (size_t)len, MSG_NOSIGNAL);
+        n = send(bio_fd(b), buf, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         BIO_set_retry_write(b);
@@ -76,7 +89,8 @@ static int bio_read(BIO *b, char *buf, int len)
 
     BIO_clear_retry_flags(b);
     do {
-        n = recv(bio_fd(b), buf, (size_t)len, 0);
+        n = recv(bio_fd(b), buf, (size_t)len,
+                 ((intptr_t)BIO_get_data(b) & BIO_BLOCK) ? 0 : MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         BIO_set_retry_read(b);
@@ -335,7 +349,7 @@ SSL *tb__tls_session(const tb_tls_t *t, int fd, const char *host,
         tb__set_error(e, TB_ERR_OOM, "tls: out of memory");
         return NULL;
     }
-    BIO_set_data(b, (void *)(intptr_t)fd);
+    BIO_set_data(b, (void *)((intptr_t)fd << 1));
     BIO_set_init(b, 1);
     SSL_set_bio(s, b, b);
     SSL_set_connect_state(s);
@@ -458,13 +472,17 @@ long tb__tls_write(SSL *s, const char *buf, size_t len, short *events,
     return ssl_outcome(s, 0, events, "tls write", e);
 }
 
-long tb__tls_read(SSL *s, char *buf, size_t len, short *events,
+long tb__tls_read(SSL *s, char *buf, size_t len, int block, short *events,
                   tb__error_t *e)
 {
     size_t n = 0;
+    int ok;
 
     queue_empty();
-    if (SSL_read_ex(s, buf, len, &n) == 1) {
+    bio_set_block(SSL_get_rbio(s), block);
+    ok = SSL_read_ex(s, buf, len, &n);
+    bio_set_block(SSL_get_rbio(s), 0);
+    if (ok == 1) {
         return (long)n;
     }
     return ssl_outcome(s, 0, events, "tls read", e);
@@ -483,11 +501,6 @@ void tb__tls_why_closed(SSL *s, tb__error_t *e)
         tb__set_error(e, TB_ERR_TLS, "tls: %s", ssl_reason(why, sizeof(why)));
     }
     ERR_clear_error();
-}
-
-int tb__tls_buffered(const SSL *s)
-{
-    return SSL_has_pending(s);
 }
 
 void tb__tls_end(SSL *s)
