@@ -6,7 +6,8 @@ pooled connection a handshake; mutual TLS works with a client certificate
 and fails over to the policy without one; a wrong CA, a wrong server name,
 an expired certificate, plain redis:// at the TLS port and rediss:// at a
 plaintext port each end in the declared policy within the timeouts, with
-the error kind and reason a user sees; a restarted Redis is found again;
+the error kind and reason a user sees; a stopped Redis bounds a TLS read
+by the command timeout; a restarted Redis is found again;
 Sentinel and Cluster speak TLS to every node with ?tls=on. Bad TLS files
 are refused when the client is made, naming the setting and the file.
 """
@@ -265,3 +266,30 @@ def test_core_040_08(pki, drivers, tmp_path):
     finally:
         for n in nodes:
             n.stop()
+
+
+# Redis stopped (SIGSTOP) under an open TLS connection: the decision's
+# read (one blocking recv under SO_RCVTIMEO, inside SSL_read) gives up at
+# the command timeout, kind timeout, and the policy answers; the next
+# decision's fresh connection times out in its handshake within the
+# connect timeout; after SIGCONT Redis decides again.
+def test_core_040_09(tls_redis, pki, drivers):
+    r = tls_redis()
+    d = start(drivers, r.url, "--tls-ca", pki.ca_pem, pool=1)
+    assert d.take("st", 10, 1, 1)["source"] == "redis"
+    r.sigstop()
+    try:
+        res = d.take("st", 10, 1, 1)
+        assert res["source"] == "open" and res["err"] == "timeout", res
+        assert TO_MS * 900 <= res["elapsed_us"] <= TO_MS * 1000 + 250000, res
+        kind, msg = lasterr(d)
+        assert msg.startswith("tls read: "), msg
+        res = d.take("st", 10, 1, 1)
+        assert res["source"] == "open" and res["err"] == "timeout", res
+        assert CTO_MS * 900 <= res["elapsed_us"] <= CTO_MS * 1000 + 250000
+        kind, msg = lasterr(d)
+        assert msg.startswith("tls handshake: timed out"), msg
+    finally:
+        r.sigcont()
+    assert wait_until(
+        lambda: d.take("st", 10, 1, 1)["source"] == "redis", 10, step=0.05)
