@@ -504,10 +504,10 @@ static void hand_over(tb__pool_t *p, tb__link_t *l, wake_list_t *wake)
     for (i = 0; i < nb->n; i++) {
         if (nb->w[i]) {
             l->cur = 1 - l->cur;
-            set_state(nb->w[i], W_LEAD);
-            __atomic_add_fetch(&nb->seq, 1, __ATOMIC_RELEASE);
             wake->word[wake->n] = &nb->seq;
             wake->bits[wake->n++] = nb->w[i]->bit;
+            set_state(nb->w[i], W_LEAD);
+            __atomic_add_fetch(&nb->seq, 1, __ATOMIC_RELEASE);
             return;
         }
     }
@@ -617,6 +617,11 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
     for (i = 0; i < n; i++) {
         tb__waiter_t *w = b->w[i];
 
+        /* Its bit first: once its state changes, a member that is awake
+         * (its sleep timed out) may return and its waiter be gone. */
+        if (w && w != self) {
+            bits |= w->bit;
+        }
         if (i < got) {
             if (w) {
                 w->reply = rep[i];
@@ -631,9 +636,6 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
             w->err.shared = !first;
             first = 0;
             set_state(w, W_FAILED);
-        }
-        if (w && w != self) {
-            bits |= w->bit;
         }
     }
     if (bits) {
