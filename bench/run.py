@@ -570,7 +570,7 @@ def parse_callgrind(path):
 INCLUSIVE_STEPS = (
     ("tb_client_run", "tb_client_run"),
     ("tb_key_build_shard", "key_build"),
-    ("fmt_num", "format_numbers"),
+    ("tb__fmt_num", "format_numbers"),
     ("tb__run_script", "run_script"),
     ("tb__pool_call", "pool_call"),
     ("tb__buf_argv", "resp_encode"),

@@ -1,7 +1,8 @@
 /* tb_int.h -- the I/O side of the core that hosts never call: the circuit
  * breaker, the transport (tb_resp.c, tb_conn.c and its TLS, tb_tls.c,
- * tb_pool.c), the script call (tb_redis.c), Sentinel (tb_sentinel.c),
- * Cluster (tb_cluster.c) and the failure policy (tb_policy.c). Internal:
+ * tb_pool.c), the script call (tb_call.c, tb_redis.c), Sentinel
+ * (tb_sentinel.c), Cluster (tb_cluster.c) and the failure policy
+ * (tb_policy.c). Internal:
  * the library's files and its unit tests include it; hosts include tb.h
  * only.
  */
@@ -376,5 +377,43 @@ void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
 /* Give back a slot the local policy counted in `window` (res->slot). */
 void tb__policy_release(const tb__policy_t *pol, const tb__conc_t *conc,
                         int64_t window, tb_monotime_us now);
+
+/* ---- From a request to a script call (tb_call.c) -------------------- */
+
+/* What a script call is for: a decision, or a settlement (the script's
+ * 'settle' mode, the takes' costs being the differences to settle). */
+enum { TB__CALL_DECIDE = 0, TB__CALL_SETTLE = 1 };
+
+/* Room for the formatted numbers (numkeys, now, 3 per bucket, the lease
+ * and what it gives back, the concurrency limit and ttl) and the
+ * arguments of one call (EVALSHA, digest, numkeys, the keys and the slot
+ * set, the clock, 3 per bucket, 2 for the lease, 4 for concurrency). */
+#define TB__CALL_NUMS (6 + TB_MAX_BUCKETS * 3)
+#define TB__CALL_ARGS (3 + TB_MAX_BUCKETS * 4 + 8)
+
+/* Check q and fill takes (with the shard's limits) and the full Redis
+ * key of every bucket. 0 when the request is malformed. */
+int tb__call_prepare(const tb_request_t *q, tb_take_t *takes,
+                     char keys[][TB_KEY_BUF]);
+
+/* The slot set's key of q into out (TB_KEY_BUF bytes) and the policy's
+ * view of its concurrency limit. 0 when the prefix is bad. */
+int tb__call_conc(const tb_request_t *q, char *out, tb__conc_t *conc);
+
+/* The EVALSHA argument vector of a call (what: TB__CALL_*); nums
+ * (TB__CALL_NUMS) holds the formatted numbers. Returns argc. */
+int tb__call_argv(const tb_request_t *q, const tb_take_t *takes,
+                  char keys[][TB_KEY_BUF], int what,
+                  const tb__conc_t *conc, const char *slot_id,
+                  char nums[][32], const char **argv, size_t *argvlen);
+
+/* A decision's script reply read into *res. */
+void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
+                     const tb_take_t *takes, const char *slot_id,
+                     tb_result_t *res);
+
+/* v formatted so that Lua's tonumber() reads back the same double; the
+ * digits are those of "%.17g". Returns the length. */
+size_t tb__fmt_num(char *buf, size_t len, double v);
 
 #endif /* TB_INT_H */

@@ -1,0 +1,283 @@
+/* tb_call.c -- from a request to a script call and back: validation, the
+ * Redis keys, the EVALSHA argument vector and the reply read as a result.
+ *
+ * Pure, no I/O: tb_client.c calls Redis with what this builds. The layout
+ * here is the contract with the Lua scripts (shared/tb_*.lua), so it
+ * lives in one place, and numbers are formatted so that Lua's tonumber()
+ * reads back exactly the double C holds: the C twins and the scripts must
+ * agree bit for bit (tests/vectors/).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tb_int.h"
+
+static int take_valid(const tb_take_t *t)
+{
+    return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0
+           && t->cost <= TB_MAX_CAPACITY
+           && (!t->route || tb_name_valid(t->route));
+}
+
+/* "00" .. "99": two digits per division when formatting. */
+static const char digit_pairs[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233"
+    "34353637383940414243444546474849505152535455565758596061626364656667"
+    "6869707172737475767778798081828384858687888990919293949596979899";
+
+/* Format a double so that Lua's tonumber() reads back the same value. */
+size_t tb__fmt_num(char *buf, size_t len, double v)
+{
+    int n;
+
+    /* Whole numbers (most capacities, rates and costs) the cheap way,
+     * two digits at a time: snprintf("%.17g") was a third of the
+     * client's instructions per decision (bench/README.md). The digits
+     * are those %.17g prints. */
+    if (v >= 0 && v < 1e15 && v == floor(v) && len >= 17) {
+        char tmp[16];
+        uint64_t u = (uint64_t)v;
+        size_t k = sizeof(tmp), n2;
+
+        while (u >= 100) {
+            k -= 2;
+            memcpy(tmp + k, digit_pairs + 2 * (u % 100), 2);
+            u /= 100;
+        }
+        if (u >= 10) {
+            k -= 2;
+            memcpy(tmp + k, digit_pairs + 2 * u, 2);
+        }
+        else {
+            tmp[--k] = (char)('0' + u);
+        }
+        n2 = sizeof(tmp) - k;
+        memcpy(buf, tmp + k, n2);
+        buf[n2] = '\0';
+        return n2;
+    }
+    n = snprintf(buf, len, "%.17g", v);
+    return n < 0 ? 0 : (size_t)n;
+}
+
+/* May the sliding log take this? Its work and memory grow with capacity,
+ * and it stores one member per whole unit of cost. */
+static int slog_take_valid(const tb_take_t *t)
+{
+    return t->limit.capacity <= TB_SLOG_MAX_CAPACITY
+           && t->cost == floor(t->cost);
+}
+
+/* Append the algorithm's key suffix, if it fits. */
+static int add_suffix(char *key, tb_algo_t algo)
+{
+    const char *sfx = tb_algo_key_suffix(algo);
+    size_t kl = strlen(key), sl = strlen(sfx);
+
+    if (kl + sl >= TB_KEY_BUF) {
+        return 0;
+    }
+    memcpy(key + kl, sfx, sl + 1);
+    return 1;
+}
+
+/* A lease is whole tokens from one main token bucket; what it gives
+ * back is a number of tokens. */
+static int lease_valid(const tb_request_t *q)
+{
+    const tb_take_t *t = &q->takes[0];
+
+    return q->algo == TB_ALGO_TOKEN_BUCKET && q->ntakes == 1 && !t->route
+           && t->cost >= 1 && t->cost == floor(t->cost)
+           && q->lease >= t->cost && q->lease <= TB_MAX_LEASE
+           && q->lease == floor(q->lease)
+           && q->lease_back >= 0 && q->lease_back <= TB_MAX_CAPACITY;
+}
+
+/* The slot life a request asks for. */
+static int64_t conc_ttl_ms(const tb_request_t *q)
+{
+    return q->concurrency_ttl_ms ? q->concurrency_ttl_ms
+                                 : TB_CONCURRENCY_TTL_MS;
+}
+
+/* The slot set of the request's key, "<prefix>{<key>}:conc", into out
+ * (TB_KEY_BUF bytes), and the policy's view of the limit. 0 when the
+ * prefix is bad. */
+int tb__call_conc(const tb_request_t *q, char *out, tb__conc_t *conc)
+{
+    size_t n = tb_key_build(q->prefix, q->key, q->key_len, NULL, out);
+
+    if (!n || n + sizeof(":conc") > TB_KEY_BUF) {
+        return 0;
+    }
+    memcpy(out + n, ":conc", sizeof(":conc"));
+    conc->key = out;
+    conc->limit = q->concurrency;
+    conc->ttl_ms = conc_ttl_ms(q);
+    return 1;
+}
+
+/* A concurrency limit is whole slots of one key, never split. */
+static int conc_valid(const tb_request_t *q)
+{
+    int64_t ttl = conc_ttl_ms(q);
+
+    return q->concurrency >= 1 && q->concurrency <= TB_MAX_CONCURRENCY
+           && ttl >= 1 && ttl <= TB_MAX_CONCURRENCY_TTL_MS
+           && q->shards <= 1;
+}
+
+
+/* Check a request and build what the script call needs: the takes with
+ * the limits of the shard (a split key's sub-buckets hold capacity/K and
+ * refill at rate/K) and the full Redis key of every bucket. 0 when the
+ * request is malformed. No takes at all is a concurrency limit alone. */
+int tb__call_prepare(const tb_request_t *q, tb_take_t *takes,
+                     char keys[][TB_KEY_BUF])
+{
+    int i, split = q->shards > 1, shard = split ? q->shard : -1;
+
+    if ((q->concurrency && !conc_valid(q)) || q->ntakes < 0
+        || (q->ntakes == 0 && !q->concurrency)
+        || (q->ntakes > 0 && !q->takes) || q->ntakes > TB_MAX_BUCKETS
+        || (!q->key && q->key_len) || !tb_algo_script_sha1(q->algo)
+        || q->shards < 0 || q->shards > TB_MAX_SHARDS
+        || (split && (q->shard < 0 || q->shard >= q->shards))
+        || q->lease < 0 || (q->lease > 0 && !lease_valid(q))
+        || (q->lease <= 0 && q->lease_back != 0)) {
+        return 0;
+    }
+    for (i = 0; i < q->ntakes; i++) {
+        takes[i] = q->takes[i];
+        if (split) {
+            takes[i].limit.capacity /= q->shards;
+            takes[i].limit.rate_per_sec /= q->shards;
+        }
+        if (!take_valid(&takes[i])
+            || !tb_key_build_shard(q->prefix, q->key, q->key_len, shard,
+                                   takes[i].route, keys[i])
+            || !add_suffix(keys[i], q->algo)
+            || (q->algo == TB_ALGO_SLIDING_LOG
+                && !slog_take_valid(&takes[i]))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The script's arguments, EVALSHA form: digest, the keys, the clock ("" for
+ * Redis's own), capacity, rate and cost per bucket, then 'settle', or the
+ * lease size and the tokens given back when a lease is asked for; with a
+ * concurrency limit (conc not NULL) its slot set as the last key and
+ * 'conc', N, ttl and the slot id last. Without buckets the token bucket's
+ * script carries the limit alone. nums holds the formatted numbers.
+ * Returns argc. */
+int tb__call_argv(const tb_request_t *q, const tb_take_t *takes,
+                  char keys[][TB_KEY_BUF], int what,
+                  const tb__conc_t *conc, const char *slot_id,
+                  char nums[][32], const char **argv, size_t *argvlen)
+{
+    int i, argc = 0, n = q->ntakes;
+    tb_algo_t algo = n > 0 ? q->algo : TB_ALGO_TOKEN_BUCKET;
+
+    argv[argc] = "EVALSHA";
+    argvlen[argc++] = 7;
+    argv[argc] = tb_algo_script_sha1(algo);
+    argvlen[argc++] = 40;
+    argv[argc] = nums[0];
+    argvlen[argc++] = tb__fmt_num(nums[0], 32, n + (conc ? 1 : 0));
+    for (i = 0; i < n; i++) {
+        argv[argc] = keys[i];
+        argvlen[argc++] = strlen(keys[i]);
+    }
+    if (conc) {
+        argv[argc] = conc->key;
+        argvlen[argc++] = strlen(conc->key);
+    }
+    if (q->now_ms) {
+        argv[argc] = nums[1];
+        argvlen[argc++] = (size_t)snprintf(nums[1], 32, "%lld",
+                                           (long long)*q->now_ms);
+    }
+    else {
+        argv[argc] = "";
+        argvlen[argc++] = 0;
+    }
+    for (i = 0; i < n; i++) {
+        char *b = nums[2 + 3 * i];
+
+        argv[argc] = b;
+        argvlen[argc++] = tb__fmt_num(b, 32, takes[i].limit.capacity);
+        argv[argc] = b + 32;
+        argvlen[argc++] = tb__fmt_num(b + 32, 32, takes[i].limit.rate_per_sec);
+        argv[argc] = b + 64;
+        argvlen[argc++] = tb__fmt_num(b + 64, 32, takes[i].cost);
+    }
+    if (what == TB__CALL_SETTLE) {
+        argv[argc] = "settle";
+        argvlen[argc++] = 6;
+    }
+    else if (q->lease > 0) {
+        /* The lease: the script's optional arguments after the buckets. */
+        argv[argc] = nums[2 + 3 * n];
+        argvlen[argc++] = tb__fmt_num(nums[2 + 3 * n], 32, q->lease);
+        if (q->lease_back > 0) {
+            argv[argc] = nums[3 + 3 * n];
+            argvlen[argc++] = tb__fmt_num(nums[3 + 3 * n], 32, q->lease_back);
+        }
+    }
+    if (conc) {
+        argv[argc] = "conc";
+        argvlen[argc++] = 4;
+        argv[argc] = nums[4 + 3 * n];
+        argvlen[argc++] = tb__fmt_num(nums[4 + 3 * n], 32, conc->limit);
+        argv[argc] = nums[5 + 3 * n];
+        argvlen[argc++] = tb__fmt_num(nums[5 + 3 * n], 32,
+                                      (double)conc->ttl_ms);
+        argv[argc] = slot_id;
+        argvlen[argc++] = strlen(slot_id);
+    }
+    return argc;
+}
+
+/* Turn the script's reply into the result. The script binds a
+ * concurrency refusal to index n, past the buckets. */
+void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
+                     const tb_take_t *takes, const char *slot_id,
+                     tb_result_t *res)
+{
+    int n = q->ntakes;
+
+    res->allowed = rep->v[0] == 1;
+    res->remaining = rep->v[1];
+    res->retry_ms = rep->v[2];
+    res->binding = rep->v[3] >= 0 && rep->v[3] < n ? (int)rep->v[3] : 0;
+    res->limit = n > 0 ? takes[res->binding].limit.capacity : 0;
+    res->source = TB_SRC_REDIS;
+    res->err = TB_ERR_NONE;
+    if (!res->allowed) {
+        res->refused_by = q->concurrency && rep->v[3] == n
+                          ? TB_LIMIT_CONCURRENCY : TB_LIMIT_RATE;
+    }
+    if (q->lease > 0 && res->allowed) {
+        /* A reply without a grant means only the cost was taken. */
+        res->granted = rep->v[4] >= takes[0].cost ? rep->v[4]
+                                                  : (int64_t)takes[0].cost;
+    }
+    if (q->concurrency) {
+        res->in_flight = rep->v[5];
+        if (res->refused_by == TB_LIMIT_CONCURRENCY || n == 0) {
+            res->limit = q->concurrency;
+        }
+        if (n == 0) {
+            res->remaining = res->allowed ? q->concurrency - rep->v[5] : 0;
+        }
+        if (res->allowed) {
+            res->slot.kind = TB_SLOT_REDIS;
+            memcpy(res->slot.id, slot_id, TB_SLOT_ID_LEN);
+        }
+    }
+}
+
