@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-import run as bench
+import benchkit as bench
 
 CONF = """ServerRoot "{root}"
 ServerName 127.0.0.1

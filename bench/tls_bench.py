@@ -18,7 +18,7 @@ and of Redis (/proc) is recorded too (medians over the rounds), which
 drifts less. Also recorded: the
 connections each TLS run made (one handshake each).
 
-Called by bench/run.py with the run module as `h` (its helpers: run, pin,
+Called by bench/run.py with bench/benchkit.py as `h` (its helpers: run, pin,
 kv, median, record, log, free_port, wait_port, stop_pid).
 """
 import os
