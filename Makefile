@@ -101,7 +101,7 @@ TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
 # Replays of the fuzz corpus: each tests/fuzz/fuzz_<name>.c linked with
 # replay_main.c instead of libFuzzer, so gcc suffices; always ASan + UBSan,
 # as the fuzz targets are. The core is compiled once for all of them.
-REPLAY_TARGETS = url key parse $(if $(wildcard shim/shim_conf.c),shimconf)
+REPLAY_TARGETS = url key parse call $(if $(wildcard shim/shim_conf.c),shimconf)
 REPLAY_BIN = $(patsubst %,$(BUILD)/fuzz/replay_%,$(REPLAY_TARGETS))
 REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -D_GNU_SOURCE -Ishared -Ishim \

@@ -86,10 +86,15 @@ static int add_suffix(char *key, tb_algo_t algo)
  * back is a number of tokens. */
 static int lease_valid(const tb_request_t *q)
 {
-    const tb_take_t *t = &q->takes[0];
+    const tb_take_t *t;
 
-    return q->algo == TB_ALGO_TOKEN_BUCKET && q->ntakes == 1 && !t->route
-           && t->cost >= 1 && t->cost == floor(t->cost)
+    /* Not even &takes[0] before the count is known: takes may be NULL
+     * for a concurrency limit alone. */
+    if (q->algo != TB_ALGO_TOKEN_BUCKET || q->ntakes != 1) {
+        return 0;
+    }
+    t = &q->takes[0];
+    return !t->route && t->cost >= 1 && t->cost == floor(t->cost)
            && q->lease >= t->cost && q->lease <= TB_MAX_LEASE
            && q->lease == floor(q->lease)
            && q->lease_back >= 0 && q->lease_back <= TB_MAX_CAPACITY;
@@ -145,7 +150,7 @@ int tb__call_prepare(const tb_request_t *q, tb_take_t *takes,
         || (!q->key && q->key_len) || !tb_algo_script_sha1(q->algo)
         || q->shards < 0 || q->shards > TB_MAX_SHARDS
         || (split && (q->shard < 0 || q->shard >= q->shards))
-        || q->lease < 0 || (q->lease > 0 && !lease_valid(q))
+        || !(q->lease >= 0) || (q->lease > 0 && !lease_valid(q))
         || (q->lease <= 0 && q->lease_back != 0)) {
         return 0;
     }
@@ -243,7 +248,9 @@ int tb__call_argv(const tb_request_t *q, const tb_take_t *takes,
 }
 
 /* Turn the script's reply into the result. The script binds a
- * concurrency refusal to index n, past the buckets. */
+ * concurrency refusal to index n, past the buckets. A reply out of range
+ * (a binding, a grant, a wait or a count no script of ours returns) is
+ * held to the request's bounds, never trusted into arithmetic. */
 void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
                      const tb_take_t *takes, const char *slot_id,
                      tb_result_t *res)
@@ -252,7 +259,7 @@ void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
 
     res->allowed = rep->v[0] == 1;
     res->remaining = rep->v[1];
-    res->retry_ms = rep->v[2];
+    res->retry_ms = rep->v[2] >= -1 ? rep->v[2] : -1; /* -1: never. */
     res->binding = rep->v[3] >= 0 && rep->v[3] < n ? (int)rep->v[3] : 0;
     res->limit = n > 0 ? takes[res->binding].limit.capacity : 0;
     res->source = TB_SRC_REDIS;
@@ -262,21 +269,31 @@ void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
                           ? TB_LIMIT_CONCURRENCY : TB_LIMIT_RATE;
     }
     if (q->lease > 0 && res->allowed) {
-        /* A reply without a grant means only the cost was taken. */
+        /* A reply without a grant means only the cost was taken; more
+         * than was asked is never believed. */
         res->granted = rep->v[4] >= takes[0].cost ? rep->v[4]
                                                   : (int64_t)takes[0].cost;
+        if (res->granted > q->lease) {
+            res->granted = (int64_t)q->lease;
+        }
     }
     if (q->concurrency) {
-        res->in_flight = rep->v[5];
+        /* Slots held may pass N after N was lowered, never below 0. */
+        res->in_flight = rep->v[5] > 0 ? rep->v[5] : 0;
         if (res->refused_by == TB_LIMIT_CONCURRENCY || n == 0) {
             res->limit = q->concurrency;
         }
         if (n == 0) {
-            res->remaining = res->allowed ? q->concurrency - rep->v[5] : 0;
+            res->remaining = res->allowed && res->in_flight < q->concurrency
+                             ? q->concurrency - res->in_flight : 0;
         }
         if (res->allowed) {
+            /* The id as a string, whatever the size of its buffer. */
+            size_t l = strnlen(slot_id, TB_SLOT_ID_LEN - 1);
+
             res->slot.kind = TB_SLOT_REDIS;
-            memcpy(res->slot.id, slot_id, TB_SLOT_ID_LEN);
+            memcpy(res->slot.id, slot_id, l);
+            res->slot.id[l] = '\0';
         }
     }
 }

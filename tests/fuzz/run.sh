@@ -4,7 +4,7 @@
 #
 #   sh tests/fuzz/run.sh BUILD_DIR [SECONDS_PER_TARGET] [TARGET...]
 #
-# Targets (tests/fuzz/fuzz_<name>.c): url, key, parse, shimconf (when
+# Targets (tests/fuzz/fuzz_<name>.c): url, key, parse, call, shimconf (when
 # shim/shim_conf.c exists) and any module target added later. Each is
 # built with clang -fsanitize=fuzzer,address,undefined over the core
 # sources, seeded from tests/fuzz/corpus/<name>/ (kept in git: seeds and
@@ -17,7 +17,7 @@ set -eu
 BUILD=${1:-build}
 SECS=${2:-25}
 [ $# -ge 2 ] && shift 2 || shift $#
-TARGETS=${*:-"url key parse shimconf"}
+TARGETS=${*:-"url key parse call shimconf"}
 CLANG=${CLANG:-clang}
 FUZZ=$BUILD/fuzz
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all"

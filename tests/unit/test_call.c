@@ -162,8 +162,8 @@ static void test_argv_lease_clock_and_settle(void **unused)
     argc = tb__call_argv(&q, takes, keys, TB__CALL_DECIDE, NULL, NULL, nums,
                          argv, argvlen);
     joined(argc, argv, argvlen, got, sizeof(got));
-    snprintf(want, sizeof(want), "EVALSHA|%s|1|%s|1700000000123|100|2.5|1|20|7",
-             sha, keys[0]);
+    snprintf(want, sizeof(want),
+             "EVALSHA|%s|1|%s|1700000000123|100|2.5|1|20|7", sha, keys[0]);
     assert_string_equal(got, want);
 
     /* A settlement never carries the lease: 'settle' ends the call. */

@@ -23,6 +23,7 @@ TARGETS = {
     "url": [],
     "key": [],
     "parse": [],
+    "call": [],
     "shimconf": ["shim/shim_conf.c"],
 }
 
