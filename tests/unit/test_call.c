@@ -228,6 +228,7 @@ static void test_prepare_refuses_malformed(void **unused)
     REFUSED(q.lease = 20);                     /* Lease over two buckets. */
     REFUSED((q.ntakes = 1, q.algo = TB_ALGO_GCRA, q.lease = 20));
     REFUSED((q.ntakes = 1, q.lease = 0.5));    /* Lease below the cost. */
+    REFUSED((q.ntakes = 1, q.lease = NAN));    /* Not "no lease". */
     REFUSED((q.algo = TB_ALGO_SLIDING_LOG, t[0].cost = 1.5));
     REFUSED((q.concurrency = 2, q.shards = 2, q.shard = 0));
     REFUSED(q.concurrency = -1);
