@@ -143,7 +143,7 @@ static double parse_cost(const char *s)
     if (*p) {
         return -1;
     }
-    v = strtod(start, &end);
+    v = tb_strtod_c(start, &end);
     return v >= 0 && v <= TB_MAX_CAPACITY ? v : -1;
 }
 

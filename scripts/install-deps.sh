@@ -10,7 +10,7 @@ libssl-dev openssl ca-certificates libconfig-dev redis-server redis-tools \
 php-cgi haproxy wrk curl python3 python3-pytest python3-redis \
 python3-requests python3-yaml python3-matplotlib libcmocka-dev \
 docker-compose groff-base chromium debhelper dpkg-dev lintian postgresql \
-php-cli php-pgsql nginx strace"
+php-cli php-pgsql nginx strace locales"
 # Extra packages for one target (make fuzz: clang libclang-rt-14-dev).
 PKGS="$PKGS $*"
 

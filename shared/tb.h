@@ -90,6 +90,13 @@ int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
 int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,
                  char *err, size_t errlen);
 
+/* Numbers in the C locale ('.' for the decimal point) whatever
+ * LC_NUMERIC the host has set: strtod(), and "%.17g" into buf (the
+ * length written, at most len - 1; the digits Lua's tonumber() reads
+ * back as v). Thread-safe; the host's locale is left as it is. */
+double tb_strtod_c(const char *s, char **end);
+size_t tb_fmt_double(char *buf, size_t len, double v);
+
 /* ==== Limits and the token bucket ==================================== */
 
 /* The most buckets one decision may take: a main bucket plus routes. */

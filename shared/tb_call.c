@@ -29,16 +29,15 @@ static const char digit_pairs[201] =
 /* Format a double so that Lua's tonumber() reads back the same value. */
 size_t tb__fmt_num(char *buf, size_t len, double v)
 {
-    int n;
-
     /* Whole numbers (most capacities, rates and costs) the cheap way,
      * two digits at a time: snprintf("%.17g") was a third of the
      * client's instructions per decision (bench/README.md). The digits
-     * are those %.17g prints. */
+     * are those %.17g prints. The rest go through tb_fmt_double(), in
+     * the C locale whatever the host set (tb_cnum.c). */
     if (v >= 0 && v < 1e15 && v == floor(v) && len >= 17) {
         char tmp[16];
         uint64_t u = (uint64_t)v;
-        size_t k = sizeof(tmp), n2;
+        size_t k = sizeof(tmp), n;
 
         while (u >= 100) {
             k -= 2;
@@ -52,13 +51,12 @@ size_t tb__fmt_num(char *buf, size_t len, double v)
         else {
             tmp[--k] = (char)('0' + u);
         }
-        n2 = sizeof(tmp) - k;
-        memcpy(buf, tmp + k, n2);
-        buf[n2] = '\0';
-        return n2;
+        n = sizeof(tmp) - k;
+        memcpy(buf, tmp + k, n);
+        buf[n] = '\0';
+        return n;
     }
-    n = snprintf(buf, len, "%.17g", v);
-    return n < 0 ? 0 : (size_t)n;
+    return tb_fmt_double(buf, len, v);
 }
 
 /* May the sliding log take this? Its work and memory grow with capacity,

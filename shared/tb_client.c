@@ -611,7 +611,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
         && r->element[0]->type == REDIS_REPLY_STRING
         && r->element[1]->type == REDIS_REPLY_STRING) {
         b->exists = 1;
-        b->tokens = strtod(r->element[0]->str, NULL);
+        b->tokens = tb_strtod_c(r->element[0]->str, NULL);
         b->ts_ms = strtoll(r->element[1]->str, NULL, 10);
     }
     tb__reply_free(r);

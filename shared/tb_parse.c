@@ -55,7 +55,7 @@ static int leading_decimal(const char *s, const char *what, double *v,
     }
     else {
         errno = 0;
-        *v = strtod(s, end);
+        *v = tb_strtod_c(s, end);
         if (*end == s || errno != 0 || !isfinite(*v)
             || *end != s + decimal_len(s)) {
             why = "%s '%s' is not a number";

@@ -150,7 +150,7 @@ static int get_rate(loader_t *ld, const config_setting_t *s, double *out)
                        ? config_setting_get_float(s)
                        : (double)config_setting_get_int64(s);
         /* Let the core apply one set of bounds to both spellings. */
-        snprintf(buf, sizeof(buf), "%.17g", v);
+        tb_fmt_double(buf, sizeof(buf), v);
         if (tb_parse_rate(buf, out, msg, sizeof(msg)) != TB_OK) {
             return fail(ld, s, "'rate': %s", msg);
         }

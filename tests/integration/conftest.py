@@ -3,7 +3,8 @@
 Puts the helper package tbtest/ on sys.path and makes its servers and
 programs fixtures: a redis-server per test, factories for Apaches,
 haproxies, tb_driver clients and extra redis-servers, the paths of the
-test programs, and a test PKI with TLS redis-servers. Each fixture stops what it started, by PID.
+test programs, a test PKI with TLS redis-servers, and a locale with a
+decimal comma. Each fixture stops what it started, by PID.
 """
 import os
 import sys
@@ -13,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tbtest.apache import Apache  # noqa: E402
 from tbtest.core import Driver  # noqa: E402
-from tbtest.env import BUILD, Redis, prog  # noqa: E402
+from tbtest.env import BUILD, Redis, comma_locale, prog  # noqa: E402
 from tbtest.proof import HAProxy  # noqa: E402
 from tbtest.shim import PROG_NAMES, SHIM_SO  # noqa: E402
 from tbtest.tls import TlsRedis, make_pki  # noqa: E402
@@ -129,3 +130,10 @@ def tls_redis(tmp_path, pki):
     yield start
     for r in started:
         r.stop()
+
+
+@pytest.fixture(scope="session")
+def locale_dir(tmp_path_factory):
+    """(LOCPATH, name) of a locale whose decimal point is a comma."""
+    d = tmp_path_factory.mktemp("locale")
+    return str(d), comma_locale(d)

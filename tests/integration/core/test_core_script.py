@@ -76,3 +76,38 @@ def test_core_002_03(redis_server, drivers):
     res = d.take("mb", 10, 0.001, 1, "big", 2, 1, 3)
     assert res["allowed"] == 0 and res["retry_ms"] == -1
     assert res["binding"] == 1
+
+
+# A host that switches to a locale with a decimal comma (setlocale(LC_ALL,
+# ...) as a daemon or a PHP script may do at any time) still gets Redis's
+# decisions for fractional rates and costs, and exact settlements: the
+# client writes its numbers in the C locale, never "2,5". Before the fix
+# every such decision went to the failure policy (open here).
+def test_core_002_07(redis_server, drivers, locale_dir, monkeypatch):
+    locpath, name = locale_dir
+    monkeypatch.setenv("LOCPATH", locpath)
+    r = redis_server.client()
+    d = drivers(redis_server.url, policy="open")
+    assert d.cmd("locale " + name)["point"] == ","
+    now = 1700000000000
+    res = d.cmd("take_at %d loc 10 2.5 0.5 export 4 1.5 1.25" % now)
+    assert (res["source"], res["allowed"]) == ("redis", 1), res
+    main = [k for k in r.keys("*loc*") if b"route" not in k]
+    route = [k for k in r.keys("*loc*") if b"route" in k]
+    assert len(main) == 1 and len(route) == 1
+    assert float(r.hget(main[0], "tokens")) == 9.5
+    assert float(r.hget(route[0], "tokens")) == 2.75
+    # Half a second later: 9.5 + 1.25 - 0.5 = 10 (capped) and
+    # 2.75 + 0.75 - 1.25 = 2.25.
+    res = d.cmd("take_at %d loc 10 2.5 0.5 export 4 1.5 1.25" % (now + 500))
+    assert res["source"] == "redis", res
+    assert float(r.hget(main[0], "tokens")) == 9.5
+    assert float(r.hget(route[0], "tokens")) == 2.25
+    # The real cost was 1.75 on both: 1.25 more on the main bucket and 0.5
+    # more on the route, settled at the same instant.
+    res = d.cmd("settle token-bucket 0 0 %d 1.75 loc 10 2.5 0.5 export 4 "
+                "1.5 1.25" % (now + 500))
+    assert res["source"] == "redis", res
+    assert float(r.hget(main[0], "tokens")) == 8.25
+    assert float(r.hget(route[0], "tokens")) == 1.75
+    assert d.stats()["redis_errors"] == 0

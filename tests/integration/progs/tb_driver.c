@@ -58,6 +58,9 @@
  *   breaker           the breaker state
  *   pool              pool size, open and in-use connections
  *   lasterr           the client's last error: kind= then its message
+ *   locale NAME       setlocale(LC_ALL, NAME), as a host may do at any
+ *                     time: point= the decimal point it brings. The
+ *                     driver keeps reading its commands in the C locale.
  *   quit              exit 0 (so does end of input)
  *
  * KEY is binary-safe: %XX escapes are decoded (so NUL, CR, LF, space and
@@ -67,6 +70,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +147,7 @@ static int to_double(const char *s, double *d)
     char *end;
 
     errno = 0;
-    *d = strtod(s, &end);
+    *d = tb_strtod_c(s, &end);
     return *s && !*end && !errno ? 0 : -1;
 }
 
@@ -658,6 +662,15 @@ int main(int argc, char **argv)
         }
         else if (strcmp(av[0], "lasterr") == 0) {
             printf("ok kind=%s %s\n", tb_err_name(c->err), c->errstr);
+        }
+        else if (strcmp(av[0], "locale") == 0 && ac == 2) {
+            if (!setlocale(LC_ALL, av[1])) {
+                printf("error locale %s is not installed\n", av[1]);
+            }
+            else {
+                printf("ok locale=%s point=%s\n", av[1],
+                       localeconv()->decimal_point);
+            }
         }
         else if (strcmp(av[0], "quit") == 0) {
             printf("ok bye\n");

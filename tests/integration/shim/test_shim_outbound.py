@@ -267,3 +267,43 @@ def test_shim_200_31(redis_server, downstream, progs, tmp_path):
     assert s["ok"] == 5
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and "leaky" in lines[0] and "algorithm" in lines[0]
+
+
+LOCALE_HOST = r"""
+import locale, os, socket, time
+locale.setlocale(locale.LC_ALL, "")
+ok = fail = 0
+t0 = time.monotonic()
+for _ in range(int(os.environ["N"])):
+    try:
+        socket.create_connection(("127.0.0.1", int(os.environ["PORT"])),
+                                 timeout=5).close()
+        ok += 1
+    except OSError:
+        fail += 1
+print("ok=%d fail=%d secs=%.3f point=%s" % (
+    ok, fail, time.monotonic() - t0, locale.localeconv()["decimal_point"]))
+"""
+
+
+# test_shim_200_32: a host that sets its locale from a German environment
+# (setlocale(LC_ALL, ""), as most daemons do) still has its connects
+# decided by Redis under a rule whose rate is not a whole number per
+# second ("90/m"): before the fix the shim sent "1,5" and every connect
+# went to the failure policy (open: all let through).
+def test_shim_200_32(redis_server, downstream, tmp_path, locale_dir):
+    locpath, name = locale_dir
+    conf = write_conf(tmp_path / "s.conf", redis_server, outbound(
+        out_rule(downstream.port, rate="90/m")))
+    env = shim_env(conf, foreign=True, LOCPATH=locpath, LANG=name,
+                   LC_ALL=name, N=8, PORT=downstream.port)
+    script = tmp_path / "host.py"
+    script.write_text(LOCALE_HOST)
+    p = run(["/usr/bin/python3", str(script)], env)
+    s = dict(kv.split("=", 1) for kv in p.stdout.split())
+    assert s["point"] == ",", s
+    # capacity 3, then 1.5 tokens a second.
+    assert 3 <= int(s["ok"]) <= 3 + int(1.5 * float(s["secs"])), s
+    assert int(s["ok"]) + int(s["fail"]) == 8
+    b = bucket(redis_server, "tb:shim:out:db:{db}")
+    assert 0 <= b["tokens"] < 1, b

@@ -30,6 +30,22 @@ def require(path, package):
     return path
 
 
+def comma_locale(root):
+    """A locale whose decimal point is a comma (de_DE.UTF-8), compiled by
+    localedef into root and made visible to child processes through
+    LOCPATH, without touching the system's locales. Returns its name."""
+    require("/usr/share/i18n/locales/de_DE", "locales")
+    out = os.path.join(str(root), "de_DE.UTF-8")
+    if not os.path.isdir(out):
+        r = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", out],
+                           capture_output=True, text=True, timeout=120)
+        # localedef exits 1 for warnings and still writes the locale.
+        if not os.path.isdir(out):
+            pytest.fail("localedef failed (rc %d): %s" % (r.returncode,
+                                                         r.stderr[-500:]))
+    return "de_DE.UTF-8"
+
+
 def lua_script(name):
     """The text of the script `name` ("tb_gcra.lua") as it ships: the
     prelude and body that make joins into build/lua/, byte for byte the
