@@ -7,7 +7,9 @@ test programs, a test PKI with TLS redis-servers, and a locale with a
 decimal comma. Each fixture stops what it started, by PID.
 """
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -133,7 +135,10 @@ def tls_redis(tmp_path, pki):
 
 
 @pytest.fixture(scope="session")
-def locale_dir(tmp_path_factory):
-    """(LOCPATH, name) of a locale whose decimal point is a comma."""
-    d = tmp_path_factory.mktemp("locale")
-    return str(d), comma_locale(d)
+def locale_dir():
+    """(LOCPATH, name) of a locale whose decimal point is a comma, in a
+    directory Apache's children (www-data) can read too."""
+    d = tempfile.mkdtemp(prefix="tbloc-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d, comma_locale(d)
+    shutil.rmtree(d, ignore_errors=True)
