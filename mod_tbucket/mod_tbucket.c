@@ -272,7 +272,11 @@ static void set_env(request_rec *r, const tbucket_req *rq)
     apr_table_setn(r->subprocess_env, "TBUCKET_REMAINING", rq->remaining);
 }
 
-/* The client key, and the prefix its bucket lives under. */
+/* The client key, and the prefix its bucket lives under. A client keyed
+ * by its IP, with no TBucketKey or an empty one, always lives under
+ * "<prefix>ip:": were an IP bucket "<prefix>{IP}", a client sending
+ * "X-API-Key: <victim's IP>" to a Location keyed by that header could
+ * drain the victim's bucket of a Location keyed by IP. */
 static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
                                const tbucket_srv_conf *sc,
                                const char **prefix)
@@ -281,6 +285,7 @@ static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
 
     *prefix = sc->prefix;
     if (!dc->key) {
+        *prefix = sc->ip_prefix;
         return r->useragent_ip;
     }
     key = ap_expr_str_exec(r, dc->key, &err);

@@ -40,7 +40,7 @@
  *   TBucketKey EXPR
  *       An ap_expr string, e.g. "%{HTTP:X-API-Key}". Default and fallback
  *       for an empty result: the client IP (r->useragent_ip, so
- *       mod_remoteip applies). A fallback IP is kept in its own key space
+ *       mod_remoteip applies). An IP key is kept in its own key space
  *       ("<prefix>ip:{IP}") so that no client can name another client's
  *       IP bucket through the key header. A key that mentions REMOTE_USER
  *       or AUTH_TYPE is evaluated after authentication.

@@ -182,8 +182,8 @@ TBucketPrefix main:
     assert http_get(a.url("/ok.txt"), {"Host": "one.test"}).status_code == 200
     assert http_get(a.url("/ok.txt"), {"Host": "two.test"}).status_code == 200
     rc = redis_server.client()
-    assert tokens(rc, "main:{127.0.0.1}") == 4
-    assert tokens(rc, "two:{127.0.0.1}") == 4
+    assert tokens(rc, "main:ip:{127.0.0.1}") == 4
+    assert tokens(rc, "two:ip:{127.0.0.1}") == 4
     a.assert_log_clean()
 
 
@@ -225,7 +225,7 @@ TBucketPrefix m8:
     r = http_get(a.url("/free/ok.txt"))
     assert r.status_code == 200
     assert "X-RateLimit-Limit" not in r.headers
-    assert rc.keys("m8:{127.0.0.1}*") == []
+    assert rc.keys("m8:*127.0.0.1*") == []
     a.assert_log_clean()
 
 

@@ -224,7 +224,7 @@ TBucketPrefix p9:
         "allowed", "allowed", "shadow-rejected", "shadow-rejected"]
     assert rs[3].headers["X-RateLimit-Remaining"] == "0"
     assert "Retry-After" not in rs[3].headers
-    assert tokens(redis_server.client(), "p9:{127.0.0.1}") == 0
+    assert tokens(redis_server.client(), "p9:ip:{127.0.0.1}") == 0
     log = a.read_log()
     assert log.count("TB00110") == 2
     assert "shadow mode: would refuse /cgi-bin/env.cgi" in log
@@ -290,6 +290,36 @@ def test_module_002_11(apache_factory, redis_server):
     http_get(a.url("/limited/ok.txt"), {"X-API-Key": ""})
     http_get(a.url("/limited/ok.txt"))
     assert tokens(redis_server.client(), "p11:ip:{127.0.0.1}") == 1
+    a.assert_log_clean()
+
+
+# A Location keyed by a header and one keyed by IP (no TBucketKey) under
+# the same prefix: a client sending the victim's IP as its key drains its
+# own bucket only; the victim's IP bucket keeps every token.
+def test_module_002_12(apache_factory, redis_server):
+    a = apache_factory()
+    a.start("""
+TBucketRedis %s timeout=500
+TBucketPrefix p12:
+<Location /api>
+    TBucketEnable On
+    TBucketKey "%%{HTTP:X-API-Key}"
+    TBucketLimit 3 1/h
+</Location>
+<Location /a>
+    TBucketEnable On
+    TBucketLimit 3 1/h
+</Location>
+""" % redis_server.url)
+    forged = [http_get(a.url("/api/ok.txt"),
+                       {"X-API-Key": "127.0.0.1"}).status_code
+              for _ in range(4)]
+    assert forged == [200, 200, 200, 429]
+    own = [http_get(a.url("/a/ok.txt")).status_code for _ in range(4)]
+    assert own == [200, 200, 200, 429]
+    rc = redis_server.client()
+    assert sorted(k.decode() for k in rc.keys("p12:*")) == [
+        "p12:ip:{127.0.0.1}", "p12:{127.0.0.1}"]
     a.assert_log_clean()
 
 
