@@ -277,6 +277,20 @@ static void set_env(request_rec *r, const tbucket_req *rq)
  * "<prefix>ip:": were an IP bucket "<prefix>{IP}", a client sending
  * "X-API-Key: <victim's IP>" to a Location keyed by that header could
  * drain the victim's bucket of a Location keyed by IP. */
+static const char *ip_key(request_rec *r, const tbucket_srv_conf *sc)
+{
+    const char *ip = r->useragent_ip;
+    char *out;
+
+    /* IPv4, the common case, is its own key: no copy. An IPv6 client is
+     * keyed by its network (TBucketIPv6Prefix). */
+    if (!ip || !strchr(ip, ':')) {
+        return ip;
+    }
+    out = apr_palloc(r->pool, TB_IP_KEY_LEN);
+    return tb_ip_key(ip, sc->ipv6_bits, out, TB_IP_KEY_LEN) ? out : ip;
+}
+
 static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
                                const tbucket_srv_conf *sc,
                                const char **prefix)
@@ -286,7 +300,7 @@ static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
     *prefix = sc->prefix;
     if (!dc->key) {
         *prefix = sc->ip_prefix;
-        return r->useragent_ip;
+        return ip_key(r, sc);
     }
     key = ap_expr_str_exec(r, dc->key, &err);
     if (err) {
@@ -297,7 +311,7 @@ static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
     }
     if (!key || !*key) {
         *prefix = sc->ip_prefix;
-        return r->useragent_ip;
+        return ip_key(r, sc);
     }
     return key;
 }

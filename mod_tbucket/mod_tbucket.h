@@ -174,6 +174,9 @@ typedef struct tbucket_srv_conf {
     const char *ip_prefix;            /* prefix + "ip:", made at config
                                        * time for keys that fell back to
                                        * the client IP.                 */
+    int ipv6_bits;                    /* TBucketIPv6Prefix: the bits of
+                                       * an IPv6 client address that key
+                                       * it (tb_ip_key).                */
     /* TLS: the tls_* options of the TBucketRedis line (they go with its
      * URL, never inherited apart from it) and the context made from
      * them at config time, in the parent, before privileges are
@@ -182,7 +185,7 @@ typedef struct tbucket_srv_conf {
     tb_tls_t *tls_ctx;
     unsigned int url_set:1, timeout_set:1, connect_timeout_set:1,
         pool_set:1, policy_set:1, replicas_set:1, threshold_set:1,
-        cooldown_set:1, prefix_set:1;
+        cooldown_set:1, prefix_set:1, ipv6_set:1;
 
     /* Filled in post_config (parent) and child_init (child). */
     const char *signature;            /* Identity of the client config. */

@@ -32,6 +32,10 @@
  *   TBucketReplicas N                          (default 1; the N above)
  *   TBucketBreaker threshold=N cooldown=DURATION  (default 5 and 10s)
  *   TBucketPrefix STRING                       (default "rl:")
+ *   TBucketIPv6Prefix BITS                     (default 64)
+ *       A client keyed by an IPv6 address is keyed by its first BITS
+ *       bits: one subscriber holds a /64 (often a /56), and would
+ *       otherwise get a new bucket with every address in it.
  *
  * Directory scope (<VirtualHost>, <Location>, <Directory>, <If>, and
  * .htaccess under AllowOverride Limit), merged from outer to inner:
@@ -324,6 +328,22 @@ static const char *set_replicas(cmd_parms *cmd, void *dummy,
     }
     sc->replicas = (int)n;
     sc->replicas_set = 1;
+    return NULL;
+}
+
+static const char *set_ipv6_prefix(cmd_parms *cmd, void *dummy,
+                                   const char *arg)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    char err[128];
+    int64_t n;
+
+    (void)dummy;
+    if (tb_parse_int(arg, 1, 128, &n, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "IPv6 prefix length", arg, err);
+    }
+    sc->ipv6_bits = (int)n;
+    sc->ipv6_set = 1;
     return NULL;
 }
 
@@ -722,6 +742,9 @@ const command_rec tbucket_cmds[] = {
                      "Circuit breaker, e.g. threshold=5 cooldown=10s"),
     AP_INIT_TAKE1("TBucketPrefix", set_prefix, NULL, RSRC_CONF,
                   "Redis key prefix, e.g. rl:"),
+    AP_INIT_TAKE1("TBucketIPv6Prefix", set_ipv6_prefix, NULL, RSRC_CONF,
+                  "Bits of an IPv6 client address that key its bucket, "
+                  "1..128 (default 64: one subscriber's network)"),
     AP_INIT_FLAG("TBucketEnable", ap_set_flag_slot,
                  (void *)APR_OFFSETOF(tbucket_dir_conf, enable), DIR_SCOPE,
                  "On to limit requests in this scope"),

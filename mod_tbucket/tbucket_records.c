@@ -31,6 +31,7 @@ void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
     sc->breaker_cooldown_ms = 10000;
     sc->prefix = TBUCKET_DEFAULT_PREFIX;
     sc->ip_prefix = TBUCKET_DEFAULT_PREFIX "ip:";
+    sc->ipv6_bits = TB_DEFAULT_IPV6_BITS;
     sc->vhost_slot = -1;
     sc->client_slot = -1;
     return sc;
@@ -59,6 +60,7 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(breaker_cooldown_ms, cooldown_set);
     TAKE(prefix, prefix_set);
     TAKE(ip_prefix, prefix_set);
+    TAKE(ipv6_bits, ipv6_set);
     TAKE(tls, url_set);
     TAKE(tls_ctx, url_set);
 #undef TAKE

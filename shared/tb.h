@@ -216,6 +216,19 @@ const char *tb_algo_key_suffix(tb_algo_t a);
 /* The most sub-buckets (shards) one client key may be split into. */
 #define TB_MAX_SHARDS 64
 
+/* The key of a client known by its address, as text (what Apache's
+ * r->useragent_ip or inet_ntop gives): IPv4 as it is; an IPv4-mapped IPv6
+ * address as the IPv4 address it carries; IPv6 cut to its first v6_bits
+ * bits (1..128) as "2001:db8:1:2::/64", since one subscriber holds a
+ * whole /64 (often a /56) and could otherwise take a new bucket with each
+ * address; 128 keeps the address ("2001:db8::7"). Anything else (a zone
+ * id, not an address) is copied as it is. Writes at most len bytes with
+ * the NUL (TB_IP_KEY_LEN is always enough for an address); returns the
+ * length, or 0 if it does not fit. */
+#define TB_IP_KEY_LEN 52
+#define TB_DEFAULT_IPV6_BITS 64
+size_t tb_ip_key(const char *ip, int v6_bits, char *out, size_t len);
+
 /* Write the sanitised form of an untrusted client key (len bytes, may
  * hold NUL) into out (at least TB_KEY_RAW_MAX + 1 bytes). Returns its
  * length. An empty key stays empty; callers substitute the client IP. */

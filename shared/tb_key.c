@@ -10,7 +10,12 @@
  * tag) or starts with '#' is replaced by '#' and 32 hex digits of its
  * SHA-256. Raw keys never start with '#', so nobody can name another
  * client's hashed key, and nothing a client sends leaves the braces.
+ * A client known by its IPv6 address is keyed by its network (a /64 by
+ * default), which is what one subscriber holds.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "tb_int.h"
@@ -126,4 +131,43 @@ size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
     }
     out[p] = '\0';
     return p;
+}
+
+size_t tb_ip_key(const char *ip, int v6_bits, char *out, size_t len)
+{
+    unsigned char a[16];
+    char text[INET6_ADDRSTRLEN];
+    int i, n;
+
+    if (!ip || !out || !len) {
+        return 0;
+    }
+    if (!strchr(ip, ':') || inet_pton(AF_INET6, ip, a) != 1
+        || v6_bits < 1 || v6_bits > 128) {
+        n = snprintf(out, len, "%s", ip);
+        return n >= 0 && (size_t)n < len ? (size_t)n : 0;
+    }
+    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)a)) {
+        if (!inet_ntop(AF_INET, a + 12, text, sizeof(text))) {
+            return 0;
+        }
+        n = snprintf(out, len, "%s", text);
+        return n >= 0 && (size_t)n < len ? (size_t)n : 0;
+    }
+    for (i = 0; i < 16; i++) {
+        int keep = v6_bits - 8 * i;
+
+        if (keep <= 0) {
+            a[i] = 0;
+        }
+        else if (keep < 8) {
+            a[i] &= (unsigned char)(0xff << (8 - keep));
+        }
+    }
+    if (!inet_ntop(AF_INET6, a, text, sizeof(text))) {
+        return 0;
+    }
+    n = v6_bits == 128 ? snprintf(out, len, "%s", text)
+                       : snprintf(out, len, "%s/%d", text, v6_bits);
+    return n >= 0 && (size_t)n < len ? (size_t)n : 0;
 }

@@ -720,6 +720,10 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
         else if (strcmp(name, "breaker_cooldown_ms") == 0) {
             rc = get_ms(ld, s, 1, 86400000, &o->breaker_cooldown_ms);
         }
+        else if (strcmp(name, "ipv6_prefix") == 0) {
+            rc = get_int(ld, s, 1, 128, &v);
+            conf->ipv6_bits = (int)v;
+        }
         else if (strcmp(name, "replicas") == 0) {
             rc = get_int(ld, s, 1, 100000, &v);
             o->replicas = (int)v;
@@ -780,6 +784,7 @@ static void defaults(shim_conf_t *conf)
     conf->opts.verify_fd = 1;
     strcpy(conf->url, TB_DEFAULT_URL);
     strcpy(conf->prefix, DEFAULT_PREFIX);
+    conf->ipv6_bits = TB_DEFAULT_IPV6_BITS;
 }
 
 int shim_conf_load(const char *path, shim_conf_t *conf, char *err,

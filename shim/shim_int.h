@@ -84,11 +84,13 @@ const shim_rule_t *shim_match(const shim_rule_t *rules, int n,
                               const struct sockaddr *sa, socklen_t len);
 
 /* The bucket key of a connection accepted under rule r from `peer`
- * (plen bytes): the peer's IP as text, written into buf (buflen bytes,
- * INET6_ADDRSTRLEN is enough), or the rule's own key. Sets *key and
- * returns its length. */
+ * (plen bytes): the peer's IP as text, an IPv6 peer cut to its first
+ * v6_bits bits (tb_ip_key), written into buf (buflen bytes,
+ * TB_IP_KEY_LEN is enough), or the rule's own key. Sets *key and returns
+ * its length. */
 size_t shim_inbound_key(const shim_rule_t *r,
                         const struct sockaddr_storage *peer, socklen_t plen,
-                        char *buf, size_t buflen, const char **key);
+                        int v6_bits, char *buf, size_t buflen,
+                        const char **key);
 
 #endif /* SHIM_INT_H */

@@ -85,9 +85,11 @@ const shim_rule_t *shim_match(const shim_rule_t *rules, int n,
 
 size_t shim_inbound_key(const shim_rule_t *r,
                         const struct sockaddr_storage *peer, socklen_t plen,
-                        char *buf, size_t buflen, const char **key)
+                        int v6_bits, char *buf, size_t buflen,
+                        const char **key)
 {
     const unsigned char *bytes;
+    char text[INET6_ADDRSTRLEN];
     int family, port;
 
     if (r->key_kind != SHIM_KEY_PEER) {
@@ -97,7 +99,8 @@ size_t shim_inbound_key(const shim_rule_t *r,
     *key = buf;
     if (!split_addr((const struct sockaddr *)peer, plen, &family, &bytes,
                     &port)
-        || inet_ntop(family, bytes, buf, (socklen_t)buflen) == NULL) {
+        || inet_ntop(family, bytes, text, sizeof(text)) == NULL
+        || tb_ip_key(text, v6_bits, buf, buflen) == 0) {
         snprintf(buf, buflen, "unknown");
     }
     return strlen(buf);

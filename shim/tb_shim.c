@@ -535,7 +535,7 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
     struct sockaddr_storage peer;
     socklen_t plen;
     tb_result_t res;
-    char ipbuf[INET6_ADDRSTRLEN];
+    char ipbuf[TB_IP_KEY_LEN];
     const char *key;
     int saved = errno, cfd, rejects = 0, nonblock = -1;
 
@@ -551,7 +551,8 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
         if ((r = match_accepted(cfd)) == NULL) {
             break;
         }
-        klen = shim_inbound_key(r, &peer, plen, ipbuf, sizeof(ipbuf), &key);
+        klen = shim_inbound_key(r, &peer, plen, shim_conf.ipv6_bits, ipbuf,
+                                sizeof(ipbuf), &key);
         shim_decide(r, key, klen, &res);
         if (res.allowed) {
             if (res.slot.kind != TB_SLOT_NONE) {

@@ -87,6 +87,8 @@ typedef struct shim_conf {
     char tls_key[SHIM_PATH_MAX];
     char tls_server_name[256];
     char prefix[TB_PREFIX_MAX + 1];
+    int ipv6_bits;            /* ipv6_prefix: bits of an IPv6 peer that
+                               * key it (tb_ip_key), default 64.         */
     int strict;               /* 1: a bad config stops the program.       */
     int timeout_set;          /* 1: the file sets timeout_ms.             */
     int connect_timeout_set;  /* 1: the file sets connect_timeout_ms.     */

@@ -426,6 +426,50 @@ static void test_key_prefix_and_name_validation(void **state)
     assert_int_equal(tb_key_build("tb:", NULL, 5, NULL, out), 0);
 }
 
+/* A client address as a key: IPv4 as it is, IPv4-mapped as IPv4, IPv6
+ * cut to its network, the same key for every address of that network,
+ * and anything that is not an address copied unchanged. */
+static void test_key_ip(void **unused)
+{
+    static const struct {
+        const char *ip;
+        int bits;
+        const char *want;
+    } cases[] = {
+        {"203.0.113.5", 64, "203.0.113.5"},
+        {"::ffff:203.0.113.5", 64, "203.0.113.5"},
+        {"2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"},
+        {"2001:db8:1:2::b", 64, "2001:db8:1:2::/64"},
+        {"2001:DB8:1:2:ffff::", 64, "2001:db8:1:2::/64"},
+        {"2001:db8:1:2ff::1", 56, "2001:db8:1:200::/56"},
+        {"2001:db8:1:2ff::1", 60, "2001:db8:1:2f0::/60"},
+        {"2001:db8:1:2ff::1", 61, "2001:db8:1:2f8::/61"},
+        {"2001:db8::7", 128, "2001:db8::7"},
+        {"2001:0db8:0000::0007", 128, "2001:db8::7"},
+        {"ffff:ffff::1", 1, "8000::/1"},
+        {"::1", 64, "::/64"},
+        {"fe80::1%eth0", 64, "fe80::1%eth0"},
+        {"not:an:address", 64, "not:an:address"},
+        {"2001:db8::7", 0, "2001:db8::7"},
+        {"2001:db8::7", 129, "2001:db8::7"},
+    };
+    char out[TB_IP_KEY_LEN], small[8];
+    size_t i;
+
+    (void)unused;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t n = tb_ip_key(cases[i].ip, cases[i].bits, out, sizeof(out));
+
+        assert_string_equal(out, cases[i].want);
+        assert_int_equal(n, strlen(cases[i].want));
+    }
+    /* The longest IPv6 text with its prefix fits TB_IP_KEY_LEN. */
+    assert_true(tb_ip_key("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255",
+                          127, out, sizeof(out)) > 0);
+    assert_int_equal(tb_ip_key("2001:db8::7", 64, small, sizeof(small)), 0);
+    assert_int_equal(tb_ip_key(NULL, 64, out, sizeof(out)), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -440,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_key_build_shard_form),
         cmocka_unit_test(test_key_shard_cannot_be_forged),
         cmocka_unit_test(test_key_prefix_and_name_validation),
+        cmocka_unit_test(test_key_ip),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

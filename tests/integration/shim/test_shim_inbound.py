@@ -1,6 +1,7 @@
 """test_shim_inbound.py -- inbound rules: a real daemon under LD_PRELOAD,
 its accept() limited by a shared bucket; a client opens many connections
 quickly and counts which were served, closed or answered 429."""
+import subprocess
 import time
 
 import pytest
@@ -126,12 +127,16 @@ def test_shim_100_04(redis_server, progs, tmp_path):
 
 
 # test_shim_100_05: IPv6: a daemon on ::1 under a rule with address "::1";
-# the key is the peer's IPv6 address.
-def test_shim_100_05(redis_server, progs, tmp_path):
+# the key is the peer's network, its /64 by default (`ipv6_prefix`), or
+# its whole address with ipv6_prefix = 128.
+@pytest.mark.parametrize("bits,key", [(None, "::/64"), (128, "::1"),
+                                      (8, "::/8")])
+def test_shim_100_05(redis_server, progs, tmp_path, bits, key):
     port = free_port()
+    extra = {} if bits is None else {"ipv6_prefix": bits}
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       inbound(in_rule(port, address="::1", capacity=2,
-                                      rate="1/h")))
+                                      rate="1/h")), **extra)
     srv = Proc([progs["tb_srv"], "-a", "::1", "-p", str(port)],
                shim_env(conf))
     try:
@@ -139,7 +144,22 @@ def test_shim_100_05(redis_server, progs, tmp_path):
         assert s["served"] == 2 and s["closed"] == 4
     finally:
         srv.stop()
-    assert bucket(redis_server, "tb:shim:in:web:{::1}")
+    keys = [k.decode() for k in redis_server.client().keys("tb:shim:*")]
+    assert keys == ["tb:shim:in:web:{%s}" % key]
+
+
+# test_shim_100_08: an ipv6_prefix out of 1..128 or not a number stops a
+# strict program with the file, the line and the setting named.
+@pytest.mark.parametrize("bad", ["0", "129", '"64"'])
+def test_shim_100_08(redis_server, progs, tmp_path, bad):
+    conf = tmp_path / "bad.conf"
+    write_conf(conf, redis_server, inbound(in_rule(free_port())))
+    conf.write_text(conf.read_text() + "ipv6_prefix = %s;\n" % bad)
+    r = subprocess.run([progs["tb_srv"], "-p", "0"],
+                       env=shim_env(str(conf), TBUCKET_STRICT=1),
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 78, r.stderr
+    assert "'ipv6_prefix'" in r.stderr and "bad.conf:" in r.stderr, r.stderr
 
 
 # test_shim_100_06: a rule whose local address does not match is not
