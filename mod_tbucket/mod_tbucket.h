@@ -216,6 +216,9 @@ typedef struct tbucket_dir_conf {
     const ap_expr_info_t *key;        /* NULL: the client IP.           */
     int key_late;                     /* The key needs the user: decide
                                        * in fixups, after authn.        */
+    int key_is_addr;                  /* The key is the client address
+                                       * written out (%{REMOTE_ADDR}):
+                                       * warned about at startup.       */
     unsigned int key_set:1, limit_set:1, cost_set:1;
     tb_limit_t limit;
     double cost;                      /* Tokens per request.            */

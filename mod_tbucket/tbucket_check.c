@@ -12,7 +12,7 @@
  * route buckets than a request can take, a lease smaller than the cost,
  * sliding-log beyond its capacity, a cost header where the algorithm
  * cannot settle it, a concurrency slot's ttl shorter than the server's
- * Timeout.
+ * Timeout, a TBucketKey that spells out the client address.
  * The main server, every virtual host and each of their <Directory> and
  * <Location> sections (merged with the server's defaults) are checked;
  * .htaccess files are not read at this point.
@@ -62,6 +62,14 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
         warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
                   "TBucketLimit or TBucketConcurrency in %s: requests there "
                   "are not limited", where));
+    }
+    if (dc->enable == 1 && dc->key_is_addr) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketKey %%{REMOTE_ADDR} in "
+                  "%s keeps IP buckets among the keys clients send (a key "
+                  "equal to an IP reaches that IP's bucket) and gives each "
+                  "IPv6 address its own: leave TBucketKey unset to key by "
+                  "IP in a key space of its own, IPv6 by network "
+                  "(TBucketIPv6Prefix)", where));
     }
     if (dc->concurrency > 0
         && (apr_interval_time_t)dc->concurrency_ttl_ms * 1000 < s->timeout) {

@@ -479,6 +479,8 @@ static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
     }
     dc->key_late = ap_strcasestr(arg, "REMOTE_USER") != NULL
                    || ap_strcasestr(arg, "AUTH_TYPE") != NULL;
+    dc->key_is_addr = !strcasecmp(arg, "%{REMOTE_ADDR}")
+                      || !strcasecmp(arg, "%{CONN_REMOTE_ADDR}");
     dc->key_set = 1;
     return NULL;
 }

@@ -159,6 +159,33 @@ def test_module_001_06(apache_factory):
     assert "TB00101" in out and "without a TBucketLimit" in out
 
 
+# A TBucketKey that spells out the client address is a warning naming the
+# scope and the way out (leave the key unset); a key that only uses the
+# address among other things, and a scope that is not enabled, are not.
+def test_module_001_12(apache_factory):
+    a = apache_factory()
+    rc, out = a.configtest("""
+<Location /x>
+    TBucketEnable On
+    TBucketKey "%{REMOTE_ADDR}"
+    TBucketLimit 5 1/s
+</Location>
+<Location /y>
+    TBucketEnable On
+    TBucketKey "%{REMOTE_ADDR}-%{HTTP:X-App}"
+    TBucketLimit 5 1/s
+</Location>
+<Location /z>
+    TBucketKey "%{remote_addr}"
+</Location>
+""")
+    assert rc == 0, out
+    lines = [l for l in out.splitlines() if "REMOTE_ADDR" in l]
+    assert len(lines) == 1, out
+    assert "TB00101" in lines[0] and "/x" in lines[0], lines
+    assert "leave TBucketKey unset" in lines[0], lines
+
+
 # A virtual host inherits the main server's Redis and prefix unless it
 # sets its own.
 def test_module_001_07(apache_factory, redis_server):
