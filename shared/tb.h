@@ -229,6 +229,13 @@ const char *tb_algo_key_suffix(tb_algo_t a);
 #define TB_DEFAULT_IPV6_BITS 64
 size_t tb_ip_key(const char *ip, int v6_bits, char *out, size_t len);
 
+/* tb_ip_key() of an address in binary: family AF_INET (4 bytes at addr)
+ * or AF_INET6 (16 bytes), as a socket address holds it, so that a host
+ * with the bytes (the shim's accept) converts once. v6_bits out of
+ * 1..128 keeps the whole address. 0 for another family. */
+size_t tb_ip_key_addr(int family, const void *addr, int v6_bits, char *out,
+                      size_t len);
+
 /* Write the sanitised form of an untrusted client key (len bytes, may
  * hold NUL) into out (at least TB_KEY_RAW_MAX + 1 bytes). Returns its
  * length. An empty key stays empty; callers substitute the client IP. */

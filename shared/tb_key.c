@@ -133,27 +133,38 @@ size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
     return p;
 }
 
-size_t tb_ip_key(const char *ip, int v6_bits, char *out, size_t len)
+/* snprintf's length when the whole text fit in len bytes, else 0. */
+static size_t fitted(int n, size_t len)
+{
+    return n >= 0 && (size_t)n < len ? (size_t)n : 0;
+}
+
+size_t tb_ip_key_addr(int family, const void *addr, int v6_bits, char *out,
+                      size_t len)
 {
     unsigned char a[16];
     char text[INET6_ADDRSTRLEN];
-    int i, n;
+    int i;
 
-    if (!ip || !out || !len) {
+    if (!addr || !out || !len) {
         return 0;
     }
-    if (!strchr(ip, ':') || inet_pton(AF_INET6, ip, a) != 1
-        || v6_bits < 1 || v6_bits > 128) {
-        n = snprintf(out, len, "%s", ip);
-        return n >= 0 && (size_t)n < len ? (size_t)n : 0;
+    if (family == AF_INET6
+        && IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)addr)) {
+        family = AF_INET;
+        addr = (const unsigned char *)addr + 12;
     }
-    if (IN6_IS_ADDR_V4MAPPED((const struct in6_addr *)a)) {
-        if (!inet_ntop(AF_INET, a + 12, text, sizeof(text))) {
-            return 0;
-        }
-        n = snprintf(out, len, "%s", text);
-        return n >= 0 && (size_t)n < len ? (size_t)n : 0;
+    if (family == AF_INET) {
+        return inet_ntop(AF_INET, addr, out, (socklen_t)len) ? strlen(out)
+                                                             : 0;
     }
+    if (family != AF_INET6) {
+        return 0;
+    }
+    if (v6_bits < 1 || v6_bits > 128) {
+        v6_bits = 128;
+    }
+    memcpy(a, addr, sizeof(a));
     for (i = 0; i < 16; i++) {
         int keep = v6_bits - 8 * i;
 
@@ -167,7 +178,20 @@ size_t tb_ip_key(const char *ip, int v6_bits, char *out, size_t len)
     if (!inet_ntop(AF_INET6, a, text, sizeof(text))) {
         return 0;
     }
-    n = v6_bits == 128 ? snprintf(out, len, "%s", text)
-                       : snprintf(out, len, "%s/%d", text, v6_bits);
-    return n >= 0 && (size_t)n < len ? (size_t)n : 0;
+    return v6_bits == 128 ? fitted(snprintf(out, len, "%s", text), len)
+                          : fitted(snprintf(out, len, "%s/%d", text, v6_bits),
+                                   len);
+}
+
+size_t tb_ip_key(const char *ip, int v6_bits, char *out, size_t len)
+{
+    unsigned char a[16];
+
+    if (!ip || !out || !len) {
+        return 0;
+    }
+    if (strchr(ip, ':') && inet_pton(AF_INET6, ip, a) == 1) {
+        return tb_ip_key_addr(AF_INET6, a, v6_bits, out, len);
+    }
+    return fitted(snprintf(out, len, "%s", ip), len);
 }

@@ -89,7 +89,6 @@ size_t shim_inbound_key(const shim_rule_t *r,
                         const char **key)
 {
     const unsigned char *bytes;
-    char text[INET6_ADDRSTRLEN];
     int family, port;
 
     if (r->key_kind != SHIM_KEY_PEER) {
@@ -99,8 +98,7 @@ size_t shim_inbound_key(const shim_rule_t *r,
     *key = buf;
     if (!split_addr((const struct sockaddr *)peer, plen, &family, &bytes,
                     &port)
-        || inet_ntop(family, bytes, text, sizeof(text)) == NULL
-        || tb_ip_key(text, v6_bits, buf, buflen) == 0) {
+        || tb_ip_key_addr(family, bytes, v6_bits, buf, buflen) == 0) {
         snprintf(buf, buflen, "unknown");
     }
     return strlen(buf);

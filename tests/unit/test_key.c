@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <sys/socket.h>
 
 #include "tb_int.h"
 
@@ -468,6 +469,27 @@ static void test_key_ip(void **unused)
                           127, out, sizeof(out)) > 0);
     assert_int_equal(tb_ip_key("2001:db8::7", 64, small, sizeof(small)), 0);
     assert_int_equal(tb_ip_key(NULL, 64, out, sizeof(out)), 0);
+
+    /* The same from the bytes a socket address holds. */
+    {
+        static const unsigned char v4[4] = {203, 0, 113, 5};
+        static const unsigned char mapped[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                 0, 0, 0xff, 0xff, 10, 0, 0, 9};
+        static const unsigned char v6[16] = {0x20, 0x01, 0x0d, 0xb8, 0, 1,
+                                             0, 2, 0, 0, 0, 0, 0, 0, 0, 7};
+
+        assert_int_equal(tb_ip_key_addr(AF_INET, v4, 64, out, sizeof(out)),
+                         11);
+        assert_string_equal(out, "203.0.113.5");
+        tb_ip_key_addr(AF_INET6, mapped, 64, out, sizeof(out));
+        assert_string_equal(out, "10.0.0.9");
+        tb_ip_key_addr(AF_INET6, v6, 64, out, sizeof(out));
+        assert_string_equal(out, "2001:db8:1:2::/64");
+        tb_ip_key_addr(AF_INET6, v6, 200, out, sizeof(out));
+        assert_string_equal(out, "2001:db8:1:2::7");
+        assert_int_equal(tb_ip_key_addr(AF_UNIX, v6, 64, out, sizeof(out)),
+                         0);
+    }
 }
 
 int main(void)
