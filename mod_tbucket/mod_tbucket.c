@@ -156,10 +156,20 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
         sc->signature = signature(pconf, sc);
         warn_no_verify(warned, s, sc);
     }
-    if (tbucket_shm_setup(pconf, plog, main_s) != OK) {
+    if (tbucket_shm_setup(pconf, plog, main_s) != OK
+        || tbucket_local_setup(pconf, main_s) != OK) {
         return HTTP_INTERNAL_SERVER_ERROR;
     }
     tbucket_lease_setup(pconf, main_s);
+    return OK;
+}
+
+static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
+                      apr_pool_t *ptemp)
+{
+    (void)plog;
+    (void)ptemp;
+    tbucket_local_pre_config(pconf);
     return OK;
 }
 
@@ -226,6 +236,7 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
     }
 
     tbucket_lease_child_init();
+    tbucket_local_child_init();
     for (s = main_s; s; s = s->next) {
         tbucket_srv_conf *sc = srv_conf(s);
         tbucket_client *c;
@@ -269,7 +280,10 @@ static void set_env(request_rec *r, const tbucket_req *rq)
 {
     apr_table_setn(r->subprocess_env, "TBUCKET_DECISION",
                    tbucket_outcome_names[rq->outcome]);
-    apr_table_setn(r->subprocess_env, "TBUCKET_REMAINING", rq->remaining);
+    if (rq->remaining) {
+        apr_table_setn(r->subprocess_env, "TBUCKET_REMAINING",
+                       rq->remaining);
+    }
 }
 
 /* The client key, and the prefix its bucket lives under. A client keyed
@@ -593,12 +607,95 @@ static void decide(apr_pool_t *pool, const tbucket_dir_conf *dc,
     }
 }
 
-/* Decide request r (not a sub-request) for the first time in its chain.
- * Returns DECLINED to let it through, or the response status. */
-static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
-                         request_rec *root)
+/* The chain's record, made on first need in root's pool. */
+static tbucket_req *chain_record(request_rec *root)
 {
-    tbucket_srv_conf *sc = srv_conf(r->server);
+    tbucket_req *rq = ap_get_module_config(root->request_config,
+                                           &tbucket_module);
+
+    if (!rq) {
+        rq = apr_pcalloc(root->pool, sizeof(*rq));
+        ap_set_module_config(root->request_config, &tbucket_module, rq);
+    }
+    return rq;
+}
+
+/* Refuse r's chain for local protection: 503, Retry-After, the
+ * connection closed (a refused client must not keep a prefork worker),
+ * decision shed. full is the local scope that had no place, or NULL for
+ * a request shed by priority. */
+static int refuse_locally(request_rec *r, const tbucket_srv_conf *sc,
+                          request_rec *root, tbucket_priority prio,
+                          const tbucket_local_scope *full)
+{
+    tbucket_req *rq = chain_record(root);
+
+    tbucket_local_refusing(root);
+    rq->decided = 1;
+    rq->outcome = TBUCKET_OUT_SHED;
+    rq->remaining = "0";
+    set_env(r, rq);
+    tbucket_count(sc, TBUCKET_OUT_SHED, 0);
+    tbucket_count_shed(sc, prio, full != NULL);
+    r->connection->keepalive = AP_CONN_CLOSE;
+    apr_table_setn(r->err_headers_out, "Retry-After",
+                   apr_itoa(r->pool, sc->shed_retry_s));
+    if (full) {
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00141)
+                      "refused %s: %d requests of %s in flight already",
+                      r->uri, full->limit, full->name);
+        return respond(r, HTTP_SERVICE_UNAVAILABLE, apr_psprintf(r->pool,
+                       "{\"error\":\"too many requests in flight here\","
+                       "\"limit\":%d,\"retry_after\":%d}\n", full->limit,
+                       sc->shed_retry_s));
+    }
+    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00142)
+                  "shed %s (priority %s): the server is busy", r->uri,
+                  tbucket_priority_names[prio]);
+    return respond(r, HTTP_SERVICE_UNAVAILABLE, apr_psprintf(r->pool,
+                   "{\"error\":\"server busy\",\"retry_after\":%d}\n",
+                   sc->shed_retry_s));
+}
+
+/* Local protection for r's chain, before any Redis call: shed by
+ * priority, then a place in each local scope of dc. DECLINED to go on,
+ * else the response. An admitted chain gets a record, so that its later
+ * requests take no second place; its decision is "allowed" until the
+ * shared limit, if any, decides. */
+static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
+                           const tbucket_srv_conf *sc, request_rec *root)
+{
+    tbucket_priority prio = tbucket_dir_priority(dc);
+    const tbucket_local_scope *full;
+    tbucket_req *rq;
+
+    if (!sc->shed_min && dc->nlocal <= 0) {
+        return DECLINED;
+    }
+    /* Shedding first: it holds nothing, and a shed request should not
+     * take a place it would give back at once. */
+    if (prio != TBUCKET_PRIO_CRITICAL
+        && tbucket_local_shed(sc, prio, apr_time_now())) {
+        return refuse_locally(r, sc, root, prio, NULL);
+    }
+    if ((full = tbucket_local_take(r, root, dc)) != NULL) {
+        return refuse_locally(r, sc, root, prio, full);
+    }
+    rq = chain_record(root);
+    rq->outcome = TBUCKET_OUT_ALLOWED;
+    if (!dc->limit_set && dc->concurrency <= 0) {
+        set_env(r, rq);
+        tbucket_count(sc, TBUCKET_OUT_ALLOWED, 0);
+    }
+    return DECLINED;
+}
+
+/* The shared limit's decision for r: one call for the buckets and the
+ * concurrency slot (or a lease, or a shard). DECLINED to let it through,
+ * or the response status. */
+static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
+                        tbucket_srv_conf *sc, request_rec *root)
+{
     tb_take_t takes[TB_MAX_BUCKETS];
     tb_request_t q;
     tb_result_t res;
@@ -607,9 +704,6 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     apr_int64_t retry_s = 0;
     int n, shadow = dc->shadow == 1, cost_exceeded, by_conc;
 
-    if (!dc->limit_set && dc->concurrency <= 0) {
-        return DECLINED;
-    }
     if (!sc->client || !sc->client->tb) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00107)
                       "no Redis client in this process: not limited");
@@ -648,7 +742,8 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
             retry_s = 1;
         }
     }
-    rq = apr_palloc(root->pool, sizeof(*rq));
+    rq = chain_record(root);
+    rq->decided = 1;
     rq->settle = tbucket_settle_note(root, dc, sc, &q, &res, lease_key);
     rq->outcome = outcome_of(&res, shadow);
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
@@ -658,7 +753,6 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
         rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
                 (apr_int64_t)takes[res.binding].limit.capacity);
     }
-    ap_set_module_config(root->request_config, &tbucket_module, rq);
     set_env(r, rq);
     if (n) {
         add_limit_headers(r, dc, takes, &res, retry_s);
@@ -690,6 +784,11 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     }
     apr_table_setn(r->err_headers_out, "Retry-After",
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, retry_s));
+    /* While the server is crowded, a refused client gives its worker
+     * back (under prefork a kept-alive 429 holds a whole process). */
+    if (tbucket_local_crowded(sc, apr_time_now())) {
+        r->connection->keepalive = AP_CONN_CLOSE;
+    }
     if (by_conc) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00120)
                       "refused %s: %" APR_INT64_T_FMT " of %d requests of "
@@ -705,6 +804,26 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
                    "{\"error\":\"rate limited\",\"retry_after\":%"
                    APR_INT64_T_FMT "}\n", retry_s));
+}
+
+/* Decide request r (not a sub-request) for the first time in its chain:
+ * local protection, unless an earlier request of the chain passed it,
+ * then the shared limit. Returns DECLINED to let it through, or the
+ * response status. */
+static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
+                         request_rec *root)
+{
+    tbucket_srv_conf *sc = srv_conf(r->server);
+    int rc;
+
+    if (!ap_get_module_config(root->request_config, &tbucket_module)
+        && (rc = protect_locally(r, dc, sc, root)) != DECLINED) {
+        return rc;
+    }
+    if (!dc->limit_set && dc->concurrency <= 0) {
+        return DECLINED;
+    }
+    return limit_shared(r, dc, sc, root);
 }
 
 /* check_access: the normal place to decide. It runs before authentication
@@ -742,7 +861,9 @@ static int fixups(request_rec *r)
         if (r != root) {
             set_env(r, rq);
         }
-        return DECLINED;
+        if (rq->decided) {
+            return DECLINED;
+        }
     }
     dc = ap_get_module_config(r->per_dir_config, &tbucket_module);
     if (dc->enable != 1 || r->main) {
@@ -754,6 +875,7 @@ static int fixups(request_rec *r)
 static void register_hooks(apr_pool_t *p)
 {
     (void)p;
+    ap_hook_pre_config(pre_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_check_config(tbucket_check_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_post_config(post_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_child_init(child_init, NULL, NULL, APR_HOOK_MIDDLE);
@@ -767,6 +889,7 @@ static void register_hooks(apr_pool_t *p)
     ap_hook_fixups(fixups, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_handler(tbucket_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     tbucket_settle_register();
+    tbucket_local_register();
 }
 
 AP_DECLARE_MODULE(tbucket) = {

@@ -21,7 +21,8 @@
  * reused (the rules of httpd's docs/log-message-tags/README). 001xx are
  * in mod_tbucket.c, tbucket_config.c and tbucket_check.c, 002xx in
  * tbucket_shm.c, 004xx in tbucket_settle.c, 005xx in tbucket_lease.c;
- * 00120..00129 belong to concurrency limits. */
+ * 00120..00129 belong to concurrency limits, 00140..00159 to local
+ * protection (tbucket_local.c and its directives). */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
@@ -35,8 +36,31 @@ typedef enum {
     TBUCKET_OUT_FALLBACK_OPEN,
     TBUCKET_OUT_FALLBACK_CLOSED,
     TBUCKET_OUT_FALLBACK_LOCAL,
+    TBUCKET_OUT_SHED,                 /* Refused by local protection:
+                                       * shed by priority, or a local
+                                       * concurrency limit (503).       */
     TBUCKET_OUTCOMES
 } tbucket_outcome;
+
+/* TBucketPriority, least important first: a request is shed when the
+ * busy share reaches its level's threshold; critical never is. */
+typedef enum {
+    TBUCKET_PRIO_LOW = 0,
+    TBUCKET_PRIO_NORMAL,
+    TBUCKET_PRIO_HIGH,
+    TBUCKET_PRIO_CRITICAL,
+    TBUCKET_PRIOS
+} tbucket_priority;
+
+/* Label values of the priorities (tbucket_shm.c). */
+extern const char *const tbucket_priority_names[TBUCKET_PRIOS];
+
+/* Local scopes one request can be in at once (nested sections that each
+ * set TBucketLocalConcurrency); past it the outermost are dropped, and
+ * check_config warns. */
+#define TBUCKET_MAX_LOCAL 4
+/* Most in-flight places of one local scope. */
+#define TBUCKET_MAX_LOCAL_LIMIT 100000
 
 /* The TBUCKET_DECISION value of each outcome, also the outcome label of
  * the metrics (defined in tbucket_shm.c, with the counters). */
@@ -97,7 +121,31 @@ typedef struct tbucket_vhost_stats {
      * ended, and of those the releases Redis did not get (such a slot
      * lasts until its ttl). */
     uint64_t slot_event[TBUCKET_SLOT_EVENTS];
+    /* Requests shed by priority (TBucketShed), and requests refused by a
+     * local concurrency limit, by the request's priority. */
+    uint64_t shed[TBUCKET_PRIOS];
+    uint64_t local_refused[TBUCKET_PRIOS];
 } tbucket_vhost_stats;
+
+/* One section that sets TBucketLocalConcurrency, as the configuration
+ * read it. Made by the directive, in the configuration pool; slot is
+ * filled in post_config and names the scope's record in the segment. */
+typedef struct tbucket_local_scope {
+    const char *name;                 /* The sections around the
+                                       * directive, e.g. "<VirtualHost
+                                       * *:80> <Location /api>".        */
+    int limit;                        /* N: places in flight at most.   */
+    int slot;                         /* -1 before post_config.         */
+} tbucket_local_scope;
+
+/* What the status page reads of a local scope (tbucket_shm.c). */
+typedef struct tbucket_local_view {
+    const char *name;
+    uint32_t limit;                   /* N of the newest configuration. */
+    uint32_t in_flight;               /* Places held now.               */
+    uint64_t taken;                   /* Places taken since start.      */
+    uint64_t refused;                 /* Requests refused, table full.  */
+} tbucket_local_view;
 
 #define TBUCKET_REASON_LEN 160        /* Bytes, NUL included; a multiple
                                        * of 8 (copied in 8-byte words). */
@@ -177,6 +225,15 @@ typedef struct tbucket_srv_conf {
     int ipv6_bits;                    /* TBucketIPv6Prefix: the bits of
                                        * an IPv6 client address that key
                                        * it (tb_ip_key).                */
+    /* TBucketShed: the busy share, in percent of the server's workers,
+     * at which each priority's requests are shed; 0 never (a level left
+     * out, and always critical). shed_min is the smallest set, 0 when
+     * none is: from there on 429s close their connection too.
+     * shed_retry_s is the Retry-After of every 503 of local protection
+     * (TBucketShedRetryAfter), in seconds. */
+    int shed_pct[TBUCKET_PRIOS];
+    int shed_min;
+    int shed_retry_s;
     /* TLS: the tls_* options of the TBucketRedis line (they go with its
      * URL, never inherited apart from it) and the context made from
      * them at config time, in the parent, before privileges are
@@ -185,7 +242,8 @@ typedef struct tbucket_srv_conf {
     tb_tls_t *tls_ctx;
     unsigned int url_set:1, timeout_set:1, connect_timeout_set:1,
         pool_set:1, policy_set:1, replicas_set:1, threshold_set:1,
-        cooldown_set:1, prefix_set:1, ipv6_set:1;
+        cooldown_set:1, prefix_set:1, ipv6_set:1, shed_set:1,
+        shed_retry_set:1;
 
     /* Filled in post_config (parent) and child_init (child). */
     const char *signature;            /* Identity of the client config. */
@@ -245,6 +303,17 @@ typedef struct tbucket_dir_conf {
      * concurrency_ttl_ms the life of a slot never released. */
     int concurrency;
     int concurrency_ttl_ms;
+    /* TBucketPriority: -1 unset (normal), else a tbucket_priority.
+     * prio_lowered: set in .htaccess, where it may only lower what the
+     * server's configuration gives (the merge takes the lower). */
+    int priority;
+    unsigned int prio_lowered:1;
+    /* TBucketLocalConcurrency: local_state -1 unset, 0 Off (the scopes
+     * of outer sections no longer apply), 1 set; local[] the scopes a
+     * request here takes a place in, outer first. */
+    int local_state;
+    int nlocal;
+    const tbucket_local_scope *local[TBUCKET_MAX_LOCAL];
 } tbucket_dir_conf;
 
 typedef struct tbucket_settle tbucket_settle;
@@ -254,6 +323,8 @@ typedef struct tbucket_settle tbucket_settle;
  * (internal redirects, ErrorDocument) copy it instead of counting again,
  * and so that the chain's real cost can be settled after the response. */
 typedef struct tbucket_req {
+    int decided;                      /* The shared limit decided; when
+                                       * 0 only local protection ran.   */
     tbucket_outcome outcome;
     const char *remaining;            /* TBUCKET_REMAINING, as text.    */
     tbucket_settle *settle;           /* tbucket_settle.c's, or NULL.   */
@@ -356,6 +427,88 @@ tb_lease_t *tbucket_lease_table(void);
 /* Fill *v with a view of the segment: 1, or 0 before the first
  * post_config (v untouched). */
 int tbucket_shm_view_get(tbucket_shm_view *v);
+
+/* The local scopes' records, for the status page: an array of
+ * tbucket_local_view from p (the scopes of every configuration still
+ * holding places, newest configuration's limit). */
+apr_array_header_t *tbucket_shm_local_views(apr_pool_t *p);
+
+/* post_config (parent): the record of the local scope called name with
+ * limit places, made or found by name (a scope a restart keeps keeps its
+ * places): its slot, or -1 with *why saying why. */
+int tbucket_shm_local_slot(const char *name, int limit, const char **why);
+
+/* Free the places of the process with tag (a child that exited), or,
+ * with tag 0, of every owner alive() says is gone. */
+void tbucket_shm_local_reap(uint32_t tag, tb_inflight_alive_fn alive);
+
+/* The table of requests local protection refused that are still being
+ * answered (one place each), or NULL. */
+tb_inflight_t *tbucket_shm_refusing(void);
+
+/* The in-flight table of a scope's slot, or NULL. */
+tb_inflight_t *tbucket_shm_local_table(int slot);
+
+/* Count a place taken in, or a request refused by, a scope's slot. */
+void tbucket_count_local(int slot, int refused);
+
+/* Count a request shed, or refused by a local limit, for a server. */
+void tbucket_count_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
+                        int local);
+
+/* The busy workers last counted from the scoreboard and when (in
+ * apr_time_t), shared by every child: see tbucket_local.c. */
+int tbucket_shm_busy_get(apr_time_t now, apr_time_t max_age,
+                         uint32_t *busy);
+void tbucket_shm_busy_put(apr_time_t now, uint32_t busy);
+
+/* ---- tbucket_local.c ------------------------------------------------ */
+
+/* Every TBucketLocalConcurrency of the configuration being read, in the
+ * order read; the directive adds to it (tbucket_config.c). */
+tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit);
+
+/* post_config (parent): forget the scopes of the configuration read
+ * before, give this one's scopes their records in the segment (by name,
+ * so a scope that survives a restart keeps its places) and read the
+ * MPM's size. */
+int tbucket_local_setup(apr_pool_t *pconf, server_rec *main_s);
+
+/* pre_config: start a new list of scopes. */
+void tbucket_local_pre_config(apr_pool_t *pconf);
+
+/* child_init: this process's owner tag for the places it takes. */
+void tbucket_local_child_init(void);
+
+/* The hooks local protection needs (child_status, in the parent). */
+void tbucket_local_register(void);
+
+/* The workers busy with a request now (scoreboard, at most a
+ * millisecond old) and the most the server runs (MaxRequestWorkers). */
+void tbucket_local_busy(apr_time_t now, uint32_t *busy, uint32_t *workers);
+
+/* 1 when requests of priority prio are shed now on sc's server. */
+int tbucket_local_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
+                       apr_time_t now);
+
+/* 1 when the server is at or above sc's lowest shed threshold: refused
+ * clients should close their connection. */
+int tbucket_local_crowded(const tbucket_srv_conf *sc, apr_time_t now);
+
+/* Take a place in every local scope of dc for r's chain, whose first
+ * request is root: given back when r's response ends, or at the latest
+ * when root's pool goes. NULL when all were taken (or dc has none);
+ * else the scope that was full, and nothing is held. */
+const tbucket_local_scope *tbucket_local_take(request_rec *r,
+                                              request_rec *root,
+                                              const tbucket_dir_conf *dc);
+
+/* Root's chain was refused by local protection: until its pool goes,
+ * its worker is not counted as busy. */
+void tbucket_local_refusing(request_rec *root);
+
+/* The effective priority of a merged scope. */
+tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc);
 
 /* ---- tbucket_lease.c ------------------------------------------------ */
 

@@ -8,7 +8,8 @@
  * a lease with route buckets or another algorithm, shards too small to
  * keep one token and a valid rate each, a concurrency limit with shards
  * or a lease. What works but is likely a mistake draws one warning each:
- * a cost that never fits its bucket, TBucketEnable without a limit, more
+ * a cost that never fits its bucket, TBucketEnable without a limit,
+ * TBucketShed where nothing is enabled, more local scopes or
  * route buckets than a request can take, a lease smaller than the cost,
  * sliding-log beyond its capacity, a cost header where the algorithm
  * cannot settle it, a concurrency slot's ttl shorter than the server's
@@ -58,10 +59,15 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     double shards = dc->shards > 1 ? dc->shards : 1;
     int i;
 
-    if (dc->enable == 1 && !dc->limit_set && dc->concurrency <= 0) {
+    const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                      &tbucket_module);
+
+    if (dc->enable == 1 && !dc->limit_set && dc->concurrency <= 0
+        && dc->nlocal <= 0 && !sc->shed_min) {
         warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
-                  "TBucketLimit or TBucketConcurrency in %s: requests there "
-                  "are not limited", where));
+                  "TBucketLimit, TBucketConcurrency, "
+                  "TBucketLocalConcurrency or TBucketShed in %s: requests "
+                  "there are not limited", where));
     }
     if (dc->enable == 1 && dc->key_is_addr) {
         warn_once(seen, s, apr_psprintf(p, "TBucketKey %%{REMOTE_ADDR} in "
@@ -227,7 +233,8 @@ static int route_count(const apr_array_header_t *base,
 }
 
 static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
-                          const char *kind, apr_array_header_t *secs)
+                          const char *kind, apr_array_header_t *secs,
+                          int *enabled)
 {
     int i;
 
@@ -257,6 +264,13 @@ static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
         if (msg) {
             return refused(s, msg);
         }
+        if (dc->local_state == 1 && base->local_state == 1
+            && base->nlocal + dc->nlocal > TBUCKET_MAX_LOCAL) {
+            warn_once(seen, s, apr_psprintf(p, "more than %d "
+                      "TBucketLocalConcurrency scopes apply in %s: the "
+                      "outermost are ignored", TBUCKET_MAX_LOCAL, where));
+        }
+        *enabled |= m->enable == 1;
         check_scope(p, seen, s, where, m);
     }
     return OK;
@@ -284,6 +298,7 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
         tb_options_t o;
         tb_client_t *c;
         char err[TB_ERRSTR_LEN];
+        int enabled;
 
         tbucket_client_options(sc, &o);
         o.local_entries = 64;
@@ -304,10 +319,18 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
             return refused(s, msg);
         }
         check_scope(ptemp, seen, s, where, dc);
-        if (check_sections(ptemp, seen, s, "Directory", core->sec_dir) != OK
-            || check_sections(ptemp, seen, s, "Location", core->sec_url)
-                   != OK) {
+        enabled = dc->enable == 1;
+        if (check_sections(ptemp, seen, s, "Directory", core->sec_dir,
+                           &enabled) != OK
+            || check_sections(ptemp, seen, s, "Location", core->sec_url,
+                              &enabled) != OK) {
             return !OK;
+        }
+        if (sc->shed_min && !enabled) {
+            warn_once(seen, s, apr_psprintf(ptemp, "TBucketShed in %s, but "
+                      "TBucketEnable On nowhere there: no request is shed "
+                      "(in <If> or .htaccess it cannot be seen here)",
+                      where));
         }
     }
     return OK;

@@ -729,6 +729,135 @@ static const char *set_concurrency(cmd_parms *cmd, void *dcv,
                        &dc->concurrency_ttl_ms);
 }
 
+/* ---- Local protection ----------------------------------------------- */
+
+/* TBucketLocalConcurrency N | Off. Not in .htaccess: a scope's places
+ * are made in shared memory when the server starts, and an .htaccess
+ * file is read per request, long after. */
+static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
+                                         const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    char err[128];
+    int64_t n;
+
+    if (!strcasecmp(arg, "off")) {
+        dc->local_state = 0;
+        dc->nlocal = 0;
+        return NULL;
+    }
+    if (tb_parse_int(arg, 1, TBUCKET_MAX_LOCAL_LIMIT, &n, err, sizeof(err))
+        != TB_OK) {
+        return bad_value(cmd, "limit", arg, err);
+    }
+    dc->local_state = 1;
+    dc->nlocal = 1;
+    dc->local[0] = tbucket_local_scope_add(cmd, (int)n);
+    return NULL;
+}
+
+/* The priority names, least important first (tbucket_priority). */
+static int priority_parse(const char *s)
+{
+    int i;
+
+    for (i = 0; i < TBUCKET_PRIOS; i++) {
+        if (!strcasecmp(s, tbucket_priority_names[i])) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* TBucketPriority critical|high|normal|low. In .htaccess it may only
+ * lower a request's priority: whoever writes an .htaccess file (a
+ * shared-hosting customer) must not be able to put their own site ahead
+ * of everyone else's when the server sheds, which high and critical
+ * would. The merge takes the lower of the two (tbucket_records.c). */
+static const char *set_priority(cmd_parms *cmd, void *dcv, const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    int p = priority_parse(arg);
+
+    if (p < 0) {
+        return bad_value(cmd, "priority", arg,
+                         "expected critical, high, normal or low");
+    }
+    dc->priority = p;
+    dc->prio_lowered = ap_check_cmd_context(cmd, NOT_IN_HTACCESS) != NULL;
+    return NULL;
+}
+
+/* TBucketShed low=P normal=P high=P | Off: P the busy share, 1..100 %,
+ * at which that level is shed. */
+static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    const char *word, *value;
+    int pct[TBUCKET_PRIOS] = { 0 }, i, seen = 0;
+    char err[128];
+    int64_t n;
+
+    (void)dummy;
+    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
+        const char *name = split_opt(cmd->temp_pool, word, &value);
+        int p = name ? priority_parse(name) : -1;
+
+        if (!strcasecmp(word, "off") && !seen && !*args) {
+            seen = -1;
+            break;
+        }
+        if (p == TBUCKET_PRIO_CRITICAL) {
+            return "TBucketShed: critical requests are never shed; set "
+                   "low=, normal= and/or high=";
+        }
+        if (p < 0) {
+            return apr_psprintf(cmd->pool, "TBucketShed: unknown option "
+                                "'%s' (expected low=P, normal=P or high=P, "
+                                "P a percentage of busy workers 1..100, or "
+                                "Off)", word);
+        }
+        if (tb_parse_int(value, 1, 100, &n, err, sizeof(err)) != TB_OK) {
+            return bad_value(cmd, name, value,
+                             apr_pstrcat(cmd->temp_pool, err,
+                                         " (a percentage of busy workers, "
+                                         "1..100)", NULL));
+        }
+        pct[p] = (int)n;
+        seen = 1;
+    }
+    if (!seen) {
+        return "TBucketShed: expected low=P normal=P high=P (percent of "
+               "busy workers), e.g. TBucketShed low=50 normal=80 high=95, "
+               "or Off";
+    }
+    sc->shed_min = 0;
+    for (i = 0; i < TBUCKET_PRIOS; i++) {
+        sc->shed_pct[i] = pct[i];
+        if (pct[i] && (!sc->shed_min || pct[i] < sc->shed_min)) {
+            sc->shed_min = pct[i];
+        }
+    }
+    sc->shed_set = 1;
+    return NULL;
+}
+
+static const char *set_shed_retry(cmd_parms *cmd, void *dummy,
+                                  const char *arg)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    char err[128];
+    int64_t n;
+
+    (void)dummy;
+    if (tb_parse_int(arg, 1, 86400, &n, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, "seconds", arg, err);
+    }
+    sc->shed_retry_s = (int)n;
+    sc->shed_retry_set = 1;
+    return NULL;
+}
+
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
@@ -779,5 +908,18 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketConcurrency", set_concurrency, NULL, DIR_SCOPE,
                      "Requests of one key in flight at once, e.g. 4 "
                      "ttl=60s, or Off"),
+    AP_INIT_TAKE1("TBucketLocalConcurrency", set_local_concurrency, NULL,
+                  RSRC_CONF | ACCESS_CONF,
+                  "Requests of this scope in flight on this server at "
+                  "once, all children together, e.g. 8, or Off"),
+    AP_INIT_TAKE1("TBucketPriority", set_priority, NULL, DIR_SCOPE,
+                  "critical, high, normal (default) or low: which requests "
+                  "TBucketShed sheds first"),
+    AP_INIT_RAW_ARGS("TBucketShed", set_shed, NULL, RSRC_CONF,
+                     "Shed requests by priority at these shares of busy "
+                     "workers, e.g. low=50 normal=80 high=95, or Off"),
+    AP_INIT_TAKE1("TBucketShedRetryAfter", set_shed_retry, NULL, RSRC_CONF,
+                  "Retry-After of a shed or locally refused request, in "
+                  "seconds, e.g. 2 (default 1)"),
     { NULL }
 };

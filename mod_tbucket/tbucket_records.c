@@ -32,6 +32,7 @@ void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
     sc->prefix = TBUCKET_DEFAULT_PREFIX;
     sc->ip_prefix = TBUCKET_DEFAULT_PREFIX "ip:";
     sc->ipv6_bits = TB_DEFAULT_IPV6_BITS;
+    sc->shed_retry_s = 1;
     sc->vhost_slot = -1;
     sc->client_slot = -1;
     return sc;
@@ -63,7 +64,11 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(ipv6_bits, ipv6_set);
     TAKE(tls, url_set);
     TAKE(tls_ctx, url_set);
+    TAKE(shed_min, shed_set);
+    TAKE(shed_retry_s, shed_retry_set);
 #undef TAKE
+    memcpy(m->shed_pct, add->shed_set ? add->shed_pct : base->shed_pct,
+           sizeof(m->shed_pct));
     m->vhost_slot = -1;
     m->client_slot = -1;
     return m;
@@ -100,7 +105,42 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->lease = -1;
     dc->shards = -1;
     dc->concurrency = -1;
+    dc->priority = -1;
+    dc->local_state = -1;
     return dc;
+}
+
+/* The local scopes of add after base's, outer first and each once; past
+ * TBUCKET_MAX_LOCAL the outermost are dropped (check_config warns). Off
+ * in add ends the outer ones. */
+static void merge_local(tbucket_dir_conf *m, const tbucket_dir_conf *base,
+                        const tbucket_dir_conf *add)
+{
+    const tbucket_local_scope *all[2 * TBUCKET_MAX_LOCAL];
+    int i, j, n = 0;
+
+    if (add->local_state == -1) {
+        m->local_state = base->local_state;
+        m->nlocal = base->nlocal;
+        memcpy(m->local, base->local, sizeof(m->local));
+        return;
+    }
+    m->local_state = add->local_state;
+    if (add->local_state == 1) {
+        for (i = 0; i < base->nlocal; i++) {
+            all[n++] = base->local[i];
+        }
+    }
+    for (i = 0; i < add->nlocal; i++) {
+        for (j = 0; j < n && all[j] != add->local[i]; j++) {
+        }
+        if (j == n) {
+            all[n++] = add->local[i];
+        }
+    }
+    i = n > TBUCKET_MAX_LOCAL ? n - TBUCKET_MAX_LOCAL : 0;
+    m->nlocal = n - i;
+    memcpy(m->local, all + i, (size_t)m->nlocal * sizeof(all[0]));
 }
 
 /* Outer routes first, an inner route of the same name replacing the outer
@@ -189,5 +229,15 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->concurrency = base->concurrency;
         m->concurrency_ttl_ms = base->concurrency_ttl_ms;
     }
+    m->priority = add->priority != -1 ? add->priority : base->priority;
+    m->prio_lowered = 0;
+    if (add->priority != -1 && add->prio_lowered) {
+        /* .htaccess lowers, never raises (tbucket_config.c). */
+        int outer = base->priority != -1 ? base->priority
+                                         : TBUCKET_PRIO_NORMAL;
+
+        m->priority = add->priority < outer ? add->priority : outer;
+    }
+    merge_local(m, base, add);
     return m;
 }

@@ -5,7 +5,10 @@
  * counters of every virtual host, the core's counters (tb_stats_t) of
  * every distinct Redis configuration, the table of local buckets (and
  * concurrency slot counts) behind the `local` failure policy and the
- * table of token leases, and the count of lease tokens given back. The
+ * table of token leases, the count of lease tokens given back, and local
+ * protection's records: one in-flight table (tb_inflight_t) per local
+ * scope, carved from a fixed pool, and the busy-worker count last read
+ * from the scoreboard. The
  * segment is made in the first real post_config and hangs off the process
  * pool, so a graceful restart keeps it: counters do not go backwards, and
  * children of the old generation that are still finishing requests keep
@@ -48,8 +51,7 @@
 APLOG_USE_MODULE(tbucket);
 
 #define SHM_USERDATA_KEY "mod_tbucket_shm"
-#define SHM_MAGIC 0x74627534u         /* "tbu4": clients keep their last
-                                       * failure.                       */
+#define SHM_MAGIC 0x74627535u         /* "tbu5": local scopes.          */
 #define MAX_VHOSTS 256                /* Slots; the last one is "other". */
 #define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
                                        * and policy.                    */
@@ -60,6 +62,26 @@ APLOG_USE_MODULE(tbucket);
                                        * a dead writer's.               */
 #define FAILURE_READ_TRIES 1000       /* Reads of a record being written
                                        * before giving up.              */
+#define MAX_LOCAL_SCOPES 256          /* Scope records, all generations.*/
+#define INFLIGHT_POOL (1u << 21)      /* Bytes for the scopes' in-flight
+                                       * tables: about 500,000 places.  */
+#define REFUSING_PLACES 4096          /* Refused requests answered at
+                                       * once that the busy count can
+                                       * tell apart.                    */
+
+/* A local scope's record. Found by name at every configuration load, so
+ * a scope that a restart keeps keeps its table and the places its
+ * requests of the old generation still hold. */
+typedef struct tbucket_scope_rec {
+    char name[TBUCKET_NAME_LEN];
+    uint32_t limit;                   /* N of the newest configuration. */
+    uint32_t pad;
+    uint64_t off;                     /* Its table, in bytes from the
+                                       * segment's start; 0 unused.    */
+    uint64_t generation;              /* Last load that had the scope.  */
+    uint64_t taken;                   /* Places taken.                  */
+    uint64_t refused;                 /* Requests refused, table full.  */
+} tbucket_scope_rec;
 
 /* The segment. Slots are only added, by the parent, while no child of
  * the new generation exists yet; children only do atomic adds. */
@@ -76,6 +98,22 @@ typedef struct tbucket_shm {
     size_t local_off;                 /* Bytes from the segment start.  */
     size_t lease_entries;             /* The lease table.               */
     size_t lease_off;                 /* Bytes from the segment start.  */
+    /* Local protection. The busy count is written by whichever child
+     * finds it older than it may be (tbucket_local.c), so a stamp and a
+     * value in two words: a reader may pair a new stamp with the old
+     * value, a millisecond's difference. */
+    uint64_t busy_stamp;              /* apr_time_t of the last count.  */
+    uint64_t busy;                    /* Workers busy with a request.   */
+    uint32_t nscopes;                 /* Scope records in use.          */
+    uint32_t pad2;
+    uint64_t refusing_off;            /* The table of requests refused
+                                       * and still being answered.      */
+    uint64_t pool_off;                /* The tables' pool.              */
+    uint64_t pool_used;               /* Bytes of it given out; never
+                                       * given back while the segment
+                                       * lives (old generations may
+                                       * still hold places).            */
+    tbucket_scope_rec scopes[MAX_LOCAL_SCOPES];
 } tbucket_shm;
 
 /* This parent's segment, or NULL before the first post_config. Set in
@@ -85,7 +123,11 @@ static tbucket_shm *shm_seg = NULL;
 
 const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
     "allowed", "rejected", "shadow-rejected", "fallback-open",
-    "fallback-closed", "fallback-local"
+    "fallback-closed", "fallback-local", "shed"
+};
+
+const char *const tbucket_priority_names[TBUCKET_PRIOS] = {
+    "low", "normal", "high", "critical"
 };
 
 const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS] = {
@@ -95,6 +137,8 @@ const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS] = {
 const char *const tbucket_slot_event_names[TBUCKET_SLOT_EVENTS] = {
     "taken", "refused", "released", "release-failed"
 };
+
+static uint64_t pool_table(tbucket_shm *seg, uint32_t cap);
 
 /* Bytes before the local table: the header rounded up to a cache line. */
 static apr_size_t local_offset(void)
@@ -120,7 +164,7 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
      * layout makes a fresh segment. The key is copied by
      * apr_pool_userdata_set. */
     size = local_offset() + tb_local_size(LOCAL_ENTRIES)
-           + tb_lease_size(LEASE_ENTRIES);
+           + tb_lease_size(LEASE_ENTRIES) + 8 + INFLIGHT_POOL;
     apr_snprintf(key, sizeof(key), "%s-%" APR_SIZE_T_FMT "-%"
                  APR_SIZE_T_FMT, SHM_USERDATA_KEY, sizeof(tbucket_shm),
                  size);
@@ -153,6 +197,11 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     seg->lease_entries = LEASE_ENTRIES;
     seg->lease_off = seg->local_off + tb_local_size(LOCAL_ENTRIES);
     tb_lease_init((char *)seg + seg->lease_off, LEASE_ENTRIES);
+    /* The in-flight tables follow, each 8-byte aligned. */
+    seg->pool_off = APR_ALIGN(seg->lease_off + tb_lease_size(LEASE_ENTRIES),
+                              8);
+    seg->pool_used = 0;
+    seg->refusing_off = pool_table(seg, REFUSING_PLACES);
     apr_pool_userdata_set(shm, key, apr_pool_cleanup_null, pproc);
     return seg;
 }
@@ -464,4 +513,187 @@ int tbucket_shm_view_get(tbucket_shm_view *v)
     v->generation = shm_seg->generation;
     v->lease_returned = tb_stats_get(&shm_seg->lease_returned);
     return 1;
+}
+
+/* ---- Local protection's records ------------------------------------ */
+
+/* A table of cap places from the pool: its offset, or 0 when the pool
+ * is spent. Parent only. */
+static uint64_t pool_table(tbucket_shm *seg, uint32_t cap)
+{
+    uint64_t need = APR_ALIGN(tb_inflight_size(cap), 8), off;
+
+    if (!need || seg->pool_used + need > INFLIGHT_POOL) {
+        return 0;
+    }
+    off = seg->pool_off + seg->pool_used;
+    tb_inflight_init((char *)seg + off, cap);
+    seg->pool_used += need;
+    return off;
+}
+
+/* The table of a record, or NULL. */
+static tb_inflight_t *rec_table(tbucket_shm *seg, const tbucket_scope_rec *r)
+{
+    return r->off ? (tb_inflight_t *)((char *)seg + r->off) : NULL;
+}
+
+int tbucket_shm_local_slot(const char *name, int limit, const char **why)
+{
+    tbucket_shm *seg = shm_seg;
+    tbucket_scope_rec *r = NULL;
+    uint32_t i, cap = (uint32_t)limit;
+
+    *why = NULL;
+    if (!seg) {
+        *why = "no shared memory";
+        return -1;
+    }
+    for (i = 0; i < seg->nscopes && !r; i++) {
+        if (!strcmp(seg->scopes[i].name, name)) {
+            r = &seg->scopes[i];
+        }
+    }
+    /* A record no configuration has used since the last load, with no
+     * place held, may take a new name. */
+    for (i = 0; i < seg->nscopes && !r && seg->nscopes == MAX_LOCAL_SCOPES;
+         i++) {
+        tbucket_scope_rec *o = &seg->scopes[i];
+
+        if (o->generation + 1 < seg->generation
+            && tb_inflight_count(rec_table(seg, o)) == 0) {
+            r = o;
+            r->off = tb_inflight_cap(rec_table(seg, o)) >= cap ? r->off : 0;
+            r->taken = r->refused = 0;
+        }
+    }
+    if (!r && seg->nscopes < MAX_LOCAL_SCOPES) {
+        r = &seg->scopes[seg->nscopes++];
+    }
+    if (!r) {
+        *why = "too many local scopes (256 records, all in use)";
+        return -1;
+    }
+    apr_cpystrn(r->name, name, sizeof(r->name));
+    /* A limit raised past the table's places needs a new table: the old
+     * one stays with the requests of the old generation that hold it. */
+    if (tb_inflight_cap(rec_table(seg, r)) < cap) {
+        uint64_t off = pool_table(seg, cap);
+
+        if (!off) {
+            *why = "the shared memory for local limits is spent (about "
+                   "500,000 places); stop and start Apache to reclaim "
+                   "what earlier configurations used";
+            return -1;
+        }
+        r->off = off;
+    }
+    r->limit = cap;
+    r->generation = seg->generation;
+    return (int)(r - seg->scopes);
+}
+
+tb_inflight_t *tbucket_shm_local_table(int slot)
+{
+    if (!shm_seg || slot < 0 || (uint32_t)slot >= shm_seg->nscopes) {
+        return NULL;
+    }
+    return rec_table(shm_seg, &shm_seg->scopes[slot]);
+}
+
+tb_inflight_t *tbucket_shm_refusing(void)
+{
+    if (!shm_seg || !shm_seg->refusing_off) {
+        return NULL;
+    }
+    return (tb_inflight_t *)((char *)shm_seg + shm_seg->refusing_off);
+}
+
+void tbucket_shm_local_reap(uint32_t tag, tb_inflight_alive_fn alive)
+{
+    uint32_t i;
+
+    for (i = 0; shm_seg && i <= shm_seg->nscopes; i++) {
+        tb_inflight_t *t = i < shm_seg->nscopes
+                           ? rec_table(shm_seg, &shm_seg->scopes[i])
+                           : tbucket_shm_refusing();
+
+        if (tag) {
+            tb_inflight_reap(t, tag);
+        }
+        else {
+            tb_inflight_reap_dead(t, alive);
+        }
+    }
+}
+
+void tbucket_count_local(int slot, int refused)
+{
+    tbucket_scope_rec *r;
+
+    if (!shm_seg || slot < 0 || (uint32_t)slot >= shm_seg->nscopes) {
+        return;
+    }
+    r = &shm_seg->scopes[slot];
+    tb_stats_add(refused ? &r->refused : &r->taken, 1);
+}
+
+void tbucket_count_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
+                        int local)
+{
+    tbucket_vhost_stats *v = vhost_stats(sc);
+
+    if (v && prio < TBUCKET_PRIOS) {
+        tb_stats_add(local ? &v->local_refused[prio] : &v->shed[prio], 1);
+    }
+}
+
+apr_array_header_t *tbucket_shm_local_views(apr_pool_t *p)
+{
+    apr_array_header_t *a = apr_array_make(p, 4, sizeof(tbucket_local_view));
+    uint32_t i;
+
+    for (i = 0; shm_seg && i < shm_seg->nscopes; i++) {
+        const tbucket_scope_rec *r = &shm_seg->scopes[i];
+        uint32_t held = tb_inflight_count(rec_table(shm_seg, r));
+        tbucket_local_view *v;
+
+        /* Scopes a restart dropped are shown while places are held. */
+        if (r->generation != shm_seg->generation && !held) {
+            continue;
+        }
+        v = apr_array_push(a);
+        v->name = apr_pstrdup(p, r->name);
+        v->limit = r->limit;
+        v->in_flight = held;
+        v->taken = tb_stats_get(&r->taken);
+        v->refused = tb_stats_get(&r->refused);
+    }
+    return a;
+}
+
+int tbucket_shm_busy_get(apr_time_t now, apr_time_t max_age, uint32_t *busy)
+{
+    uint64_t stamp;
+
+    if (!shm_seg) {
+        return 0;
+    }
+    stamp = __atomic_load_n(&shm_seg->busy_stamp, __ATOMIC_ACQUIRE);
+    /* A stamp from the future (the clock went back) is stale too. */
+    if (!stamp || (uint64_t)now < stamp
+        || (uint64_t)now - stamp > (uint64_t)max_age) {
+        return 0;
+    }
+    *busy = (uint32_t)__atomic_load_n(&shm_seg->busy, __ATOMIC_RELAXED);
+    return 1;
+}
+
+void tbucket_shm_busy_put(apr_time_t now, uint32_t busy)
+{
+    if (shm_seg) {
+        __atomic_store_n(&shm_seg->busy, (uint64_t)busy, __ATOMIC_RELAXED);
+        __atomic_store_n(&shm_seg->busy_stamp, (uint64_t)now,
+                         __ATOMIC_RELEASE);
+    }
 }

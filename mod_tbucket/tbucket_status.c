@@ -1,8 +1,9 @@
 /* tbucket_status.c -- the tbucket-status handler and its Prometheus text.
  *
  * The `tbucket-status` handler renders mod_tbucket's figures in the
- * Prometheus text exposition format (version 0.0.4), or with `?view=html`
- * as a page for a browser (tbucket_status_html.c). Both views are printed
+ * Prometheus text exposition format (version 0.0.4), with `?view=html`
+ * as a page for a browser (tbucket_status_html.c), or with `?view=json`
+ * (or `?json`) as JSON for programs. Every view is printed
  * from one table of metrics built per request (collect, here, from a
  * read-only view of the shared memory segment that tbucket_shm.c owns),
  * so their figures cannot drift apart; the HTML view adds layout and
@@ -440,6 +441,89 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
     collect_process(t, seg, cl);
 }
 
+/* Local protection: the busy share as shedding reads it, each server's
+ * thresholds, what was shed or refused, and each local scope's places. */
+static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
+{
+    apr_array_header_t *views = tbucket_shm_local_views(t->p);
+    tbucket_family *f;
+    tbucket_labels l, vh;
+    uint32_t busy, workers, i;
+    server_rec *s;
+    int k;
+
+    tbucket_local_busy(apr_time_now(), &busy, &workers);
+    f = fam_add(t, "tbucket_workers_busy", "gauge",
+                "Workers busy with a request (scoreboard, at most 1 ms "
+                "old), less those answering a request local protection "
+                "refused: what TBucketShed compares.");
+    add(f, "", NULL, busy);
+    f = fam_add(t, "tbucket_workers_max", "gauge",
+                "Workers the server runs at most (MaxRequestWorkers).");
+    add(f, "", NULL, workers);
+    f = fam_add(t, "tbucket_shed_threshold_percent", "gauge",
+                "TBucketShed: the busy share, in percent, at which a "
+                "priority is shed (levels never shed are not listed).");
+    for (s = ap_server_conf; s; s = s->next) {
+        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                    &tbucket_module);
+
+        if (sc->vhost_slot < 0 || (uint32_t)sc->vhost_slot >= seg->nvhosts
+            || !sc->shed_min || (s != ap_server_conf && !sc->shed_set)) {
+            continue;
+        }
+        vh = tbucket_labels_with(NULL, "vhost",
+                                 seg->vhosts[sc->vhost_slot].name);
+        for (k = 0; k < TBUCKET_PRIOS; k++) {
+            if (sc->shed_pct[k]) {
+                l = tbucket_labels_with(&vh, "priority",
+                                        tbucket_priority_names[k]);
+                add(f, "", &l, (uint64_t)sc->shed_pct[k]);
+            }
+        }
+    }
+    collect_vhost_array(t, seg, "tbucket_shed_total", "Requests shed "
+                        "(503) because the server was busy, by their "
+                        "priority.", "priority", tbucket_priority_names,
+                        TBUCKET_PRIOS,
+                        APR_OFFSETOF(tbucket_vhost_stats, shed));
+    collect_vhost_array(t, seg, "tbucket_local_refusals_total", "Requests "
+                        "refused (503) because a local scope had no place "
+                        "left, by their priority.", "priority",
+                        tbucket_priority_names, TBUCKET_PRIOS,
+                        APR_OFFSETOF(tbucket_vhost_stats, local_refused));
+    {
+        static const char *const names[4] = {
+            "tbucket_local_in_flight", "tbucket_local_limit",
+            "tbucket_local_taken_total", "tbucket_local_refused_total"
+        };
+        static const char *const types[4] = {
+            "gauge", "gauge", "counter", "counter"
+        };
+        static const char *const helps[4] = {
+            "Requests of a local scope in flight now, all children.",
+            "TBucketLocalConcurrency of a local scope.",
+            "Places taken in a local scope.",
+            "Requests a local scope refused: no place left."
+        };
+        tbucket_family *fl[4];
+
+        for (k = 0; k < 4; k++) {
+            fl[k] = fam_add(t, names[k], types[k], helps[k]);
+        }
+        for (i = 0; i < (uint32_t)views->nelts; i++) {
+            const tbucket_local_view *v =
+                &APR_ARRAY_IDX(views, i, tbucket_local_view);
+
+            l = tbucket_labels_with(NULL, "scope", v->name);
+            add(fl[0], "", &l, v->in_flight);
+            add(fl[1], "", &l, v->limit);
+            add(fl[2], "", &l, v->taken);
+            add(fl[3], "", &l, v->refused);
+        }
+    }
+}
+
 /* Every figure of the page, in the Prometheus output order. Allocates
  * from p; reads the segment's counters with atomic loads only. */
 static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg)
@@ -451,6 +535,7 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg)
     t->families = apr_array_make(p, 32, sizeof(tbucket_family *));
     t->failures = apr_array_make(p, 2, sizeof(tbucket_failure_note));
     collect_decisions(t, seg);
+    collect_local(t, seg);
     collect_clients(t, seg);
     f = fam_add(t, "tbucket_local_entries_used", "gauge",
                 "Buckets held in the shared local-policy table.");
@@ -545,35 +630,114 @@ static void render_text(request_rec *r, const tbucket_metrics *t)
     }
 }
 
+/* ---- The JSON view --------------------------------------------------- */
+
+/* s as the inside of a JSON string: quote, backslash and every control
+ * character escaped (label values come from configuration text and
+ * Redis error replies). */
+static const char *json_esc(apr_pool_t *p, const char *s)
+{
+    apr_size_t n = 0;
+    const unsigned char *q;
+    char *out, *o;
+
+    for (q = (const unsigned char *)s; *q; q++) {
+        n += (*q == '"' || *q == '\\') ? 2 : *q < 0x20 ? 6 : 1;
+    }
+    o = out = apr_palloc(p, n + 1);
+    for (q = (const unsigned char *)s; *q; q++) {
+        if (*q == '"' || *q == '\\') {
+            *o++ = '\\';
+            *o++ = (char)*q;
+        }
+        else if (*q < 0x20) {
+            apr_snprintf(o, 7, "\\u%04x", *q);
+            o += 6;
+        }
+        else {
+            *o++ = (char)*q;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+/* {"metrics":[{"name":..,"type":..,"help":..,"samples":[{"suffix":..,
+ * "labels":{..},"value":N}]}]}: the same table as the text view, for
+ * programs (tbucket top) that would rather not parse Prometheus text.
+ * Values are numbers: integers, or seconds with six decimals. */
+static void render_json(request_rec *r, const tbucket_metrics *t)
+{
+    int i, j, k;
+
+    ap_rputs("{\"metrics\":[", r);
+    for (i = 0; i < t->families->nelts; i++) {
+        const tbucket_family *f = APR_ARRAY_IDX(t->families, i,
+                                                tbucket_family *);
+
+        ap_rprintf(r, "%s{\"name\":\"%s\",\"type\":\"%s\",\"help\":\"%s\","
+                   "\"samples\":[", i ? "," : "", f->name, f->type,
+                   json_esc(r->pool, f->help));
+        for (j = 0; j < f->samples->nelts; j++) {
+            const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, j,
+                                                     tbucket_sample);
+
+            ap_rprintf(r, "%s{\"suffix\":\"%s\",\"labels\":{", j ? "," : "",
+                       s->suffix);
+            for (k = 0; k < s->labels.n; k++) {
+                ap_rprintf(r, "%s\"%s\":\"%s\"", k ? "," : "",
+                           s->labels.name[k],
+                           json_esc(r->pool, s->labels.value[k]));
+            }
+            ap_rprintf(r, "},\"value\":%s}",
+                       tbucket_sample_text(r->pool, s));
+        }
+        ap_rputs("]}", r);
+    }
+    ap_rputs("]}\n", r);
+}
+
 /* ---- The handler ---------------------------------------------------- */
 
-/* The view the query string asks for: 1 HTML, 0 text (no view, or
- * view=text or view=prometheus), -1 anything else. */
-static int wants_html(request_rec *r)
+#define VIEW_TEXT 0
+#define VIEW_HTML 1
+#define VIEW_JSON 2
+
+/* The view the query string asks for: VIEW_HTML (view=html), VIEW_JSON
+ * (view=json, or a bare "json"), VIEW_TEXT (none, view=text or
+ * view=prometheus), -1 for any other view. */
+static int wanted_view(request_rec *r)
 {
     char *args, *tok, *last;
-    int html = 0;
+    int view = VIEW_TEXT;
 
     if (!r->args) {
-        return 0;
+        return VIEW_TEXT;
     }
     args = apr_pstrdup(r->pool, r->args);
     for (tok = apr_strtok(args, "&", &last); tok;
          tok = apr_strtok(NULL, "&", &last)) {
+        if (!strcmp(tok, "json")) {
+            view = VIEW_JSON;
+            continue;
+        }
         if (strncmp(tok, "view=", 5)) {
             continue;
         }
         if (!strcmp(tok + 5, "html")) {
-            html = 1;
+            view = VIEW_HTML;
+        }
+        else if (!strcmp(tok + 5, "json")) {
+            view = VIEW_JSON;
         }
         else if (!strcmp(tok + 5, "text") || !strcmp(tok + 5, "prometheus")) {
-            html = 0;
+            view = VIEW_TEXT;
         }
         else {
             return -1;
         }
     }
-    return html;
+    return view;
 }
 
 /* The tbucket-status handler (SetHandler tbucket-status). GET and HEAD
@@ -582,7 +746,7 @@ static int wants_html(request_rec *r)
 int tbucket_status_handler(request_rec *r)
 {
     tbucket_shm_view seg;
-    int html;
+    int view;
 
     if (!r->handler || strcmp(r->handler, "tbucket-status")) {
         return DECLINED;
@@ -591,8 +755,8 @@ int tbucket_status_handler(request_rec *r)
     if (r->method_number != M_GET) {
         return HTTP_METHOD_NOT_ALLOWED;
     }
-    html = wants_html(r);
-    if (html < 0) {
+    view = wanted_view(r);
+    if (view < 0) {
         return HTTP_BAD_REQUEST;
     }
     if (!tbucket_shm_view_get(&seg)) {
@@ -600,12 +764,15 @@ int tbucket_status_handler(request_rec *r)
     }
     apr_table_setn(r->headers_out, "Cache-Control", "no-store");
     apr_table_setn(r->headers_out, "X-Content-Type-Options", "nosniff");
-    if (html) {
+    if (view == VIEW_HTML) {
         ap_set_content_type(r, "text/html; charset=utf-8");
         /* Inline CSS only: the page needs nothing else, so say so. */
         apr_table_setn(r->headers_out, "Content-Security-Policy",
                        "default-src 'none'; style-src 'unsafe-inline'; "
                        "frame-ancestors 'none'");
+    }
+    else if (view == VIEW_JSON) {
+        ap_set_content_type(r, "application/json");
     }
     else {
         ap_set_content_type(r, "text/plain; version=0.0.4; charset=utf-8");
@@ -613,8 +780,11 @@ int tbucket_status_handler(request_rec *r)
     if (r->header_only) {
         return OK;
     }
-    if (html) {
+    if (view == VIEW_HTML) {
         tbucket_status_html(r, collect(r->pool, &seg));
+    }
+    else if (view == VIEW_JSON) {
+        render_json(r, collect(r->pool, &seg));
     }
     else {
         render_text(r, collect(r->pool, &seg));

@@ -445,6 +445,50 @@ static void html_clients(request_rec *r, const tbucket_metrics *t)
     }
 }
 
+/* Local protection: the busy share against the thresholds, what was
+ * shed by priority, and each local scope's places in flight. */
+static void html_local(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_family *in = fam_find(t, "tbucket_local_in_flight");
+    const tbucket_family *lim = fam_find(t, "tbucket_local_limit");
+    const tbucket_family *ref = fam_find(t, "tbucket_local_refused_total");
+    tbucket_labels none;
+    int i;
+
+    memset(&none, 0, sizeof(none));
+    ap_rputs("<h2>Local protection</h2><table class=\"kv\">", r);
+    html_fig(r, t, "workers busy with a request", "tbucket_workers_busy",
+             "", &none);
+    html_fig(r, t, "workers at most", "tbucket_workers_max", "", &none);
+    ap_rputs("</table><div class=\"grid\"><div><h3>shed at busy %</h3>",
+             r);
+    html_by_label(r, fam_find(t, "tbucket_shed_threshold_percent"), &none,
+                  "priority", 0);
+    ap_rputs("</div><div><h3>shed, by priority</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_shed_total"), &none, "priority",
+                  1);
+    ap_rputs("</div><div><h3>refused by a local limit</h3>", r);
+    html_by_label(r, fam_find(t, "tbucket_local_refusals_total"), &none,
+                  "priority", 1);
+    ap_rputs("</div></div><h3>local scopes</h3><table><tr><th>scope</th>"
+             "<th class=\"n\">in flight</th><th class=\"n\">limit</th>"
+             "<th></th><th class=\"n\">refused</th></tr>", r);
+    for (i = 0; in && lim && ref && i < in->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(in->samples, i,
+                                                 tbucket_sample);
+        const tbucket_sample *n = sample_find(lim, "", &s->labels);
+
+        ap_rprintf(r, "<tr><td><code>%s</code></td>",
+                   h(r, label_get(&s->labels, "scope")));
+        html_value(r, in, s, 1);
+        html_value(r, lim, n, 1);
+        html_bar(r, s->value, n ? n->value : 0);
+        html_value(r, ref, sample_find(ref, "", &s->labels), 1);
+        ap_rputs("</tr>", r);
+    }
+    ap_rputs("</table>", r);
+}
+
 /* Every sample, as the text view lists them, folded away by default. */
 static void html_all(request_rec *r, const tbucket_metrics *t)
 {
@@ -504,6 +548,7 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     html_by_label(r, fam_find(t, "tbucket_decisions_total"), &none,
                   "outcome", 1);
     html_vhosts(r, t);
+    html_local(r, t);
     html_clients(r, t);
     ap_rputs("<h2>Local fallback table</h2><table class=\"kv\">", r);
     html_fig(r, t, "buckets held", "tbucket_local_entries_used", "", &none);

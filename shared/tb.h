@@ -476,6 +476,48 @@ uint64_t tb_lease_epoch(tb_lease_t *t);
 /* Entries in use, for metrics. */
 size_t tb_lease_used(tb_lease_t *t);
 
+/* At most N holders at once, across threads and processes: a table of
+ * owner words in caller memory (shared memory inherited by forked
+ * children), one word per place. Taking a place swaps a free word for the
+ * taker's tag (its process id); the number in flight is the number of
+ * words held, so a holder that dies leaves no count behind, only its
+ * words, which tb_inflight_reap frees. Lock-free; every call is
+ * async-signal-safe (atomic loads and compare-and-swaps only, and the
+ * alive callback's own calls). */
+typedef struct tb_inflight tb_inflight_t;
+
+#define TB_INFLIGHT_MAX 1048576       /* Places in one table, at most.  */
+#define TB_INFLIGHT_FULL (-1)         /* tb_inflight_take: no place.    */
+#define TB_INFLIGHT_BAD (-2)          /* tb_inflight_take: bad call.    */
+
+/* 1 when the process with this tag still runs (kill(pid, 0) succeeds or
+ * fails with EPERM). */
+typedef int (*tb_inflight_alive_fn)(uint32_t tag);
+
+/* Bytes for a table of cap places (1 .. TB_INFLIGHT_MAX), 0 otherwise. */
+size_t tb_inflight_size(uint32_t cap);
+/* Initialise a table of cap places in mem (tb_inflight_size(cap) bytes,
+ * 4-byte aligned): every place free. NULL on bad arguments. */
+tb_inflight_t *tb_inflight_init(void *mem, uint32_t cap);
+/* The table's places (0 for NULL). */
+uint32_t tb_inflight_cap(const tb_inflight_t *t);
+/* Take one of the first n places (n <= the table's cap, so a limit can
+ * be lowered without a new table) for tag (non-zero). Returns its index,
+ * TB_INFLIGHT_FULL when all n are held, or TB_INFLIGHT_BAD. When alive is
+ * given and all are held, places of dead owners are freed first and the
+ * search made once more. */
+int tb_inflight_take(tb_inflight_t *t, uint32_t n, uint32_t tag,
+                     tb_inflight_alive_fn alive);
+/* Give back place i if tag still holds it: 1, else 0 (its owner was
+ * reaped meanwhile, or a bad call). */
+int tb_inflight_give(tb_inflight_t *t, int i, uint32_t tag);
+/* Places held now, a snapshot: exact when nobody takes or gives. */
+uint32_t tb_inflight_count(const tb_inflight_t *t);
+/* Free every place tag holds (a process that exited); the number freed. */
+uint32_t tb_inflight_reap(tb_inflight_t *t, uint32_t tag);
+/* Free every place whose owner alive() says is gone; the number freed. */
+uint32_t tb_inflight_reap_dead(tb_inflight_t *t, tb_inflight_alive_fn alive);
+
 /* ==== The client: options ============================================ */
 
 typedef enum {

@@ -416,4 +416,4 @@ def test_module_conc_09(apache_factory, redis_server):
     rc, out = t("TBucketConcurrency 2 ttl=1m")
     assert rc == 0 and "TB00101" not in out, out
     rc, out = t("TBucketConcurrency Off")
-    assert rc == 0 and "without a TBucketLimit or TBucketConcurrency" in out
+    assert rc == 0 and "TBucketEnable On without a TBucketLimit" in out

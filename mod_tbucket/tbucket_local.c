@@ -1,0 +1,394 @@
+/* tbucket_local.c -- local protection: shedding by priority and local
+ * concurrency limits, decided on this server without Redis.
+ *
+ * The shared limit decides per client; this file protects the server
+ * itself from a flood made of many clients, each within its own limit.
+ * Two mechanisms, both decided before any Redis call, so they cost no
+ * round trip and work with Redis down under every failure policy:
+ *
+ * Shedding (TBucketShed). A request of priority P is refused with 503
+ * when the share of the server's workers busy with a request has reached
+ * P's threshold. Busy is read from the scoreboard, which every MPM keeps
+ * per worker: under prefork a worker is a child process, under worker
+ * and event a thread. A worker counts while it reads a request, runs its
+ * handler, writes its response or logs it (SERVER_BUSY_READ, _WRITE,
+ * _LOG, _DNS, and SERVER_GRACEFUL for an old generation's worker
+ * finishing one). It does not count while it waits for the next request
+ * on a kept-alive connection (SERVER_BUSY_KEEPALIVE, prefork and worker;
+ * event parks those connections without a thread) or lingers over a
+ * closing one (SERVER_CLOSING). Workers busy answering a request that
+ * local protection refused are subtracted: under a flood every worker is
+ * always answering someone, and counting the refusals would shed
+ * everything once shedding began, instead of keeping the server at its
+ * threshold. The share's denominator is MaxRequestWorkers. The count is
+ * kept in the shared segment and read again by whichever request finds
+ * it more than a millisecond old, so a flood of sheds scans the
+ * scoreboard about a thousand times a second, not once per request.
+ *
+ * Local concurrency (TBucketLocalConcurrency N). At most N requests of a
+ * scope in flight on this server, every child and thread together: each
+ * scope has a table of N places in the segment (tb_inflight_t), and a
+ * request takes one place in every scope it is in, or none. The place is
+ * given back when the response's end (EOS) passes a protocol-level
+ * output filter, which internal redirects keep: the application is done
+ * then, and the client may already be sending its next request, which
+ * must find the place free. A pre-cleanup of the chain's first request's
+ * pool gives back whatever the filter did not see, since httpd destroys
+ * that pool once however the chain ends (error, aborted client, and a
+ * prefork child told to exit, whose pools are destroyed from the signal
+ * handler: the give is one compare-and-swap, async-signal-safe). A child killed outright gives nothing back; the
+ * parent frees its places when it reaps it (the child_status hook), and
+ * every configuration load frees those of owners that no longer exist.
+ * Scopes are found by name at each load, so a graceful restart keeps the
+ * places that the old generation's requests still hold.
+ */
+#include "apr_strings.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_log.h"
+#include "util_filter.h"
+#include "ap_mpm.h"
+#include "scoreboard.h"
+
+#include "mod_tbucket.h"
+
+APLOG_USE_MODULE(tbucket);
+
+/* How old the shared busy count may be, in microseconds. */
+#define BUSY_MAX_AGE 1000
+/* Bytes of a scope's name, as kept in the segment. */
+#define SCOPE_NAME_MAX (TBUCKET_NAME_LEN - 8)
+
+/* The scopes of the configuration being read (pconf). */
+static apr_array_header_t *scopes;
+
+/* The MPM's sizes, read in post_config; children inherit them. */
+static int max_workers = 1;           /* MaxRequestWorkers.             */
+static int sb_daemons;                /* Scoreboard rows: ServerLimit.  */
+static int sb_threads;                /* Columns: ThreadLimit (1).      */
+
+/* This process's owner tag in the in-flight tables: its pid. */
+static uint32_t owner_tag;
+
+
+/* ---- Configuration time --------------------------------------------- */
+
+void tbucket_local_pre_config(apr_pool_t *pconf)
+{
+    scopes = apr_array_make(pconf, 4, sizeof(tbucket_local_scope *));
+}
+
+/* The sections around the directive, outermost first, as they were
+ * written: "<VirtualHost *:80> <Location /api>", or "server" at the top
+ * level. Stable across reloads of the same text, which is what lets a
+ * restart find the scope again. */
+static const char *scope_name(cmd_parms *cmd)
+{
+    const ap_directive_t *d;
+    const char *name = NULL;
+
+    for (d = cmd->directive ? cmd->directive->parent : NULL; d;
+         d = d->parent) {
+        const char *sec = apr_pstrcat(cmd->temp_pool, d->directive, " ",
+                                      d->args ? d->args : "", NULL);
+
+        name = name ? apr_pstrcat(cmd->temp_pool, sec, " ", name, NULL)
+                    : sec;
+    }
+    name = name ? name : "server";
+    if (strlen(name) > SCOPE_NAME_MAX) {
+        name = apr_pstrmemdup(cmd->temp_pool, name, SCOPE_NAME_MAX);
+    }
+    return name;
+}
+
+tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
+{
+    tbucket_local_scope *sc = apr_pcalloc(cmd->pool, sizeof(*sc));
+    const char *name = scope_name(cmd), *unique = name;
+    int i, dup = 1;
+
+    /* Two sections written alike (two <Location /x> blocks) are two
+     * scopes: number the later ones. */
+    for (i = 0; i < scopes->nelts; i++) {
+        if (!strcmp(APR_ARRAY_IDX(scopes, i, tbucket_local_scope *)->name,
+                    unique)) {
+            unique = apr_psprintf(cmd->temp_pool, "%s #%d", name, ++dup);
+            i = -1;
+        }
+    }
+    sc->name = apr_pstrdup(cmd->pool, unique);
+    sc->limit = limit;
+    sc->slot = -1;
+    APR_ARRAY_PUSH(scopes, tbucket_local_scope *) = sc;
+    return sc;
+}
+
+static int pid_alive(uint32_t tag)
+{
+    return kill((pid_t)tag, 0) == 0 || errno == EPERM;
+}
+
+static int mpm_value(int code, int dflt)
+{
+    int v = 0;
+
+    return ap_mpm_query(code, &v) == APR_SUCCESS && v > 0 ? v : dflt;
+}
+
+int tbucket_local_setup(apr_pool_t *pconf, server_rec *main_s)
+{
+    int i;
+
+    (void)pconf;
+    max_workers = mpm_value(AP_MPMQ_MAX_DAEMONS, 1)
+                  * mpm_value(AP_MPMQ_MAX_THREADS, 1);
+    sb_daemons = mpm_value(AP_MPMQ_HARD_LIMIT_DAEMONS, 1);
+    sb_threads = mpm_value(AP_MPMQ_HARD_LIMIT_THREADS, 1);
+    /* Owners that died while no parent was watching (a parent that was
+     * restarted by a signal reaps its children, but not those of a
+     * generation it never saw exit). */
+    tbucket_shm_local_reap(0, pid_alive);
+    for (i = 0; scopes && i < scopes->nelts; i++) {
+        tbucket_local_scope *sc = APR_ARRAY_IDX(scopes, i,
+                                                tbucket_local_scope *);
+        const char *why;
+
+        sc->slot = tbucket_shm_local_slot(sc->name, sc->limit, &why);
+        if (sc->slot < 0) {
+            ap_log_error(APLOG_MARK, APLOG_EMERG, 0, main_s, TBLOGNO(00140)
+                         "TBucketLocalConcurrency %d in %s: %s", sc->limit,
+                         sc->name, why);
+            return HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+    return OK;
+}
+
+void tbucket_local_child_init(void)
+{
+    owner_tag = (uint32_t)getpid();
+}
+
+/* The parent frees the places of a child it reaped: one killed outright
+ * (SIGKILL, a crash) could not give them back itself. */
+static void child_status(server_rec *s, pid_t pid, ap_generation_t gen,
+                         int slot, mpm_child_status state)
+{
+    (void)s;
+    (void)gen;
+    (void)slot;
+    if (state == MPM_CHILD_EXITED && pid > 0) {
+        tbucket_shm_local_reap((uint32_t)pid, NULL);
+    }
+}
+
+static ap_filter_rec_t *places_filter;
+
+static apr_status_t places_out(ap_filter_t *f, apr_bucket_brigade *bb);
+
+void tbucket_local_register(void)
+{
+    ap_hook_child_status(child_status, NULL, NULL, APR_HOOK_MIDDLE);
+    places_filter = ap_register_output_filter("TBUCKET_PLACES", places_out,
+                                              NULL, AP_FTYPE_PROTOCOL);
+}
+
+/* ---- Shedding --------------------------------------------------------- */
+
+/* Workers busy with a request, from the scoreboard. */
+static uint32_t scan_busy(void)
+{
+    uint32_t busy = 0;
+    int i, j;
+
+    if (!ap_scoreboard_image) {
+        return 0;
+    }
+    for (i = 0; i < sb_daemons; i++) {
+        process_score *ps = ap_get_scoreboard_process(i);
+
+        /* A row whose process is gone holds stale statuses. */
+        if (!ps || !ps->pid) {
+            continue;
+        }
+        for (j = 0; j < sb_threads; j++) {
+            worker_score *ws = ap_get_scoreboard_worker_from_indexes(i, j);
+
+            switch (ws ? ws->status : SERVER_DEAD) {
+            case SERVER_BUSY_READ:
+            case SERVER_BUSY_WRITE:
+            case SERVER_BUSY_LOG:
+            case SERVER_BUSY_DNS:
+            case SERVER_GRACEFUL:
+                busy++;
+                break;
+            default:
+                break;
+            }
+        }
+    }
+    return busy;
+}
+
+void tbucket_local_busy(apr_time_t now, uint32_t *busy, uint32_t *workers)
+{
+    uint32_t b, r;
+
+    *workers = (uint32_t)max_workers;
+    if (tbucket_shm_busy_get(now, BUSY_MAX_AGE, &b)) {
+        *busy = b;
+        return;
+    }
+    b = scan_busy();
+    r = tb_inflight_count(tbucket_shm_refusing());
+    b = b > r ? b - r : 0;
+    tbucket_shm_busy_put(now, b);
+    *busy = b;
+}
+
+/* busy / workers >= pct / 100, in integers. */
+static int at_share(apr_time_t now, int pct)
+{
+    uint32_t busy, workers;
+
+    tbucket_local_busy(now, &busy, &workers);
+    return (uint64_t)busy * 100 >= (uint64_t)pct * workers;
+}
+
+int tbucket_local_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
+                       apr_time_t now)
+{
+    int pct = prio < TBUCKET_PRIOS ? sc->shed_pct[prio] : 0;
+
+    return pct > 0 && at_share(now, pct);
+}
+
+int tbucket_local_crowded(const tbucket_srv_conf *sc, apr_time_t now)
+{
+    return sc->shed_min > 0 && at_share(now, sc->shed_min);
+}
+
+/* A refused request's place in the refusing table, given back when its
+ * pool goes; kept in the same kind of table as the scopes' so that a
+ * child killed while answering one leaves nothing behind either. */
+typedef struct tbucket_refusal {
+    tb_inflight_t *table;
+    int index;
+    uint32_t tag;
+} tbucket_refusal;
+
+static apr_status_t refusal_done(void *data)
+{
+    tbucket_refusal *f = data;
+
+    tb_inflight_give(f->table, f->index, f->tag);
+    return APR_SUCCESS;
+}
+
+void tbucket_local_refusing(request_rec *root)
+{
+    tbucket_refusal *f = apr_palloc(root->pool, sizeof(*f));
+
+    f->table = tbucket_shm_refusing();
+    f->tag = owner_tag ? owner_tag : (uint32_t)getpid();
+    f->index = tb_inflight_take(f->table, tb_inflight_cap(f->table), f->tag,
+                                NULL);
+    /* A full table only makes the busy count a little high. */
+    if (f->index >= 0) {
+        apr_pool_pre_cleanup_register(root->pool, f, refusal_done);
+    }
+}
+
+tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc)
+{
+    return dc->priority < 0 ? TBUCKET_PRIO_NORMAL
+                            : (tbucket_priority)dc->priority;
+}
+
+/* ---- Local concurrency ------------------------------------------------ */
+
+/* The places a chain holds, given back with its first request's pool. */
+typedef struct tbucket_places {
+    int n;
+    tb_inflight_t *table[TBUCKET_MAX_LOCAL];
+    int index[TBUCKET_MAX_LOCAL];
+    uint32_t tag;
+} tbucket_places;
+
+static apr_status_t give_places(void *data)
+{
+    tbucket_places *h = data;
+    int i;
+
+    for (i = 0; i < h->n; i++) {
+        tb_inflight_give(h->table[i], h->index[i], h->tag);
+    }
+    h->n = 0;
+    return APR_SUCCESS;
+}
+
+/* The response is complete when EOS passes: the places go back before
+ * the last bytes reach the client. */
+static apr_status_t places_out(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    apr_bucket *b;
+
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
+         b = APR_BUCKET_NEXT(b)) {
+        if (APR_BUCKET_IS_EOS(b)) {
+            give_places(f->ctx);
+            ap_remove_output_filter(f);
+            break;
+        }
+    }
+    return ap_pass_brigade(f->next, bb);
+}
+
+const tbucket_local_scope *tbucket_local_take(request_rec *r,
+                                              request_rec *root,
+                                              const tbucket_dir_conf *dc)
+{
+    tbucket_places *h;
+    int i;
+
+    if (dc->nlocal <= 0) {
+        return NULL;
+    }
+    h = apr_pcalloc(root->pool, sizeof(*h));
+    h->tag = owner_tag ? owner_tag : (uint32_t)getpid();
+    for (i = 0; i < dc->nlocal; i++) {
+        const tbucket_local_scope *sc = dc->local[i];
+        tb_inflight_t *t = tbucket_shm_local_table(sc->slot);
+        int k;
+
+        if (!t) {
+            /* Read after post_config (.htaccess cannot set it): a scope
+             * without a record limits nothing. */
+            continue;
+        }
+        k = tb_inflight_take(t, (uint32_t)sc->limit, h->tag, NULL);
+        if (k < 0) {
+            tbucket_count_local(sc->slot, 1);
+            give_places(h);
+            return sc;
+        }
+        h->table[h->n] = t;
+        h->index[h->n] = k;
+        h->n++;
+        tbucket_count_local(sc->slot, 0);
+    }
+    /* A pre-cleanup, run before other modules' cleanups of the pool
+     * (mod_cgid's waits for the script's process): the places are free
+     * by the time the client can send its next request. */
+    apr_pool_pre_cleanup_register(root->pool, h, give_places);
+    if (h->n) {
+        ap_add_output_filter_handle(places_filter, h, r, r->connection);
+    }
+    return NULL;
+}
