@@ -3,14 +3,17 @@
  * Every replica of a server checks and deducts the same buckets in Redis,
  * through libtb (shared/tb.h), in one round trip per request, so a
  * client's limit does not depend on how many replicas there are. This file
- * holds the module record, the hooks and the request path: post_config
- * and child_init make the shared memory slots and each child's clients;
- * check_access and fixups decide each request (its key, the buckets it
- * takes, shard and lease, the decision) and answer it. The directives,
- * their manual and the configuration records are in tbucket_config.c, the
- * checks across scopes in tbucket_check.c, the shared memory segment in
- * tbucket_shm.c, and the status page in tbucket_status.c and
- * tbucket_status_html.c.
+ * holds the module record, the hooks and the request path: check_access
+ * and fixups decide each request, first by local protection (shedding and
+ * local concurrency limits, tbucket_local.c, no Redis), then by the shared
+ * limit (its key, the buckets it takes, shard and lease, the decision),
+ * and answer it. The files below it: directives in tbucket_config.c,
+ * their records in tbucket_records.c, the checks across scopes in
+ * tbucket_check.c, each child's clients in tbucket_client.c, the shared
+ * memory segment in tbucket_shm.c, leases and settlements in
+ * tbucket_lease.c and tbucket_settle.c, the status page in
+ * tbucket_status.c, tbucket_status_html.c and tbucket_metrics.c. The
+ * directives' manual is docs/reference.txt.
  *
  * A limited request is counted once, however many sub-requests, internal
  * redirects (PHP through mod_actions) or ErrorDocument redirects it makes.
@@ -65,12 +68,6 @@ typedef struct tbucket_held {
     tb_slot_t slot;
 } tbucket_held;
 
-/* Set by a pre-cleanup of the child's pool, which runs before the pools
- * under it (connections, requests) are destroyed: a request's cleanup
- * then knows that the child is going away (prefork does it from a signal
- * handler) and leaves the slot to expire instead of talking to Redis. */
-static volatile sig_atomic_t child_exiting;
-
 static tbucket_srv_conf *srv_conf(const server_rec *s)
 {
     return ap_get_module_config(s->module_config, &tbucket_module);
@@ -78,84 +75,14 @@ static tbucket_srv_conf *srv_conf(const server_rec *s)
 
 /* ---- Startup: shared memory (parent) and clients (children) --------- */
 
-static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
-{
-    const tb_tls_options_t *t = &sc->tls;
-
-    return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT
-                        "|%s|%s|%s|%s|%d",
-                        sc->url ? sc->url : TB_DEFAULT_URL, sc->timeout_ms,
-                        sc->connect_timeout_ms, sc->pool_size,
-                        (int)sc->policy, sc->replicas,
-                        sc->breaker_threshold, sc->breaker_cooldown_ms,
-                        t->ca_file ? t->ca_file : "",
-                        t->cert_file ? t->cert_file : "",
-                        t->key_file ? t->key_file : "",
-                        t->server_name ? t->server_name : "",
-                        t->no_verify);
-}
-
-/* tls_verify=off, once per Redis configuration and (re)start. */
-static void warn_no_verify(apr_hash_t *warned, server_rec *s,
-                           const tbucket_srv_conf *sc)
-{
-    tb_redis_addr_t a;
-    char label[TBUCKET_NAME_LEN], err[160];
-
-    if (!sc->tls_ctx || !sc->tls.no_verify
-        || apr_hash_get(warned, sc->signature, APR_HASH_KEY_STRING)) {
-        return;
-    }
-    apr_hash_set(warned, sc->signature, APR_HASH_KEY_STRING, "");
-    if (tb_url_parse(sc->url, &a, err, sizeof(err)) == TB_OK) {
-        tb_url_redact(&a, label, sizeof(label));
-    }
-    else {
-        apr_cpystrn(label, "?", sizeof(label));
-    }
-    ap_log_error(APLOG_MARK, APLOG_WARNING, 0, s, TBLOGNO(00131)
-                 "TBucketRedis %s has tls_verify=off: the server's "
-                 "certificate is not checked, so anyone on the path can "
-                 "pose as Redis", label);
-}
-
-/* One connection per child, whatever the MPM. Under prefork a child
- * serves one request at a time: there is nothing to batch. Under a
- * threaded MPM the threads of a child that decide at the same moment
- * share that connection's next write and read, and every further
- * connection splits them into smaller batches that cost CPU per request.
- * Measured with Apache event CPU-bound beside Redis (make bench, floor
- * part, medians of three runs): pool 1 1.18x the one-round-trip floor's
- * req/s, 2 1.07x, 4 1.03x, 8 0.99x; p99 best at 1. What one connection
- * gives up is overlap: Redis idles while a batch's replies are handed
- * out, so a child's ceiling is one batch per round trip (the core alone,
- * 32 threads on loopback: about 60k decisions/s with 1, 100k with 2),
- * far above what one child serves. pool= on TBucketRedis overrides it. */
-static int default_pool_size(void)
-{
-    return 1;
-}
-
 static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
                        apr_pool_t *ptemp, server_rec *main_s)
 {
-    apr_hash_t *warned = apr_hash_make(ptemp);
-    server_rec *s;
-    int pool = default_pool_size();
-
     /* The first of the two startup passes only checks the config. */
     if (ap_state_query(AP_SQ_MAIN_STATE) == AP_SQ_MS_CREATE_PRE_CONFIG) {
         return OK;
     }
-    for (s = main_s; s; s = s->next) {
-        tbucket_srv_conf *sc = srv_conf(s);
-
-        if (!sc->pool_set) {
-            sc->pool_size = pool;
-        }
-        sc->signature = signature(pconf, sc);
-        warn_no_verify(warned, s, sc);
-    }
+    tbucket_clients_post_config(pconf, ptemp, main_s);
     if (tbucket_shm_setup(pconf, plog, main_s) != OK
         || tbucket_local_setup(pconf, main_s) != OK) {
         return HTTP_INTERNAL_SERVER_ERROR;
@@ -173,84 +100,17 @@ static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
     return OK;
 }
 
-static apr_status_t client_cleanup(void *data)
-{
-    tbucket_client *c = data;
-
-    /* Closes this child's connections: a graceful restart leaks none. */
-    tb_client_free(c->tb);
-    c->tb = NULL;
-    return APR_SUCCESS;
-}
-
-static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
-                                   const tbucket_srv_conf *sc)
-{
-    tbucket_client *c = apr_pcalloc(pchild, sizeof(*c));
-    tb_options_t o;
-    char err[TB_ERRSTR_LEN];
-
-    tbucket_client_options(sc, &o);
-    o.local = tbucket_local_table();
-    c->slot = tbucket_shm_client(sc);
-    if (c->slot) {
-        o.stats = &c->slot->stats;
-    }
-    c->s = s;
-    c->label = c->slot ? c->slot->redis : "?";
-    c->tb = tb_client_create(&o, err, sizeof(err));
-    if (!c->tb) {
-        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, TBLOGNO(00103)
-                     "cannot make the Redis client for %s: %s; requests "
-                     "here are not limited", c->label, err);
-        return c;
-    }
-    apr_pool_cleanup_register(pchild, c, client_cleanup,
-                              apr_pool_cleanup_null);
-    return c;
-}
-
-/* One client per distinct Redis configuration per child, made here so
- * that no connection is ever shared across fork and each generation of
- * children has its own. */
-static apr_status_t note_child_exit(void *data)
-{
-    (void)data;
-    child_exiting = 1;
-    return APR_SUCCESS;
-}
-
 static void child_init(apr_pool_t *pchild, server_rec *main_s)
 {
-    apr_hash_t *made = apr_hash_make(pchild);
-    server_rec *s;
-
-    child_exiting = 0;
-    apr_pool_pre_cleanup_register(pchild, NULL, note_child_exit);
-
     /* Each child its own shard sequence. */
     if (apr_generate_random_bytes((unsigned char *)&shard_seed,
                                   sizeof(shard_seed)) != APR_SUCCESS) {
         shard_seed = (apr_uint64_t)getpid() * 0x2545f4914f6cdd1dULL
                      ^ (apr_uint64_t)apr_time_now();
     }
-
     tbucket_lease_child_init();
     tbucket_local_child_init();
-    for (s = main_s; s; s = s->next) {
-        tbucket_srv_conf *sc = srv_conf(s);
-        tbucket_client *c;
-
-        if (!sc->signature) {
-            continue;
-        }
-        c = apr_hash_get(made, sc->signature, APR_HASH_KEY_STRING);
-        if (!c) {
-            c = make_client(pchild, s, sc);
-            apr_hash_set(made, sc->signature, APR_HASH_KEY_STRING, c);
-        }
-        sc->client = c;
-    }
+    tbucket_clients_child_init(pchild, main_s);
 }
 
 /* ---- The request path ------------------------------------------------ */
@@ -393,32 +253,6 @@ static int pick_shard(int k)
     return (int)(z % (apr_uint64_t)k);
 }
 
-/* The core says which call opened or closed the breaker: log that once,
- * not once per request while it lasts, and keep why it opened for the
- * status page. */
-void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
-                          const tb_result_t *res, const tbucket_srv_conf *sc)
-{
-    if (res->breaker_change > 0) {
-        char why[TB_ERRSTR_LEN];
-
-        /* Other threads of this child may be writing errstr (the core
-         * keeps it for diagnostics, unlocked): one bounded copy, so the
-         * log line and the status page tell the same reason. */
-        apr_cpystrn(why, c->tb->errstr, sizeof(why));
-        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, r->server, TBLOGNO(00105)
-                     "Redis %s is failing (%s: %s): breaker open, the "
-                     "%s policy decides for %" APR_INT64_T_FMT " ms",
-                     c->label, tb_err_name(res->err), why,
-                     tb_policy_name(sc->policy), sc->breaker_cooldown_ms);
-        tbucket_shm_note_failure(c->slot, res->err, why, apr_time_now());
-    }
-    else if (res->breaker_change < 0) {
-        ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, r->server, TBLOGNO(00106)
-                     "Redis %s answers again: breaker closed", c->label);
-    }
-}
-
 static tbucket_outcome outcome_of(const tb_result_t *res, int shadow)
 {
     switch (res->source) {
@@ -517,7 +351,7 @@ static apr_status_t release_slot(void *data)
     tbucket_client *c = h->sc->client;
 
     tbucket_count_slot(h->sc, TBUCKET_SLOT_RELEASED);
-    if (child_exiting || !c || !c->tb) {
+    if (tbucket_child_exiting() || !c || !c->tb) {
         tbucket_count_slot(h->sc, TBUCKET_SLOT_RELEASE_FAILED);
         return APR_SUCCESS;
     }
@@ -690,109 +524,126 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
     return DECLINED;
 }
 
-/* The shared limit's decision for r: one call for the buckets and the
- * concurrency slot (or a lease, or a shard). DECLINED to let it through,
- * or the response status. */
-static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
-                        tbucket_srv_conf *sc, request_rec *root)
-{
+/* One decision of the shared limit in the making: the request, its
+ * buckets, what answered and how a refusal is told. */
+typedef struct tbucket_decision {
     tb_take_t takes[TB_MAX_BUCKETS];
     tb_request_t q;
     tb_result_t res;
-    tbucket_req *rq;
-    const char *key, *prefix, *lease_key = NULL;
-    apr_int64_t retry_s = 0;
-    int n, shadow = dc->shadow == 1, cost_exceeded, by_conc;
+    const char *lease_key;            /* tbucket_lease_decide's.        */
+    apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
+                                       * 0 when allowed or the cost can
+                                       * never fit.                     */
+    int cost_exceeded;                /* Refused for good: 403.         */
+    int by_conc;                      /* Refused by TBucketConcurrency. */
+} tbucket_decision;
+
+/* Ask the shared limit about r: 1 when it decided (d->res), 0 when r is
+ * not limited (no client in this process, arguments refused). */
+static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
+                      tbucket_srv_conf *sc, request_rec *root,
+                      tbucket_decision *d)
+{
+    const char *key, *prefix;
+    const tb_result_t *res = &d->res;
 
     if (!sc->client || !sc->client->tb) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00107)
                       "no Redis client in this process: not limited");
-        return DECLINED;
+        return 0;
     }
     key = request_key(r, dc, sc, &prefix);
-    n = dc->limit_set ? build_takes(dc, key, takes) : 0;
-    memset(&q, 0, sizeof(q));
-    q.prefix = prefix;
-    q.key = key;
-    q.key_len = strlen(key);
-    q.takes = takes;
-    q.ntakes = n;
-    q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
-    decide(root->pool, dc, sc, &q, &res, &lease_key);
-    if (res.err == TB_ERR_ARG) {
+    memset(&d->q, 0, sizeof(d->q));
+    d->q.prefix = prefix;
+    d->q.key = key;
+    d->q.key_len = strlen(key);
+    d->q.takes = d->takes;
+    d->q.ntakes = dc->limit_set ? build_takes(dc, key, d->takes) : 0;
+    d->q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
+    d->lease_key = NULL;
+    decide(root->pool, dc, sc, &d->q, &d->res, &d->lease_key);
+    if (res->err == TB_ERR_ARG) {
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
                       "the limiter refused its arguments: not limited");
-        return DECLINED;
+        return 0;
     }
-    tbucket_note_breaker(r, sc->client, &res, sc);
-    if (res.err != TB_ERR_NONE) {
+    tbucket_note_breaker(r, sc->client, res, sc);
+    if (res->err != TB_ERR_NONE) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00109)
                       "Redis did not decide (%s: %s): %s policy answered",
-                      tb_err_name(res.err), sc->client->tb->errstr,
-                      tb_policy_name(sc->policy));
+                      tb_err_name(res->err), sc->client->tb->errstr,
+                      tb_policy_name((tb_policy_t)sc->policy));
     }
-    if (res.slot.kind != TB_SLOT_NONE) {
-        hold_slot(root, sc, &q, &res.slot);
+    d->by_conc = !res->allowed && res->refused_by == TB_LIMIT_CONCURRENCY;
+    d->cost_exceeded = !res->allowed && res->retry_ms < 0;
+    d->retry_s = 0;
+    if (!res->allowed && !d->cost_exceeded) {
+        d->retry_s = (res->retry_ms + 999) / 1000;
+        d->retry_s = d->retry_s < 1 ? 1 : d->retry_s;
     }
-    by_conc = !res.allowed && res.refused_by == TB_LIMIT_CONCURRENCY;
-    cost_exceeded = !res.allowed && res.retry_ms < 0;
-    if (!res.allowed && !cost_exceeded) {
-        retry_s = (res.retry_ms + 999) / 1000;
-        if (retry_s < 1) {
-            retry_s = 1;
-        }
-    }
-    rq = chain_record(root);
-    rq->decided = 1;
-    rq->settle = tbucket_settle_note(root, dc, sc, &q, &res, lease_key);
-    rq->outcome = outcome_of(&res, shadow);
-    rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
-                                 res.remaining > 0 ? res.remaining : 0);
-    if (n && q.shards > 1
-        && res.remaining > (apr_int64_t)takes[res.binding].limit.capacity) {
-        rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT,
-                (apr_int64_t)takes[res.binding].limit.capacity);
-    }
-    set_env(r, rq);
-    if (n) {
-        add_limit_headers(r, dc, takes, &res, retry_s);
-    }
-    tbucket_count(sc, rq->outcome, cost_exceeded);
-    count_refusal(sc, &res);
+    return 1;
+}
 
-    if (res.allowed) {
-        return DECLINED;
+/* Keep what d decided for r's chain (its record, a slot to give back,
+ * what settling needs), tell the application and the client (the
+ * environment, the limit headers) and count it. */
+static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
+                                tbucket_srv_conf *sc, request_rec *root,
+                                tbucket_decision *d)
+{
+    tbucket_req *rq = chain_record(root);
+    const tb_result_t *res = &d->res;
+    apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
+
+    if (res->slot.kind != TB_SLOT_NONE) {
+        hold_slot(root, sc, &d->q, &res->slot);
     }
-    if (shadow) {
-        ap_log_rerror(APLOG_MARK, APLOG_INFO, 0, r, TBLOGNO(00110)
-                      "shadow mode: would refuse %s (%s, retry after %"
-                      APR_INT64_T_FMT " s)", r->uri,
-                      cost_exceeded ? "cost exceeds capacity"
-                      : by_conc ? "too many concurrent requests"
-                                : "over the limit", retry_s);
-        return DECLINED;
+    /* A sharded key's figure is an estimate (decide): never above the
+     * capacity. */
+    if (d->q.ntakes && d->q.shards > 1
+        && left > (apr_int64_t)d->takes[res->binding].limit.capacity) {
+        left = (apr_int64_t)d->takes[res->binding].limit.capacity;
     }
-    if (cost_exceeded) {
+    rq->decided = 1;
+    rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res, d->lease_key);
+    rq->outcome = outcome_of(res, dc->shadow == 1);
+    rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT, left);
+    set_env(r, rq);
+    if (d->q.ntakes) {
+        add_limit_headers(r, dc, d->takes, res, d->retry_s);
+    }
+    tbucket_count(sc, rq->outcome, d->cost_exceeded);
+    count_refusal(sc, res);
+    return rq;
+}
+
+/* Answer r, which the shared limit refused: 403 for a cost that never
+ * fits, else 429 with Retry-After. */
+static int refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
+                         const tbucket_srv_conf *sc, const tbucket_req *rq,
+                         const tbucket_decision *d)
+{
+    if (d->cost_exceeded) {
         ap_log_rerror(APLOG_MARK, APLOG_INFO, 0, r, TBLOGNO(00111)
                       "refused %s: its cost %.0f exceeds the capacity %.0f "
                       "of a bucket it is charged to", r->uri, dc->cost,
-                      res.limit);
+                      d->res.limit);
         return respond(r, HTTP_FORBIDDEN, apr_psprintf(r->pool,
                        "{\"error\":\"request cost exceeds the rate limit "
                        "capacity\",\"cost\":%.0f,\"capacity\":%.0f}\n",
-                       dc->cost, res.limit));
+                       dc->cost, d->res.limit));
     }
     apr_table_setn(r->err_headers_out, "Retry-After",
-                   apr_psprintf(r->pool, "%" APR_INT64_T_FMT, retry_s));
+                   apr_psprintf(r->pool, "%" APR_INT64_T_FMT, d->retry_s));
     /* While the server is crowded, a refused client gives its worker
      * back (under prefork a kept-alive 429 holds a whole process). */
     if (tbucket_local_crowded(sc, apr_time_now())) {
         r->connection->keepalive = AP_CONN_CLOSE;
     }
-    if (by_conc) {
+    if (d->by_conc) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00120)
                       "refused %s: %" APR_INT64_T_FMT " of %d requests of "
-                      "its key in flight (%s)", r->uri, res.in_flight,
+                      "its key in flight (%s)", r->uri, d->res.in_flight,
                       dc->concurrency, tbucket_outcome_names[rq->outcome]);
         return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
                        "{\"error\":\"too many concurrent requests\","
@@ -800,10 +651,38 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
     }
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00112)
                   "rate limited %s (%s), retry after %" APR_INT64_T_FMT " s",
-                  r->uri, tbucket_outcome_names[rq->outcome], retry_s);
+                  r->uri, tbucket_outcome_names[rq->outcome], d->retry_s);
     return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
                    "{\"error\":\"rate limited\",\"retry_after\":%"
-                   APR_INT64_T_FMT "}\n", retry_s));
+                   APR_INT64_T_FMT "}\n", d->retry_s));
+}
+
+/* The shared limit's decision for r: one call for the buckets and the
+ * concurrency slot (or a lease, or a shard). DECLINED to let it through,
+ * or the response status. */
+static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
+                        tbucket_srv_conf *sc, request_rec *root)
+{
+    tbucket_decision d;
+    const tbucket_req *rq;
+
+    if (!ask_shared(r, dc, sc, root, &d)) {
+        return DECLINED;
+    }
+    rq = note_shared(r, dc, sc, root, &d);
+    if (d.res.allowed) {
+        return DECLINED;
+    }
+    if (dc->shadow == 1) {
+        ap_log_rerror(APLOG_MARK, APLOG_INFO, 0, r, TBLOGNO(00110)
+                      "shadow mode: would refuse %s (%s, retry after %"
+                      APR_INT64_T_FMT " s)", r->uri,
+                      d.cost_exceeded ? "cost exceeds capacity"
+                      : d.by_conc ? "too many concurrent requests"
+                                  : "over the limit", d.retry_s);
+        return DECLINED;
+    }
+    return refuse_shared(r, dc, sc, rq, &d);
 }
 
 /* Decide request r (not a sub-request) for the first time in its chain:

@@ -206,15 +206,32 @@ typedef struct tbucket_client {
     server_rec *s;                    /* For log lines outside requests.*/
 } tbucket_client;
 
-/* Server (and virtual host) scope. Each scalar has a _set flag so a
- * virtual host inherits what it does not set. */
+/* Bits of tbucket_srv_conf.set: the scalars this record's directives
+ * set, so that a virtual host inherits the others (the merge). */
+enum {
+    TBUCKET_SET_URL = 1u << 0,        /* TBucketRedis: URL and TLS.     */
+    TBUCKET_SET_TIMEOUT = 1u << 1,
+    TBUCKET_SET_CONNECT_TIMEOUT = 1u << 2,
+    TBUCKET_SET_POOL = 1u << 3,
+    TBUCKET_SET_POLICY = 1u << 4,
+    TBUCKET_SET_REPLICAS = 1u << 5,
+    TBUCKET_SET_THRESHOLD = 1u << 6,
+    TBUCKET_SET_COOLDOWN = 1u << 7,
+    TBUCKET_SET_PREFIX = 1u << 8,
+    TBUCKET_SET_IPV6 = 1u << 9,
+    TBUCKET_SET_SHED = 1u << 10,
+    TBUCKET_SET_SHED_RETRY = 1u << 11
+};
+
+/* Server (and virtual host) scope; `set` says which scalars a virtual
+ * host set itself (TBUCKET_SET_*). */
 typedef struct tbucket_srv_conf {
     const char *url;                  /* NULL: the default.             */
     int timeout_ms;                   /* Command timeout, ms.           */
     int connect_timeout_ms;           /* Connect timeout, ms; 0: same as
                                        * timeout_ms.                    */
     int pool_size;                    /* Connections per child.         */
-    tb_policy_t policy;
+    int policy;                       /* A tb_policy_t.                 */
     int replicas;                     /* For the local policy.          */
     int breaker_threshold;            /* Consecutive failures.          */
     apr_int64_t breaker_cooldown_ms;
@@ -240,10 +257,7 @@ typedef struct tbucket_srv_conf {
      * dropped; NULL for a plaintext URL. Freed with the config pool. */
     tb_tls_options_t tls;
     tb_tls_t *tls_ctx;
-    unsigned int url_set:1, timeout_set:1, connect_timeout_set:1,
-        pool_set:1, policy_set:1, replicas_set:1, threshold_set:1,
-        cooldown_set:1, prefix_set:1, ipv6_set:1, shed_set:1,
-        shed_retry_set:1;
+    unsigned int set;                 /* TBUCKET_SET_* bits.            */
 
     /* Filled in post_config (parent) and child_init (child). */
     const char *signature;            /* Identity of the client config. */
@@ -332,7 +346,19 @@ typedef struct tbucket_req {
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
 
-/* ---- mod_tbucket.c -------------------------------------------------- */
+/* ---- tbucket_client.c ---------------------------------------------- */
+
+/* post_config (parent): each server's client identity and pool size;
+ * one warning per Redis configuration with tls_verify=off. */
+void tbucket_clients_post_config(apr_pool_t *pconf, apr_pool_t *ptemp,
+                                 server_rec *main_s);
+
+/* child_init: one client per distinct Redis configuration, freed with
+ * pchild. */
+void tbucket_clients_child_init(apr_pool_t *pchild, server_rec *main_s);
+
+/* 1 once the child's pool is being destroyed: the child is exiting. */
+int tbucket_child_exiting(void);
 
 /* Log a breaker transition once, on the call that made it (a decision's
  * or a settlement's). */

@@ -7,98 +7,9 @@
  * functions, are tbucket_records.c's; what can only be judged once scopes
  * are merged is checked in tbucket_check.c.
  *
- * Server and virtual-host scope (a virtual host inherits what it does not
- * set):
- *
- *   TBucketRedis URL [timeout=MS] [connect_timeout=MS] [pool=N]
- *                [tls_ca=FILE] [tls_cert=FILE tls_key=FILE]
- *                [tls_server_name=NAME] [tls_verify=on|off]
- *       redis://[user:password@]host[:port][/db], rediss://... (TLS),
- *       unix:/path[?db=N], redis-sentinel://h[:p][,...]/MASTER[/db] or
- *       redis-cluster://h[:p][,...]; "?tls=on" after a sentinel or
- *       cluster URL speaks TLS to every sentinel and node. Default
- *       redis://127.0.0.1:6379, timeout 50 ms, connect timeout the same
- *       (it bounds connect and TLS handshake together), pool 1
- *       connection per child under prefork and 4 per child under
- *       threaded MPMs. With TLS: tls_ca the CA file (default the system
- *       store), tls_cert and tls_key a client certificate, tls_server_name
- *       the name the certificate must carry (default each connection's
- *       host), tls_verify=off no check at all (warned at startup). Files
- *       are read here, as root, once per configuration load; relative
- *       paths are under ServerRoot.
- *   TBucketFailurePolicy open|closed|local     (default open)
- *       What answers when Redis cannot: allow, refuse with 429, or decide
- *       on a bucket of capacity/N and rate/N kept in shared memory.
- *   TBucketReplicas N                          (default 1; the N above)
- *   TBucketBreaker threshold=N cooldown=DURATION  (default 5 and 10s)
- *   TBucketPrefix STRING                       (default "rl:")
- *   TBucketIPv6Prefix BITS                     (default 64)
- *       A client keyed by an IPv6 address is keyed by its first BITS
- *       bits: one subscriber holds a /64 (often a /56), and would
- *       otherwise get a new bucket with every address in it.
- *
- * Directory scope (<VirtualHost>, <Location>, <Directory>, <If>, and
- * .htaccess under AllowOverride Limit), merged from outer to inner:
- *
- *   TBucketEnable On|Off                       (default Off)
- *   TBucketKey EXPR
- *       An ap_expr string, e.g. "%{HTTP:X-API-Key}". Default and fallback
- *       for an empty result: the client IP (r->useragent_ip, so
- *       mod_remoteip applies). An IP key is kept in its own key space
- *       ("<prefix>ip:{IP}") so that no client can name another client's
- *       IP bucket through the key header. A key that mentions REMOTE_USER
- *       or AUTH_TYPE is evaluated after authentication.
- *   TBucketLimit CAPACITY RATE                 RATE: N/s, N/m, N/h or N
- *   TBucketCost N                              (default 1)
- *       Tokens each request takes from every bucket it passes.
- *   TBucketTenant KEY CAPACITY RATE            (repeatable)
- *       The main bucket's limit for the client whose key is KEY.
- *   TBucketRouteLimit NAME CAPACITY RATE       (repeatable)
- *       An extra bucket "<prefix>{key}:route:NAME", decided with the main
- *       bucket in the same Redis call: all are deducted or none is.
- *   TBucketMode enforce|shadow                 (default enforce)
- *   TBucketAlgorithm token-bucket|gcra|sliding-window|fixed-window|
- *                    sliding-log               (default token-bucket)
- *       TBucketLimit keeps one meaning: a long-run rate of RATE and a
- *       largest burst of CAPACITY. gcra spaces requests evenly;
- *       fixed-window and sliding-window allow CAPACITY per window of
- *       CAPACITY/RATE seconds (fixed: up to twice that around a window's
- *       edge; sliding: a weighted estimate); sliding-log is exact, keeps
- *       one entry per admitted token and needs a capacity up to 100000
- *       and a whole cost. Keys of the other algorithms carry a suffix
- *       (:gcra, :swin, :fwin, :slog). The local failure policy uses a
- *       token bucket for all of them.
- *   TBucketHeaders legacy|ietf|both|off        (default legacy)
- *   TBucketLease N [ttl=DURATION] | Off        (default Off, ttl 1s)
- *       One Redis call takes up to N tokens from the main bucket for the
- *       whole server (all children, shared memory); later requests spend
- *       them without asking Redis until they run out or the ttl passes.
- *       Unspent tokens expire. Needs one token bucket: refused with
- *       TBucketRouteLimit or another TBucketAlgorithm (ignored where
- *       apache2 -t cannot see it, in .htaccess).
- *   TBucketCostHeader NAME | Off               (default none)
- *       The response header NAME (or the request note "tbucket-cost")
- *       carries the request's real cost, a decimal from 0 to 1e9; the
- *       difference from the cost charged is settled on every bucket the
- *       request was charged to after the response, and the header never
- *       reaches the client (tbucket_settle.c). Token bucket and GCRA;
- *       the window algorithms keep what they charged.
- *   TBucketShards K                            (default 1, at most 64)
- *       Each key's buckets become K sub-buckets of capacity/K and rate/K
- *       at "<prefix>{<key> s<i>}", one chosen at random per request, so
- *       a hot key's load spreads over K Redis Cluster slots.
- *   TBucketConcurrency N [ttl=DURATION] | Off  (default Off, ttl 60s)
- *       At most N requests of one key in flight at once, across every
- *       server sharing the Redis: a slot in "<prefix>{<key>}:conc" is
- *       taken in the same Redis call as the buckets (all or nothing) and
- *       given back when the request ends, whatever the end; a slot never
- *       given back (the process died) expires ttl after it was taken.
- *       Works alone or with TBucketLimit; refused with TBucketShards or
- *       TBucketLease (ignored where apache2 -t cannot see it).
- *
- *   SetHandler tbucket-status
- *       The counters in the Prometheus text format, or with ?view=html as
- *       a page for a browser (tbucket_status.c).
+ * docs/reference.txt is the manual of every directive (the man page
+ * mod_tbucket(5) is made from it); the help string of each entry below
+ * is its one-line summary, with an example.
  */
 #include "apr_hash.h"
 #include "apr_lib.h"
@@ -171,6 +82,105 @@ static const char *parse_ms(cmd_parms *cmd, const char *what,
     }
     *out = (int)ms;
     return NULL;
+}
+
+/* ---- Scalars: one value, one field --------------------------------- */
+
+/* A directive that sets one int field of a record from one word, as
+ * httpd's ap_set_int_slot does: an enum's name, or an integer in range.
+ * The table entry's cmd->info points at one. */
+typedef struct tbucket_scalar {
+    apr_size_t off;                   /* The int field.                 */
+    unsigned int set;                 /* Server records: its bit.       */
+    const char *what;                 /* The value, in messages.        */
+    const char *const *names;         /* An enum's names, in enum order;
+                                       * NULL for an integer.           */
+    int64_t min, max;                 /* names: their count in max.     */
+    const char *expect;               /* A bad name: what is expected.  */
+} tbucket_scalar;
+
+static const char *const mode_names[] = { "enforce", "shadow" };
+static const char *const header_names[] = { "legacy", "ietf", "both",
+                                            "off" };
+
+static const tbucket_scalar sc_policy = {
+    APR_OFFSETOF(tbucket_srv_conf, policy), TBUCKET_SET_POLICY, "policy",
+    tb_policy_names, 0, TB_POLICY_COUNT, "expected open, closed or local"
+};
+static const tbucket_scalar sc_replicas = {
+    APR_OFFSETOF(tbucket_srv_conf, replicas), TBUCKET_SET_REPLICAS,
+    "replica count", NULL, 1, 100000, NULL
+};
+static const tbucket_scalar sc_ipv6 = {
+    APR_OFFSETOF(tbucket_srv_conf, ipv6_bits), TBUCKET_SET_IPV6,
+    "IPv6 prefix length", NULL, 1, 128, NULL
+};
+static const tbucket_scalar sc_shed_retry = {
+    APR_OFFSETOF(tbucket_srv_conf, shed_retry_s), TBUCKET_SET_SHED_RETRY,
+    "seconds", NULL, 1, 86400, NULL
+};
+static const tbucket_scalar sc_mode = {
+    APR_OFFSETOF(tbucket_dir_conf, shadow), 0, "mode", mode_names, 0, 2,
+    "expected enforce or shadow"
+};
+static const tbucket_scalar sc_algorithm = {
+    APR_OFFSETOF(tbucket_dir_conf, algo), 0, "algorithm", tb_algo_names, 0,
+    TB_ALGO_COUNT, "expected token-bucket, gcra, sliding-window, "
+    "fixed-window or sliding-log"
+};
+static const tbucket_scalar sc_headers = {
+    APR_OFFSETOF(tbucket_dir_conf, headers), 0, "header style",
+    header_names, 0, 4, "expected legacy, ietf, both or off"
+};
+static const tbucket_scalar sc_shards = {
+    APR_OFFSETOF(tbucket_dir_conf, shards), 0, "shard count", NULL, 1,
+    TB_MAX_SHARDS, NULL
+};
+static const tbucket_scalar sc_priority = {
+    APR_OFFSETOF(tbucket_dir_conf, priority), 0, "priority",
+    tbucket_priority_names, 0, TBUCKET_PRIOS,
+    "expected critical, high, normal or low"
+};
+
+/* Store d's value of arg in the record rec, or say what is wrong. */
+static const char *scalar_store(cmd_parms *cmd, const tbucket_scalar *d,
+                                void *rec, const char *arg)
+{
+    char err[128];
+    int64_t n;
+
+    if (d->names) {
+        n = tb_name_index(d->names, (int)d->max, arg, 1);
+        if (n < 0) {
+            return bad_value(cmd, d->what, arg, d->expect);
+        }
+    }
+    else if (tb_parse_int(arg, d->min, d->max, &n, err, sizeof(err))
+             != TB_OK) {
+        return bad_value(cmd, d->what, arg, err);
+    }
+    *(int *)((char *)rec + d->off) = (int)n;
+    return NULL;
+}
+
+static const char *set_srv_scalar(cmd_parms *cmd, void *dummy,
+                                  const char *arg)
+{
+    const tbucket_scalar *d = cmd->info;
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    const char *msg = scalar_store(cmd, d, sc, arg);
+
+    (void)dummy;
+    if (!msg) {
+        sc->set |= d->set;
+    }
+    return msg;
+}
+
+static const char *set_dir_scalar(cmd_parms *cmd, void *dcv,
+                                  const char *arg)
+{
+    return scalar_store(cmd, cmd->info, dcv, arg);
 }
 
 static apr_status_t tls_cleanup(void *ctx)
@@ -257,7 +267,7 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
         return bad_value(cmd, "URL", redact_raw(cmd->temp_pool, url), err);
     }
     sc->url = apr_pstrdup(cmd->pool, url);
-    sc->url_set = 1;
+    sc->set |= TBUCKET_SET_URL;
     /* The TLS settings belong to this line's URL alone. */
     memset(&sc->tls, 0, sizeof(sc->tls));
     sc->tls_ctx = NULL;
@@ -273,14 +283,14 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
             if ((msg = parse_ms(cmd, "timeout", value, &sc->timeout_ms))) {
                 return msg;
             }
-            sc->timeout_set = 1;
+            sc->set |= TBUCKET_SET_TIMEOUT;
         }
         else if (name && !strcmp(name, "connect_timeout")) {
             if ((msg = parse_ms(cmd, "connect_timeout", value,
                                 &sc->connect_timeout_ms))) {
                 return msg;
             }
-            sc->connect_timeout_set = 1;
+            sc->set |= TBUCKET_SET_CONNECT_TIMEOUT;
         }
         else if (name && !strcmp(name, "pool")) {
             if (tb_parse_int(value, 1, 1024, &n, err, sizeof(err))
@@ -288,7 +298,7 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
                 return bad_value(cmd, "pool", value, err);
             }
             sc->pool_size = (int)n;
-            sc->pool_set = 1;
+            sc->set |= TBUCKET_SET_POOL;
         }
         else {
             return apr_psprintf(cmd->pool, "TBucketRedis: unknown option "
@@ -302,50 +312,8 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
     return make_tls(cmd, sc, &addr);
 }
 
-static const char *set_policy(cmd_parms *cmd, void *dummy, const char *arg)
-{
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
 
-    (void)dummy;
-    if (tb_policy_parse(arg, &sc->policy) != TB_OK) {
-        return bad_value(cmd, "policy", arg,
-                         "expected open, closed or local");
-    }
-    sc->policy_set = 1;
-    return NULL;
-}
 
-static const char *set_replicas(cmd_parms *cmd, void *dummy,
-                                const char *arg)
-{
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
-    char err[128];
-    int64_t n;
-
-    (void)dummy;
-    if (tb_parse_int(arg, 1, 100000, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "replica count", arg, err);
-    }
-    sc->replicas = (int)n;
-    sc->replicas_set = 1;
-    return NULL;
-}
-
-static const char *set_ipv6_prefix(cmd_parms *cmd, void *dummy,
-                                   const char *arg)
-{
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
-    char err[128];
-    int64_t n;
-
-    (void)dummy;
-    if (tb_parse_int(arg, 1, 128, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "IPv6 prefix length", arg, err);
-    }
-    sc->ipv6_bits = (int)n;
-    sc->ipv6_set = 1;
-    return NULL;
-}
 
 static const char *set_breaker(cmd_parms *cmd, void *dummy,
                                const char *args)
@@ -366,7 +334,7 @@ static const char *set_breaker(cmd_parms *cmd, void *dummy,
                 return bad_value(cmd, "threshold", value, err);
             }
             sc->breaker_threshold = (int)n;
-            sc->threshold_set = 1;
+            sc->set |= TBUCKET_SET_THRESHOLD;
         }
         else if (name && !strcmp(name, "cooldown")) {
             if (tb_parse_duration_ms(value, &n, err, sizeof(err)) != TB_OK) {
@@ -376,7 +344,7 @@ static const char *set_breaker(cmd_parms *cmd, void *dummy,
                 return bad_value(cmd, "cooldown", value, "must be > 0");
             }
             sc->breaker_cooldown_ms = n;
-            sc->cooldown_set = 1;
+            sc->set |= TBUCKET_SET_COOLDOWN;
         }
         else {
             return apr_psprintf(cmd->pool, "TBucketBreaker: unknown option "
@@ -406,7 +374,7 @@ static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
     }
     sc->prefix = apr_pstrdup(cmd->pool, arg);
     sc->ip_prefix = apr_pstrcat(cmd->pool, arg, "ip:", NULL);
-    sc->prefix_set = 1;
+    sc->set |= TBUCKET_SET_PREFIX;
     return NULL;
 }
 
@@ -571,63 +539,23 @@ static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
     return NULL;
 }
 
-static const char *set_mode(cmd_parms *cmd, void *dcv, const char *arg)
-{
-    tbucket_dir_conf *dc = dcv;
 
-    if (!strcasecmp(arg, "enforce")) {
-        dc->shadow = 0;
-    }
-    else if (!strcasecmp(arg, "shadow")) {
-        dc->shadow = 1;
-    }
-    else {
-        return bad_value(cmd, "mode", arg, "expected enforce or shadow");
-    }
-    return NULL;
-}
 
-static const char *set_algorithm(cmd_parms *cmd, void *dcv,
-                                 const char *arg)
-{
-    tbucket_dir_conf *dc = dcv;
-    tb_algo_t a;
-
-    if (tb_algo_parse(arg, &a) != TB_OK) {
-        return bad_value(cmd, "algorithm", arg,
-                         "expected token-bucket, gcra, sliding-window, "
-                         "fixed-window or sliding-log");
-    }
-    dc->algo = (int)a;
-    return NULL;
-}
-
-static const char *set_header_style(cmd_parms *cmd, void *dcv,
-                                    const char *arg)
-{
-    static const char *const names[] = { "legacy", "ietf", "both", "off" };
-    tbucket_dir_conf *dc = dcv;
-    int i;
-
-    for (i = 0; i < 4; i++) {
-        if (!strcasecmp(arg, names[i])) {
-            dc->headers = i;
-            return NULL;
-        }
-    }
-    return bad_value(cmd, "header style", arg,
-                     "expected legacy, ietf, both or off");
-}
 
 /* "N [ttl=DURATION] | Off", the form TBucketLease and TBucketConcurrency
- * share. *n gets 0 for Off, else N in 1..max_n (`what` names it in a
- * message); *ttl_ms the ttl, 1..max_ttl_ms (ttl_why says so when it is
- * not), or dflt_ttl_ms; usage answers an empty line. */
+ * share: N in 1..max_n, the ttl in 1..max_ttl_ms. */
+typedef struct tbucket_n_ttl {
+    const char *usage;                /* The answer to an empty line.   */
+    const char *what;                 /* N, in messages.                */
+    int64_t max_n;
+    int dflt_ttl_ms;
+    int64_t max_ttl_ms;
+    const char *ttl_why;              /* A ttl out of range.            */
+} tbucket_n_ttl;
+
+/* *n gets 0 for Off, else N; *ttl_ms the ttl, or the default. */
 static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
-                               const char *usage, const char *what,
-                               int64_t max_n, int dflt_ttl_ms,
-                               int64_t max_ttl_ms, const char *ttl_why,
-                               int *n, int *ttl_ms)
+                               const tbucket_n_ttl *f, int *n, int *ttl_ms)
 {
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
     const char *word, *value;
@@ -635,16 +563,16 @@ static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
     int64_t v, ms;
 
     if (!*n_arg) {
-        return usage;
+        return f->usage;
     }
-    *ttl_ms = dflt_ttl_ms;
+    *ttl_ms = f->dflt_ttl_ms;
     if (!strcasecmp(n_arg, "off")) {
         *n = 0;
         return *args ? apr_psprintf(cmd->pool, "%s: Off takes no options",
                                     cmd->cmd->name) : NULL;
     }
-    if (tb_parse_int(n_arg, 1, max_n, &v, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, what, n_arg, err);
+    if (tb_parse_int(n_arg, 1, f->max_n, &v, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, f->what, n_arg, err);
     }
     *n = (int)v;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
@@ -658,8 +586,8 @@ static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
         if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
             return bad_value(cmd, "ttl", value, err);
         }
-        if (ms < 1 || ms > max_ttl_ms) {
-            return bad_value(cmd, "ttl", value, ttl_why);
+        if (ms < 1 || ms > f->max_ttl_ms) {
+            return bad_value(cmd, "ttl", value, f->ttl_why);
         }
         *ttl_ms = (int)ms;
     }
@@ -667,28 +595,20 @@ static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
 }
 
 /* TBucketLease N [ttl=DURATION] | Off. */
+static const tbucket_n_ttl lease_form = {
+    "TBucketLease: expected the tokens per lease, e.g. TBucketLease 20 "
+    "ttl=1s (or Off)", "lease size", 1000000, 1000, 60000,
+    "must be 1ms..60s"
+};
+
 static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
 {
     tbucket_dir_conf *dc = dcv;
 
-    return parse_n_ttl(cmd, args, "TBucketLease: expected the tokens per "
-                       "lease, e.g. TBucketLease 20 ttl=1s (or Off)",
-                       "lease size", 1000000, 1000, 60000,
-                       "must be 1ms..60s", &dc->lease, &dc->lease_ttl_ms);
+    return parse_n_ttl(cmd, args, &lease_form, &dc->lease,
+                       &dc->lease_ttl_ms);
 }
 
-static const char *set_shards(cmd_parms *cmd, void *dcv, const char *arg)
-{
-    tbucket_dir_conf *dc = dcv;
-    char err[128];
-    int64_t n;
-
-    if (tb_parse_int(arg, 1, TB_MAX_SHARDS, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "shard count", arg, err);
-    }
-    dc->shards = (int)n;
-    return NULL;
-}
 
 /* TBucketCostHeader NAME | Off: NAME is an HTTP field name (a token). */
 static const char *set_cost_header(cmd_parms *cmd, void *dcv,
@@ -716,16 +636,18 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
 }
 
 /* TBucketConcurrency N [ttl=DURATION] | Off. */
+static const tbucket_n_ttl concurrency_form = {
+    "TBucketConcurrency: expected the requests in flight per key, e.g. "
+    "TBucketConcurrency 4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
+    TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS, "must be more than 0"
+};
+
 static const char *set_concurrency(cmd_parms *cmd, void *dcv,
                                    const char *args)
 {
     tbucket_dir_conf *dc = dcv;
 
-    return parse_n_ttl(cmd, args, "TBucketConcurrency: expected the "
-                       "requests in flight per key, e.g. TBucketConcurrency "
-                       "4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
-                       TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS,
-                       "must be more than 0", &dc->concurrency,
+    return parse_n_ttl(cmd, args, &concurrency_form, &dc->concurrency,
                        &dc->concurrency_ttl_ms);
 }
 
@@ -756,18 +678,6 @@ static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
     return NULL;
 }
 
-/* The priority names, least important first (tbucket_priority). */
-static int priority_parse(const char *s)
-{
-    int i;
-
-    for (i = 0; i < TBUCKET_PRIOS; i++) {
-        if (!strcasecmp(s, tbucket_priority_names[i])) {
-            return i;
-        }
-    }
-    return -1;
-}
 
 /* TBucketPriority critical|high|normal|low. In .htaccess it may only
  * lower a request's priority: whoever writes an .htaccess file (a
@@ -777,15 +687,10 @@ static int priority_parse(const char *s)
 static const char *set_priority(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
-    int p = priority_parse(arg);
+    const char *msg = scalar_store(cmd, &sc_priority, dc, arg);
 
-    if (p < 0) {
-        return bad_value(cmd, "priority", arg,
-                         "expected critical, high, normal or low");
-    }
-    dc->priority = p;
     dc->prio_lowered = ap_check_cmd_context(cmd, NOT_IN_HTACCESS) != NULL;
-    return NULL;
+    return msg;
 }
 
 /* TBucketShed low=P normal=P high=P | Off: P the busy share, 1..100 %,
@@ -801,7 +706,8 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
     (void)dummy;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         const char *name = split_opt(cmd->temp_pool, word, &value);
-        int p = name ? priority_parse(name) : -1;
+        int p = name ? tb_name_index(tbucket_priority_names, TBUCKET_PRIOS,
+                                     name, 1) : -1;
 
         if (!strcasecmp(word, "off") && !seen && !*args) {
             seen = -1;
@@ -838,25 +744,10 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
             sc->shed_min = pct[i];
         }
     }
-    sc->shed_set = 1;
+    sc->set |= TBUCKET_SET_SHED;
     return NULL;
 }
 
-static const char *set_shed_retry(cmd_parms *cmd, void *dummy,
-                                  const char *arg)
-{
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
-    char err[128];
-    int64_t n;
-
-    (void)dummy;
-    if (tb_parse_int(arg, 1, 86400, &n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "seconds", arg, err);
-    }
-    sc->shed_retry_s = (int)n;
-    sc->shed_retry_set = 1;
-    return NULL;
-}
 
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
@@ -865,15 +756,15 @@ const command_rec tbucket_cmds[] = {
                      "Redis URL and options, e.g. redis://127.0.0.1:6379 "
                      "timeout=50 connect_timeout=100 pool=4, or "
                      "rediss://redis.example:6380 tls_ca=/etc/ssl/ca.pem"),
-    AP_INIT_TAKE1("TBucketFailurePolicy", set_policy, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("TBucketFailurePolicy", set_srv_scalar, (void *)&sc_policy, RSRC_CONF,
                   "What decides when Redis cannot: open, closed or local"),
-    AP_INIT_TAKE1("TBucketReplicas", set_replicas, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("TBucketReplicas", set_srv_scalar, (void *)&sc_replicas, RSRC_CONF,
                   "Replicas sharing the limit, for the local policy, e.g. 3"),
     AP_INIT_RAW_ARGS("TBucketBreaker", set_breaker, NULL, RSRC_CONF,
                      "Circuit breaker, e.g. threshold=5 cooldown=10s"),
     AP_INIT_TAKE1("TBucketPrefix", set_prefix, NULL, RSRC_CONF,
                   "Redis key prefix, e.g. rl:"),
-    AP_INIT_TAKE1("TBucketIPv6Prefix", set_ipv6_prefix, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("TBucketIPv6Prefix", set_srv_scalar, (void *)&sc_ipv6, RSRC_CONF,
                   "Bits of an IPv6 client address that key its bucket, "
                   "1..128 (default 64: one subscriber's network)"),
     AP_INIT_FLAG("TBucketEnable", ap_set_flag_slot,
@@ -889,13 +780,13 @@ const command_rec tbucket_cmds[] = {
                   "A tenant's own limit, e.g. key-123 1000 100/s"),
     AP_INIT_TAKE3("TBucketRouteLimit", set_route, NULL, DIR_SCOPE,
                   "An extra bucket for this scope, e.g. export 5 1/m"),
-    AP_INIT_TAKE1("TBucketMode", set_mode, NULL, DIR_SCOPE,
+    AP_INIT_TAKE1("TBucketMode", set_dir_scalar, (void *)&sc_mode, DIR_SCOPE,
                   "enforce, or shadow to decide and count without "
                   "rejecting"),
-    AP_INIT_TAKE1("TBucketAlgorithm", set_algorithm, NULL, DIR_SCOPE,
+    AP_INIT_TAKE1("TBucketAlgorithm", set_dir_scalar, (void *)&sc_algorithm, DIR_SCOPE,
                   "token-bucket (default), gcra, sliding-window, "
                   "fixed-window or sliding-log"),
-    AP_INIT_TAKE1("TBucketHeaders", set_header_style, NULL, DIR_SCOPE,
+    AP_INIT_TAKE1("TBucketHeaders", set_dir_scalar, (void *)&sc_headers, DIR_SCOPE,
                   "Response headers: legacy, ietf, both or off"),
     AP_INIT_RAW_ARGS("TBucketLease", set_lease, NULL, DIR_SCOPE,
                      "Tokens taken per Redis call and spent locally, e.g. "
@@ -903,7 +794,7 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_TAKE1("TBucketCostHeader", set_cost_header, NULL, DIR_SCOPE,
                   "Response header carrying the real cost to settle, e.g. "
                   "X-Request-Cost, or Off"),
-    AP_INIT_TAKE1("TBucketShards", set_shards, NULL, DIR_SCOPE,
+    AP_INIT_TAKE1("TBucketShards", set_dir_scalar, (void *)&sc_shards, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
     AP_INIT_RAW_ARGS("TBucketConcurrency", set_concurrency, NULL, DIR_SCOPE,
                      "Requests of one key in flight at once, e.g. 4 "
@@ -918,7 +809,8 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketShed", set_shed, NULL, RSRC_CONF,
                      "Shed requests by priority at these shares of busy "
                      "workers, e.g. low=50 normal=80 high=95, or Off"),
-    AP_INIT_TAKE1("TBucketShedRetryAfter", set_shed_retry, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("TBucketShedRetryAfter", set_srv_scalar,
+                  (void *)&sc_shed_retry, RSRC_CONF,
                   "Retry-After of a shed or locally refused request, in "
                   "seconds, e.g. 2 (default 1)"),
     { NULL }

@@ -46,28 +46,27 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     const tbucket_srv_conf *base = basev, *add = addv;
     tbucket_srv_conf *m = apr_pcalloc(p, sizeof(*m));
 
-#define TAKE(field, flag)                                    \
-    do {                                                     \
-        m->field = add->flag ? add->field : base->field;     \
-        m->flag = add->flag | base->flag;                    \
-    } while (0)
-    TAKE(url, url_set);
-    TAKE(timeout_ms, timeout_set);
-    TAKE(connect_timeout_ms, connect_timeout_set);
-    TAKE(pool_size, pool_set);
-    TAKE(policy, policy_set);
-    TAKE(replicas, replicas_set);
-    TAKE(breaker_threshold, threshold_set);
-    TAKE(breaker_cooldown_ms, cooldown_set);
-    TAKE(prefix, prefix_set);
-    TAKE(ip_prefix, prefix_set);
-    TAKE(ipv6_bits, ipv6_set);
-    TAKE(tls, url_set);
-    TAKE(tls_ctx, url_set);
-    TAKE(shed_min, shed_set);
-    TAKE(shed_retry_s, shed_retry_set);
+#define TAKE(field, bit) \
+    (m->field = (add->set & (bit)) ? add->field : base->field)
+    TAKE(url, TBUCKET_SET_URL);
+    TAKE(timeout_ms, TBUCKET_SET_TIMEOUT);
+    TAKE(connect_timeout_ms, TBUCKET_SET_CONNECT_TIMEOUT);
+    TAKE(pool_size, TBUCKET_SET_POOL);
+    TAKE(policy, TBUCKET_SET_POLICY);
+    TAKE(replicas, TBUCKET_SET_REPLICAS);
+    TAKE(breaker_threshold, TBUCKET_SET_THRESHOLD);
+    TAKE(breaker_cooldown_ms, TBUCKET_SET_COOLDOWN);
+    TAKE(prefix, TBUCKET_SET_PREFIX);
+    TAKE(ip_prefix, TBUCKET_SET_PREFIX);
+    TAKE(ipv6_bits, TBUCKET_SET_IPV6);
+    TAKE(tls, TBUCKET_SET_URL);
+    TAKE(tls_ctx, TBUCKET_SET_URL);
+    TAKE(shed_min, TBUCKET_SET_SHED);
+    TAKE(shed_retry_s, TBUCKET_SET_SHED_RETRY);
 #undef TAKE
-    memcpy(m->shed_pct, add->shed_set ? add->shed_pct : base->shed_pct,
+    m->set = add->set | base->set;
+    memcpy(m->shed_pct, (add->set & TBUCKET_SET_SHED) ? add->shed_pct
+                                                      : base->shed_pct,
            sizeof(m->shed_pct));
     m->vhost_slot = -1;
     m->client_slot = -1;
@@ -86,7 +85,7 @@ void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
     }
     o->breaker_threshold = sc->breaker_threshold;
     o->breaker_cooldown_ms = sc->breaker_cooldown_ms;
-    o->policy = sc->policy;
+    o->policy = (tb_policy_t)sc->policy;
     o->replicas = sc->replicas;
     o->tls = sc->tls;
     o->tls_ctx = sc->tls_ctx;

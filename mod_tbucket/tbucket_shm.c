@@ -295,7 +295,7 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
             tb_url_redact(&addr, redacted, sizeof(redacted));
         }
         sc->client_slot = client_slot(seg, redacted,
-                                      tb_policy_name(sc->policy));
+                                      tb_policy_name((tb_policy_t)sc->policy));
     }
     return OK;
 }

@@ -38,25 +38,6 @@ static tbucket_family *fam_add(tbucket_metrics *t, const char *name,
     return f;
 }
 
-tbucket_labels tbucket_labels_with(const tbucket_labels *base,
-                                   const char *name, const char *value)
-{
-    tbucket_labels l;
-
-    if (base) {
-        l = *base;
-    }
-    else {
-        memset(&l, 0, sizeof(l));
-    }
-    if (l.n < TBUCKET_MAX_LABELS) {
-        l.name[l.n] = name;
-        l.value[l.n] = value;
-        l.n++;
-    }
-    return l;
-}
-
 static void add(tbucket_family *f, const char *suffix,
                 const tbucket_labels *l, uint64_t v)
 {
@@ -93,13 +74,25 @@ static void collect_vhost_counter(tbucket_metrics *t,
 
 /* One counter array of tbucket_vhost_stats per virtual host, a sample
  * per element labelled label=names[k]; field is the array's offset. */
+/* A counter family made of one array of tbucket_vhost_stats. */
+typedef struct vhost_array {
+    const char *name;
+    const char *help;
+    const char *label;                /* The label naming an element.   */
+    const char *const *names;         /* Its values, in element order.  */
+    int n;
+    apr_size_t field;                 /* The array's offset.            */
+} vhost_array;
+
 static void collect_vhost_array(tbucket_metrics *t,
                                 const tbucket_shm_view *seg,
-                                const char *name, const char *help,
-                                const char *label, const char *const *names,
-                                int n, apr_size_t field)
+                                const vhost_array *a)
 {
-    tbucket_family *f = fam_add(t, name, "counter", help);
+    const char *label = a->label;
+    const char *const *names = a->names;
+    apr_size_t field = a->field;
+    int n = a->n;
+    tbucket_family *f = fam_add(t, a->name, "counter", a->help);
     tbucket_labels l, vh;
     uint32_t i;
     int k;
@@ -125,20 +118,32 @@ static void collect_limits(tbucket_metrics *t, const tbucket_shm_view *seg)
     tbucket_labels l;
     uint32_t i;
 
-    collect_vhost_array(t, seg, "tbucket_refusals_total",
-                        "Requests refused (or, in shadow mode, that would "
-                        "have been) by a limit, by the kind of limit that "
-                        "refused; the closed policy's refusals are not "
-                        "counted here.", "limit", tbucket_limit_names,
-                        TBUCKET_LIMIT_KINDS,
-                        APR_OFFSETOF(tbucket_vhost_stats, refused));
-    collect_vhost_array(t, seg, "tbucket_concurrency_slots_total",
-                        "Concurrency slots (TBucketConcurrency): taken, "
-                        "refused, released when the request ended, and "
-                        "releases Redis did not get (those slots expire by "
-                        "their ttl).", "event", tbucket_slot_event_names,
-                        TBUCKET_SLOT_EVENTS,
-                        APR_OFFSETOF(tbucket_vhost_stats, slot_event));
+    {
+        static const vhost_array a = {
+            "tbucket_refusals_total",
+            "Requests refused (or, in shadow mode, that would "
+            "have been) by a limit, by the kind of limit that "
+            "refused; the closed policy's refusals are not "
+            "counted here.", "limit", tbucket_limit_names,
+            TBUCKET_LIMIT_KINDS,
+            APR_OFFSETOF(tbucket_vhost_stats, refused)
+        };
+
+        collect_vhost_array(t, seg, &a);
+    }
+    {
+        static const vhost_array a = {
+            "tbucket_concurrency_slots_total",
+            "Concurrency slots (TBucketConcurrency): taken, "
+            "refused, released when the request ended, and "
+            "releases Redis did not get (those slots expire by "
+            "their ttl).", "event", tbucket_slot_event_names,
+            TBUCKET_SLOT_EVENTS,
+            APR_OFFSETOF(tbucket_vhost_stats, slot_event)
+        };
+
+        collect_vhost_array(t, seg, &a);
+    }
     f = fam_add(t, "tbucket_concurrency_in_flight", "gauge",
                 "Concurrency slots this server holds now: requests in "
                 "flight that took one.");
@@ -469,7 +474,7 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
                                                     &tbucket_module);
 
         if (sc->vhost_slot < 0 || (uint32_t)sc->vhost_slot >= seg->nvhosts
-            || !sc->shed_min || (s != ap_server_conf && !sc->shed_set)) {
+            || !sc->shed_min || (s != ap_server_conf && !(sc->set & TBUCKET_SET_SHED))) {
             continue;
         }
         vh = tbucket_labels_with(NULL, "vhost",
@@ -482,16 +487,28 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
             }
         }
     }
-    collect_vhost_array(t, seg, "tbucket_shed_total", "Requests shed "
-                        "(503) because the server was busy, by their "
-                        "priority.", "priority", tbucket_priority_names,
-                        TBUCKET_PRIOS,
-                        APR_OFFSETOF(tbucket_vhost_stats, shed));
-    collect_vhost_array(t, seg, "tbucket_local_refusals_total", "Requests "
-                        "refused (503) because a local scope had no place "
-                        "left, by their priority.", "priority",
-                        tbucket_priority_names, TBUCKET_PRIOS,
-                        APR_OFFSETOF(tbucket_vhost_stats, local_refused));
+    {
+        static const vhost_array a = {
+            "tbucket_shed_total", "Requests shed "
+            "(503) because the server was busy, by their "
+            "priority.", "priority", tbucket_priority_names,
+            TBUCKET_PRIOS,
+            APR_OFFSETOF(tbucket_vhost_stats, shed)
+        };
+
+        collect_vhost_array(t, seg, &a);
+    }
+    {
+        static const vhost_array a = {
+            "tbucket_local_refusals_total", "Requests "
+            "refused (503) because a local scope had no place "
+            "left, by their priority.", "priority",
+            tbucket_priority_names, TBUCKET_PRIOS,
+            APR_OFFSETOF(tbucket_vhost_stats, local_refused)
+        };
+
+        collect_vhost_array(t, seg, &a);
+    }
     {
         static const char *const names[4] = {
             "tbucket_local_in_flight", "tbucket_local_limit",
@@ -557,56 +574,6 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg)
 }
 
 /* ---- The Prometheus text view -------------------------------------- */
-
-/* A label value with \, " and newline escaped as the format requires. */
-static const char *esc(apr_pool_t *p, const char *s)
-{
-    apr_size_t n = 0;
-    const char *q;
-    char *out, *o;
-
-    for (q = s; *q; q++) {
-        n += (*q == '\\' || *q == '"' || *q == '\n') ? 2 : 1;
-    }
-    o = out = apr_palloc(p, n + 1);
-    for (q = s; *q; q++) {
-        if (*q == '\\' || *q == '"') {
-            *o++ = '\\';
-            *o++ = *q;
-        }
-        else if (*q == '\n') {
-            *o++ = '\\';
-            *o++ = 'n';
-        }
-        else {
-            *o++ = *q;
-        }
-    }
-    *o = '\0';
-    return out;
-}
-
-const char *tbucket_prom_labels(apr_pool_t *p, const tbucket_labels *l)
-{
-    const char *out = "";
-    int i;
-
-    for (i = 0; i < l->n; i++) {
-        out = apr_pstrcat(p, out, i ? "," : "", l->name[i], "=\"",
-                          esc(p, l->value[i]), "\"", NULL);
-    }
-    return out;
-}
-
-const char *tbucket_sample_text(apr_pool_t *p, const tbucket_sample *s)
-{
-    if (s->micro) {
-        return apr_psprintf(p, "%" APR_UINT64_T_FMT ".%06u",
-                            (apr_uint64_t)(s->value / 1000000),
-                            (unsigned)(s->value % 1000000));
-    }
-    return apr_psprintf(p, "%" APR_UINT64_T_FMT, (apr_uint64_t)s->value);
-}
 
 static void render_text(request_rec *r, const tbucket_metrics *t)
 {

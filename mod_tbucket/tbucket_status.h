@@ -6,8 +6,9 @@
  * stored raw; each renderer escapes them for its own format, so a vhost
  * name is escaped once for Prometheus and once for HTML and never twice.
  * The figures of the two views cannot drift because neither reads the
- * segment. tbucket_status.c prints the Prometheus text and
- * tbucket_status_html.c the HTML view; only these two include this.
+ * segment. tbucket_status.c builds it and prints the Prometheus text and
+ * JSON views, tbucket_status_html.c the HTML view, and tbucket_metrics.c
+ * holds what both need of a sample; only these three include this.
  */
 #ifndef TBUCKET_STATUS_H
 #define TBUCKET_STATUS_H

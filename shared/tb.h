@@ -62,6 +62,13 @@ extern "C" {
 /* Human-readable name of an error kind ("io", "timeout", ...). */
 const char *tb_err_name(int err);
 
+/* Name tables: names[] holds the names of an enum's n values in enum
+ * order. tb_name_index gives the value named s (ignoring case when nocase
+ * is 1), or -1; tb_name_at the name of value i, or "unknown". */
+int tb_name_index(const char *const *names, int n, const char *s,
+                  int nocase);
+const char *tb_name_at(const char *const *names, int n, int i);
+
 /* ==== Time =========================================================== */
 
 /* Monotonic time in microseconds, as redis's monotime. */
@@ -197,6 +204,8 @@ typedef enum {
 int tb_algo_parse(const char *s, tb_algo_t *a);
 /* The name tb_algo_parse() accepts, or "unknown". */
 const char *tb_algo_name(tb_algo_t a);
+/* The names, in tb_algo_t order. */
+extern const char *const tb_algo_names[TB_ALGO_COUNT];
 /* The Redis key suffix of an algorithm ("" for the token bucket). */
 const char *tb_algo_key_suffix(tb_algo_t a);
 
@@ -525,6 +534,10 @@ typedef enum {
     TB_POLICY_CLOSED = 1, /* Reject when Redis cannot decide.           */
     TB_POLICY_LOCAL = 2   /* Decide on a local bucket of limit/replicas.*/
 } tb_policy_t;
+
+#define TB_POLICY_COUNT 3
+/* The names, in tb_policy_t order. */
+extern const char *const tb_policy_names[TB_POLICY_COUNT];
 
 /* Parse "open" | "closed" | "local". */
 int tb_policy_parse(const char *s, tb_policy_t *p);

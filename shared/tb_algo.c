@@ -9,7 +9,7 @@
 
 #include "tb_algo_int.h"
 
-static const char *const names[TB_ALGO_COUNT] = {
+const char *const tb_algo_names[TB_ALGO_COUNT] = {
     "token-bucket", "gcra", "sliding-window", "fixed-window", "sliding-log"
 };
 
@@ -20,23 +20,18 @@ static const char *const suffixes[TB_ALGO_COUNT] = {
 
 int tb_algo_parse(const char *s, tb_algo_t *a)
 {
-    int i;
+    int i = tb_name_index(tb_algo_names, TB_ALGO_COUNT, s, 0);
 
-    if (!s || !a) {
+    if (i < 0 || !a) {
         return TB_ERR;
     }
-    for (i = 0; i < TB_ALGO_COUNT; i++) {
-        if (strcmp(s, names[i]) == 0) {
-            *a = (tb_algo_t)i;
-            return TB_OK;
-        }
-    }
-    return TB_ERR;
+    *a = (tb_algo_t)i;
+    return TB_OK;
 }
 
 const char *tb_algo_name(tb_algo_t a)
 {
-    return (unsigned)a < TB_ALGO_COUNT ? names[a] : "unknown";
+    return tb_name_at(tb_algo_names, TB_ALGO_COUNT, (int)a);
 }
 
 const char *tb_algo_key_suffix(tb_algo_t a)

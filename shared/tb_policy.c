@@ -14,34 +14,24 @@
 
 #include "tb_int.h"
 
+const char *const tb_policy_names[TB_POLICY_COUNT] = {
+    "open", "closed", "local"
+};
+
 int tb_policy_parse(const char *s, tb_policy_t *p)
 {
-    if (!s) {
+    int i = tb_name_index(tb_policy_names, TB_POLICY_COUNT, s, 0);
+
+    if (i < 0 || !p) {
         return TB_ERR;
     }
-    if (strcmp(s, "open") == 0) {
-        *p = TB_POLICY_OPEN;
-    }
-    else if (strcmp(s, "closed") == 0) {
-        *p = TB_POLICY_CLOSED;
-    }
-    else if (strcmp(s, "local") == 0) {
-        *p = TB_POLICY_LOCAL;
-    }
-    else {
-        return TB_ERR;
-    }
+    *p = (tb_policy_t)i;
     return TB_OK;
 }
 
 const char *tb_policy_name(tb_policy_t p)
 {
-    switch (p) {
-    case TB_POLICY_OPEN: return "open";
-    case TB_POLICY_CLOSED: return "closed";
-    case TB_POLICY_LOCAL: return "local";
-    }
-    return "unknown";
+    return tb_name_at(tb_policy_names, TB_POLICY_COUNT, (int)p);
 }
 
 /* The local policy's window of slot counts: half the ttl, so that a

@@ -150,6 +150,11 @@ def figures(page):
     return p
 
 
+# Gauges of the moment: two scrapes a few milliseconds apart may differ
+# (the other scrape's worker may still be busy logging).
+MOMENTARY = ("tbucket_workers_busy",)
+
+
 def assert_same_figures(html_page, text_page):
     """Each figure of the HTML equals its Prometheus sample, and each
     Prometheus sample is somewhere in the HTML."""
@@ -157,6 +162,8 @@ def assert_same_figures(html_page, text_page):
     got = figures(html_page).figures
     for key, values in got.items():
         assert key in samples, "HTML figure not in the text view: " + key
+        if key.split("{")[0] in MOMENTARY:
+            continue
         for v in values:
             assert v == samples[key], (key, v, samples[key])
     missing = sorted(set(samples) - set(got))

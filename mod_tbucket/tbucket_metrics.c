@@ -1,0 +1,82 @@
+/* tbucket_metrics.c -- the status page's table of metrics: labels and
+ * how a sample's value and labels are written.
+ *
+ * tbucket_status.c builds the table and prints its text and JSON views,
+ * tbucket_status_html.c its HTML view; what both need of a sample lives
+ * here, below both, so that neither calls the other's helpers.
+ */
+#include "apr_strings.h"
+
+#include "httpd.h"
+
+#include "mod_tbucket.h"
+#include "tbucket_status.h"
+
+tbucket_labels tbucket_labels_with(const tbucket_labels *base,
+                                   const char *name, const char *value)
+{
+    tbucket_labels l;
+
+    if (base) {
+        l = *base;
+    }
+    else {
+        memset(&l, 0, sizeof(l));
+    }
+    if (l.n < TBUCKET_MAX_LABELS) {
+        l.name[l.n] = name;
+        l.value[l.n] = value;
+        l.n++;
+    }
+    return l;
+}
+
+/* A label value with \, " and newline escaped as the format requires. */
+static const char *esc(apr_pool_t *p, const char *s)
+{
+    apr_size_t n = 0;
+    const char *q;
+    char *out, *o;
+
+    for (q = s; *q; q++) {
+        n += (*q == '\\' || *q == '"' || *q == '\n') ? 2 : 1;
+    }
+    o = out = apr_palloc(p, n + 1);
+    for (q = s; *q; q++) {
+        if (*q == '\\' || *q == '"') {
+            *o++ = '\\';
+            *o++ = *q;
+        }
+        else if (*q == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+        }
+        else {
+            *o++ = *q;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+const char *tbucket_prom_labels(apr_pool_t *p, const tbucket_labels *l)
+{
+    const char *out = "";
+    int i;
+
+    for (i = 0; i < l->n; i++) {
+        out = apr_pstrcat(p, out, i ? "," : "", l->name[i], "=\"",
+                          esc(p, l->value[i]), "\"", NULL);
+    }
+    return out;
+}
+
+const char *tbucket_sample_text(apr_pool_t *p, const tbucket_sample *s)
+{
+    if (s->micro) {
+        return apr_psprintf(p, "%" APR_UINT64_T_FMT ".%06u",
+                            (apr_uint64_t)(s->value / 1000000),
+                            (unsigned)(s->value % 1000000));
+    }
+    return apr_psprintf(p, "%" APR_UINT64_T_FMT, (apr_uint64_t)s->value);
+}
