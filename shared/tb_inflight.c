@@ -137,20 +137,21 @@ uint32_t tb_inflight_reap(tb_inflight_t *t, uint32_t tag)
 
 uint32_t tb_inflight_reap_dead(tb_inflight_t *t, tb_inflight_alive_fn alive)
 {
-    uint32_t i, n = 0, live = 0;
+    uint32_t i, n = 0, live = 0, dead = 0;
 
     for (i = 0; t && alive && i < t->cap; i++) {
         uint32_t held = __atomic_load_n(&t->owner[i], __ATOMIC_RELAXED);
 
-        /* One process usually holds runs of words: ask about each owner
+        /* One process usually holds runs of words: ask about an owner
          * once per run, since asking may be a system call. */
         if (!held || held == live) {
             continue;
         }
-        if (alive(held)) {
+        if (held != dead && alive(held)) {
             live = held;
             continue;
         }
+        dead = held;
         if (__atomic_compare_exchange_n(&t->owner[i], &held, 0, 0,
                                         __ATOMIC_RELEASE,
                                         __ATOMIC_RELAXED)) {

@@ -70,6 +70,16 @@ static int get_int(loader_t *ld, const config_setting_t *s, int64_t min,
     int t = config_setting_type(s);
     int64_t v;
 
+    /* The value is named where it has one, so that a word or a fraction
+     * is seen in the message as it was written. */
+    if (t == CONFIG_TYPE_STRING) {
+        return fail(ld, s, "'%s' = \"%s\" must be a whole number",
+                    config_setting_name(s), config_setting_get_string(s));
+    }
+    if (t == CONFIG_TYPE_FLOAT) {
+        return fail(ld, s, "'%s' = %g must be a whole number",
+                    config_setting_name(s), config_setting_get_float(s));
+    }
     if (t != CONFIG_TYPE_INT && t != CONFIG_TYPE_INT64) {
         return fail(ld, s, "'%s' must be a whole number",
                     config_setting_name(s));
@@ -429,6 +439,10 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
             rc = get_int(ld, s, 1, TB_MAX_CONCURRENCY, &v);
             r->concurrency = (int)v;
         }
+        else if (inbound && strcmp(name, "local_concurrency") == 0) {
+            rc = get_int(ld, s, 1, TB_INFLIGHT_MAX, &v);
+            r->local_concurrency = (int)v;
+        }
         else if (inbound && strcmp(name, "concurrency_ttl_ms") == 0) {
             rc = get_ms(ld, s, 1, TB_MAX_CONCURRENCY_TTL_MS,
                         &r->concurrency_ttl_ms);
@@ -493,10 +507,13 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
         return fail(ld, g, "%s rule \"%s\" has no 'port'",
                     inbound ? "inbound" : "outbound", r->name);
     }
-    /* An inbound rule may limit concurrency alone, with no bucket. */
-    if (have_cap != have_rate || (!have_cap && !r->concurrency)) {
+    /* An inbound rule may limit concurrency alone, with no bucket: in
+     * Redis, on this host, or both. */
+    if (have_cap != have_rate
+        || (!have_cap && !r->concurrency && !r->local_concurrency)) {
         return fail(ld, g, "rule \"%s\" needs both 'capacity' and 'rate'%s",
-                    r->name, inbound ? " (or 'concurrency')" : "");
+                    r->name, inbound ? " (or 'concurrency') or "
+                                       "'local_concurrency'" : "");
     }
     if (have_cap) {
         char why[96];

@@ -40,7 +40,9 @@
  * in the same decision as its bucket. shim_hold() leaves it with
  * shim_slots.c until the program closes the connection; the close()
  * wrapper then hands it to shim_release(), one Redis call. A slot held
- * by a process that dies expires by its ttl.
+ * by a process that dies expires by its ttl. A local place
+ * (`local_concurrency`, shim_local.c) is held and given back the same
+ * way, beside the slot, without a Redis call.
  *
  * Nothing here allocates. The core's failures are reported once each,
  * on stderr; the failure policy itself is the core's.
@@ -250,14 +252,11 @@ typedef struct core_call {
     int cancel;
 } core_call_t;
 
-static tb_client_t *core_enter(core_call_t *cc)
+pid_t shim_core_adopt_pid(void)
 {
     pid_t pid = getpid();
     tb_client_t *c;
 
-    shim_guard++;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cc->cancel);
-    sigpipe_block(&cc->sp);
     pthread_mutex_lock(&shim_lock);
     if (pid != shim_pid) {
         /* A child made without fork() (raw clone): no atfork ran. */
@@ -270,6 +269,15 @@ static tb_client_t *core_enter(core_call_t *cc)
         }
     }
     pthread_mutex_unlock(&shim_lock);
+    return pid;
+}
+
+static tb_client_t *core_enter(core_call_t *cc)
+{
+    shim_guard++;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cc->cancel);
+    sigpipe_block(&cc->sp);
+    (void)shim_core_adopt_pid();
     shim_in_core = 1;
     return shim_client_get();
 }
@@ -316,14 +324,21 @@ void shim_decide(const shim_rule_t *r, const char *key, size_t len,
     core_leave(&cc);
 }
 
-/* A failure is not reported: the slot expires by its ttl, and a Redis
- * that fails is reported by the next decision. */
+/* The local place first: it costs no system call, and so is free again
+ * before the Redis round trip. A failure of the Redis release is not
+ * reported: the slot expires by its ttl, and a Redis that fails is
+ * reported by the next decision. */
 void shim_release(const shim_held_t *h)
 {
     core_call_t cc;
     tb_request_t q;
-    tb_client_t *c = core_enter(&cc);
+    tb_client_t *c;
 
+    shim_local_give(&h->place);
+    if (h->slot.kind == TB_SLOT_NONE) {
+        return;
+    }
+    c = core_enter(&cc);
     memset(&q, 0, sizeof(q));
     q.prefix = h->rule->prefix;
     q.key = shim_held_key(h, &q.key_len);
@@ -332,27 +347,37 @@ void shim_release(const shim_held_t *h)
     core_leave(&cc);
 }
 
-/* A slot that cannot be tracked (an fd past SHIM_SLOT_FDS, SHIM_MAX_HELD
- * slots held already) is given back at once: that connection is not
- * counted, and the first such case is reported. */
+/* A slot or place that cannot be tracked (an fd past SHIM_SLOT_FDS,
+ * SHIM_MAX_HELD held already, a $peer key too long to keep) is given
+ * back at once: that connection is not counted, and the first such case
+ * is reported. */
 void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
-               const tb_slot_t *slot)
+               const tb_slot_t *slot, const shim_place_t *place)
 {
     shim_held_t h;
+    int kept = -1;
 
-    if (shim_slots_hold(cfd, r, key, klen, slot) == 0) {
-        return;
-    }
-    if (!__atomic_exchange_n(&shim_warned_slots, 1, __ATOMIC_RELAXED)) {
-        shim_warn("rule \"%s\": cannot track the concurrency slot of fd "
-                  "%d (at most %d slots, fds below %d); such connections "
-                  "are not counted (further cases are not reported)",
-                  r->name, cfd, SHIM_MAX_HELD, SHIM_SLOT_FDS);
-    }
     memset(&h, 0, sizeof(h));
     h.fd = cfd;
     h.rule = r;
-    snprintf(h.peer, sizeof(h.peer), "%.*s", (int)klen, key);
     h.slot = *slot;
+    h.place = *place;
+    /* Only a $peer key is kept; the others are the rule's own. */
+    if (r->key_kind != SHIM_KEY_PEER || klen < sizeof(h.peer)) {
+        if (r->key_kind == SHIM_KEY_PEER) {
+            memcpy(h.peer, key, klen);
+        }
+        kept = shim_slots_hold(&h);
+    }
+    if (kept == 0) {
+        return;
+    }
+    if (!__atomic_exchange_n(&shim_warned_slots, 1, __ATOMIC_RELAXED)) {
+        shim_warn("rule \"%s\": cannot track the concurrency slot or "
+                  "place of fd %d (at most %d, fds below %d); such "
+                  "connections are not counted (further cases are not "
+                  "reported)", r->name, cfd, SHIM_MAX_HELD, SHIM_SLOT_FDS);
+    }
+    snprintf(h.peer, sizeof(h.peer), "%.*s", (int)klen, key);
     shim_release(&h);
 }

@@ -1,9 +1,10 @@
 /* shim_int.h -- what the shim's own files share, and nothing more.
  *
  * tb_shim.c holds the exported wrappers and initialisation; it calls the
- * core only through shim_core.c and asks shim_match.c which rule applies.
- * This header joins them: the thread-local re-entrancy guard, the
- * warning line, the calls into the core and the rule lookup. Nothing
+ * core only through shim_core.c, asks shim_match.c which rule applies and
+ * shim_local.c for a rule's local place. This header joins them: the
+ * thread-local re-entrancy guard, the warning line, the calls into the
+ * core, the local places and the rule lookup. Nothing
  * declared here is exported from the .so (-fvisibility=hidden and
  * tb_shim.map), and nothing here allocates. tb_shim.h stays what the
  * config loader hands out, shared with the tbucket tool; shim_slots.h
@@ -13,7 +14,9 @@
 #define SHIM_INT_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "shim_slots.h"
 #include "tb_shim.h"
@@ -55,10 +58,16 @@ void shim_core_connected(int fd, int rc);
 int shim_fds_is_ours(int fd);
 
 /* 1 when this process has the pid the shim last recorded (at start, in
- * the fork handler, or at a core call); 0 in a child made without fork()
- * that has not called the core yet (the slots in its table are its
- * parent's). */
+ * the fork handler, or at a core call or local take); 0 in a child made
+ * without fork() that has done neither yet (the slots in its table are
+ * its parent's). */
 int shim_core_pid_matches(void);
+
+/* This process's id, recorded as the shim's; in a child made without
+ * fork() (no atfork handler ran) the parent's slots, places and Redis
+ * connections are forgotten first, as the fork handler does. Every core
+ * call starts with it. Thread-safe. */
+pid_t shim_core_adopt_pid(void);
 
 /* One decision of rule r for `key` (len bytes): its bucket, when it has
  * one, and its concurrency slot, when it has a limit. Always fills *res
@@ -66,14 +75,34 @@ int shim_core_pid_matches(void);
 void shim_decide(const shim_rule_t *r, const char *key, size_t len,
                  tb_result_t *res);
 
-/* Keep the slot that the connection cfd took (rule r, key of klen bytes)
- * until the program closes cfd; one that cannot be tracked is given back
- * at once. Thread-safe. */
+/* Keep what the connection cfd took under rule r (key of klen bytes): its
+ * Redis slot (kind TB_SLOT_NONE: none) and its local place (table NULL:
+ * none), until the program closes cfd; what cannot be tracked is given
+ * back at once. Thread-safe. */
 void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
-               const tb_slot_t *slot);
+               const tb_slot_t *slot, const shim_place_t *place);
 
-/* Give back a slot that shim_slots_take() handed out. Thread-safe. */
+/* Give back what shim_slots_take() handed out: the local place, then the
+ * Redis slot (one Redis call, none without a slot). Thread-safe. */
 void shim_release(const shim_held_t *h);
+
+/* ---- Local places (shim_local.c) ------------------------------------ */
+
+/* Map the shared tables of every inbound rule of conf with
+ * local_concurrency, once, at initialisation, before the program forks;
+ * conf's rules must stay where they are (the shim's static config).
+ * TB_OK, or TB_ERR with the reason in err (no rule is then capped
+ * locally). */
+int shim_local_start(const shim_conf_t *conf, char *err, size_t errlen);
+
+/* Take a place of rule r's local table for process `tag`: 1 with *p
+ * filled (p->table NULL when r has no local cap), 0 when all N are held.
+ * Lock-free; errno is preserved. */
+int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p);
+
+/* Give back the place *p holds, if any and if its owner was not reaped
+ * meanwhile. Lock-free. */
+void shim_local_give(const shim_place_t *p);
 
 /* ---- Matching (shim_match.c) ---------------------------------------- */
 

@@ -1,20 +1,22 @@
-/* shim_slots.c -- which accepted connections hold a concurrency slot.
+/* shim_slots.c -- which accepted connections hold a concurrency slot or
+ * a local place.
  *
  * The close() wrapper runs for every fd the program closes, files and
- * pipes included, so the common answer -- "this fd holds no slot" -- is
+ * pipes included, so the common answer -- "this fd holds nothing" -- is
  * one bit of a static bitmap indexed by fd number (128 KiB for 2^20 fds,
- * in zero pages until a slot is held). The slots themselves live in a
- * fixed table of SHIM_MAX_HELD entries, open addressing on the fd number
- * with linear probing and backward-shift deletion, under one mutex taken
- * only when a slot is held or given back. Nothing is allocated.
+ * in zero pages until something is held). What fds hold -- a Redis slot,
+ * a local place (shim_local.c) or both -- lives in a fixed table of
+ * SHIM_MAX_HELD entries, open addressing on the fd number with linear
+ * probing and backward-shift deletion, under one mutex taken only when
+ * an entry is held or given back. Nothing is allocated.
  *
- * A slot belongs to the process that accepted the connection. A forked
- * child starts with no slots: its fds are copies, and the parent releases
- * the slot when it closes its own copy. So a server that accepts in one
+ * A slot or place belongs to the process that accepted the connection. A
+ * forked child starts with none: its fds are copies, and the parent gives
+ * them back when it closes its own copy. So a server that accepts in one
  * process and hands the connection to a child it forks (inetd style)
- * gives the slot back as soon as the parent closes its copy; servers that
+ * gives them back as soon as the parent closes its copy; servers that
  * handle a connection where they accepted it -- threads, event loops,
- * pre-forked children that accept themselves -- hold it for the
+ * pre-forked children that accept themselves -- hold them for the
  * connection's life.
  */
 #include <pthread.h>
@@ -63,17 +65,12 @@ static void set_bit(int fd, int on)
     }
 }
 
-int shim_slots_hold(int fd, const shim_rule_t *r, const char *key,
-                    size_t klen, const tb_slot_t *slot)
+int shim_slots_hold(const shim_held_t *h)
 {
     size_t i;
-    int rc = -1;
+    int fd = h->fd, rc = -1;
 
-    /* Only a $peer key is copied; the others are the rule's own. */
-    if (r->key_kind != SHIM_KEY_PEER) {
-        klen = 0;
-    }
-    if (fd < 0 || fd >= SHIM_SLOT_FDS || klen >= sizeof(held[0].peer)) {
+    if (fd < 0 || fd >= SHIM_SLOT_FDS) {
         return -1;
     }
     pthread_mutex_lock(&slots_lock);
@@ -81,16 +78,21 @@ int shim_slots_hold(int fd, const shim_rule_t *r, const char *key,
     if (nheld < SHIM_MAX_HELD) {
         /* An fd number is held at most once: the program closed the
          * earlier one through a path we do not see (dup2 over it), so
-         * its slot is overwritten and expires by its ttl. */
+         * its entry is overwritten. The Redis slot expires by its ttl;
+         * the local place has no ttl and would stay taken until this
+         * process had exited and a taker found the table full, so it is
+         * given back now (a lock-free swap). */
         for (i = home(fd); held[i].fd != -1 && held[i].fd != fd;
              i = (i + 1) & MASK) {
         }
-        nheld += held[i].fd == -1;
-        held[i].fd = fd;
-        held[i].rule = r;
-        memcpy(held[i].peer, key, klen);
-        held[i].peer[klen] = '\0';
-        held[i].slot = *slot;
+        if (held[i].fd == -1) {
+            nheld++;
+        }
+        else if (held[i].place.table != NULL) {
+            (void)tb_inflight_give(held[i].place.table, held[i].place.i,
+                                   held[i].place.tag);
+        }
+        held[i] = *h;
         set_bit(fd, 1);
         rc = 0;
     }

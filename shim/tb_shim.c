@@ -19,7 +19,10 @@
  *  - shim_core.c: every call into the core, made safe for the host (the
  *    re-entrancy guard, SIGPIPE, fork, the Redis sockets of our own);
  *  - shim_match.c: which rule applies to an address;
- *  - shim_slots.c: which accepted connections hold a concurrency slot;
+ *  - shim_slots.c: which accepted connections hold a concurrency slot
+ *    or a local place;
+ *  - shim_local.c: the local places of `local_concurrency`, in memory
+ *    shared with the program's forked children;
  *  - shim_conf.c: the config file, read once into rule tables.
  *
  * This file owns:
@@ -48,6 +51,13 @@
  * holds no slot; for one that does, it closes the fd and then makes one
  * Redis call.
  *
+ * An inbound rule with `local_concurrency = N` takes one of N places
+ * shared by the program's processes (shim_local.c) before anything else,
+ * so that a connection it refuses costs no Redis call; a place taken is
+ * given back when the rule's Redis decision then refuses, or when the
+ * program closes the connection (close() gives it back after the real
+ * close, so the program never holds more than N).
+ *
  * Behaviour when a bucket refuses:
  *  - inbound `close`: the accepted connection is closed and the wrapper
  *    accepts again, so the program sees nothing. On a blocking listener it
@@ -59,7 +69,9 @@
  *  - inbound `http429`: waits at most SHIM_429_READ_MS for the request so
  *    that reading it avoids a reset, writes "HTTP/1.1 429 Too Many
  *    Requests" with Retry-After and Connection: close, closes, and goes on
- *    as for `close`.
+ *    as for `close`. A refusal by local_concurrency says "503 Service
+ *    Unavailable" with Retry-After: 1 instead: this server is full, the
+ *    client is not over its limit.
  *  - outbound `fail`: connect() returns -1 with the rule's errno
  *    (ECONNREFUSED by default).
  *  - outbound `wait`: sleeps the retry-after and asks again while the
@@ -305,6 +317,17 @@ static int shim_load(void)
     if (shim_conf.nin == 0 && shim_conf.nout == 0) {
         return ST_OFF;
     }
+    /* Here, in the constructor, the program has not forked yet: every
+     * child it makes inherits the tables. */
+    if (shim_local_start(&shim_conf, err, sizeof(err)) != TB_OK) {
+        char msg[SHIM_ERR_LEN + 64];
+
+        snprintf(msg, sizeof(msg), "%s: %s", path, err);
+        if (shim_conf.strict || env_strict) {
+            refuse(msg);
+        }
+        shim_warn("%s; local_concurrency is not enforced", msg);
+    }
     c = tb_client_create(&shim_conf.opts, err, sizeof(err));
     if (c == NULL) {
         char msg[SHIM_ERR_LEN + 64];
@@ -490,10 +513,13 @@ static const shim_rule_t *match_accepted(int cfd)
                       (const struct sockaddr *)&local, len);
 }
 
-/* Answer a refused connection with a minimal 429 and close it. Reading
+/* Answer a refused connection with a minimal HTTP response and close
+ * it: `status` is 429 (the client is over its limit) or 503 (this server
+ * is full), `reason` its phrase, retry_ms the wait to announce. Reading
  * the request first (briefly) matters: closing a socket with unread data
  * sends a reset, which can destroy the response at the client. */
-static void reject_http429(int cfd, int64_t retry_ms)
+static void reject_http(int cfd, int status, const char *reason,
+                        int64_t retry_ms)
 {
     char buf[512];
     struct pollfd p;
@@ -513,17 +539,73 @@ static void reject_http429(int cfd, int64_t retry_ms)
              i++) {
         }
     }
+    /* The body is the reason phrase and a newline. */
     n = snprintf(buf, sizeof(buf),
-                 "HTTP/1.1 429 Too Many Requests\r\n"
+                 "HTTP/1.1 %d %s\r\n"
                  "Retry-After: %lld\r\n"
                  "Content-Type: text/plain\r\n"
-                 "Content-Length: 18\r\n"
+                 "Content-Length: %zu\r\n"
                  "Connection: close\r\n"
                  "\r\n"
-                 "Too Many Requests\n", secs);
+                 "%s\n", status, reason, secs, strlen(reason) + 1, reason);
     (void)send(cfd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
     (void)shutdown(cfd, SHUT_WR);
     (void)close(cfd);
+}
+
+/* A refused connection gets the rule's action: closed, or answered 429
+ * (over the Redis limit, retry_ms from the decision) or 503 (`local`:
+ * the rule's local_concurrency places are all held). */
+static void refuse_conn(int cfd, const shim_rule_t *r, int local,
+                        int64_t retry_ms)
+{
+    if (r->action != SHIM_ACT_HTTP429) {
+        (void)close(cfd);
+    }
+    else if (local) {
+        reject_http(cfd, 503, "Service Unavailable", 1000);
+    }
+    else {
+        reject_http(cfd, 429, "Too Many Requests", retry_ms);
+    }
+}
+
+/* Decide on the connection cfd, accepted under rule r from `peer` (plen
+ * bytes): the local place first, so that a connection the host is full
+ * for costs no Redis call, then Redis when the rule asks it, giving the
+ * place back if Redis refuses. 1 when the connection goes to the program,
+ * holding what it took until the program closes it; 0 when it was
+ * refused, answered and closed. */
+static int admit(int cfd, const shim_rule_t *r,
+                 const struct sockaddr_storage *peer, socklen_t plen)
+{
+    char ipbuf[TB_IP_KEY_LEN];
+    const char *key = "";
+    size_t klen = 0;
+    shim_place_t place;
+    tb_result_t res;
+
+    place.table = NULL;
+    if (r->local_concurrency > 0
+        && !shim_local_take(r, (uint32_t)shim_core_adopt_pid(), &place)) {
+        refuse_conn(cfd, r, 1, 0);
+        return 0;
+    }
+    memset(&res.slot, 0, sizeof(res.slot));
+    if (shim_rule_uses_redis(r)) {
+        klen = shim_inbound_key(r, peer, plen, shim_conf.ipv6_bits, ipbuf,
+                                sizeof(ipbuf), &key);
+        shim_decide(r, key, klen, &res);
+        if (!res.allowed) {
+            shim_local_give(&place);
+            refuse_conn(cfd, r, 0, res.retry_ms);
+            return 0;
+        }
+    }
+    if (res.slot.kind != TB_SLOT_NONE || place.table != NULL) {
+        shim_hold(cfd, r, key, klen, &res.slot, &place);
+    }
+    return 1;
 }
 
 /* accept()/accept4() under the inbound rules. The peer address is always
@@ -534,37 +616,19 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
 {
     struct sockaddr_storage peer;
     socklen_t plen;
-    tb_result_t res;
-    char ipbuf[TB_IP_KEY_LEN];
-    const char *key;
     int saved = errno, cfd, rejects = 0, nonblock = -1;
 
     for (;;) {
         const shim_rule_t *r;
-        size_t klen;
 
         plen = sizeof(peer);
         cfd = call_accept4(fd, (struct sockaddr *)&peer, &plen, flags, plain);
         if (cfd < 0) {
             return cfd;
         }
-        if ((r = match_accepted(cfd)) == NULL) {
+        if ((r = match_accepted(cfd)) == NULL
+            || admit(cfd, r, &peer, plen)) {
             break;
-        }
-        klen = shim_inbound_key(r, &peer, plen, shim_conf.ipv6_bits, ipbuf,
-                                sizeof(ipbuf), &key);
-        shim_decide(r, key, klen, &res);
-        if (res.allowed) {
-            if (res.slot.kind != TB_SLOT_NONE) {
-                shim_hold(cfd, r, key, klen, &res.slot);
-            }
-            break;
-        }
-        if (r->action == SHIM_ACT_HTTP429) {
-            reject_http429(cfd, res.retry_ms);
-        }
-        else {
-            (void)close(cfd);
         }
         if (nonblock < 0) {
             nonblock = is_nonblocking(fd);
@@ -605,13 +669,15 @@ SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
 
 /* ---- close --------------------------------------------------------- */
 
-/* close() of an accepted connection that holds a concurrency slot: the
- * slot is taken out of the table first (so that a connection accepted on
- * the same fd number by another thread right after the close is not
- * confused with this one), the fd closed (its result and errno are the
- * program's), and the slot released. Every other fd costs the guard and
- * one bit test. A guarded call (the core closing its own Redis socket)
- * and a child made without fork() go straight through. */
+/* close() of an accepted connection that holds a concurrency slot or a
+ * local place: the entry is taken out of the table first (so that a
+ * connection accepted on the same fd number by another thread right after
+ * the close is not confused with this one), the fd closed (its result and
+ * errno are the program's), and then the place and the slot given back:
+ * after the close, so that the program never has more connections open
+ * than its places. Every other fd costs the guard and one bit test. A
+ * guarded call (the core closing its own Redis socket) and a child made
+ * without fork() go straight through. */
 SHIM_EXPORT int close(int fd)
 {
     shim_held_t h;

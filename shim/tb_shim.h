@@ -76,6 +76,11 @@ typedef struct shim_rule {
                                * this alone (take.limit.capacity 0: no
                                * bucket).                               */
     int64_t concurrency_ttl_ms; /* Life of a slot never released, ms.    */
+    int local_concurrency;    /* Inbound: 0, or at most N connections of
+                               * this rule open at once in this host's
+                               * processes, counted in shared memory
+                               * without Redis (shim_local.c). A rule may
+                               * have this alone.                       */
 } shim_rule_t;
 
 typedef struct shim_conf {
@@ -114,6 +119,13 @@ int shim_conf_load(const char *path, shim_conf_t *conf, char *err,
  * called in1, in2, ... or out1, ... by its place in its list. Returns NULL
  * when no rule has that name. Reads conf only. */
 const shim_rule_t *shim_conf_rule(const shim_conf_t *conf, const char *want);
+
+/* 1 when rule r asks Redis: it has a bucket or a Redis concurrency
+ * limit. A rule with local_concurrency alone never does. */
+static inline int shim_rule_uses_redis(const shim_rule_t *r)
+{
+    return r->take.limit.capacity > 0 || r->concurrency > 0;
+}
 
 /* 1 when some rule of the table uses TCP port `port`. */
 static inline int shim_port_has_rule(const unsigned char *bitmap, int port)

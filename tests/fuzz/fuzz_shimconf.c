@@ -57,12 +57,22 @@ static void check_rule(const shim_rule_t *r, const unsigned char *bitmap)
                "prefix");
     FUZZ_CHECK(tb_prefix_valid(r->prefix), "accepted an invalid prefix "
                "'%s'", r->prefix);
-    FUZZ_CHECK(r->take.limit.capacity >= 1
-                   && r->take.limit.capacity <= TB_MAX_CAPACITY,
+    /* A rule with only a concurrency limit, Redis's or the local one,
+     * has no bucket: capacity and rate 0. Any other has a valid one. */
+    FUZZ_CHECK(r->take.limit.capacity > 0
+                   || r->concurrency > 0 || r->local_concurrency > 0,
+               "a rule with no limit at all");
+    FUZZ_CHECK(r->take.limit.capacity == 0
+                   || (r->take.limit.capacity >= 1
+                       && r->take.limit.capacity <= TB_MAX_CAPACITY),
                "capacity %g", r->take.limit.capacity);
-    FUZZ_CHECK(r->take.limit.rate_per_sec > 0
-                   && r->take.limit.rate_per_sec <= 1e9,
+    FUZZ_CHECK(r->take.limit.capacity == 0
+                   || (r->take.limit.rate_per_sec > 0
+                       && r->take.limit.rate_per_sec <= 1e9),
                "rate %g", r->take.limit.rate_per_sec);
+    FUZZ_CHECK(r->local_concurrency >= 0
+                   && r->local_concurrency <= TB_INFLIGHT_MAX,
+               "local_concurrency %d", r->local_concurrency);
     FUZZ_CHECK(r->take.cost >= 0 && r->take.cost <= TB_MAX_CAPACITY,
                "cost %g", r->take.cost);
     FUZZ_CHECK(r->naddrs >= 0 && r->naddrs <= SHIM_MAX_ADDRS, "naddrs %d",

@@ -24,9 +24,10 @@ PHP_CGI = "/usr/bin/php-cgi8.2"
 # The test programs make builds into $TB_BUILD/progs: a TCP/HTTP daemon,
 # a client (tb_cli2 is a copy: a "$program" key must differ by name), a
 # program that closes sockets in odd ways, one with calls from a library
-# constructor, a connect() loop and a fake connect() for timing.
+# constructor, a connect() loop, a fake connect() for timing, and a
+# pre-forking daemon whose children hold their connections open.
 PROG_NAMES = ("tb_srv", "tb_cli", "tb_cli2", "closer", "ctor_main",
-              "connect_loop", "libfakeconnect.so")
+              "connect_loop", "libfakeconnect.so", "prefork_srv")
 
 
 def write_conf(path, redis, body="", **scalars):

@@ -1,0 +1,586 @@
+"""test_shim_local.py -- inbound `local_concurrency = N`: at most N
+connections of a rule open at once across every process of one host
+program, counted in shared memory without Redis.
+
+The daemon is prefork_srv (tests/integration/progs) under LD_PRELOAD: a
+parent that forks workers, each accepting from the shared listener, greeting
+a connection with "OK <pid>" and holding it until the client closes. The
+workers count the connections they hold in a shared mapping of the
+program's own (not the shim's), and the parent prints the largest total
+seen ("peak") when stopped: what the program itself held, beside what the
+clients saw. A connection the shim refuses is closed before the program
+sees it, or answered 503. No test here needs Redis except those about a
+rule that also asks it."""
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+
+from tbtest.apache import Apache
+from tbtest.env import BUILD, free_port
+from tbtest.shim import SHIM_SO, Proc, shim_env, write_conf
+
+TOOL = os.path.join(BUILD, "tbucket")
+
+
+def group(port, **kw):
+    """One inbound rule as libconfig text: "web", N = 3 unless kw says."""
+    fields = {"name": "web", "port": port, "local_concurrency": 3}
+    fields.update(kw)
+    return "{ " + " ".join(
+        "%s = %s;" % (k, '"%s"' % v if isinstance(v, str) else v)
+        for k, v in fields.items()) + " }"
+
+
+def rule(port, **kw):
+    return "inbound = ( %s );" % group(port, **kw)
+
+
+def prefork(progs, conf, port, workers=3, max_held=64):
+    """prefork_srv on port under the shim with config conf."""
+    return Proc([progs["prefork_srv"], "-p", str(port), "-w", str(workers),
+                 "-m", str(max_held)], shim_env(conf))
+
+
+def stop(srv):
+    """Stop the daemon; (its summary as a dict, its stderr)."""
+    out, err = srv.stop()
+    summary = {}
+    for line in out.splitlines():
+        words = line.split()
+        if words[:1] == ["served"]:
+            summary = dict(zip(words[::2], map(int, words[1::2])))
+    return summary, err
+
+
+def wait_line(srv, prefix, timeout=10.0):
+    """The next line of the daemon's stdout that starts with prefix."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([srv.proc.stdout], [], [],
+                                max(0.0, deadline - time.monotonic()))
+        if not r:
+            break
+        line = srv.proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.split()
+    raise AssertionError("no %r line from the daemon" % prefix)
+
+
+def open_conn(port, http=False):
+    """One connection: ("OK", worker pid, socket) when the program got
+    it, else (what the shim answered, or "closed", None, None)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if http:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    return read_greeting(s)
+
+
+def read_greeting(s):
+    """open_conn() on a connected socket s."""
+    try:
+        data = s.recv(256)
+        if data.startswith(b"OK "):
+            return "OK", int(data.split()[1]), s
+        while data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        data = b""
+    s.close()
+    return (data.decode(errors="replace") or "closed"), None, None
+
+
+def refused(port, http=False):
+    """1 when a new connection is not served (closed or answered)."""
+    what, _, s = open_conn(port, http)
+    if s is not None:
+        s.close()
+    return what != "OK"
+
+
+def accept_eventually(port, timeout=5.0):
+    """A connection the program gets within timeout, retried while the
+    shim refuses (a place comes back once the program has closed its
+    end); its (pid, socket)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        what, pid, s = open_conn(port)
+        if what == "OK":
+            return pid, s
+        assert time.monotonic() < deadline, "still refused: %r" % what
+        time.sleep(0.02)
+
+
+def bye(s):
+    """Close a served connection and return once the program has closed
+    its end (prefork_srv closes on "bye")."""
+    s.sendall(b"bye\n")
+    s.settimeout(5)
+    assert s.recv(16) == b""
+    s.close()
+
+
+def close_all(socks):
+    for s in socks:
+        s.close()
+
+
+# Four workers that hold one connection each, N = 3: three connections are
+# served by three different processes, and the fourth worker, idle, is
+# refused every connection it accepts: the cap is the program's, not a
+# process's. The program never held more than 3.
+def test_shim_500_01(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None, rule(port))
+    srv = prefork(progs, conf, port, workers=4, max_held=1)
+    held = []
+    try:
+        for _ in range(3):
+            what, pid, s = open_conn(port)
+            assert what == "OK"
+            held.append((pid, s))
+        assert len({pid for pid, _ in held}) == 3
+        for _ in range(4):
+            assert open_conn(port)[0] == "closed"
+    finally:
+        close_all(s for _, s in held)
+        summary, err = stop(srv)
+    assert summary["peak"] == 3 and summary["served"] == 3, summary
+    assert err == "", err
+
+
+# A burst: 40 connections opened at once against 3 workers, N = 5. Exactly
+# 5 are served; the other 35 are closed unseen by the program.
+def test_shim_500_02(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=5))
+    srv = prefork(progs, conf, port, workers=3)
+    socks = []
+    try:
+        for _ in range(40):
+            socks.append(socket.create_connection(("127.0.0.1", port),
+                                                  timeout=5))
+        results = [read_greeting(s) for s in socks]
+        ok = [r for r in results if r[0] == "OK"]
+        assert len(ok) == 5, [r[0] for r in results]
+        assert all(r[0] == "closed" for r in results if r[0] != "OK")
+        close_all(r[2] for r in ok)
+    finally:
+        close_all(socks)
+        summary, err = stop(srv)
+    assert summary["peak"] == 5 and summary["served"] == 5, summary
+    assert err == "", err
+
+
+# Closing gives the place back, once: in one worker with N = 2, a closed
+# connection's place serves the next one, and no more than that (a place
+# given back twice would let a third connection in).
+def test_shim_500_03(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=2))
+    srv = prefork(progs, conf, port, workers=1)
+    held = []
+    try:
+        for _ in range(2):
+            what, _, s = open_conn(port)
+            assert what == "OK"
+            held.append(s)
+        assert refused(port)
+        for _ in range(5):
+            held.pop(0).close()
+            held.append(accept_eventually(port)[1])
+            assert refused(port)
+        close_all(held)
+        held = [accept_eventually(port)[1]]
+        held.append(accept_eventually(port)[1])
+        assert refused(port)
+    finally:
+        close_all(held)
+        summary, err = stop(srv)
+    assert summary["peak"] == 2 and summary["served"] == 9, summary
+    assert err == "", err
+
+
+# kill -9 of a worker holding places: the places are not leaked. Once the
+# parent has reaped it, a taker that finds the table full frees the dead
+# worker's places, and connections are served up to N again -- not beyond.
+def test_shim_500_04(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=4))
+    srv = prefork(progs, conf, port, workers=2)
+    held = []
+    try:
+        for _ in range(4):
+            what, pid, s = open_conn(port)
+            assert what == "OK"
+            held.append((pid, s))
+        assert refused(port)
+        pids = [pid for pid, _ in held]
+        victim = max(set(pids), key=pids.count)
+        lost = pids.count(victim)
+        os.kill(victim, signal.SIGKILL)
+        assert wait_line(srv, "respawn")[1] == str(victim)
+        for pid, s in held:
+            if pid == victim:
+                s.settimeout(5)
+                try:
+                    assert s.recv(16) == b""
+                except ConnectionResetError:
+                    pass
+        held = [(p, s) for p, s in held if p != victim]
+        for _ in range(lost):
+            held.append(accept_eventually(port))
+        assert refused(port)
+        assert len(held) == 4
+    finally:
+        close_all(s for _, s in held)
+        summary, err = stop(srv)
+    assert summary["peak"] == 4 and summary["served"] == 4 + lost, summary
+    assert err == "", err
+
+
+# action = "http429": a local refusal answers 503 Service Unavailable with
+# Retry-After: 1 and Connection: close (the server is full; the client is
+# not over a limit of its own).
+def test_shim_500_05(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=1, action="http429"))
+    srv = prefork(progs, conf, port, workers=2)
+    held = []
+    try:
+        what, _, s = open_conn(port, http=True)
+        assert what == "OK"
+        held.append(s)
+        for _ in range(3):
+            answer = open_conn(port, http=True)[0]
+            head, _, body = answer.partition("\r\n\r\n")
+            lines = head.split("\r\n")
+            assert lines[0] == "HTTP/1.1 503 Service Unavailable", answer
+            assert "Retry-After: 1" in lines[1:], answer
+            assert "Connection: close" in lines[1:], answer
+            assert "Content-Length: %d" % len(body) in lines[1:], answer
+            assert body == "Service Unavailable\n"
+    finally:
+        close_all(held)
+        summary, err = stop(srv)
+    assert summary["served"] == 1, summary
+    assert err == "", err
+
+
+# With no Redis at all (nothing listens on redis_url, and the policy is
+# closed), a rule with local_concurrency alone still serves N and refuses
+# the rest: it never asks Redis, so nothing is reported either.
+def test_shim_500_06(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=2), policy="closed",
+                      strict=True)
+    srv = prefork(progs, conf, port, workers=2)
+    held = []
+    try:
+        for _ in range(2):
+            what, _, s = open_conn(port)
+            assert what == "OK"
+            held.append(s)
+        assert refused(port)
+        held.pop().close()
+        held.append(accept_eventually(port)[1])
+        assert refused(port)
+    finally:
+        close_all(held)
+        summary, err = stop(srv)
+    assert summary["peak"] == 2 and summary["served"] == 3, summary
+    assert err == "", err
+
+
+def redis_calls(rc):
+    """Commands Redis has run, the INFO calls asking excepted."""
+    stats = rc.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items()
+               if k not in ("cmdstat_info",))
+
+
+# With a rate too, the local cap is asked first: a connection it refuses
+# makes no Redis call (Redis's command count and the bucket do not move),
+# and one it lets through takes its token as before.
+def test_shim_500_07(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      rule(port, local_concurrency=2, capacity=100,
+                           rate="1/h", key="all", action="http429"))
+    srv = prefork(progs, conf, port, workers=2)
+    rc = redis_server.client()
+    key = "tb:shim:in:web:{all}"
+    held = []
+    try:
+        for _ in range(2):
+            what, _, s = open_conn(port)
+            assert what == "OK"
+            held.append(s)
+        assert round(float(rc.hget(key, "tokens"))) == 98
+        before = redis_calls(rc)
+        for _ in range(10):
+            answer = open_conn(port, http=True)[0]
+            assert answer.startswith("HTTP/1.1 503 "), answer
+        assert redis_calls(rc) == before
+        assert round(float(rc.hget(key, "tokens"))) == 98
+        held.pop().close()
+        held.append(accept_eventually(port)[1])
+        assert redis_calls(rc) > before
+        assert round(float(rc.hget(key, "tokens"))) == 97
+    finally:
+        close_all(held)
+        summary, err = stop(srv)
+    assert summary["peak"] == 2 and summary["served"] == 3, summary
+    assert err == "", err
+
+
+# A place taken is given back when Redis then refuses: with a Redis
+# `concurrency = 1` under a local 2, and with an empty bucket under a
+# local 3, every refusal is Redis's 429 -- a place kept by a refused
+# connection would turn the next refusal into the local 503.
+def test_shim_500_08(redis_server, progs, tmp_path):
+    p1, p2 = free_port(), free_port()
+    body = "inbound = ( %s,\n  %s );" % (
+        group(p1, local_concurrency=2, concurrency=1, key="all",
+              action="http429"),
+        group(p2, name="api", local_concurrency=3, capacity=1, rate="1/h",
+              key="all", action="http429"))
+    conf = write_conf(tmp_path / "s.conf", redis_server, body)
+    srv1 = prefork(progs, conf, p1, workers=2)
+    srv2 = prefork(progs, conf, p2, workers=2)
+    held = []
+    try:
+        what, _, s = open_conn(p1)
+        assert what == "OK"
+        held.append(s)
+        rc = redis_server.client()
+        for _ in range(6):
+            answer = open_conn(p1, http=True)[0]
+            assert answer.startswith("HTTP/1.1 429 "), answer
+        assert rc.zcard("tb:shim:in:web:{all}:conc") == 1
+        held.pop().close()
+        held.append(accept_eventually(p1)[1])
+        what, _, s = open_conn(p2)
+        assert what == "OK"
+        held.append(s)
+        for _ in range(6):
+            answer = open_conn(p2, http=True)[0]
+            assert answer.startswith("HTTP/1.1 429 "), answer
+    finally:
+        close_all(held)
+        summary1, err1 = stop(srv1)
+        summary2, err2 = stop(srv2)
+    assert summary1["served"] == 2 and summary2["served"] == 1
+    assert err1 == "" and err2 == "", (err1, err2)
+
+
+# An inetd-style daemon (tb_srv -f) accepts in the parent and serves in a
+# child it forks: the place belongs to the parent, which gives it back
+# when it closes its copy; the child's copy holds nothing, so its close
+# gives nothing back twice. With N = 1 every connection is served.
+def test_shim_500_09(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=1))
+    srv = Proc([progs["tb_srv"], "-p", str(port), "-f"], shim_env(conf))
+    try:
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            assert s.recv(16) == b"OK\n"
+            s.close()
+    finally:
+        out, err = srv.stop()
+    assert "served 5" in out and err == "", (out, err)
+
+
+# The config: local_concurrency alone is a rule; 0, a negative, a word, a
+# fraction and more than 1048576 are refused naming the setting and the
+# value; outbound rules do not take it. The tbucket tool reads the same
+# files with the same loader: it refuses the bad ones alike and works
+# with the good one.
+def test_shim_500_10(redis_server, progs, tmp_path):
+    port = free_port()
+    bad = (
+        (rule(port, local_concurrency=0),
+         "'local_concurrency' = 0 is out of range 1..1048576"),
+        (rule(port, local_concurrency=-3),
+         "'local_concurrency' = -3 is out of range 1..1048576"),
+        (rule(port, local_concurrency="many"),
+         "'local_concurrency' = \"many\" must be a whole number"),
+        (rule(port, local_concurrency=2.5),
+         "'local_concurrency' = 2.5 must be a whole number"),
+        (rule(port, local_concurrency=1048577),
+         "'local_concurrency' = 1048577 is out of range 1..1048576"),
+        (rule(port, local_concurrency=5, capacity=5),
+         "needs both 'capacity' and 'rate'"),
+        ("outbound = ( { port = %d; capacity = 1; rate = 1; "
+         "local_concurrency = 2; } );" % port,
+         "unknown setting 'local_concurrency' in an outbound rule"))
+    for body, why in bad:
+        conf = write_conf(tmp_path / "bad.conf", redis_server, body)
+        r = subprocess.run([progs["tb_srv"], "-p", "0"],
+                           env=shim_env(conf, TBUCKET_STRICT=1),
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 78, (body, r.stderr)
+        assert why in r.stderr and "bad.conf:" in r.stderr, r.stderr
+        t = subprocess.run([TOOL, "reset", "k", "--config", conf],
+                           capture_output=True, text=True, timeout=20)
+        assert t.returncode == 78 and why in t.stderr, (body, t.stderr)
+    # Not strict: one line, and the program runs unlimited.
+    conf = write_conf(tmp_path / "bad.conf", redis_server,
+                      rule(port, local_concurrency=0))
+    srv = Proc([progs["tb_srv"], "-p", str(port)], shim_env(conf))
+    try:
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            assert s.recv(16) == b"OK\n"
+            s.close()
+    finally:
+        out, err = srv.stop()
+    assert "served 3" in out
+    assert "'local_concurrency' = 0 is out of range" in err
+    assert "running unlimited" in err
+    assert len(err.strip().splitlines()) == 1, err
+    # The largest value is a rule, with Redis concurrency or alone; the
+    # tool takes the rule's prefix (no bucket: KEY and limits come from
+    # the command line).
+    conf = write_conf(tmp_path / "ok.conf", redis_server,
+                      rule(port, local_concurrency=1048576))
+    srv = Proc([progs["tb_srv"], "-p", str(port)],
+               shim_env(conf, TBUCKET_STRICT=1))
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert s.recv(16) == b"OK\n"
+        s.close()
+    finally:
+        out, err = srv.stop()
+    assert "served 1" in out and err == "", (out, err)
+    rc = redis_server.client()
+    rc.hset("tb:shim:in:web:{k}", "tokens", 1)
+    t = subprocess.run([TOOL, "reset", "k", "--config", conf, "--rule",
+                        "web"], capture_output=True, text=True, timeout=20)
+    assert t.returncode == 0, t.stderr
+    assert not rc.exists("tb:shim:in:web:{k}")
+    t = subprocess.run([TOOL, "take", "k", "--config", conf, "--rule",
+                        "in:web", "--capacity", "2", "--rate", "1/s"],
+                       capture_output=True, text=True, timeout=20)
+    assert t.returncode == 0 and t.stdout.startswith("allowed"), t
+    assert rc.exists("tb:shim:in:web:{k}")
+
+
+# A program that closes a connection by a path the close() wrapper does
+# not see (the raw system call here; close_range() or fclose() of an
+# fdopen()ed socket alike) leaves the place taken, but the next
+# connection accepted on that fd number gives it back: with N = 2,
+# connections one after the other are served without end.
+def test_shim_500_11(progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", None,
+                      rule(port, local_concurrency=2))
+    srv = Proc([progs["prefork_srv"], "-p", str(port), "-w", "1", "-r"],
+               shim_env(conf))
+    try:
+        for _ in range(6):
+            what, _, s = open_conn(port)
+            assert what == "OK"
+            bye(s)
+    finally:
+        summary, err = stop(srv)
+    assert summary["served"] == 6, summary
+    assert err == "", err
+
+
+class ShimApache(Apache):
+    """An Apache of tbtest's whose processes run under the shim."""
+
+    def __init__(self, conf, **kw):
+        self.shim_conf = conf
+        super().__init__(**kw)
+
+    def _env(self):
+        # scripts/apache2.sh preloads TB_APACHE_PRELOAD: this build's shim.
+        env = shim_env(self.shim_conf)
+        env["TB_APACHE_PRELOAD"] = SHIM_SO
+        return env
+
+
+def readable(socks, wait):
+    """The sockets of socks with something to read within wait seconds."""
+    r, _, _ = select.select(socks, [], [], wait)
+    return r
+
+
+def half_request(port, timeout=5.0):
+    """A connection with half a request sent that Apache holds, waiting
+    for the rest: retried while the shim answers at once (the place of
+    a connection Apache is just closing may not be back yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /ok.txt HTTP/1.0\r\n")
+        if not readable([s], 0.5):
+            return s
+        answer = read_greeting(s)[0]
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)
+
+
+# Apache prefork, the daemon the setting is for: its children share the
+# N = 2 places. Two clients that send half a request are held by two
+# children, which wait for the rest; a third is answered 503 by the shim
+# at once. Completed, the two are served, and once Apache has closed them
+# the places serve new clients.
+def test_shim_500_12(tmp_path):
+    a = ShimApache(None, mpm="prefork", servers=4)
+    socks = []
+    try:
+        a.shim_conf = write_conf(tmp_path / "s.conf", None,
+                                 rule(a.port, local_concurrency=2,
+                                      action="http429"))
+        a.start("KeepAlive Off\n")
+        socks = [half_request(a.port), half_request(a.port)]
+        s = socket.create_connection(("127.0.0.1", a.port), timeout=5)
+        s.sendall(b"GET /ok.txt HTTP/1.0\r\n")
+        assert readable([s], 5.0) == [s]
+        answer = read_greeting(s)[0]
+        assert answer.startswith("HTTP/1.1 503 Service Unavailable\r\n")
+        assert "\r\nRetry-After: 1\r\n" in answer
+        assert readable(socks, 0.3) == []
+        for s in socks:
+            s.sendall(b"Host: x\r\n\r\n")
+            answer = read_greeting(s)[0]
+            assert answer.startswith("HTTP/1.1 200 ") and \
+                answer.endswith("\r\n\r\nok\n"), answer
+        for _ in range(4):
+            deadline = time.monotonic() + 5
+            while True:
+                s = socket.create_connection(("127.0.0.1", a.port),
+                                             timeout=5)
+                s.sendall(b"GET /ok.txt HTTP/1.0\r\nHost: x\r\n\r\n")
+                answer = read_greeting(s)[0]
+                if answer.startswith("HTTP/1.1 200 "):
+                    break
+                assert time.monotonic() < deadline, answer
+                time.sleep(0.02)
+        with open(a.access_log) as f:
+            seen = [line.split() for line in f]
+        a.assert_log_clean()
+    finally:
+        close_all(socks)
+        a.cleanup()
+    # The two held at once were in two processes: prefork serves one
+    # connection per child.
+    assert [line[1] for line in seen] == ["200"] * 6, seen
+    assert len({line[4] for line in seen[:2]}) == 2, seen
