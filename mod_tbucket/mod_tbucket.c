@@ -108,7 +108,6 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
         shard_seed = (apr_uint64_t)getpid() * 0x2545f4914f6cdd1dULL
                      ^ (apr_uint64_t)apr_time_now();
     }
-    tbucket_lease_child_init();
     tbucket_local_child_init();
     tbucket_clients_child_init(pchild, main_s);
 }
@@ -403,11 +402,9 @@ static void count_refusal(const tbucket_srv_conf *sc, const tb_result_t *res)
 }
 
 /* The request's decision: one script call (or a lease, or a shard of the
- * key) for the buckets and the concurrency slot together. *lease_key gets
- * the lease's key when the lease decided (tbucket_settle.c needs it). */
-static void decide(apr_pool_t *pool, const tbucket_dir_conf *dc,
-                   tbucket_srv_conf *sc, tb_request_t *q, tb_result_t *res,
-                   const char **lease_key)
+ * key) for the buckets and the concurrency slot together. */
+static void decide(const tbucket_dir_conf *dc, tbucket_srv_conf *sc,
+                   tb_request_t *q, tb_result_t *res)
 {
     int k = dc->shards > 1 ? dc->shards : 1;
 
@@ -423,15 +420,16 @@ static void decide(apr_pool_t *pool, const tbucket_dir_conf *dc,
         q->shards = k;
         q->shard = pick_shard(k);
     }
-    /* A lease needs one token bucket and a cost of at least one token;
-     * check_config refuses the rest where it can see them (not in
-     * .htaccess), and here they decide without. */
-    if (dc->lease > 0 && q->ntakes == 1 && q->algo == TB_ALGO_TOKEN_BUCKET
-        && q->takes[0].cost >= 1) {
-        tbucket_lease_decide(pool, dc, sc, q, res, lease_key);
+    /* The core pays from the server's lease, or takes the next one in
+     * the call; a request that cannot have one (routes, another
+     * algorithm, a cost under one token) is decided without. */
+    if (dc->lease > 0) {
+        q->lease = dc->lease;
+        q->lease_ttl_ms = dc->lease_ttl_ms;
     }
-    else {
-        tb_client_run(sc->client->tb, q, res);
+    tb_client_run(sc->client->tb, q, res);
+    if (dc->lease > 0) {
+        tbucket_count_lease(sc, res);
     }
     if (k > 1) {
         /* The headers and TBUCKET_REMAINING speak for the whole bucket:
@@ -530,7 +528,6 @@ typedef struct tbucket_decision {
     tb_take_t takes[TB_MAX_BUCKETS];
     tb_request_t q;
     tb_result_t res;
-    const char *lease_key;            /* tbucket_lease_decide's.        */
     apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
                                        * 0 when allowed or the cost can
                                        * never fit.                     */
@@ -541,8 +538,7 @@ typedef struct tbucket_decision {
 /* Ask the shared limit about r: 1 when it decided (d->res), 0 when r is
  * not limited (no client in this process, arguments refused). */
 static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
-                      tbucket_srv_conf *sc, request_rec *root,
-                      tbucket_decision *d)
+                      tbucket_srv_conf *sc, tbucket_decision *d)
 {
     const char *key, *prefix;
     const tb_result_t *res = &d->res;
@@ -560,8 +556,7 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     d->q.takes = d->takes;
     d->q.ntakes = dc->limit_set ? build_takes(dc, key, d->takes) : 0;
     d->q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
-    d->lease_key = NULL;
-    decide(root->pool, dc, sc, &d->q, &d->res, &d->lease_key);
+    decide(dc, sc, &d->q, &d->res);
     if (res->err == TB_ERR_ARG) {
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
                       "the limiter refused its arguments: not limited");
@@ -605,7 +600,7 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         left = (apr_int64_t)d->takes[res->binding].limit.capacity;
     }
     rq->decided = 1;
-    rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res, d->lease_key);
+    rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res);
     rq->outcome = outcome_of(res, dc->shadow == 1);
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT, left);
     set_env(r, rq);
@@ -666,7 +661,7 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
     tbucket_decision d;
     const tbucket_req *rq;
 
-    if (!ask_shared(r, dc, sc, root, &d)) {
+    if (!ask_shared(r, dc, sc, &d)) {
         return DECLINED;
     }
     rq = note_shared(r, dc, sc, root, &d);

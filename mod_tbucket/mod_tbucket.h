@@ -402,10 +402,9 @@ tbucket_client_stats *tbucket_shm_client(const tbucket_srv_conf *sc);
 void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
                    int cost_exceeded);
 
-/* Count a lease hit (granted 0) or a refill that granted `granted`
- * tokens, for a server. Thread- and process-safe. */
-void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
-                         int64_t granted);
+/* Count what a decision with a lease did for a server: paid from the
+ * lease, or a refill, and tokens given back. Thread- and process-safe. */
+void tbucket_count_lease(const tbucket_srv_conf *sc, const tb_result_t *res);
 
 /* What happened to a cost the application reported. */
 typedef enum {
@@ -538,42 +537,22 @@ tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc);
 
 /* ---- tbucket_lease.c ------------------------------------------------ */
 
-/* Decide q (one main token bucket, a whole cost of at least one token)
- * with the server's lease of dc->lease tokens at most: from the lease in
- * shared memory when it holds the cost, else in one script call that
- * also takes the next lease and gives back an expired one's tokens.
- * Fills *res as tb_client_run() does; res->remaining is what this server
- * may still spend. *lease_key is the lease's full key (in p) when the
- * request was paid from a lease that is still held, for settling its
- * real cost there; NULL otherwise. */
-void tbucket_lease_decide(apr_pool_t *p, const tbucket_dir_conf *dc,
-                          tbucket_srv_conf *sc, tb_request_t *q,
-                          tb_result_t *res, const char **lease_key);
-
-/* Settle delta tokens (real cost - charged; negative gives back) in the
- * lease at key: 1 when the lease covered it, 0 when Redis must. */
-int tbucket_lease_settle(const char *key, double delta);
-
 /* post_config (parent): have the lease table drained into Redis when
  * this configuration ends (a stop or a restart, graceful or not). */
 void tbucket_lease_setup(apr_pool_t *pconf, server_rec *main_s);
-
-/* child_init: the table's drain count this child may take leases at. */
-void tbucket_lease_child_init(void);
 
 /* ---- tbucket_settle.c ----------------------------------------------- */
 
 /* Record what settling the chain's real cost needs after a decision of
  * request q made under dc (nothing when TBucketCostHeader is not set
  * there): the header's name, the request and what it charged, and
- * whether it can be settled at all (allowed, by Redis, with a token
- * bucket or GCRA). lease_key as from tbucket_lease_decide(). */
+ * whether it can be settled at all (allowed, by Redis or a lease, with
+ * a token bucket or GCRA). */
 tbucket_settle *tbucket_settle_note(request_rec *root,
                                     const tbucket_dir_conf *dc,
                                     tbucket_srv_conf *sc,
                                     const tb_request_t *q,
-                                    const tb_result_t *res,
-                                    const char *lease_key);
+                                    const tb_result_t *res);
 
 /* Register the cost header's filter and the hooks that settle. */
 void tbucket_settle_register(void);

@@ -133,6 +133,10 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
 
     tbucket_client_options(sc, &o);
     o.local = tbucket_local_table();
+    /* Leases live in the segment, shared by every child; each keeps
+     * the slot of its Redis configuration, for the drain. */
+    o.leases = tbucket_lease_table();
+    o.lease_owner = sc->client_slot;
     c->slot = tbucket_shm_client(sc);
     if (c->slot) {
         o.stats = &c->slot->stats;

@@ -1,28 +1,16 @@
-/* tbucket_lease.c -- mod_tbucket's token leases (TBucketLease N ttl=T).
+/* tbucket_lease.c -- the end of a generation's token leases.
  *
- * A server takes tokens from a key's shared bucket in one script call
- * and its children spend them from the lease table in shared memory
- * (tbucket_shm.c) without asking Redis. This file owns what a lease does
- * for a request and what happens to its unspent tokens:
- *
- *  - A request is paid from the key's lease when that holds the cost.
- *    Otherwise one call decides it, takes the next lease and gives back
- *    the unspent tokens of the key's expired lease (tb_lease_plan,
- *    tb_request_t.lease_back): tokens of an expired lease go back at the
- *    latest with the next decision of that key on this server, at no
- *    extra call.
- *  - The lease's size follows the key's traffic on this server: about one
- *    ttl of it (tb_lease_plan), at most N, at least the cost, so a key
- *    seen once a minute does not lock up N tokens and a hot one reaches N
- *    within a few refills (each at most doubles it).
- *  - When the configuration ends (a stop, or a restart, graceful or not)
- *    the parent drains the table in a cleanup of the configuration pool
- *    and returns every lease's tokens to Redis, one call each
- *    (tb_client_give_back), so the next generation starts with no leases
- *    and its limits apply at once. Children of the ending generation see
- *    the drain (tb_lease_epoch) and decide without leases from then on;
- *    a grant one of them took just before is given back by it
- *    (tb_lease_store answers 0).
+ * Leases (TBucketLease N ttl=T) are the core's (tb_client_run with the
+ * lease table of tbucket_shm.c): a child spends a key's lease without
+ * asking Redis and takes the next one in the call that decides. What
+ * the module keeps is the drain: when the configuration ends (a stop,
+ * or a restart, graceful or not) the parent drains the table in a
+ * cleanup of the configuration pool and returns every lease's tokens to
+ * Redis, one call each (tb_client_give_back), so the next generation
+ * starts with no leases and its limits apply at once. Clients of the
+ * ending generation see the drain (the table's epoch) and decide
+ * without leases from then on; a grant one of them took just before is
+ * given back by it.
  *
  * The parent drains because the table outlives every child and only the
  * parent sees both ends of a generation. It makes its own short-lived
@@ -41,137 +29,9 @@
 
 APLOG_USE_MODULE(tbucket);
 
-/* The drain count this child may take leases at (child_init). */
-static uint64_t child_epoch;
-
 /* The process that registered the drain: only it drains, never a child
  * that inherited the configuration pool. */
 static pid_t drain_pid;
-
-void tbucket_lease_child_init(void)
-{
-    child_epoch = tb_lease_epoch(tbucket_lease_table());
-}
-
-/* The lease table, or NULL when this process must not use it: none, or
- * drained since this child started (its server is stopping). */
-static tb_lease_t *lease_table(void)
-{
-    tb_lease_t *lt = tbucket_lease_table();
-
-    return lt && tb_lease_epoch(lt) == child_epoch ? lt : NULL;
-}
-
-/* A request paid from the lease: the verdict the core would give. */
-static void lease_hit(const tb_request_t *q, double left, tb_result_t *res)
-{
-    memset(res, 0, sizeof(*res));
-    res->allowed = 1;
-    res->remaining = (int64_t)left;
-    res->limit = q->takes[0].limit.capacity
-                 / (q->shards > 1 ? q->shards : 1);
-    res->source = TB_SRC_REDIS;
-}
-
-/* Keep a grant's tokens beyond the cost as the lease; give them back at
- * once when the table was drained since the plan. 1 when kept. */
-static int keep_grant(tbucket_srv_conf *sc, tb_lease_t *lt,
-                      const tb_lease_info_t *info,
-                      const tb_lease_plan_t *plan, double extra,
-                      int64_t now_ms)
-{
-    tb_result_t gb;
-
-    if (tb_lease_store(lt, info, plan, extra, now_ms) == 1) {
-        return 1;
-    }
-    if (tb_client_give_back(sc->client->tb, info->key, &info->limit, extra,
-                            &gb) == TB_OK) {
-        tbucket_count_returned(extra);
-    }
-    return 0;
-}
-
-void tbucket_lease_decide(apr_pool_t *p, const tbucket_dir_conf *dc,
-                          tbucket_srv_conf *sc, tb_request_t *q,
-                          tb_result_t *res, const char **lease_key)
-{
-    tb_lease_t *lt = lease_table();
-    const tb_take_t *take = &q->takes[0];
-    int k = q->shards > 1 ? q->shards : 1;
-    int64_t now_ms = tb_clock_now_us() / 1000;
-    tb_lease_info_t info;
-    tb_lease_plan_t plan;
-    char rkey[TB_KEY_BUF];
-    double left;
-
-    *lease_key = NULL;
-    /* A key the core would refuse, or a server that is stopping:
-     * decide without a lease. */
-    if (!lt || !tb_key_build_shard(q->prefix, q->key, q->key_len,
-                                   k > 1 ? q->shard : -1, NULL, rkey)) {
-        tb_client_run(sc->client->tb, q, res);
-        return;
-    }
-    if (tb_lease_spend(lt, rkey, take->cost, now_ms, &left) == 1) {
-        lease_hit(q, left, res);
-        tbucket_count_lease(sc, 1, 0);
-        *lease_key = apr_pstrdup(p, rkey);
-        return;
-    }
-    info.key = rkey;
-    info.limit.capacity = take->limit.capacity / k;
-    info.limit.rate_per_sec = take->limit.rate_per_sec / k;
-    info.ttl_ms = dc->lease_ttl_ms;
-    info.owner = sc->client_slot;
-    if (tb_lease_plan(lt, &info, take->cost,
-                      dc->lease > take->cost ? dc->lease : take->cost,
-                      now_ms, &plan) != TB_OK) {
-        tb_client_run(sc->client->tb, q, res);
-        return;
-    }
-    q->lease = plan.want;
-    q->lease_back = plan.back;
-    tb_client_run(sc->client->tb, q, res);
-    q->lease = 0;
-    q->lease_back = 0;
-    if (res->source != TB_SRC_REDIS) {
-        /* Redis took nothing back: the tokens stay this server's. */
-        if (plan.back > 0) {
-            keep_grant(sc, lt, &info, &plan, plan.back, now_ms);
-        }
-        return;
-    }
-    if (plan.back > 0) {
-        tbucket_count_returned(plan.back);
-    }
-    if (res->granted > 0) {
-        double extra = (double)res->granted - take->cost;
-
-        tbucket_count_lease(sc, 0, res->granted);
-        if (extra > 0 && keep_grant(sc, lt, &info, &plan, extra, now_ms)) {
-            /* What this server may still spend: the shared bucket's
-             * remainder and its own. */
-            res->remaining += (int64_t)extra;
-            *lease_key = apr_pstrdup(p, rkey);
-        }
-    }
-}
-
-int tbucket_lease_settle(const char *key, double delta)
-{
-    tb_lease_t *lt = lease_table();
-    int64_t now_ms = tb_clock_now_us() / 1000;
-    double left;
-
-    if (!lt || !key) {
-        return 0;
-    }
-    if (delta > 0) {
-        return tb_lease_spend(lt, key, delta, now_ms, &left) == 1;
-    }
-    return tb_lease_credit(lt, key, -delta, now_ms) == 1;
-}
 
 /* ---- Draining the table when a configuration ends --------------------- */
 

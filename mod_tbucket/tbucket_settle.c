@@ -21,10 +21,10 @@
  *    err_headers_out with the request they replace; the header is
  *    removed wherever TBucketCostHeader applies, decided or not.
  *  - After the response is written, log_transaction settles the
- *    difference once for the whole chain, from the final response: in
- *    the server's lease when the request was paid from one that covers
- *    the difference, else in one script call on every bucket the request
- *    was charged to (tb_client_settle): debited when higher, refunded
+ *    difference once for the whole chain, from the final response
+ *    (tb_client_settle): in the server's lease of the key when it holds
+ *    one that covers the difference, else in one script call on every
+ *    bucket the request was charged to: debited when higher, refunded
  *    when lower, never above capacity, into debt down to -capacity. A
  *    report equal to the charge, or none, makes no call.
  *
@@ -62,7 +62,6 @@ struct tbucket_settle {
     const char *value;         /* Its value in the final response.     */
     tbucket_srv_conf *sc;      /* The deciding server's.               */
     const char *skip;          /* Why nothing can be settled, or NULL. */
-    const char *lease_key;     /* The lease that paid, or NULL.        */
     double charged;            /* The cost each bucket was charged.    */
     tb_request_t q;            /* The decision's request, copied.      */
     tb_take_t takes[TB_MAX_BUCKETS];
@@ -74,8 +73,7 @@ tbucket_settle *tbucket_settle_note(request_rec *root,
                                     const tbucket_dir_conf *dc,
                                     tbucket_srv_conf *sc,
                                     const tb_request_t *q,
-                                    const tb_result_t *res,
-                                    const char *lease_key)
+                                    const tb_result_t *res)
 {
     tbucket_settle *st;
 
@@ -85,19 +83,18 @@ tbucket_settle *tbucket_settle_note(request_rec *root,
     st = apr_pcalloc(root->pool, sizeof(*st));
     st->header = dc->cost_header;
     st->sc = sc;
-    st->lease_key = lease_key;
     st->charged = q->takes[0].cost;
     st->q = *q;
     memcpy(st->takes, q->takes, (size_t)q->ntakes * sizeof(*q->takes));
     st->q.takes = st->takes;
     st->q.key = apr_pstrmemdup(root->pool, q->key, q->key_len);
-    st->q.lease = 0;
+    /* The lease size stays: the settlement may be made in the lease. */
     st->q.lease_back = 0;
     st->q.now_ms = NULL;
     if (!res->allowed) {
         st->skip = "the request was refused";
     }
-    else if (res->source != TB_SRC_REDIS) {
+    else if (res->source != TB_SRC_REDIS && res->source != TB_SRC_LEASE) {
         st->skip = "the failure policy decided it";
     }
     else if (q->algo != TB_ALGO_TOKEN_BUCKET && q->algo != TB_ALGO_GCRA) {
@@ -209,13 +206,6 @@ static void settle(request_rec *r, tbucket_settle *st, double cost,
     tbucket_srv_conf *sc = st->sc;
     tb_result_t res;
 
-    if (st->lease_key && tbucket_lease_settle(st->lease_key, delta)) {
-        tbucket_count_cost(sc, TBUCKET_COST_SETTLED, delta);
-        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00403)
-                      "cost %g reported for %s, %g charged: settled in "
-                      "the server's lease", cost, r->uri, st->charged);
-        return;
-    }
     if (tb_client_settle(sc->client->tb, &st->q, cost, &res) != TB_OK) {
         tbucket_note_breaker(r, sc->client, &res, sc);
         tbucket_count_cost(sc, TBUCKET_COST_UNSETTLED, 0);
@@ -225,8 +215,14 @@ static void settle(request_rec *r, tbucket_settle *st, double cost,
                       tb_err_name(res.err));
         return;
     }
-    tbucket_note_breaker(r, sc->client, &res, sc);
     tbucket_count_cost(sc, TBUCKET_COST_SETTLED, delta);
+    if (res.source == TB_SRC_LEASE) {
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00403)
+                      "cost %g reported for %s, %g charged: settled in "
+                      "the server's lease", cost, r->uri, st->charged);
+        return;
+    }
+    tbucket_note_breaker(r, sc->client, &res, sc);
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00405)
                   "cost %g reported for %s, %g charged: settled on %d "
                   "bucket(s), %s (%" APR_INT64_T_FMT " ms to pay)", cost,

@@ -332,21 +332,18 @@ void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
     }
 }
 
-void tbucket_count_lease(const tbucket_srv_conf *sc, int hit,
-                         int64_t granted)
+void tbucket_count_lease(const tbucket_srv_conf *sc, const tb_result_t *res)
 {
     tbucket_vhost_stats *v = vhost_stats(sc);
 
-    if (!v) {
-        return;
-    }
-    if (hit) {
+    if (v && res->source == TB_SRC_LEASE) {
         tb_stats_add(&v->lease_hits, 1);
     }
-    else {
+    else if (v && res->granted > 0) {
         tb_stats_add(&v->lease_refills, 1);
-        tb_stats_add(&v->lease_tokens, (uint64_t)granted);
+        tb_stats_add(&v->lease_tokens, (uint64_t)res->granted);
     }
+    tbucket_count_returned(res->lease_returned);
 }
 
 void tbucket_count_cost(const tbucket_srv_conf *sc, tbucket_cost_event ev,

@@ -612,6 +612,15 @@ typedef struct tb_options {
                                  * client), or NULL: the client makes
                                  * one from tls when the URL asks for
                                  * TLS.                             */
+    tb_lease_t *leases;         /* The host's lease table (memory its
+                                 * processes share; not owned), or
+                                 * NULL: requests' leases take the
+                                 * raw form. A table drained since
+                                 * the client was made (the host is
+                                 * stopping) is no longer used.     */
+    int lease_owner;            /* The host's tag for where the
+                                 * buckets live, kept with each lease
+                                 * and handed back by tb_lease_drain.*/
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);
@@ -626,8 +635,9 @@ typedef struct tb_take {
     const char *route; /* NULL for the main bucket. */
 } tb_take_t;
 
-/* The most tokens one lease may ask for. */
+/* The most tokens one lease may ask for, and a lease's default ttl. */
 #define TB_MAX_LEASE TB_MAX_CAPACITY
+#define TB_LEASE_TTL_MS 1000
 
 /* What to decide. Zero it, then fill what applies: the zero value of each
  * optional field is the plain case (the token bucket, the whole key, no
@@ -651,17 +661,30 @@ typedef struct tb_request {
                              * sub-bucket `shard` (0 .. K-1); the core
                              * divides the limits.                     */
     int shard;
-    double lease;           /* 0: no lease. Else, when the request is
-                             * allowed, take up to `lease` tokens in the
-                             * same call (res->granted): token bucket,
-                             * one main take, whole cost and lease,
-                             * cost <= lease <= TB_MAX_LEASE.           */
-    double lease_back;      /* With a lease: unspent tokens of this
+    double lease;           /* 0: no lease. Else, with a client that
+                             * has a lease table (tb_options_t.leases):
+                             * the most tokens one lease takes
+                             * (TBucketLease N). The client pays the
+                             * request from the key's lease when it
+                             * holds the cost (res->source
+                             * TB_SRC_LEASE, no Redis call), else takes
+                             * the next lease, sized by the key's
+                             * traffic, in the call that decides, and
+                             * keeps it in the table. Token bucket, one
+                             * main take, whole cost and lease; other
+                             * requests are decided without one.
+                             * Without a lease table, the raw form: take
+                             * up to `lease` tokens in this call
+                             * (res->granted), cost <= lease <=
+                             * TB_MAX_LEASE, and return lease_back.    */
+    double lease_back;      /* Raw form only: unspent tokens of the
                              * host's expired lease of the same bucket
                              * (tb_lease_plan), returned in the same
                              * call, up to the capacity, before the
                              * decision; written even when the request
                              * is refused. 0 .. TB_MAX_CAPACITY.        */
+    int64_t lease_ttl_ms;   /* How long a lease's tokens may be spent,
+                             * 1 .. 86400000; 0: TB_LEASE_TTL_MS.      */
     const int64_t *now_ms;  /* Tests only: Redis's clock replaced by
                              * *now_ms. NULL in production.             */
     /* Concurrency (see "Concurrency limits" below). */
@@ -679,8 +702,9 @@ typedef enum {
     TB_SRC_OPEN = 1,
     TB_SRC_CLOSED = 2,
     TB_SRC_LOCAL = 3,
-    TB_SRC_ERROR = 4   /* The arguments were refused (err TB_ERR_ARG):
+    TB_SRC_ERROR = 4,  /* The arguments were refused (err TB_ERR_ARG):
                         * nothing was decided; allowed is 0. */
+    TB_SRC_LEASE = 5   /* Paid from the host's lease: no Redis call. */
 } tb_source_t;
 const char *tb_source_name(tb_source_t s);
 
@@ -731,6 +755,10 @@ typedef struct tb_result {
                           * answered: no lease is made from a guess).
                           * res->remaining is what the bucket keeps
                           * after the grant.                           */
+    double lease_returned; /* With a lease table: unspent tokens of
+                          * the host's leases this decision gave back
+                          * to Redis (an expired lease's, or a grant
+                          * the drained table would not keep).        */
     /* Which limit refused; and for concurrency requests the slot. */
     tb_limit_kind_t refused_by;
     int64_t in_flight;   /* Concurrency requests: slots of the key held

@@ -37,6 +37,7 @@ struct tb_client_priv {
     int closed_retry_ms;
     tb_local_t *local;
     void *own_local;       /* Our table's memory, if we made it. */
+    tb__leases_t leases;   /* The host's lease table, if any. */
     tb_stats_t *stats;
     tb_stats_t own_stats;
     tb_tls_t *own_tls;     /* Our TLS context, if we made it. */
@@ -197,6 +198,11 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
     p->policy = o->policy;
     p->replicas = o->replicas;
     p->closed_retry_ms = o->closed_retry_ms > 0 ? o->closed_retry_ms : 1000;
+    if (o->leases) {
+        p->leases.table = o->leases;
+        p->leases.epoch = tb_lease_epoch(o->leases);
+        p->leases.owner = o->lease_owner;
+    }
     if (o->local) {
         p->local = o->local;
     }
@@ -410,7 +416,9 @@ static int script_call(tb_client_t *c, const char *key0, int argc,
     return rc;
 }
 
-int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
+/* One decision in one script call (or by the policy), q's lease taken
+ * in its raw form. */
+static int run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
 {
     struct tb_client_priv *p;
     tb_take_t takes[TB_MAX_BUCKETS];
@@ -456,6 +464,49 @@ int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
 count:
     tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
     return res->source == TB_SRC_REDIS ? TB_OK : TB_ERR;
+}
+
+/* A decision with the host's lease table (tb_lease.c prepares and
+ * reads, this makes the calls). */
+static int lease_run(tb_client_t *c, const tb_request_t *q,
+                     tb_result_t *res)
+{
+    struct tb_client_priv *p = c->priv;
+    tb__lease_step_t st;
+    tb_request_t call = *q;
+    tb_result_t gb;
+    double give;
+
+    switch (tb__lease_begin(&p->leases, q, &st, res)) {
+    case TB__LEASE_PAID:
+        tb_stats_add(&p->stats->decisions, 1);
+        tb_stats_add(&p->stats->allowed, 1);
+        return TB_OK;
+    case TB__LEASE_CALL:
+        call.lease = st.plan.want;
+        call.lease_back = st.plan.back;
+        break;
+    default:
+        call.lease = 0;
+        call.lease_back = 0;
+        return run(c, &call, res);
+    }
+    run(c, &call, res);
+    give = tb__lease_end(&p->leases, q, &st, res);
+    if (give > 0
+        && tb_client_give_back(c, st.rkey, &st.info.limit, give, &gb)
+               == TB_OK) {
+        res->lease_returned += give;
+    }
+    return res->source == TB_SRC_REDIS ? TB_OK : TB_ERR;
+}
+
+int tb_client_run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
+{
+    if (c && c->priv && q && q->lease > 0 && c->priv->leases.table) {
+        return lease_run(c, q, res);
+    }
+    return run(c, q, res);
 }
 
 int tb_client_decide(tb_client_t *c, const char *prefix, const char *key,
@@ -530,6 +581,11 @@ int tb_client_settle(tb_client_t *c, const tb_request_t *q, double cost,
     if (!c || !c->priv || !q || !(cost >= 0) || cost > TB_MAX_CAPACITY
         || (q->algo != TB_ALGO_TOKEN_BUCKET && q->algo != TB_ALGO_GCRA)) {
         return settle_none(res, TB_ERR_ARG);
+    }
+    /* A lease of the host's that holds the difference settles it. */
+    if (q->lease > 0 && c->priv->leases.table
+        && tb__lease_settle(&c->priv->leases, q, cost, res)) {
+        return TB_OK;
     }
     /* The decision's request without its lease: the same buckets. */
     plain = *q;

@@ -29,6 +29,44 @@ void tb_stats_latency(tb_stats_t *s, int64_t us);
  * wall-clock step cannot stretch a bounded wait (tb_pool.c). */
 void tb__cond_init(pthread_cond_t *cv);
 
+/* ---- Leases in a decision (tb_lease.c) ------------------------------ */
+
+/* A client's lease table: the host's, the drain count it was made at
+ * (a table drained since is not used) and the host's owner tag. */
+typedef struct tb__leases {
+    tb_lease_t *table;
+    uint64_t epoch;
+    int owner;
+} tb__leases_t;
+
+/* One decision's lease: its bucket's key and limit, the plan, the
+ * clock it was read at. */
+typedef struct tb__lease_step {
+    char rkey[TB_KEY_BUF];
+    tb_lease_info_t info;
+    tb_lease_plan_t plan;
+    int64_t now_ms;
+} tb__lease_step_t;
+
+#define TB__LEASE_NONE 0  /* Decide without a lease.                    */
+#define TB__LEASE_PAID 1  /* Paid from the lease: *res is the answer.   */
+#define TB__LEASE_CALL 2  /* Ask Redis for st->plan.want tokens, giving
+                           * st->plan.back back, then tb__lease_end.    */
+
+/* Begin deciding q with ls's table: one of TB__LEASE_*. */
+int tb__lease_begin(const tb__leases_t *ls, const tb_request_t *q,
+                    tb__lease_step_t *st, tb_result_t *res);
+/* After the call: keep the grant beyond the cost as the lease, note what
+ * went back in res->lease_returned and add what the host may still spend
+ * to res->remaining. Returns tokens the table would not keep, which the
+ * caller gives back to the bucket (st->rkey, st->info.limit). */
+double tb__lease_end(const tb__leases_t *ls, const tb_request_t *q,
+                     const tb__lease_step_t *st, tb_result_t *res);
+/* Settle a real cost in the key's lease when it holds one: 1 (*res says
+ * TB_SRC_LEASE), or 0 when Redis must settle it. */
+int tb__lease_settle(const tb__leases_t *ls, const tb_request_t *q,
+                     double cost, tb_result_t *res);
+
 /* ---- Circuit breaker (tb_breaker.c) -------------------------------- */
 
 /* Plain data, no locks: the client serialises access. */

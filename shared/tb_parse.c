@@ -177,6 +177,7 @@ const char *tb_source_name(tb_source_t s)
     case TB_SRC_CLOSED: return "closed";
     case TB_SRC_LOCAL: return "local";
     case TB_SRC_ERROR: return "error";
+    case TB_SRC_LEASE: return "lease";
     }
     return "unknown";
 }
