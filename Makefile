@@ -80,6 +80,21 @@ SHIM_SRC = $(wildcard shim/*.c)
 SHIM_OBJ = $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
 SHIM_SO = $(BUILD)/libtbucket_preload.so
 
+# ---- the Redis module: the scripts' decisions as tbucket.* commands -----
+# redismod/ compiled with the core's pure twins (no hiredis, no I/O), into
+# one .so that exports RedisModule_OnLoad alone (tbucket_redis.map). Its
+# version for MODULE LIST is VERSION as major*10000 + minor*100 + patch.
+RM_VERSION := $(shell awk -F. '{ print $$1 * 10000 + $$2 * 100 + $$3 }' \
+    VERSION 2>/dev/null)
+RM_CFLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L -Ishared -Iredismod \
+            -DTBUCKET_REDIS_VERSION=$(or $(RM_VERSION),1)
+RM_SRC = $(wildcard redismod/*.c)
+RM_OBJ = $(patsubst redismod/%.c,$(BUILD)/redismod/%.o,$(RM_SRC))
+RM_TWINS = tb_bucket tb_gcra tb_fwindow tb_swindow tb_slog tb_cnum
+RM_CORE_OBJ = $(patsubst %,$(BUILD)/shared/%.o,$(RM_TWINS))
+RM_SO = $(BUILD)/tbucket_redis.so
+REDIS_MODDIR ?= /usr/lib/redis/modules
+
 # ---- tools ---------------------------------------------------------------
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket)
 
@@ -101,7 +116,8 @@ TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
 # Replays of the fuzz corpus: each tests/fuzz/fuzz_<name>.c linked with
 # replay_main.c instead of libFuzzer, so gcc suffices; always ASan + UBSan,
 # as the fuzz targets are. The core is compiled once for all of them.
-REPLAY_TARGETS = url key parse call $(if $(wildcard shim/shim_conf.c),shimconf)
+REPLAY_TARGETS = url key parse call $(if $(wildcard shim/shim_conf.c),shimconf) \
+                 $(if $(wildcard redismod/tbucket_call.c),rmcall)
 REPLAY_BIN = $(patsubst %,$(BUILD)/fuzz/replay_%,$(REPLAY_TARGETS))
 REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -D_GNU_SOURCE -Ishared -Ishim \
@@ -123,7 +139,7 @@ UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 # What ships; the test programs are built by `make progs` (and before the
 # integration tests), so a package build compiles none of them.
 all: $(ALGO_LUA_BUILT) $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) \
-     $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS)
+     $(if $(SHIM_SRC),$(SHIM_SO)) $(TOOLS) $(if $(RM_SRC),$(RM_SO))
 
 progs: $(TEST_PROGS)
 
@@ -160,6 +176,22 @@ $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LIBTB) $(HIREDIS_STATIC) \
 	    -Wl,--version-script=shim/tb_shim.map -Wl,--exclude-libs,ALL \
 	    -lconfig -ldl $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+
+$(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) shared/tb.h \
+    shared/tb_algo_int.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(RM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(RM_SO): $(RM_OBJ) $(RM_CORE_OBJ) redismod/tbucket_redis.map
+	$(CC) -shared -o $@ $(RM_OBJ) $(RM_CORE_OBJ) \
+	    -Wl,--version-script=redismod/tbucket_redis.map $(TB_LDFLAGS) $(LDFLAGS)
+
+# The Redis module alone, for its Debian package (debian/rules). Mode 755:
+# Redis 7 refuses to load a module file that nobody may execute.
+.PHONY: install-redismod
+install-redismod: $(RM_SO)
+	$(INSTALL) -d "$(DESTDIR)$(REDIS_MODDIR)"
+	$(INSTALL) -m 755 $(RM_SO) "$(DESTDIR)$(REDIS_MODDIR)/tbucket_redis.so"
 
 # The tool reads shim configs with the shim's own loader.
 $(BUILD)/tbucket: tools/tbucket.c $(BUILD)/shim/shim_conf.o $(LIBTB) \
@@ -215,6 +247,10 @@ $(REPLAY_DIR)/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
+$(REPLAY_DIR)/%.o: redismod/%.c shared/tb.h $(wildcard redismod/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -Iredismod -c $< -o $@
+
 $(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
 	$(CC) $(REPLAY_CFLAGS) -o $@ $< $(REPLAY_EXTRA) $(REPLAY_CORE) \
 	    -lhiredis $(TLS_LIBS) -lm -pthread $(REPLAY_LIBS)
@@ -222,12 +258,16 @@ $(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
 $(BUILD)/fuzz/replay_shimconf: $(REPLAY_DIR)/shim_conf.o
 $(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_DIR)/shim_conf.o
 $(BUILD)/fuzz/replay_shimconf: REPLAY_LIBS = -lconfig -ldl
+$(BUILD)/fuzz/replay_rmcall: $(REPLAY_DIR)/tbucket_call.o
+$(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_call.o
+$(REPLAY_DIR)/fuzz_rmcall.o: REPLAY_CFLAGS += -Iredismod
+$(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 # Kept between builds (make would delete them as intermediate files).
-.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o \
+.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o $(REPLAY_DIR)/tbucket_call.o \
     $(patsubst %,$(REPLAY_DIR)/fuzz_%.o,$(REPLAY_TARGETS))
 
 # The algorithm unit tests share their vector reader.
-$(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog): \
+$(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog twin_store): \
     tests/unit/algo_vectors.h
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIBTB)
@@ -295,6 +335,7 @@ bench:
 	-$(MAKE) all $(BENCH_FLOOR_SO)
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
 	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
+	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
 
 clean:
 	rm -rf build

@@ -87,6 +87,17 @@ int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *delta, int n, int64_t now_ms,
                    tb_gcra_t *out, tb_verdict_t *v);
 
+/* The PX tb_gcra.lua sets with each TAT it stores: ceil(after) + 1000 ms,
+ * where after is the debt the call leaves (the TAT less now, before the
+ * rounding of their sum, so it cannot be had back from the stored TAT).
+ * ttl_ms[i] for each of the n buckets, by the operations of
+ * tb_gcra_take() (settle 0) or tb_gcra_settle() (settle 1) on the same
+ * arguments; the call stores TATs when it allows, or settles. TB_ERR for
+ * bad arguments as those. */
+int tb_gcra_ttl_ms(const tb_gcra_t *in, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms, int settle,
+                   int64_t *ttl_ms);
+
 /* Window state: window number (floor(now_ms / window_ms)), cost spent in
  * it (cur) and in the one before (prev, sliding window only). */
 typedef struct tb_window {
@@ -103,6 +114,15 @@ int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v);
 
+/* The PEXPIRE the window scripts set when they store window st at now_ms:
+ * ceil((w + 1) * W - now) + 1000 ms for the fixed window, whose count
+ * lasts to the end of window w; ceil((w + 2) * W - now) + 1000 for the
+ * sliding one, whose count weighs into the next window too. */
+int64_t tb_fwindow_ttl_ms(const tb_window_t *st, const tb_limit_t *lim,
+                          int64_t now_ms);
+int64_t tb_swindow_ttl_ms(const tb_window_t *st, const tb_limit_t *lim,
+                          int64_t now_ms);
+
 /* Sliding-log state: the times (ms) of admitted units, ascending, in
  * caller storage of `slots` entries (slots >= capacity). Updated in place:
  * expired entries are always trimmed, cost entries are appended when
@@ -115,6 +135,29 @@ typedef struct tb_slog {
 
 int tb_slog_take(tb_slog_t *logs, const tb_limit_t *lim, const double *cost,
                  int n, int64_t now_ms, tb_verdict_t *v);
+
+/* The steps of tb_slog_take() for a log kept in a store of the host's
+ * (tb_slog.lua's sorted set; tbucket_redis.so). Per bucket the host drops
+ * the entries at or before tb_slog_cut_ms() (now - W: ZREMRANGEBYSCORE
+ * -inf cut), counts the rest, and reads the time of the entry
+ * tb_slog_need() names, if any: an index, 0-based from the oldest (ZRANGE
+ * k k WITHSCORES), or -1 when none is needed (the cost fits, or exceeds
+ * the capacity). tb_slog_decide() folds the verdict of n buckets from
+ * that, with tb_slog_take()'s checks; when it allows, the host appends
+ * cost entries at now_ms to each log and gives it tb_slog_ttl_ms()
+ * (ceil(W) + 1000 ms). */
+typedef struct tb_slog_count {
+    double count;  /* Entries left after the trim.                     */
+    double nth_ms; /* The time of entry tb_slog_need(), when it named
+                    * one (a sorted set's score: a double).           */
+} tb_slog_count_t;
+
+double tb_slog_cut_ms(const tb_limit_t *lim, int64_t now_ms);
+int64_t tb_slog_need(const tb_limit_t *lim, double cost, double count);
+int tb_slog_decide(const tb_slog_count_t *c, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms,
+                   tb_verdict_t *v);
+int64_t tb_slog_ttl_ms(const tb_limit_t *lim);
 
 /* The local failure policy's decision (tb_local.c): n token buckets
  * with limits divided by `replicas`, at now_ms, in the caller's table.

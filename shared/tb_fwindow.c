@@ -41,3 +41,10 @@ int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
 {
     return tb__window_take(fwindow_step, in, lim, cost, n, now_ms, out, v);
 }
+
+int64_t tb_fwindow_ttl_ms(const tb_window_t *st, const tb_limit_t *lim,
+                          int64_t now_ms)
+{
+    return (int64_t)ceil((st->w + 1) * tb__window_ms(lim) - (double)now_ms)
+           + 1000;
+}

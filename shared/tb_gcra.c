@@ -19,11 +19,12 @@
 #define EPS_MS 0.001
 
 /* The steps of tb_gcra.lua: settle selects its 'settle' mode, where cost
- * is the difference to settle and the new TAT is always stored. TB_ERR
- * for bad arguments of that mode. */
+ * is the difference to settle and the new TAT is always stored. ttl_ms,
+ * when not NULL, receives each bucket's PX (tb_gcra_ttl_ms). TB_ERR for
+ * bad arguments of that mode. */
 static int gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms, int settle,
-                    tb_gcra_t *out, tb_verdict_t *v)
+                    tb_gcra_t *out, tb_verdict_t *v, int64_t *ttl_ms)
 {
     double debt[TB_MAX_BUCKETS], after[TB_MAX_BUCKETS];
     double now = (double)now_ms;
@@ -71,6 +72,9 @@ static int gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
         tb__fold_left(v, i, (limit - used + EPS_MS) / interval);
     }
     for (i = 0; i < n; i++) {
+        if (ttl_ms) {
+            ttl_ms[i] = (int64_t)ceil(after[i]) + 1000;
+        }
         /* On refusal the script writes nothing: out keeps the input. */
         if (v->allowed || settle) {
             out[i].tat_ms = now + after[i];
@@ -87,12 +91,25 @@ int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
                  const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
                  tb_verdict_t *v)
 {
-    return gcra_run(in, lim, cost, n, now_ms, 0, out, v);
+    return gcra_run(in, lim, cost, n, now_ms, 0, out, v, NULL);
 }
 
 int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *delta, int n, int64_t now_ms,
                    tb_gcra_t *out, tb_verdict_t *v)
 {
-    return gcra_run(in, lim, delta, n, now_ms, 1, out, v);
+    return gcra_run(in, lim, delta, n, now_ms, 1, out, v, NULL);
+}
+
+int tb_gcra_ttl_ms(const tb_gcra_t *in, const tb_limit_t *lim,
+                   const double *cost, int n, int64_t now_ms, int settle,
+                   int64_t *ttl_ms)
+{
+    tb_gcra_t out[TB_MAX_BUCKETS];
+    tb_verdict_t v;
+
+    if (!ttl_ms || n < 1 || n > TB_MAX_BUCKETS) {
+        return TB_ERR;
+    }
+    return gcra_run(in, lim, cost, n, now_ms, settle, out, &v, ttl_ms);
 }

@@ -59,3 +59,10 @@ int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
 {
     return tb__window_take(swindow_step, in, lim, cost, n, now_ms, out, v);
 }
+
+int64_t tb_swindow_ttl_ms(const tb_window_t *st, const tb_limit_t *lim,
+                          int64_t now_ms)
+{
+    return (int64_t)ceil((st->w + 2) * tb__window_ms(lim) - (double)now_ms)
+           + 1000;
+}

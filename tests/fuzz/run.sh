@@ -5,7 +5,8 @@
 #   sh tests/fuzz/run.sh BUILD_DIR [SECONDS_PER_TARGET] [TARGET...]
 #
 # Targets (tests/fuzz/fuzz_<name>.c): url, key, parse, call, shimconf (when
-# shim/shim_conf.c exists) and any module target added later. Each is
+# shim/shim_conf.c exists), rmcall (redismod/tbucket_call.c, the Redis
+# module's command parser) and any module target added later. Each is
 # built with clang -fsanitize=fuzzer,address,undefined over the core
 # sources, seeded from tests/fuzz/corpus/<name>/ (kept in git: seeds and
 # every regression input), and grows a scratch corpus under
@@ -17,7 +18,7 @@ set -eu
 BUILD=${1:-build}
 SECS=${2:-25}
 [ $# -ge 2 ] && shift 2 || shift $#
-TARGETS=${*:-"url key parse call shimconf"}
+TARGETS=${*:-"url key parse call shimconf rmcall"}
 CLANG=${CLANG:-clang}
 FUZZ=$BUILD/fuzz
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all"
@@ -55,6 +56,9 @@ for t in $TARGETS; do
     shimconf)
         [ -f shim/shim_conf.c ] || { echo "fuzz: no shim/shim_conf.c"; continue; }
         build shimconf shim/shim_conf.c "-lconfig -ldl" ;;
+    rmcall)
+        # tbucket_redis.so's parser and decision, without Redis.
+        build rmcall "redismod/tbucket_call.c -Iredismod" "" ;;
     *)
         build "$t" "" "" ;;
     esac

@@ -25,6 +25,7 @@ TARGETS = {
     "parse": [],
     "call": [],
     "shimconf": ["shim/shim_conf.c"],
+    "rmcall": ["redismod/tbucket_call.c"],
 }
 
 

@@ -1,7 +1,8 @@
 """test_packaging_deb.py -- `make deb`: the Debian packages, built once.
 
-The packages are built once per session (module fixture `debs`, through
-`make deb`, as a user would) and then checked: their versions come from
+The packages (the Apache module, the tools and the Redis module) are
+built once per session (module fixture `debs`, through `make deb`, as a
+user would) and then checked: their versions come from
 VERSION; their file lists, conffiles, dependencies and maintainer scripts
 are the ones debian/README.source describes; dpkg-buildflags' hardening
 reached every ELF file; lintian reports no error and no warning beyond
@@ -32,6 +33,8 @@ LINTIAN = "/usr/bin/lintian"
 APACHE2 = "/usr/sbin/apache2"
 MOD_PKG = "libapache2-mod-tbucket"
 TOOLS_PKG = "tbucket-tools"
+REDIS_PKG = "redis-tbucket"
+REDIS_MODULE = "usr/lib/redis/modules/tbucket_redis.so"
 # The dependency dh_apache2 adds: the module ABI of httpd 2.4.
 APACHE_API = "apache2-api-20120211"
 
@@ -52,7 +55,15 @@ def shim_path():
 def expected_files():
     doc_mod = "usr/share/doc/%s/" % MOD_PKG
     doc_tools = "usr/share/doc/%s/" % TOOLS_PKG
+    doc_redis = "usr/share/doc/%s/" % REDIS_PKG
     return {
+        REDIS_PKG: {
+            # Executable: Redis 7 loads no module file without an x bit.
+            REDIS_MODULE: 0o755,
+            doc_redis + "README.md": 0o644,
+            doc_redis + "changelog.Debian": 0o644,
+            doc_redis + "copyright": 0o644,
+        },
         MOD_PKG: {
             "usr/lib/apache2/modules/mod_tbucket.so": 0o644,
             "etc/apache2/mods-available/tbucket.load": 0o644,
@@ -124,7 +135,7 @@ def tree(debs):
     """Both packages unpacked (dpkg-deb -x) into one 0755 temp root."""
     root = tempfile.mkdtemp(prefix="tbdeb-", dir="/tmp")
     os.chmod(root, 0o755)
-    for pkg in (MOD_PKG, TOOLS_PKG):
+    for pkg in (MOD_PKG, TOOLS_PKG, REDIS_PKG):
         subprocess.run([DPKG_DEB, "-x", debs[pkg], root], check=True)
     yield root
     shutil.rmtree(root, ignore_errors=True)
@@ -159,8 +170,8 @@ def deb_contents(deb):
 # The built packages are the two of debian/control plus their -dbgsym
 # packages, all at VERSION-N, and debian/changelog agrees.
 def test_deb_001_01_versions(debs):
-    assert set(debs) == {MOD_PKG, TOOLS_PKG, MOD_PKG + "-dbgsym",
-                         TOOLS_PKG + "-dbgsym"}
+    assert set(debs) == {MOD_PKG, TOOLS_PKG, REDIS_PKG, MOD_PKG + "-dbgsym",
+                         TOOLS_PKG + "-dbgsym", REDIS_PKG + "-dbgsym"}
     want = re.compile(r"^%s-\d+$" % re.escape(version()))
     for pkg, deb in debs.items():
         assert want.match(deb_field(deb, "Version")), pkg
@@ -194,6 +205,7 @@ def test_deb_001_02_file_lists(debs):
         "/etc/apache2/mods-available/tbucket.conf",
         "/etc/apache2/mods-available/tbucket.load"]
     assert deb_control_file(debs[TOOLS_PKG], "conffiles") is None
+    assert deb_control_file(debs[REDIS_PKG], "conffiles") is None
 
 
 # Dependencies are computed: shared libraries (shlibs), the Apache module
@@ -206,6 +218,12 @@ def test_deb_001_03_depends_and_scripts(debs):
     tools = deb_field(debs[TOOLS_PKG], "Depends")
     for dep in ("libc6", "libhiredis0.14", "libconfig9"):
         assert dep in tools, tools
+    # The Redis module links libc alone (the core's pure twins, no
+    # hiredis); installing it loads nothing.
+    red = deb_field(debs[REDIS_PKG], "Depends")
+    assert "libc6" in red and "hiredis" not in red, red
+    assert "redis-server" in deb_field(debs[REDIS_PKG], "Enhances")
+    assert deb_control_file(debs[REDIS_PKG], "postinst") is None
     postinst = deb_control_file(debs[MOD_PKG], "postinst") or ""
     assert "enmod" not in postinst
     prerm = deb_control_file(debs[MOD_PKG], "prerm")
@@ -220,7 +238,7 @@ def test_deb_001_03_depends_and_scripts(debs):
 # (BIND_NOW), the stack protector and _FORTIFY_SOURCE in every ELF file.
 def test_deb_001_04_hardening(tree):
     for rel in ("usr/lib/apache2/modules/mod_tbucket.so", shim_path(),
-                "usr/bin/tbucket"):
+                "usr/bin/tbucket", REDIS_MODULE):
         path = os.path.join(tree, rel)
         assert "GNU_RELRO" in run(["readelf", "-lW", path]).stdout, rel
         assert "BIND_NOW" in run(["readelf", "-dW", path]).stdout, rel
@@ -335,6 +353,27 @@ def test_deb_001_08_tools_run(tree):
     assert p.returncode == 78 and "missing.conf" in p.stderr, p.stderr
     p = run([os.path.join(tree, "usr/bin/tbucket"), "--help"], timeout=30)
     assert p.returncode == 0 and "tbucket take KEY" in p.stdout
+
+
+# The unpacked Redis module loads into Debian's redis-server with the
+# loadmodule line its README gives (path moved into the unpacked tree),
+# and decides: 2 allowed, then refused, on Redis's clock.
+def test_deb_001_10_redis_module_loads(tree, tmp_path):
+    from tbtest.redismod import ModRedis
+    readme = read(os.path.join(tree, "usr/share/doc/%s/README.md"
+                               % REDIS_PKG))
+    assert "loadmodule /%s" % REDIS_MODULE in readme
+    r = ModRedis(tmp_path / "redis",
+                 module=os.path.join(tree, REDIS_MODULE)).start()
+    try:
+        c = r.client()
+        got = [c.execute_command("tbucket.bucket", 1, "deb:{k}", "", "2",
+                                 "0.001", "1")[0] for _ in range(3)]
+        assert got == [1, 1, 0]
+        assert [m[1] for m in c.execute_command("MODULE", "LIST")] == \
+            [b"tbucket"]
+    finally:
+        r.stop()
 
 
 # `make deb` stops before building when debian/changelog does not carry

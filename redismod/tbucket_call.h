@@ -1,0 +1,140 @@
+/* tbucket_call.h -- the pure half of tbucket_redis.so: a tbucket.* command's
+ * arguments read as the Lua scripts read them, the stored state decoded as
+ * they decode it, and the decision made by the core's C twins.
+ *
+ * Nothing here calls Redis: tbucket_redis.c reads the keys, hands their
+ * text to the decoders, runs tbucket_decide() and writes back what the
+ * outcome says; tests/fuzz/fuzz_rmcall.c drives the same functions with
+ * hostile bytes. The math is the twins' (shared/tb_bucket.c, tb_gcra.c,
+ * tb_fwindow.c, tb_swindow.c, tb_slog.c); this file only chooses which
+ * twin runs, and folds a full concurrency slot set into the verdict the
+ * way shared/tb_prelude.lua does.
+ */
+#ifndef TBUCKET_CALL_H
+#define TBUCKET_CALL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tb.h"
+#include "tb_algo_int.h"
+
+/* KEYS of one call: TB_MAX_BUCKETS buckets and the slot set. */
+#define TBUCKET_MAX_KEYS (TB_MAX_BUCKETS + 1)
+/* The longest command: name, numkeys, the keys, the clock, three numbers
+ * per bucket, two optional ones (lease size and give-back) and the four
+ * concurrency arguments. */
+#define TBUCKET_MAX_ARGS (2 + TBUCKET_MAX_KEYS + 1 + 3 * TB_MAX_BUCKETS + 2 + 4)
+/* The longest slot id accepted (the client's are under TB_SLOT_ID_LEN). */
+#define TBUCKET_MAX_SLOT_ID 512
+/* The largest clock, in ms, a caller may inject (2^53: every whole number
+ * up to it is exact in a double, as the scripts hold it). */
+#define TBUCKET_MAX_CLOCK_MS 9007199254740992.0
+
+/* The longest TTL a script can set: PEXPIRE takes its argument as
+ * Redis formats a Lua number, "%.17g", which has an exponent from 1e17
+ * on, and refuses it. */
+#define TBUCKET_MAX_TTL_MS 1e17
+
+/* One argument of a command: bytes, not NUL-terminated. */
+typedef struct tbucket_arg {
+    const char *p;
+    size_t len;
+} tbucket_arg_t;
+
+/* A parsed call. The keys stay where they were: bucket i is argv[2 + i],
+ * the slot set (conc) argv[2 + n]. */
+typedef struct tbucket_call {
+    tb_algo_t algo;
+    int numkeys;                  /* KEYS: n buckets, then the slot set.  */
+    int n;                        /* Buckets, 0 .. TB_MAX_BUCKETS.        */
+    int has_now;                  /* ARGV[1] gave a clock (tests).        */
+    int64_t now_ms;               /* That clock, in ms.                   */
+    tb_limit_t lim[TB_MAX_BUCKETS];
+    double cost[TB_MAX_BUCKETS];  /* Tokens; with settle the difference
+                                   * to settle, in -1e9 .. 1e9.           */
+    int settle;                   /* 'settle' (token bucket, GCRA).       */
+    int lease;                    /* A lease size was given (token
+                                   * bucket, one bucket).                 */
+    double want;                  /* The lease size, tokens.              */
+    double back;                  /* Tokens of an expired lease given
+                                   * back before the decision, >= 0.      */
+    int conc;                     /* 'conc' N ttl id were given.          */
+    double conc_limit;            /* N: slots in flight at most.          */
+    int64_t conc_ttl_ms;          /* A slot's life, 1 ..
+                                   * TB_MAX_CONCURRENCY_TTL_MS.          */
+    tbucket_arg_t slot_id;        /* The member the slot is taken as.     */
+} tbucket_call_t;
+
+/* The command name of an algorithm ("tbucket.bucket", ...). */
+const char *tbucket_command_name(tb_algo_t algo);
+
+/* numkeys of a command as EVAL reads it: 0 .. argc - 2. -1 when it is not
+ * a whole number in range (the getkeys callback then names no key). */
+int tbucket_numkeys(int argc, const tbucket_arg_t *argv);
+
+/* Parse a whole tbucket.<algo> command (argv[0] is its name) into *c.
+ * TB_OK, or TB_ERR with the error reply in err: EVAL's own messages for
+ * numkeys, the script's "ERR bad lease" for a lease it refuses, else
+ * "ERR tbucket.<algo>: <why>". Accepts what the client sends and what the
+ * script accepts of it; refuses what the script would fail on or turn into
+ * nonsense (not a number, NaN, infinities, limits tb_limit_check()
+ * refuses, costs out of range, trailing arguments the script ignores). */
+int tbucket_parse(tb_algo_t algo, int argc, const tbucket_arg_t *argv,
+                  tbucket_call_t *c, char *err, size_t errlen);
+
+/* Read a number as Lua 5.1's tonumber() does (strtod in the C locale,
+ * hexadecimal, surrounding white space). 1 with *out set, 0 for what
+ * tonumber() turns into nil, and for embedded NULs. */
+int tbucket_lua_number(const char *p, size_t len, double *out);
+
+/* Format v as Redis formats a Lua number handed to redis.call(): "%.17g"
+ * in the C locale, so that the stored bytes are the script's. Returns the
+ * length (buf holds at least 32 bytes). */
+size_t tbucket_fmt_num(char *buf, size_t len, double v);
+
+/* The state of bucket i as read from its key. */
+typedef struct tbucket_state {
+    tb_bucket_t bucket;   /* Token bucket: hash fields tokens, ts.        */
+    tb_gcra_t gcra;       /* GCRA: the string's TAT.                      */
+    tb_window_t window;   /* Windows: hash fields w, n or w, cur, prev.   */
+    double count;         /* Sliding log: members left after the trim.    */
+} tbucket_state_t;
+
+/* Decode a key's fields, each NULL (p NULL) when missing, as the scripts
+ * do: a field tonumber() cannot read makes the whole bucket a missing
+ * one. Fields that read as infinities, NaN or (for a stamp) not a whole
+ * number within +-2^53 count as missing too: only a hand-written key
+ * holds them, and the twins' arithmetic is defined on finite numbers. */
+void tbucket_decode_bucket(const tbucket_arg_t *tokens,
+                           const tbucket_arg_t *ts, tb_bucket_t *b);
+void tbucket_decode_gcra(const tbucket_arg_t *tat, tb_gcra_t *g);
+/* prev is NULL for the fixed window, which does not read it. */
+void tbucket_decode_window(const tbucket_arg_t *w, const tbucket_arg_t *cur,
+                           const tbucket_arg_t *prev, tb_window_t *st);
+
+/* The sliding log's read of one entry: the score of entry k (0-based,
+ * oldest first) of bucket i's set, after the trim. */
+typedef double tbucket_nth_fn(void *ctx, int i, int64_t k);
+
+/* What a call decided and what it writes. */
+typedef struct tbucket_outcome {
+    tb_verdict_t v;        /* allowed, remaining, retry_ms, binding: the
+                            * reply's first four elements.               */
+    int64_t granted;       /* Lease: the reply's fifth, 0 when refused.  */
+    int store[TB_MAX_BUCKETS];  /* 1: write st[i] with ttl_ms[i] (sliding
+                                 * log: append cost[i] members).         */
+    tbucket_state_t st[TB_MAX_BUCKETS];
+    int64_t ttl_ms[TB_MAX_BUCKETS];
+} tbucket_outcome_t;
+
+/* The decision of call c on the states in[] at now_ms, the slot set full
+ * (conc_full) or not. For the sliding log in[i].count is the count after
+ * the trim and nth() reads the entries the twin asks for. TB_OK, or
+ * TB_ERR when a twin refused its arguments (tbucket_parse() lets no such
+ * call through). */
+int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
+                   int64_t now_ms, int conc_full, tbucket_nth_fn *nth,
+                   void *nth_ctx, tbucket_outcome_t *o);
+
+#endif /* TBUCKET_CALL_H */

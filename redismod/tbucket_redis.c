@@ -1,0 +1,703 @@
+/* tbucket_redis.c -- tbucket_redis.so, the rate-limit scripts as a Redis
+ * module: the same decisions on the same keys, as native commands.
+ *
+ *   redis-server --loadmodule /usr/lib/redis/modules/tbucket_redis.so
+ *
+ * One command per script, taking exactly the script's KEYS and ARGV with
+ * EVAL's numkeys and answering exactly the script's reply, so a client
+ * swaps "EVALSHA <sha> numkeys ..." for "tbucket.<algo> numkeys ...":
+ *
+ *   tbucket.bucket  numkeys key... clock cap rate cost... [settle | want [back]]
+ *                   [conc N ttl id]                    (shared/tb_bucket.lua)
+ *   tbucket.gcra    numkeys key... clock cap rate cost... [settle]
+ *                   [conc N ttl id]                    (shared/tb_gcra.lua)
+ *   tbucket.swindow numkeys key... clock cap rate cost... [conc N ttl id]
+ *   tbucket.fwindow numkeys key... clock cap rate cost... [conc N ttl id]
+ *   tbucket.slog    numkeys key... clock cap rate cost... [conc N ttl id]
+ *
+ * KEYS are the buckets, then, with 'conc', the slot set; clock is "" for
+ * Redis's own (ms) or whole ms (tests). The reply is {allowed, remaining,
+ * retry_ms, binding}, {.., granted} for a lease, and {.., granted or 0,
+ * slots held} with 'conc' (shared/tb_prelude.lua describes them). A slot
+ * is released with ZREM <slot set> <id>, as for the scripts: there is no
+ * tbucket.release, so that a slot taken by the module is released the
+ * same way on a server where the module is gone.
+ *
+ * The decision is the core's: tbucket_call.c parses the arguments, decodes
+ * the stored fields and runs the C twins; this file reads the keys, writes
+ * back what the outcome says, and replies. The keys hold what the scripts
+ * write, byte for byte (numbers as Redis formats a Lua number, "%.17g";
+ * the same fields, members and TTLs), so a bucket started by one engine
+ * goes on under the other. Effects are replicated, never the command,
+ * which reads the clock: HSET, SET .. PXAT, ZADD, ZREMRANGEBYSCORE and
+ * PEXPIREAT with the absolute expiry set on the primary, so replicas and
+ * an AOF replay hold its values and TTLs and need no module. Every key is
+ * opened and type-checked before anything is written: a WRONGTYPE key
+ * leaves the call without effect. Key positions come from numkeys through
+ * the getkeys API, so Cluster routes and refuses CROSSSLOT as for EVAL.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "redismodule_api.h"
+#include "tbucket_call.h"
+
+#ifndef TBUCKET_REDIS_VERSION
+#define TBUCKET_REDIS_VERSION 1
+#endif
+
+/* Score ranks up to this are found by walking the set; past it by ZRANGE,
+ * which finds a rank in O(log N). */
+#define WALK_MAX 128
+
+static int (*RedisModule_GetApi)(const char *name, void *fnptr);
+
+#define TBUCKET_RM_DECLARE(ret, name, args) static ret(*RedisModule_##name) args;
+TBUCKET_RM_API(TBUCKET_RM_DECLARE)
+
+/* The keys of one call: one handle per distinct key, which positions
+ * share, since two handles on one key each cache its value. */
+typedef struct tbucket_keys {
+    RedisModuleCtx *ctx;
+    int numkeys;
+    RedisModuleString *name[TBUCKET_MAX_KEYS];
+    RedisModuleKey *key[TBUCKET_MAX_KEYS];
+    int first[TBUCKET_MAX_KEYS];  /* Position that opened the handle. */
+} tbucket_keys_t;
+
+/* ---- Keys --------------------------------------------------------------- */
+
+static void keys_close(tbucket_keys_t *k)
+{
+    int i;
+
+    for (i = 0; i < k->numkeys; i++) {
+        if (k->first[i] == i && k->key[i]) {
+            RedisModule_CloseKey(k->key[i]);
+        }
+    }
+}
+
+/* Open every key for writing, one handle per distinct name. */
+static void keys_open(RedisModuleCtx *ctx, RedisModuleString **names,
+                      const tbucket_arg_t *args, int numkeys,
+                      tbucket_keys_t *k)
+{
+    int i, j;
+
+    k->ctx = ctx;
+    k->numkeys = numkeys;
+    for (i = 0; i < numkeys; i++) {
+        k->name[i] = names[i];
+        k->first[i] = i;
+        for (j = 0; j < i; j++) {
+            if (args[j].len == args[i].len
+                && memcmp(args[j].p, args[i].p, args[i].len) == 0) {
+                k->first[i] = k->first[j];
+                break;
+            }
+        }
+        k->key[i] = k->first[i] == i
+                    ? RedisModule_OpenKey(ctx, names[i],
+                                          REDISMODULE_READ | REDISMODULE_WRITE)
+                    : k->key[k->first[i]];
+    }
+}
+
+/* The Redis type each algorithm keeps its buckets in. */
+static int bucket_type(tb_algo_t algo)
+{
+    switch (algo) {
+    case TB_ALGO_GCRA:
+        return REDISMODULE_KEYTYPE_STRING;
+    case TB_ALGO_SLIDING_LOG:
+        return REDISMODULE_KEYTYPE_ZSET;
+    default:
+        return REDISMODULE_KEYTYPE_HASH;
+    }
+}
+
+/* NULL when every key is empty or of its type, else the error reply. */
+static const char *keys_check(const tbucket_call_t *c, tbucket_keys_t *k)
+{
+    int i, t;
+
+    for (i = 0; i < c->numkeys; i++) {
+        int want = i < c->n ? bucket_type(c->algo) : REDISMODULE_KEYTYPE_ZSET;
+
+        if (!k->key[i]) {
+            return "ERR tbucket: cannot open a key";
+        }
+        t = RedisModule_KeyType(k->key[i]);
+        if (t != REDISMODULE_KEYTYPE_EMPTY && t != want) {
+            return REDISMODULE_ERRORMSG_WRONGTYPE;
+        }
+    }
+    if (c->conc) {
+        for (i = 0; i < c->n; i++) {
+            if (k->first[i] == k->first[c->n]) {
+                /* The script would write a hash, then fail on ZADD. */
+                return "ERR tbucket: the slot set is also a bucket key";
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- Writing, with the effects replicated ------------------------------ */
+
+static void expire_at(RedisModuleCtx *ctx, RedisModuleString *name,
+                      RedisModuleKey *key, mstime_t at)
+{
+    RedisModule_SetAbsExpire(key, at);
+    RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, (long long)at);
+}
+
+/* HSET name f0 v0 f1 v1 [f2 v2] with numbers formatted as the script's. */
+static void hash_put(RedisModuleCtx *ctx, RedisModuleString *name,
+                     RedisModuleKey *key, const char *const *field,
+                     const double *val, int nf)
+{
+    char buf[3][40];
+    size_t len[3];
+    RedisModuleString *s[3];
+    int i;
+
+    for (i = 0; i < nf; i++) {
+        len[i] = tbucket_fmt_num(buf[i], sizeof(buf[i]), val[i]);
+        s[i] = RedisModule_CreateString(ctx, buf[i], len[i]);
+    }
+    if (nf == 2) {
+        RedisModule_HashSet(key, REDISMODULE_HASH_CFIELDS, field[0], s[0],
+                            field[1], s[1], NULL);
+        RedisModule_Replicate(ctx, "HSET", "scbcb", name, field[0], buf[0],
+                              len[0], field[1], buf[1], len[1]);
+    }
+    else {
+        RedisModule_HashSet(key, REDISMODULE_HASH_CFIELDS, field[0], s[0],
+                            field[1], s[1], field[2], s[2], NULL);
+        RedisModule_Replicate(ctx, "HSET", "scbcbcb", name, field[0], buf[0],
+                              len[0], field[1], buf[1], len[1], field[2],
+                              buf[2], len[2]);
+    }
+    for (i = 0; i < nf; i++) {
+        RedisModule_FreeString(ctx, s[i]);
+    }
+}
+
+/* SET name value PXAT at: the GCRA's TAT. */
+static void string_put(RedisModuleCtx *ctx, RedisModuleString *name,
+                       RedisModuleKey *key, double v, mstime_t at)
+{
+    char buf[40];
+    size_t len = tbucket_fmt_num(buf, sizeof(buf), v);
+    RedisModuleString *s = RedisModule_CreateString(ctx, buf, len);
+
+    RedisModule_StringSet(key, s);
+    RedisModule_FreeString(ctx, s);
+    RedisModule_SetAbsExpire(key, at);
+    RedisModule_Replicate(ctx, "SET", "sbcl", name, buf, len, "PXAT",
+                          (long long)at);
+}
+
+/* ZADD name score member, one member, as the scripts add them. */
+static void zset_add(RedisModuleCtx *ctx, RedisModuleString *name,
+                     RedisModuleKey *key, double score, const char *member,
+                     size_t mlen)
+{
+    char buf[40];
+    size_t len = tbucket_fmt_num(buf, sizeof(buf), score);
+    RedisModuleString *m = RedisModule_CreateString(ctx, member, mlen);
+
+    RedisModule_ZsetAdd(key, score, m, NULL);
+    RedisModule_FreeString(ctx, m);
+    RedisModule_Replicate(ctx, "ZADD", "sbb", name, buf, len, member, mlen);
+}
+
+/* ZREMRANGEBYSCORE name -inf max: the members at or below max go, one at
+ * a time from the lowest (a set left empty is deleted with its last). The
+ * command is replicated when it removed something, as a script's is. */
+static void zset_trim(RedisModuleCtx *ctx, RedisModuleString *name,
+                      RedisModuleKey *key, double max)
+{
+    long long removed = 0;
+    char buf[40];
+    size_t len;
+
+    while (RedisModule_ZsetFirstInScoreRange(key, -INFINITY, max, 0, 0)
+           == REDISMODULE_OK) {
+        RedisModuleString *ele = NULL;
+        double score;
+        int gone = 0;
+
+        if (!RedisModule_ZsetRangeEndReached(key)) {
+            ele = RedisModule_ZsetRangeCurrentElement(key, &score);
+        }
+        RedisModule_ZsetRangeStop(key);
+        if (!ele) {
+            break;
+        }
+        RedisModule_ZsetRem(key, ele, &gone);
+        RedisModule_FreeString(ctx, ele);
+        if (!gone) {
+            break;
+        }
+        removed++;
+    }
+    if (removed) {
+        len = tbucket_fmt_num(buf, sizeof(buf), max);
+        RedisModule_Replicate(ctx, "ZREMRANGEBYSCORE", "scb", name, "-inf",
+                              buf, len);
+    }
+}
+
+/* ZCOUNT key score score. */
+static long long zset_count_at(RedisModuleKey *key, double score)
+{
+    long long n = 0;
+
+    if (RedisModule_ZsetFirstInScoreRange(key, score, score, 0, 0)
+        != REDISMODULE_OK) {
+        return 0;
+    }
+    if (!RedisModule_ZsetRangeEndReached(key)) {
+        do {
+            n++;
+        } while (RedisModule_ZsetRangeNext(key));
+    }
+    RedisModule_ZsetRangeStop(key);
+    return n;
+}
+
+/* The score at rank k (0-based from the lowest): ZRANGE k k WITHSCORES. */
+static double zset_rank_score(RedisModuleCtx *ctx, RedisModuleString *name,
+                              RedisModuleKey *key, int64_t k)
+{
+    RedisModuleCallReply *r, *e;
+    RedisModuleString *ele = NULL;
+    double score = 0;
+    const char *p;
+    size_t len;
+    int64_t j;
+
+    if (k < WALK_MAX) {
+        if (RedisModule_ZsetFirstInScoreRange(key, -INFINITY, INFINITY, 0, 0)
+            != REDISMODULE_OK) {
+            return 0;
+        }
+        for (j = 0; j < k && !RedisModule_ZsetRangeEndReached(key); j++) {
+            RedisModule_ZsetRangeNext(key);
+        }
+        if (!RedisModule_ZsetRangeEndReached(key)) {
+            ele = RedisModule_ZsetRangeCurrentElement(key, &score);
+        }
+        RedisModule_ZsetRangeStop(key);
+        if (ele) {
+            RedisModule_FreeString(ctx, ele);
+        }
+        return score;
+    }
+    r = RedisModule_Call(ctx, "ZRANGE", "sllc", name, (long long)k,
+                         (long long)k, "WITHSCORES");
+    if (r && RedisModule_CallReplyType(r) == REDISMODULE_REPLY_ARRAY
+        && RedisModule_CallReplyLength(r) == 2
+        && (e = RedisModule_CallReplyArrayElement(r, 1)) != NULL
+        && RedisModule_CallReplyType(e) == REDISMODULE_REPLY_STRING
+        && (p = RedisModule_CallReplyStringPtr(e, &len)) != NULL) {
+        tbucket_lua_number(p, len, &score);
+    }
+    if (r) {
+        RedisModule_FreeCallReply(r);
+    }
+    return score;
+}
+
+/* tbucket_nth_fn for the sliding log: the sets are the call's keys. */
+static double slog_nth(void *ctx, int i, int64_t k)
+{
+    tbucket_keys_t *keys = ctx;
+
+    return zset_rank_score(keys->ctx, keys->name[i], keys->key[i], k);
+}
+
+/* ---- Reading ------------------------------------------------------------ */
+
+/* HMGET of up to three fields into decoder arguments; the strings are
+ * kept in s[] until the caller frees them. */
+static void hash_get(RedisModuleKey *key, const char *const *field, int nf,
+                     RedisModuleString **s, tbucket_arg_t *a)
+{
+    int i;
+
+    for (i = 0; i < 3; i++) {
+        s[i] = NULL;
+    }
+    if (nf == 2) {
+        RedisModule_HashGet(key, REDISMODULE_HASH_CFIELDS, field[0], &s[0],
+                            field[1], &s[1], NULL);
+    }
+    else {
+        RedisModule_HashGet(key, REDISMODULE_HASH_CFIELDS, field[0], &s[0],
+                            field[1], &s[1], field[2], &s[2], NULL);
+    }
+    for (i = 0; i < nf; i++) {
+        a[i].p = s[i] ? RedisModule_StringPtrLen(s[i], &a[i].len) : NULL;
+        if (!s[i]) {
+            a[i].len = 0;
+        }
+    }
+}
+
+static const char *const bucket_fields[2] = { "tokens", "ts" };
+static const char *const fwindow_fields[2] = { "w", "n" };
+static const char *const swindow_fields[3] = { "w", "cur", "prev" };
+
+/* Bucket i's state as its script reads it; the sliding log's set is
+ * trimmed first (now - W), as the script trims it. */
+static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
+                       int64_t now_ms, tbucket_state_t *st)
+{
+    RedisModuleKey *key = k->key[i];
+    RedisModuleString *s[3];
+    tbucket_arg_t a[3];
+    const char *dma;
+    size_t len;
+    int j;
+
+    memset(st, 0, sizeof(*st));
+    switch (c->algo) {
+    case TB_ALGO_TOKEN_BUCKET:
+        hash_get(key, bucket_fields, 2, s, a);
+        tbucket_decode_bucket(&a[0], &a[1], &st->bucket);
+        break;
+    case TB_ALGO_GCRA:
+        a[0].p = NULL;
+        a[0].len = 0;
+        if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_STRING
+            && (dma = RedisModule_StringDMA(key, &len, REDISMODULE_READ))) {
+            a[0].p = dma;
+            a[0].len = len;
+        }
+        tbucket_decode_gcra(&a[0], &st->gcra);
+        return;
+    case TB_ALGO_FIXED_WINDOW:
+        hash_get(key, fwindow_fields, 2, s, a);
+        tbucket_decode_window(&a[0], &a[1], NULL, &st->window);
+        break;
+    case TB_ALGO_SLIDING_WINDOW:
+        hash_get(key, swindow_fields, 3, s, a);
+        tbucket_decode_window(&a[0], &a[1], &a[2], &st->window);
+        break;
+    case TB_ALGO_SLIDING_LOG:
+        if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_ZSET) {
+            zset_trim(k->ctx, k->name[i], key,
+                      tb_slog_cut_ms(&c->lim[i], now_ms));
+        }
+        st->count = RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_ZSET
+                    ? (double)RedisModule_ValueLength(key) : 0;
+        return;
+    }
+    for (j = 0; j < 3; j++) {
+        if (s[j]) {
+            RedisModule_FreeString(k->ctx, s[j]);
+        }
+    }
+}
+
+/* ---- Writing the outcome ------------------------------------------------ */
+
+/* Store bucket i's new state with its TTL, as its script does. */
+static void write_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
+                        const tbucket_outcome_t *o, int64_t now_ms,
+                        mstime_t clock_ms)
+{
+    RedisModuleCtx *ctx = k->ctx;
+    RedisModuleString *name = k->name[i];
+    RedisModuleKey *key = k->key[i];
+    mstime_t at = clock_ms + o->ttl_ms[i];
+    const tbucket_state_t *st = &o->st[i];
+    double v[3];
+
+    switch (c->algo) {
+    case TB_ALGO_TOKEN_BUCKET:
+        v[0] = st->bucket.tokens;
+        v[1] = (double)st->bucket.ts_ms;
+        hash_put(ctx, name, key, bucket_fields, v, 2);
+        break;
+    case TB_ALGO_GCRA:
+        string_put(ctx, name, key, st->gcra.tat_ms, at);
+        return;
+    case TB_ALGO_FIXED_WINDOW:
+        v[0] = st->window.w;
+        v[1] = st->window.cur;
+        hash_put(ctx, name, key, fwindow_fields, v, 2);
+        break;
+    case TB_ALGO_SLIDING_WINDOW:
+        v[0] = st->window.w;
+        v[1] = st->window.cur;
+        v[2] = st->window.prev;
+        hash_put(ctx, name, key, swindow_fields, v, 3);
+        break;
+    case TB_ALGO_SLIDING_LOG: {
+        /* Members "<now>:<seq>", numbered after those already at now:
+         * unique, as a trim removes every member of one score at once. */
+        long long seq = zset_count_at(key, (double)now_ms), j;
+        char member[64];
+        int mlen;
+
+        for (j = 1; j <= (long long)c->cost[i]; j++) {
+            mlen = snprintf(member, sizeof(member), "%lld:%lld",
+                            (long long)now_ms, seq + j);
+            zset_add(ctx, name, key, (double)now_ms, member, (size_t)mlen);
+        }
+        break;
+    }
+    }
+    expire_at(ctx, name, key, at);
+}
+
+/* The prelude's finish(): take the slot when allowed; the set lives as
+ * long as its latest slot. */
+static void take_slot(const tbucket_call_t *c, tbucket_keys_t *k,
+                      int64_t now_ms, mstime_t clock_ms)
+{
+    RedisModuleKey *key = k->key[c->n];
+    mstime_t ttl;
+
+    zset_add(k->ctx, k->name[c->n], key,
+             (double)now_ms + (double)c->conc_ttl_ms, c->slot_id.p,
+             c->slot_id.len);
+    ttl = RedisModule_GetExpire(key);
+    if (ttl < c->conc_ttl_ms) {
+        expire_at(k->ctx, k->name[c->n], key, clock_ms + c->conc_ttl_ms);
+    }
+}
+
+static void reply(RedisModuleCtx *ctx, const tbucket_call_t *c,
+                  const tbucket_outcome_t *o, long long held)
+{
+    RedisModule_ReplyWithArray(ctx, c->conc ? 6 : (c->lease ? 5 : 4));
+    RedisModule_ReplyWithLongLong(ctx, o->v.allowed);
+    RedisModule_ReplyWithLongLong(ctx, o->v.remaining);
+    RedisModule_ReplyWithLongLong(ctx, o->v.retry_ms);
+    RedisModule_ReplyWithLongLong(ctx, o->v.binding);
+    if (c->lease || c->conc) {
+        RedisModule_ReplyWithLongLong(ctx, c->lease ? o->granted : 0);
+    }
+    if (c->conc) {
+        RedisModule_ReplyWithLongLong(ctx, held);
+    }
+}
+
+/* ---- The commands ------------------------------------------------------- */
+
+/* The getkeys callback: numkeys keys after it, as EVAL's. */
+static int key_positions(RedisModuleCtx *ctx, RedisModuleString **argv,
+                         int argc)
+{
+    tbucket_arg_t a[2];
+    int i, numkeys;
+
+    if (argc < 2) {
+        return REDISMODULE_OK;
+    }
+    for (i = 0; i < 2; i++) {
+        a[i].p = RedisModule_StringPtrLen(argv[i], &a[i].len);
+    }
+    numkeys = tbucket_numkeys(argc, a);
+    for (i = 0; i < numkeys; i++) {
+        RedisModule_KeyAtPos(ctx, 2 + i);
+    }
+    return REDISMODULE_OK;
+}
+
+/* One tbucket.<algo> call: parse, open and check every key, read, decide,
+ * write, reply. */
+static int command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
+                   tb_algo_t algo)
+{
+    tbucket_arg_t args[TBUCKET_MAX_ARGS];
+    tbucket_state_t in[TB_MAX_BUCKETS];
+    tbucket_outcome_t o;
+    tbucket_call_t c;
+    tbucket_keys_t k;
+    const char *why;
+    char err[256];
+    mstime_t clock_ms;
+    int64_t now_ms;
+    long long held = 0;
+    int i, conc_full = 0;
+
+    if (RedisModule_IsKeysPositionRequest(ctx)) {
+        return key_positions(ctx, argv, argc);
+    }
+    if (argc < 2) {
+        return RedisModule_WrongArity(ctx);
+    }
+    if (argc > TBUCKET_MAX_ARGS) {
+        snprintf(err, sizeof(err), "ERR %s: at most %d arguments",
+                 tbucket_command_name(algo), TBUCKET_MAX_ARGS);
+        return RedisModule_ReplyWithError(ctx, err);
+    }
+    for (i = 0; i < argc; i++) {
+        args[i].p = RedisModule_StringPtrLen(argv[i], &args[i].len);
+    }
+    if (tbucket_parse(algo, argc, args, &c, err, sizeof(err)) != TB_OK) {
+        return RedisModule_ReplyWithError(ctx, err);
+    }
+    keys_open(ctx, argv + 2, args + 2, c.numkeys, &k);
+    if ((why = keys_check(&c, &k)) != NULL) {
+        keys_close(&k);
+        return RedisModule_ReplyWithError(ctx, why);
+    }
+    /* The clock, read once: the decision's (unless injected) and the base
+     * of every expiry this call sets. */
+    clock_ms = RedisModule_Milliseconds();
+    now_ms = c.has_now ? c.now_ms : clock_ms;
+    if (c.conc) {
+        RedisModuleKey *set = k.key[c.n];
+
+        if (RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_ZSET) {
+            zset_trim(ctx, k.name[c.n], set, (double)now_ms);
+        }
+        held = RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_ZSET
+               ? (long long)RedisModule_ValueLength(set) : 0;
+        conc_full = (double)held >= c.conc_limit;
+    }
+    for (i = 0; i < c.n; i++) {
+        read_state(&c, &k, i, now_ms, &in[i]);
+    }
+    if (tbucket_decide(&c, in, now_ms, conc_full, slog_nth, &k, &o)
+        != TB_OK) {
+        keys_close(&k);
+        snprintf(err, sizeof(err), "ERR %s: the arguments were refused",
+                 tbucket_command_name(algo));
+        return RedisModule_ReplyWithError(ctx, err);
+    }
+    for (i = 0; i < c.n; i++) {
+        if (o.store[i] && !((double)o.ttl_ms[i] < TBUCKET_MAX_TTL_MS)) {
+            /* The script's PEXPIRE fails here (after its HSET); we fail
+             * before writing anything. Only a window stored under a far
+             * smaller limit gets here, until that key expires. */
+            keys_close(&k);
+            snprintf(err, sizeof(err), "ERR %s: bucket %d: its TTL would "
+                     "be %lld ms, more than PEXPIRE takes from a script",
+                     tbucket_command_name(algo), i, (long long)o.ttl_ms[i]);
+            return RedisModule_ReplyWithError(ctx, err);
+        }
+    }
+    for (i = 0; i < c.n; i++) {
+        if (o.store[i]) {
+            write_state(&c, &k, i, &o, now_ms, clock_ms);
+        }
+    }
+    if (c.conc && o.v.allowed) {
+        take_slot(&c, &k, now_ms, clock_ms);
+        held++;
+    }
+    keys_close(&k);
+    reply(ctx, &c, &o, held);
+    return REDISMODULE_OK;
+}
+
+static int cmd_bucket(RedisModuleCtx *ctx, RedisModuleString **argv,
+                      int argc)
+{
+    return command(ctx, argv, argc, TB_ALGO_TOKEN_BUCKET);
+}
+
+static int cmd_gcra(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    return command(ctx, argv, argc, TB_ALGO_GCRA);
+}
+
+static int cmd_swindow(RedisModuleCtx *ctx, RedisModuleString **argv,
+                       int argc)
+{
+    return command(ctx, argv, argc, TB_ALGO_SLIDING_WINDOW);
+}
+
+static int cmd_fwindow(RedisModuleCtx *ctx, RedisModuleString **argv,
+                       int argc)
+{
+    return command(ctx, argv, argc, TB_ALGO_FIXED_WINDOW);
+}
+
+static int cmd_slog(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+    return command(ctx, argv, argc, TB_ALGO_SLIDING_LOG);
+}
+
+/* ---- Loading ------------------------------------------------------------ */
+
+/* Fetch every call of TBUCKET_RM_API; the name of the first the server
+ * lacks, or NULL. */
+static const char *fetch_api(void)
+{
+#define TBUCKET_RM_FETCH(ret, name, args)                                  \
+    if (RedisModule_GetApi("RedisModule_" #name,                           \
+                           (void *)&RedisModule_##name) != REDISMODULE_OK  \
+        || !RedisModule_##name) {                                          \
+        return "RedisModule_" #name;                                       \
+    }
+    TBUCKET_RM_API(TBUCKET_RM_FETCH)
+#undef TBUCKET_RM_FETCH
+    return NULL;
+}
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
+                       int argc)
+{
+    static const struct {
+        tb_algo_t algo;
+        RedisModuleCmdFunc fn;
+    } cmds[TB_ALGO_COUNT] = {
+        { TB_ALGO_TOKEN_BUCKET, cmd_bucket },
+        { TB_ALGO_GCRA, cmd_gcra },
+        { TB_ALGO_SLIDING_WINDOW, cmd_swindow },
+        { TB_ALGO_FIXED_WINDOW, cmd_fwindow },
+        { TB_ALGO_SLIDING_LOG, cmd_slog },
+    };
+    const char *missing;
+    int i;
+
+    (void)argv;
+    /* The API's lookup function is the first field of the context. */
+    memcpy(&RedisModule_GetApi, (const void *)ctx, sizeof(RedisModule_GetApi));
+    if (!RedisModule_GetApi || (missing = fetch_api()) != NULL) {
+        /* Redis reports the failed load; say why if it can be said. */
+        if (RedisModule_GetApi && RedisModule_Log) {
+            RedisModule_Log(ctx, "warning", "tbucket: this Redis lacks %s",
+                            missing);
+        }
+        return REDISMODULE_ERR;
+    }
+    if (RedisModule_IsModuleNameBusy("tbucket")) {
+        RedisModule_Log(ctx, "warning", "tbucket: a module of that name "
+                        "is loaded already");
+        return REDISMODULE_ERR;
+    }
+    if (argc != 0) {
+        RedisModule_Log(ctx, "warning", "tbucket: the module takes no "
+                        "arguments");
+        return REDISMODULE_ERR;
+    }
+    RedisModule_SetModuleAttribs(ctx, "tbucket", TBUCKET_REDIS_VERSION,
+                                 REDISMODULE_APIVER_1);
+    for (i = 0; i < TB_ALGO_COUNT; i++) {
+        /* Keys come from numkeys (getkeys-api), as EVAL's do. */
+        if (RedisModule_CreateCommand(ctx, tbucket_command_name(cmds[i].algo),
+                                      cmds[i].fn,
+                                      "write deny-oom getkeys-api", 0, 0, 0)
+            != REDISMODULE_OK) {
+            RedisModule_Log(ctx, "warning", "tbucket: cannot register %s",
+                            tbucket_command_name(cmds[i].algo));
+            return REDISMODULE_ERR;
+        }
+    }
+    RedisModule_Log(ctx, "notice", "tbucket %d: tbucket.bucket, "
+                    "tbucket.gcra, tbucket.swindow, tbucket.fwindow, "
+                    "tbucket.slog", TBUCKET_REDIS_VERSION);
+    return REDISMODULE_OK;
+}
