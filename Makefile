@@ -282,6 +282,7 @@ unit: $(UNIT_BIN)
 	    TB_TEST_VECTORS=tests/vectors $(TEST_PREFIX) $$t; done
 
 integration: all progs
+	sh scripts/fetch-php.sh
 	TB_BUILD=$(abspath $(BUILD)) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	    tests/integration $(PYTEST_ARGS)
 
@@ -336,6 +337,7 @@ bench:
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
 	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
+	$(PYTHON) bench/overload.py --build $(abspath $(BUILD))
 
 clean:
 	rm -rf build

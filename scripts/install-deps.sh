@@ -11,6 +11,12 @@ php-cgi haproxy wrk curl python3 python3-pytest python3-redis \
 python3-requests python3-yaml python3-matplotlib libcmocka-dev \
 docker-compose groff-base chromium debhelper dpkg-dev lintian postgresql \
 php-cli php-pgsql nginx strace locales"
+# mod_php and php-fpm for the real PHP stacks, which scripts/fetch-php.sh
+# unpacks without installing: the PHP they match, and the libraries
+# `ldd libphp8.2.so php-fpm8.2` names beyond libc and OpenSSL.
+PKGS="$PKGS php8.2-common php8.2-cli php8.2-opcache libxml2 libpcre2-8-0 \
+zlib1g libsodium23 libargon2-1 libicu72 liblzma5 libstdc++6 libmagic1 \
+libapparmor1 libacl1 libsystemd0 libcap2 libgcrypt20 libzstd1 liblz4-1"
 # Extra packages for one target (make fuzz: clang libclang-rt-14-dev).
 PKGS="$PKGS $*"
 

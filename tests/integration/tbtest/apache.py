@@ -125,7 +125,8 @@ class Apache:
     """One apache2 with its own server root, port and error log."""
 
     def __init__(self, mpm="event", servers=2, build=None,
-                 log_level="warn tbucket:info", port=None):
+                 log_level="warn tbucket:info", port=None, modules=(),
+                 keepalive=None, cpus=None):
         require(APACHE, "apache2")
         require(os.path.join(MODDIR, "mod_mpm_%s.so" % mpm), "apache2")
         self.mpm = mpm
@@ -135,6 +136,14 @@ class Apache:
         if not os.path.exists(self.so):
             pytest.fail("%s is missing: run make" % self.so)
         self.log_level = log_level
+        # More modules to load: a name from MODDIR ("proxy_fcgi") or a
+        # (module name, path) pair (tbtest/php.py adds mod_php's).
+        self.modules = list(modules)
+        # (MaxKeepAliveRequests, KeepAliveTimeout in seconds), or None
+        # for MaxKeepAliveRequests 0 (unlimited) and the default timeout.
+        self.keepalive = keepalive
+        # CPUs to pin apache2 to (taskset -c, as the bench does), or None.
+        self.cpus = cpus
         self.port = port or free_port()
         self.root = tempfile.mkdtemp(prefix="tba-", dir="/tmp")
         os.chmod(self.root, 0o755)
@@ -188,8 +197,16 @@ class Apache:
             server_root_conf(r, self.port, self.log_level),
             "LoadModule mpm_%s_module %s/mod_mpm_%s.so" % (mpm, MODDIR, mpm),
         ]
-        for m in mods:
+        for m in mods + [m for m in self.modules if isinstance(m, str)]:
             lines.append("LoadModule %s_module %s/mod_%s.so" % (m, MODDIR, m))
+        for m in self.modules:
+            if not isinstance(m, str):
+                lines.append("LoadModule %s %s" % tuple(m))
+        if self.keepalive:
+            keepalive = ["MaxKeepAliveRequests %d" % self.keepalive[0],
+                         "KeepAliveTimeout %d" % self.keepalive[1]]
+        else:
+            keepalive = ["MaxKeepAliveRequests 0"]
         lines += [
             "LoadModule tbucket_module %s" % self.so,
             "TypesConfig /etc/mime.types",
@@ -197,7 +214,7 @@ class Apache:
                                    limit=max(self.servers, 4),
                                    threads=8 * self.servers),
             "KeepAlive On",
-            "MaxKeepAliveRequests 0",
+        ] + keepalive + [
             "Timeout 10",
             'DocumentRoot "%s/htdocs"' % r,
             "DirectoryIndex index.html index.php",
@@ -247,9 +264,10 @@ class Apache:
             self.write_config(body)
         self.stderr = open(os.path.join(self.root, "logs", "stderr.log"),
                            "ab")
+        pin = ["taskset", "-c", self.cpus] if self.cpus else []
         self.proc = subprocess.Popen(
-            ["setsid"] + apache2_argv(self.so, "-f", self.conf,
-                                      "-DFOREGROUND"),
+            pin + ["setsid"] + apache2_argv(self.so, "-f", self.conf,
+                                            "-DFOREGROUND"),
             env=self._env(), stdout=self.stderr, stderr=self.stderr)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

@@ -1,0 +1,183 @@
+"""test_php_stacks.py -- the module in front of real PHP stacks: mod_php
+under the prefork MPM, and php-fpm behind mod_proxy_fcgi under the event
+MPM (tbtest/php.py; both unpacked by scripts/fetch-php.sh, never
+installed). Each serves PHP through a plain TBucketLimit, and PHP sees
+the module's decision; the overload tool (tbtest/overload.py) counts what
+it sends and what the server side spends."""
+import pytest
+
+from tbtest import overload
+from tbtest.apache import http_get
+from tbtest.php import ModPhp, PhpFpm, fpm_apache
+
+# What heavy.php prints for its default 300 rows, whatever the stack.
+HEAVY_DIGEST = "6046c6a71a141fde0d41bc74a01ba67e"
+
+
+@pytest.fixture
+def fpm_factory():
+    """Start php-fpm pools on demand; each is stopped by PID and its
+    temp dir removed at teardown."""
+    made = []
+
+    def make(**kw):
+        p = PhpFpm(**kw)
+        made.append(p)
+        return p.start()
+
+    yield make
+    for p in made:
+        p.cleanup()
+
+
+def limited(redis, prefix, limit="3 1/m"):
+    return """
+TBucketRedis %s timeout=500
+TBucketPrefix %s
+<Location /app/>
+    TBucketEnable On
+    TBucketKey "%%{HTTP:X-API-Key}"
+    TBucketLimit %s
+</Location>
+""" % (redis.url, prefix, limit)
+
+
+def check_served(a, sapi, key):
+    """Three requests of one key reach PHP, which sees the decision and
+    the remaining tokens by getenv() and $_SERVER; the fourth is refused
+    before PHP runs; the heavy page renders in full."""
+    for remaining in ("2", "1", "0"):
+        r = http_get(a.url("/app/env.php"), headers={"X-API-Key": key})
+        assert r.status_code == 200, r.text
+        seen = r.json()
+        assert seen["sapi"] == sapi
+        for how in ("getenv", "server"):
+            assert seen[how]["TBUCKET_DECISION"] == "allowed", seen
+            assert seen[how]["TBUCKET_REMAINING"] == remaining, seen
+            assert seen[how]["REDIRECT_TBUCKET_DECISION"] is None, seen
+    r = http_get(a.url("/app/env.php"), headers={"X-API-Key": key})
+    assert r.status_code == 429
+    assert r.json()["error"] == "rate limited"
+    r = http_get(a.url("/app/heavy.php"), headers={"X-API-Key": key + "-2"})
+    assert r.status_code == 200
+    assert "digest %s decision allowed" % HEAVY_DIGEST in r.text
+    assert r.text.count("<tr ") == 100
+    r = http_get(a.url("/health.php"))
+    assert r.status_code == 200 and r.text == "ok -\n"
+
+
+# mod_php (prefork): PHP runs in Apache's children, sees TBUCKET_DECISION
+# by getenv() and $_SERVER, and is not run for a 429.
+def test_module_160_01(apache_factory, redis_server):
+    a = apache_factory(mpm="prefork", servers=4)
+    php = ModPhp(a)
+    a.start(php.conf() + limited(redis_server, "php1:"))
+    check_served(a, "apache2handler", "alice")
+    with open(a.access_log) as f:
+        log = f.read()
+    assert log.count(" 200 allowed /app/env.php") == 3
+    assert " 429 rejected /app/env.php" in log
+    a.assert_log_clean()
+
+
+# php-fpm (event, mod_proxy_fcgi on a unix socket): the decision reaches
+# PHP as a FastCGI parameter, by getenv() and $_SERVER alike.
+def test_module_160_02(apache_factory, redis_server, fpm_factory):
+    fpm = fpm_factory(children=4)
+    a = fpm_apache(apache_factory, fpm)
+    a.start(fpm.conf() + limited(redis_server, "php2:"))
+    check_served(a, "fpm-fcgi", "bob")
+    with open(a.access_log) as f:
+        log = f.read()
+    assert log.count(" 200 allowed /app/env.php") == 3
+    assert " 429 rejected /app/env.php" in log
+    a.assert_log_clean()
+
+
+# The overload tool against mod_php under Debian's keep-alive defaults
+# and a per-key limit nothing reaches: every flood request is answered
+# 200 with one Redis script call, every critical request is accounted
+# for, and Apache's CPU covers the pages rendered.
+@pytest.mark.slow
+def test_module_160_03(apache_factory, redis_server):
+    a = apache_factory(mpm="prefork", servers=8, keepalive=(100, 5))
+    php = ModPhp(a)
+    a.start(php.conf() + overload.config_body("per_key", redis_server.url,
+                                              prefix="php3:"))
+    rc = redis_server.client()
+    rep = overload.run(a.port, a.proc.pid, redis=rc, flood=16, keys=1000,
+                       duration=3.0, warmup=0.5)
+    fl, cr = rep["flood"], rep["critical"]
+    # Answered or timed out behind the flood's kept-alive connections.
+    assert cr["sent"] == 30 == sum(cr["by_status"].values()), rep
+    assert fl["answered"] > 20, rep
+    assert set(fl["by_status"]) == {200}, rep
+    assert fl["errors"] == 0 and fl["lost_processes"] == 0, rep
+    # One script call per flood request; /health.php is not limited.
+    assert rep["redis_script_calls"] == fl["answered"], rep
+    # Each page is about 25 ms of CPU in Apache's children.
+    assert rep["apache_cpu_s"] > fl["answered"] * 0.005, rep
+    cost = overload.page_cost(a.port, a.proc.pid, n=10,
+                              headers={"X-API-Key": "page"})
+    assert cost["statuses"] == {200: 10}
+    assert 5.0 < cost["apache_ms"] < 500.0, cost
+    a.assert_log_clean()
+
+
+# The overload tool against php-fpm with no limiter: the pages' CPU is
+# php-fpm's, not Apache's, and the critical client is answered.
+@pytest.mark.slow
+def test_module_160_04(apache_factory, redis_server, fpm_factory):
+    fpm = fpm_factory(children=4)
+    a = fpm_apache(apache_factory, fpm, keepalive=(100, 5))
+    a.start(fpm.conf() + overload.config_body("none", redis_server.url,
+                                              prefix="php4:"))
+    rep = overload.run(a.port, a.proc.pid, fpm_pid=fpm.proc.pid,
+                       redis=redis_server.client(), flood=8, keys=100,
+                       duration=2.0, warmup=0.5)
+    fl, cr = rep["flood"], rep["critical"]
+    assert cr["answered"] == cr["sent"] == 20, rep
+    assert set(fl["by_status"]) == {200} and fl["answered"] > 10, rep
+    assert rep["redis_script_calls"] == 0, rep
+    assert rep["fpm_cpu_s"] > rep["apache_cpu_s"], rep
+    cost = overload.page_cost(a.port, a.proc.pid, fpm.proc.pid, n=10)
+    assert cost["fpm_ms"] > 5.0 and cost["fpm_ms"] > 3 * cost["apache_ms"], \
+        cost
+    a.assert_log_clean()
+
+
+# Local protection in front of mod_php under a flood of 32 connections
+# (prefork, 8 workers, Debian's keep-alive defaults): the critical client
+# is always answered, the flood gets 503s (decision "shed" in the access
+# log) and only the requests let through reach Redis; a refused request
+# alone costs under a tenth of a page's CPU and no Redis command.
+@pytest.mark.slow
+def test_module_160_05(apache_factory, redis_server):
+    a = apache_factory(mpm="prefork", servers=8, keepalive=(100, 5))
+    php = ModPhp(a)
+    a.start(php.conf() + overload.config_body("local", redis_server.url,
+                                              prefix="php5:"))
+    rc = redis_server.client()
+    rep = overload.run(a.port, a.proc.pid, redis=rc, flood=32, keys=1000,
+                       duration=3.0, warmup=0.5,
+                       status_path=overload.STATUS_PATH)
+    fl, cr = rep["flood"], rep["critical"]
+    assert cr["answered"] == cr["sent"] == 30, rep
+    ok, shed = fl["by_status"].get(200, 0), fl["by_status"].get(503, 0)
+    assert ok > 0 and shed > ok, rep
+    assert set(fl["by_status"]) <= {200, 503} and fl["errors"] == 0, rep
+    # Admitted requests decide in Redis once each (those cut at the end
+    # too, at most 6 in flight); refused ones never do.
+    assert ok <= rep["redis_script_calls"] <= ok + 6, rep
+    # The status page counts them too (and any the flood left unread).
+    assert shed <= rep["status_decisions_shed"] <= shed + 32, rep
+    with open(a.access_log) as f:
+        assert " 503 shed /app/heavy.php" in f.read()
+    page = overload.page_cost(a.port, a.proc.pid, n=10,
+                              headers={"X-API-Key": "page"})
+    cost = overload.shed_cost(a.port, a.proc.pid, redis=rc, hold=6, n=200,
+                              seconds=2.0)
+    assert cost["statuses"] == {503: cost["sent"]} and cost["sent"] > 20, cost
+    assert cost["redis_commands"] == 0, cost
+    assert cost["apache_ms"] < page["apache_ms"] / 10, (cost, page)
+    a.assert_log_clean()
