@@ -53,7 +53,9 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
 /* GetExpire: the key has no TTL. */
 #define REDISMODULE_NO_EXPIRE -1
 
-/* HashGet/HashSet: field names given as C strings. */
+/* HashGet/HashSet: field names given as RedisModuleStrings (NONE), or as
+ * C strings (CFIELDS). */
+#define REDISMODULE_HASH_NONE 0
 #define REDISMODULE_HASH_CFIELDS (1 << 2)
 
 #define REDISMODULE_ERRORMSG_WRONGTYPE                                     \
