@@ -4,7 +4,12 @@ MPM (tbtest/php.py; both unpacked by scripts/fetch-php.sh, never
 installed). Each serves PHP through a plain TBucketLimit, and PHP sees
 the module's decision; the overload tool (tbtest/overload.py) counts what
 it sends and what the server side spends."""
+import concurrent.futures
+import os
+import shutil
+
 import pytest
+import requests
 
 from tbtest import overload
 from tbtest.apache import http_get
@@ -180,4 +185,94 @@ def test_module_160_05(apache_factory, redis_server):
     assert cost["statuses"] == {503: cost["sent"]} and cost["sent"] > 20, cost
     assert cost["redis_commands"] == 0, cost
     assert cost["apache_ms"] < page["apache_ms"] / 10, (cost, page)
+    a.assert_log_clean()
+
+
+# conc.php?ms=N: PHP counts itself in flight under flock(), keeps the
+# highest count seen, holds N ms, and leaves.
+CONC_PHP = r"""<?php
+$dir = '__STATE__';
+function bump($dir, $by) {
+    $f = fopen("$dir/lock", 'c');
+    flock($f, LOCK_EX);
+    $cur = (int)@file_get_contents("$dir/cur") + $by;
+    file_put_contents("$dir/cur", $cur);
+    if ($cur > (int)@file_get_contents("$dir/max")) {
+        file_put_contents("$dir/max", $cur);
+    }
+    flock($f, LOCK_UN);
+    fclose($f);
+}
+bump($dir, 1);
+usleep(min((int)($_GET['ms'] ?? 500), 5000) * 1000);
+bump($dir, -1);
+echo "ran\n";
+"""
+
+LOCAL = """
+TBucketRedis redis://127.0.0.1:1 timeout=20
+<Location /app/conc.php>
+    TBucketEnable On
+    TBucketLocalConcurrency 3
+</Location>
+"""
+
+
+def conc_page(a):
+    """conc.php and its state dir (written by www-data)."""
+    state = os.path.join(a.root, "phpstate")
+    os.makedirs(state, exist_ok=True)
+    for name in ("cur", "max", "lock"):
+        open(os.path.join(state, name), "w").close()
+    shutil.chown(state, "www-data", "www-data")
+    for name in ("cur", "max", "lock"):
+        shutil.chown(os.path.join(state, name), "www-data", "www-data")
+    a.write_file("htdocs/app/conc.php", CONC_PHP.replace("__STATE__", state))
+    return state
+
+
+def flood_conc(a, n):
+    def one(_):
+        try:
+            return http_get(a.url("/app/conc.php?ms=600"),
+                            timeout=20).status_code
+        except requests.RequestException:
+            return 0
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        return list(ex.map(one, range(n)))
+
+
+def php_max(state):
+    with open(os.path.join(state, "max")) as f:
+        return int(f.read() or 0)
+
+
+# mod_php under prefork (8 children): TBucketLocalConcurrency 3 holds PHP
+# itself to 3 requests at once, across children, with Redis unreachable;
+# the others get 503 and never run PHP.
+@pytest.mark.slow
+def test_module_160_06(apache_factory):
+    a = apache_factory(mpm="prefork", servers=8)
+    php = ModPhp(a)
+    state = conc_page(a)
+    a.start(php.conf() + LOCAL)
+    codes = flood_conc(a, 10)
+    assert php_max(state) == 3
+    assert codes.count(200) >= 3 and codes.count(503) >= 1
+    assert set(codes) <= {200, 503}
+    a.assert_log_clean()
+
+
+# php-fpm (8 children) behind the event MPM: the same cap across Apache's
+# threads, counted by PHP in php-fpm's workers.
+@pytest.mark.slow
+def test_module_160_07(apache_factory, fpm_factory):
+    fpm = fpm_factory(children=8)
+    a = fpm_apache(apache_factory, fpm)
+    state = conc_page(a)
+    a.start(fpm.conf() + LOCAL)
+    codes = flood_conc(a, 10)
+    assert php_max(state) == 3
+    assert codes.count(200) >= 3 and codes.count(503) >= 1
+    assert set(codes) <= {200, 503}
     a.assert_log_clean()
