@@ -557,7 +557,8 @@ def shed_cost(port, apache_pid, fpm_pid=None, redis=None, hold=6,
               hold_path="/app/sleep.php?ms=4000", hold_headers=None,
               path="/app/heavy.php", n=400, conns=2, seconds=2.5):
     """Server CPU and Redis calls of one locally refused request, alone:
-    `hold` requests of hold_path (critical, by hold_headers) keep workers
+    `hold` requests of hold_path (critical but inside the local cap, by
+    hold_headers; config_body) keep workers
     busy and take the local concurrency places without CPU, then `conns`
     clients send up to n requests of path, each on a new connection, for
     at most `seconds`. Returns {sent, statuses, apache_ms, fpm_ms,
@@ -565,7 +566,7 @@ def shed_cost(port, apache_pid, fpm_pid=None, redis=None, hold=6,
     every Redis command, a script's nested ones included); statuses
     says whether they were refused (503) at all."""
     if hold_headers is None:
-        hold_headers = {"X-Partner": "yes"}
+        hold_headers = {"X-Hold": "yes"}
     holders = []
 
     def holder():
@@ -647,8 +648,8 @@ def config_body(kind, redis_url, prefix="ov:", limit="100 10/s",
     "none" loads the module and enables nothing (the status page
     only); "per_key" limits app by X-API-Key with `limit`; "local" adds
     TBucketShed `shed` for the whole site, TBucketLocalConcurrency
-    local_concurrency on app, and TBucketPriority critical for requests
-    with X-Partner: yes."""
+    local_concurrency on app, and TBucketPriority critical (outside the
+    local cap) for requests with X-Partner: yes."""
     out = ["TBucketRedis %s timeout=500" % redis_url,
            "TBucketPrefix %s" % prefix]
     if kind == "local":
@@ -666,9 +667,17 @@ def config_body(kind, redis_url, prefix="ov:", limit="100 10/s",
             out.append("    TBucketLocalConcurrency %d" % local_concurrency)
         out.append("</Location>")
     if kind == "local":
+        # The partner is never shed, and passes the app's local cap:
+        # <If> merges after <Location>, so Off here leaves it.
+        # shed_cost's holders are critical too (never shed themselves) but
+        # stay inside the cap, whose places they hold.
         out += ["<If \"%{HTTP:X-Partner} == 'yes'\">",
                 "    TBucketPriority critical",
-                "</If>"]
+                "    TBucketLocalConcurrency Off",
+                "</If>",
+                "<ElseIf \"%{HTTP:X-Hold} == 'yes'\">",
+                "    TBucketPriority critical",
+                "</ElseIf>"]
     out += ["<Location %s>" % STATUS_PATH,
             "    SetHandler tbucket-status",
             "    TBucketEnable Off",
