@@ -362,6 +362,44 @@ static int set_rule_name(loader_t *ld, const config_setting_t *s,
     return TB_OK;
 }
 
+/* What a lease needs, once the whole rule is read (its settings come in
+ * any order): a bucket (has_bucket), the token bucket, a whole cost of
+ * at least one and no Redis concurrency limit, whose slots every
+ * connection must ask Redis for; a lease_ttl needs a lease. The core
+ * would decide any other rule without a lease, so a lease there would
+ * do nothing: refused, naming the setting. lease_s is NULL when the rule
+ * sets no lease. */
+static int check_lease(loader_t *ld, const config_setting_t *lease_s,
+                       const config_setting_t *ttl_s, int has_bucket,
+                       const shim_rule_t *r)
+{
+    if (lease_s == NULL) {
+        return fail(ld, ttl_s, "rule \"%s\": 'lease_ttl' needs 'lease'",
+                    r->name);
+    }
+    if (!has_bucket) {
+        return fail(ld, lease_s, "rule \"%s\": 'lease' = %d needs a bucket "
+                    "('capacity' and 'rate')", r->name, r->lease);
+    }
+    if (r->concurrency > 0) {
+        return fail(ld, lease_s, "rule \"%s\": 'lease' = %d cannot go with "
+                    "'concurrency' = %d: every connection asks Redis for "
+                    "its slot", r->name, r->lease, r->concurrency);
+    }
+    if (r->algo != TB_ALGO_TOKEN_BUCKET) {
+        return fail(ld, lease_s, "rule \"%s\": 'lease' = %d needs algorithm "
+                    "\"token-bucket\", not \"%s\"", r->name, r->lease,
+                    tb_algo_name(r->algo));
+    }
+    if (!(r->take.cost >= 1)
+        || r->take.cost != (double)(int64_t)r->take.cost) {
+        return fail(ld, lease_s, "rule \"%s\": 'lease' = %d needs a whole "
+                    "'cost' of at least 1, not %g", r->name, r->lease,
+                    r->take.cost);
+    }
+    return TB_OK;
+}
+
 /* Read one rule group. Settings common to both directions are handled
  * here; the direction-only ones are refused in the other direction so a
  * misplaced `on_limit` is reported, not ignored. */
@@ -370,6 +408,7 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
 {
     const char *host = NULL, *str;
     const config_setting_t *host_s = g, *key_s = NULL;
+    const config_setting_t *lease_s = NULL, *lease_ttl_s = NULL;
     int have_port = 0, have_cap = 0, have_rate = 0, i, n;
     int64_t v;
 
@@ -383,6 +422,7 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     r->on_limit = SHIM_ON_FAIL;
     r->max_wait_ms = DEFAULT_MAX_WAIT_MS;
     r->concurrency_ttl_ms = TB_CONCURRENCY_TTL_MS;
+    r->lease_ttl_ms = TB_LEASE_TTL_MS;
     r->fail_errno = ECONNREFUSED;
     r->nonblock_errno = EAGAIN;
     /* on_limit decides for non-blocking sockets too: most clients (curl,
@@ -434,6 +474,15 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
                                  "gcra, sliding-window, fixed-window or "
                                  "sliding-log", str);
             }
+        }
+        else if (strcmp(name, "lease") == 0) {
+            rc = get_int(ld, s, 1, SHIM_MAX_LEASE, &v);
+            r->lease = (int)v;
+            lease_s = s;
+        }
+        else if (strcmp(name, "lease_ttl") == 0) {
+            rc = get_ms(ld, s, 1, SHIM_MAX_LEASE_TTL_MS, &r->lease_ttl_ms);
+            lease_ttl_s = s;
         }
         else if (inbound && strcmp(name, "concurrency") == 0) {
             rc = get_int(ld, s, 1, TB_MAX_CONCURRENCY, &v);
@@ -506,6 +555,11 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     if (!have_port) {
         return fail(ld, g, "%s rule \"%s\" has no 'port'",
                     inbound ? "inbound" : "outbound", r->name);
+    }
+    if ((lease_s != NULL || lease_ttl_s != NULL)
+        && check_lease(ld, lease_s, lease_ttl_s, have_cap && have_rate, r)
+               != TB_OK) {
+        return TB_ERR;
     }
     /* An inbound rule may limit concurrency alone, with no bucket: in
      * Redis, on this host, or both. */

@@ -1,9 +1,11 @@
 /* shim_core.c -- calling the core safely from inside someone else's
  * process: the re-entrancy guard, SIGPIPE, fork, the Redis sockets of
- * our own, and the three calls the wrappers make (decide, hold, release).
+ * our own, and the calls the shim makes (decide, hold, release, and
+ * the give-back of a drained lease).
  *
- * The wrappers (tb_shim.c) never call libtb themselves: shim_decide()
- * and shim_release() each wrap one core call in the same steps.
+ * The wrappers (tb_shim.c) never call libtb themselves: shim_decide(),
+ * shim_release() and shim_give_back() (shim_lease.c's drain at exit)
+ * each wrap one core call in the same steps.
  *
  *  - Re-entrancy: the core opens and closes its Redis sockets itself
  *    (tb_conn.c), so its connect() and close() -- and the connect() of
@@ -313,6 +315,10 @@ void shim_decide(const shim_rule_t *r, const char *key, size_t len,
     q.algo = r->algo;
     q.concurrency = r->concurrency;
     q.concurrency_ttl_ms = r->concurrency_ttl_ms;
+    /* The core pays from the key's lease, or takes the next one in the
+     * call that decides (shim_lease.c made the table). */
+    q.lease = r->lease;
+    q.lease_ttl_ms = r->lease_ttl_ms;
     tb_client_run(c, &q, res);
     if (res->err != TB_ERR_NONE
         && !__atomic_exchange_n(&shim_warned_redis, 1, __ATOMIC_RELAXED)) {
@@ -345,6 +351,23 @@ void shim_release(const shim_held_t *h)
     q.concurrency_ttl_ms = h->rule->concurrency_ttl_ms;
     (void)tb_client_release(c, &q, &h->slot);
     core_leave(&cc);
+}
+
+int shim_give_back(const char *rkey, const tb_limit_t *lim, double tokens,
+                   int *err)
+{
+    core_call_t cc;
+    tb_result_t res;
+    tb_client_t *c = core_enter(&cc);
+    int rc = TB_ERR;
+
+    *err = TB_ERR_ARG;
+    if (c != NULL) {
+        rc = tb_client_give_back(c, rkey, lim, tokens, &res);
+        *err = rc == TB_OK ? TB_ERR_NONE : res.err;
+    }
+    core_leave(&cc);
+    return rc;
 }
 
 /* A slot or place that cannot be tracked (an fd past SHIM_SLOT_FDS,

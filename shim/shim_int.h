@@ -1,10 +1,11 @@
 /* shim_int.h -- what the shim's own files share, and nothing more.
  *
  * tb_shim.c holds the exported wrappers and initialisation; it calls the
- * core only through shim_core.c, asks shim_match.c which rule applies and
- * shim_local.c for a rule's local place. This header joins them: the
- * thread-local re-entrancy guard, the warning line, the calls into the
- * core, the local places and the rule lookup. Nothing
+ * core only through shim_core.c, asks shim_match.c which rule applies,
+ * shim_local.c for a rule's local place and shim_lease.c for the lease
+ * table. This header joins them: the thread-local re-entrancy guard, the
+ * warning line, the calls into the core, the local places, the leases
+ * and the rule lookup. Nothing
  * declared here is exported from the .so (-fvisibility=hidden and
  * tb_shim.map), and nothing here allocates. tb_shim.h stays what the
  * config loader hands out, shared with the tbucket tool; shim_slots.h
@@ -86,6 +87,12 @@ void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
  * Redis slot (one Redis call, none without a slot). Thread-safe. */
 void shim_release(const shim_held_t *h);
 
+/* Give `tokens` back to the token bucket at the full Redis key rkey, of
+ * limit lim (a drained lease's), in one Redis call. TB_OK, or TB_ERR
+ * with the reason (TB_ERR_*) in *err. Thread-safe. */
+int shim_give_back(const char *rkey, const tb_limit_t *lim, double tokens,
+                   int *err);
+
 /* ---- Local places (shim_local.c) ------------------------------------ */
 
 /* Map the shared tables of every inbound rule of conf with
@@ -103,6 +110,20 @@ int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p);
 /* Give back the place *p holds, if any and if its owner was not reaped
  * meanwhile. Lock-free. */
 void shim_local_give(const shim_place_t *p);
+
+/* ---- Leases (shim_lease.c) ------------------------------------------ */
+
+/* When some rule of conf sets `lease`: map the lease table, once, at
+ * initialisation, before the program forks and before the client is
+ * made, and hand it to the client (conf->opts.leases). TB_OK (also when
+ * no rule asks for one), or TB_ERR with the reason in err; every rule's
+ * lease is then 0, so that none is asked for without a table. */
+int shim_lease_start(shim_conf_t *conf, char *err, size_t errlen);
+
+/* Once the client is handed to shim_core.c: register the exit handler
+ * that gives the table's unspent tokens back to Redis when the process
+ * that made the table ends. Nothing without a table. */
+void shim_lease_arm(void);
 
 /* ---- Matching (shim_match.c) ---------------------------------------- */
 

@@ -23,6 +23,8 @@
  *    or a local place;
  *  - shim_local.c: the local places of `local_concurrency`, in memory
  *    shared with the program's forked children;
+ *  - shim_lease.c: the lease table of `lease = N`, shared the same way,
+ *    and its drain when the program ends;
  *  - shim_conf.c: the config file, read once into rule tables.
  *
  * This file owns:
@@ -57,6 +59,12 @@
  * given back when the rule's Redis decision then refuses, or when the
  * program closes the connection (close() gives it back after the real
  * close, so the program never holds more than N).
+ *
+ * A rule with `lease = N` takes tokens from its bucket N at a time (at
+ * most; the core sizes each lease by the key's traffic) and its
+ * processes spend them without a Redis call, from a table shared with
+ * the program's forked children (shim_lease.c); the first process gives
+ * back what is left when it exits.
  *
  * Behaviour when a bucket refuses:
  *  - inbound `close`: the accepted connection is closed and the wrapper
@@ -328,6 +336,16 @@ static int shim_load(void)
         }
         shim_warn("%s; local_concurrency is not enforced", msg);
     }
+    /* Before the client is made: it keeps the table it is given. */
+    if (shim_lease_start(&shim_conf, err, sizeof(err)) != TB_OK) {
+        char msg[SHIM_ERR_LEN + 64];
+
+        snprintf(msg, sizeof(msg), "%s: %s", path, err);
+        if (shim_conf.strict || env_strict) {
+            refuse(msg);
+        }
+        shim_warn("%s; every connection asks Redis", msg);
+    }
     c = tb_client_create(&shim_conf.opts, err, sizeof(err));
     if (c == NULL) {
         char msg[SHIM_ERR_LEN + 64];
@@ -344,6 +362,7 @@ static int shim_load(void)
                   "is not checked", path);
     }
     shim_core_start(c, shim_conf.opts.policy);
+    shim_lease_arm();
     return ST_READY;
 }
 

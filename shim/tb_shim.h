@@ -27,6 +27,8 @@
 #define SHIM_ERR_LEN 512    /* Room for "file:line: problem".             */
 #define SHIM_URL_MAX 512
 #define SHIM_PATH_MAX 512   /* A TLS file name, NUL included.            */
+#define SHIM_MAX_LEASE 1000000        /* `lease`, tokens.                  */
+#define SHIM_MAX_LEASE_TTL_MS 60000   /* `lease_ttl`, ms.                  */
 
 typedef enum {
     SHIM_KEY_FIXED = 0,   /* A fixed name shared by every process.       */
@@ -81,6 +83,14 @@ typedef struct shim_rule {
                                * processes, counted in shared memory
                                * without Redis (shim_local.c). A rule may
                                * have this alone.                       */
+    int lease;                /* 0, or the most tokens one lease takes
+                               * from the bucket (1..SHIM_MAX_LEASE):
+                               * the host's processes spend them without
+                               * a Redis call (shim_lease.c). Only on a
+                               * token bucket with a whole cost >= 1 and
+                               * no `concurrency`.                      */
+    int64_t lease_ttl_ms;     /* How long a lease may be spent, ms,
+                               * 1..SHIM_MAX_LEASE_TTL_MS.              */
 } shim_rule_t;
 
 typedef struct shim_conf {

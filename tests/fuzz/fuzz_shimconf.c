@@ -8,8 +8,10 @@
  * Invariants on success: counts 0..SHIM_MAX_RULES; every rule has a
  * port 1..65535 whose bitmap bit is set, a valid name and Redis prefix,
  * capacity 1..TB_MAX_CAPACITY, rate (0, 1e9], cost 0..TB_MAX_CAPACITY, a
- * key in the sanitised form, at most SHIM_MAX_ADDRS addresses; options in
- * range. On failure: a terminated "path..." message and no rules.
+ * key in the sanitised form, at most SHIM_MAX_ADDRS addresses, lease_ttl
+ * in range and a lease only on a token bucket with a whole cost and no
+ * concurrency; options in range. On failure: a terminated "path..."
+ * message and no rules.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -75,6 +77,26 @@ static void check_rule(const shim_rule_t *r, const unsigned char *bitmap)
                "local_concurrency %d", r->local_concurrency);
     FUZZ_CHECK(r->take.cost >= 0 && r->take.cost <= TB_MAX_CAPACITY,
                "cost %g", r->take.cost);
+    /* lease_ttl always holds a usable value (the default without a
+     * lease); a lease only where the core would honour it: a token
+     * bucket with a whole cost >= 1 and no Redis concurrency limit. */
+    FUZZ_CHECK(r->lease_ttl_ms >= 1
+                   && r->lease_ttl_ms <= SHIM_MAX_LEASE_TTL_MS,
+               "lease_ttl_ms %lld", (long long)r->lease_ttl_ms);
+    FUZZ_CHECK(r->lease >= 0 && r->lease <= SHIM_MAX_LEASE, "lease %d",
+               r->lease);
+    if (r->lease > 0) {
+        FUZZ_CHECK(r->take.limit.capacity >= 1
+                       && r->take.limit.rate_per_sec > 0,
+                   "lease %d without a bucket", r->lease);
+        FUZZ_CHECK(r->concurrency == 0, "lease %d with concurrency %d",
+                   r->lease, r->concurrency);
+        FUZZ_CHECK(r->algo == TB_ALGO_TOKEN_BUCKET, "lease %d with "
+                   "algorithm %d", r->lease, (int)r->algo);
+        FUZZ_CHECK(r->take.cost >= 1
+                       && r->take.cost == (double)(int64_t)r->take.cost,
+                   "lease %d with cost %g", r->lease, r->take.cost);
+    }
     FUZZ_CHECK(r->naddrs >= 0 && r->naddrs <= SHIM_MAX_ADDRS, "naddrs %d",
                r->naddrs);
     FUZZ_CHECK(r->key_len <= TB_KEY_RAW_MAX && r->key[r->key_len] == '\0',

@@ -314,3 +314,21 @@ def check_shared_limit(what, admitted, capacity, rate, seconds, span=None):
         assert admitted <= capacity + rate * span + 1, (what, admitted,
                                                         span)
     return ratio
+
+
+# ---- Counting the shim's Redis calls -------------------------------------
+
+def reset_calls(redis):
+    """Zero Redis's command statistics (CONFIG RESETSTAT)."""
+    redis.client().config_resetstat()
+
+
+def script_calls(redis):
+    """Script calls Redis has run since reset_calls(): EVALSHA and EVAL,
+    from INFO commandstats, one per decision, settlement or give-back.
+    Failed calls are left out, so that the first EVALSHA, answered
+    NOSCRIPT and retried as EVAL by the core, counts once."""
+    stats = redis.client().info("commandstats")
+    return sum(stats.get("cmdstat_" + c, {}).get("calls", 0)
+               - stats.get("cmdstat_" + c, {}).get("failed_calls", 0)
+               for c in ("evalsha", "eval"))
