@@ -121,6 +121,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -630,12 +631,64 @@ static int admit(int cfd, const shim_rule_t *r,
 /* accept()/accept4() under the inbound rules. The peer address is always
  * fetched (the key may need it) and copied out to the caller's buffer
  * with accept()'s truncation rules. */
+/* 1 when a signal pending now, and not blocked by the program's mask
+ * old, has a handler installed without SA_RESTART: had it arrived in the
+ * program's own accept(), that accept() would have failed with EINTR. */
+static int interrupting_signal_pending(const sigset_t *old)
+{
+    struct sigaction sa;
+    sigset_t pending;
+    int sig;
+
+    if (sigpending(&pending) != 0) {
+        return 0;
+    }
+    for (sig = 1; sig < NSIG; sig++) {
+        if (sigismember(&pending, sig) == 1 && sigismember(old, sig) != 1
+            && sigaction(sig, NULL, &sa) == 0
+            && sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN
+            && !(sa.sa_flags & SA_RESTART)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Decide on an accepted connection with the program's signals held, so
+ * that a signal arriving while a refused connection is handled is not
+ * lost in the accept() that follows: a program whose SIGTERM handler
+ * only sets a flag relies on that accept() failing with EINTR, and
+ * without this would wait in it for the next client. The signal is
+ * delivered when the mask is restored; *interrupted says whether the
+ * program's accept() must now fail with EINTR (a handler without
+ * SA_RESTART), as the kernel's would. 1 when the connection goes to the
+ * program. */
+static int admit_held(int cfd, const shim_rule_t *r,
+                      const struct sockaddr_storage *peer, socklen_t plen,
+                      int *interrupted)
+{
+    sigset_t all, old;
+    int ok;
+
+    sigfillset(&all);
+    *interrupted = 0;
+    if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) {
+        return admit(cfd, r, peer, plen);
+    }
+    ok = admit(cfd, r, peer, plen);
+    if (!ok) {
+        *interrupted = interrupting_signal_pending(&old);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return ok;
+}
+
 static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
                           int flags, int plain)
 {
     struct sockaddr_storage peer;
     socklen_t plen;
-    int saved = errno, cfd, rejects = 0, nonblock = -1;
+    int saved = errno, cfd, rejects = 0, nonblock = -1, interrupted;
 
     for (;;) {
         const shim_rule_t *r;
@@ -646,8 +699,12 @@ static int limited_accept(int fd, struct sockaddr *addr, socklen_t *alen,
             return cfd;
         }
         if ((r = match_accepted(cfd)) == NULL
-            || admit(cfd, r, &peer, plen)) {
+            || admit_held(cfd, r, &peer, plen, &interrupted)) {
             break;
+        }
+        if (interrupted) {
+            errno = EINTR;
+            return -1;
         }
         if (nonblock < 0) {
             nonblock = is_nonblocking(fd);

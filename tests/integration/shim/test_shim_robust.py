@@ -3,11 +3,13 @@ fork-and-exec, library constructors, daemons that close every fd, bad
 configs, and Redis going away under each failure policy."""
 import os
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
 
+from tbtest.env import free_port
 from tbtest.shim import (Proc, bucket, cli, errs, plain_env, redis_clients,
                          run, shim_env, stderr_lines, write_conf)
 
@@ -306,3 +308,33 @@ def test_shim_300_15(redis_server, progs, tmp_path):
     assert err == ""
     keys = [k.decode() for k in redis_server.client().keys("*")]
     assert keys == ["tb:shim:out:legacy-db:{legacy-db}"]
+
+
+# test_shim_300_16: a SIGTERM that arrives while the shim is refusing a
+# connection is not lost: tb_srv's handler (no SA_RESTART) relies on its
+# accept() failing with EINTR, and it exits at once instead of waiting in
+# the shim's next accept() for another client. Redis is stopped (SIGSTOP)
+# so that the refusal (closed policy) takes the 1 s command timeout and
+# the signal surely lands inside it.
+def test_shim_300_16(redis_server, progs, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      "inbound = ( { name = \"web\"; port = %d; "
+                      "capacity = 5; rate = \"1/s\"; } );" % port,
+                      policy="closed", timeout_ms=1000)
+    srv = Proc([progs["tb_srv"], "-p", str(port)], shim_env(conf))
+    redis_pid = redis_server.proc.pid
+    os.kill(redis_pid, signal.SIGSTOP)
+    try:
+        c = socket.create_connection(("127.0.0.1", port), timeout=5)
+        time.sleep(0.3)
+        os.kill(srv.proc.pid, signal.SIGTERM)
+        try:
+            srv.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail("tb_srv did not exit on SIGTERM: the signal was "
+                        "lost in the shim's accept()")
+        c.close()
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+        srv.stop()
