@@ -40,23 +40,31 @@ TB_LDFLAGS += -fsanitize=$(SANITIZER)
 endif
 
 # ---- the core: C99 + POSIX + hiredis + OpenSSL, nothing else -----------
+# shared/ in layers (shared/README.md): base/, algo/ and redis/ below, the
+# decision path at the top. Objects mirror the folders under
+# $(BUILD)/shared/; the script table generated from algo/'s Lua is
+# $(BUILD)/shared/algo/tb_script.c.
 CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
-CORE_SRC = $(wildcard shared/*.c)
+CORE_SRC = $(wildcard shared/*.c shared/*/*.c)
+CORE_HDR = shared/tb.h $(wildcard shared/*_int.h shared/*/*.h)
+TB_SCRIPT_C = $(BUILD)/shared/algo/tb_script.c
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
-           $(BUILD)/shared/tb_script.o
+           $(TB_SCRIPT_C:.c=.o)
 LIBTB = $(BUILD)/libtb.a
 
 # The script bodies in tb_algo_t order: the token bucket first. Each ships
 # as LUA_PRELUDE followed by its body; embed-lua.sh joins them into
 # $(BUILD)/lua/ (the texts the tests run) and embeds those texts.
-LUA_PRELUDE = shared/tb_prelude.lua
-ALGO_LUA = shared/tb_bucket.lua shared/tb_gcra.lua shared/tb_swindow.lua \
-           shared/tb_fwindow.lua shared/tb_slog.lua
-ALGO_LUA_BUILT = $(patsubst shared/%,$(BUILD)/lua/%,$(ALGO_LUA))
+LUA_PRELUDE = shared/algo/tb_prelude.lua
+ALGO_LUA = shared/algo/tb_bucket.lua shared/algo/tb_gcra.lua \
+           shared/algo/tb_swindow.lua shared/algo/tb_fwindow.lua \
+           shared/algo/tb_slog.lua
+ALGO_LUA_BUILT = $(patsubst shared/algo/%,$(BUILD)/lua/%,$(ALGO_LUA))
 
 HIREDIS_LIBS = -lhiredis
-# TLS to Redis (shared/tb_tls.c): every program that links libtb links
-# these too, the shim included (shared libssl; only hiredis is static).
+# TLS to Redis (shared/redis/tb_tls.c) and SHA-256 (shared/base/tb_digest.c):
+# every program that links libtb links these too, the shim included
+# (shared libssl; only hiredis is static).
 TLS_LIBS = -lssl -lcrypto
 # Debian's hiredis.pc says libdir=/usr/lib, but the archive is multiarch.
 HIREDIS_STATIC = $(firstword $(wildcard \
@@ -90,7 +98,8 @@ RM_CFLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L -Ishared -Iredismod \
             -DTBUCKET_REDIS_VERSION=$(or $(RM_VERSION),1)
 RM_SRC = $(wildcard redismod/*.c)
 RM_OBJ = $(patsubst redismod/%.c,$(BUILD)/redismod/%.o,$(RM_SRC))
-RM_TWINS = tb_bucket tb_gcra tb_fwindow tb_swindow tb_slog tb_cnum
+RM_TWINS = algo/tb_bucket algo/tb_gcra algo/tb_fwindow algo/tb_swindow \
+           algo/tb_slog base/tb_cnum
 RM_CORE_OBJ = $(patsubst %,$(BUILD)/shared/%.o,$(RM_TWINS))
 RM_SO = $(BUILD)/tbucket_redis.so
 REDIS_MODDIR ?= /usr/lib/redis/modules
@@ -123,8 +132,9 @@ REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -D_GNU_SOURCE -Ishared -Ishim \
                 -I$(BUILD)
 REPLAY_DIR = $(BUILD)/fuzz/replay-obj
-REPLAY_CORE = $(patsubst shared/%.c,$(REPLAY_DIR)/%.o,$(CORE_SRC)) \
-              $(REPLAY_DIR)/tb_script.o $(REPLAY_DIR)/replay_main.o
+REPLAY_CORE = $(patsubst shared/%.c,$(REPLAY_DIR)/shared/%.o,$(CORE_SRC)) \
+              $(REPLAY_DIR)/shared/algo/tb_script.o \
+              $(REPLAY_DIR)/replay_main.o
 # dl_main loads a plugin found only through its RUNPATH ($ORIGIN/plug), as
 # PHP loads extensions: the shim's dlopen() must keep the caller's identity.
 TPROG_DL = $(TPROG)/dl_main $(TPROG)/plug/libtbplug.so
@@ -143,17 +153,17 @@ all: $(ALGO_LUA_BUILT) $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) \
 
 progs: $(TEST_PROGS)
 
-$(BUILD)/shared/tb_script.c $(ALGO_LUA_BUILT) &: $(LUA_PRELUDE) $(ALGO_LUA) \
+$(TB_SCRIPT_C) $(ALGO_LUA_BUILT) &: $(LUA_PRELUDE) $(ALGO_LUA) \
     scripts/embed-lua.sh Makefile
-	@mkdir -p $(BUILD)/shared
+	@mkdir -p $(dir $(TB_SCRIPT_C))
 	sh scripts/embed-lua.sh $(BUILD)/lua $(LUA_PRELUDE) $(ALGO_LUA) \
-	    > $(BUILD)/shared/tb_script.c.tmp
-	mv $(BUILD)/shared/tb_script.c.tmp $(BUILD)/shared/tb_script.c
+	    > $(TB_SCRIPT_C).tmp
+	mv $(TB_SCRIPT_C).tmp $(TB_SCRIPT_C)
 
-$(BUILD)/shared/tb_script.o: $(BUILD)/shared/tb_script.c
+$(TB_SCRIPT_C:.c=.o): $(TB_SCRIPT_C) $(CORE_HDR)
 	$(CC) $(CPPFLAGS) $(CORE_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/shared/%.o: shared/%.c shared/tb.h $(wildcard shared/*_int.h)
+$(BUILD)/shared/%.o: shared/%.c $(CORE_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CORE_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
@@ -178,7 +188,7 @@ $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	    -lconfig -ldl $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 $(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) shared/tb.h \
-    shared/tb_algo_int.h
+    shared/algo/tb_algo_int.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(RM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
@@ -231,11 +241,11 @@ $(TPROG)/dl_main: $(TPROG_SRC)/dl_main.c
 $(TPROG)/tb_cli2: $(TPROG)/tb_cli
 	cp $< $@
 
-$(REPLAY_DIR)/%.o: shared/%.c shared/tb.h $(wildcard shared/*_int.h)
+$(REPLAY_DIR)/shared/%.o: shared/%.c $(CORE_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: $(BUILD)/shared/%.c
+$(REPLAY_DIR)/shared/algo/tb_script.o: $(TB_SCRIPT_C) $(CORE_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
@@ -306,7 +316,7 @@ noopt:
 FUZZ_TIME ?= 25
 # Configs for the apache2 -t fuzz of the directive handlers.
 DIRECTIVE_FUZZ ?= 3000
-fuzz: $(BUILD)/shared/tb_script.c
+fuzz: $(TB_SCRIPT_C)
 	@sh scripts/install-deps.sh clang libclang-rt-14-dev
 	sh tests/fuzz/run.sh $(BUILD) $(FUZZ_TIME) $(FUZZ_TARGETS)
 	$(MAKE) all

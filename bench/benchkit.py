@@ -372,7 +372,7 @@ def script_text(build):
 
 def embedded_sha(build):
     try:
-        with open(os.path.join(build, "shared", "tb_script.c")) as f:
+        with open(os.path.join(build, "shared", "algo", "tb_script.c")) as f:
             m = re.search(r'tb_script_sha1\[41\] = "([0-9a-f]{40})"', f.read())
             return m.group(1) if m else None
     except OSError:

@@ -1,6 +1,6 @@
 -- plain_bucket.lua -- the design's plain single-bucket token bucket, the
 -- yardstick for Redis time per decision (bench/run.py compares the
--- usec_per_call of shared/tb_bucket.lua against this one).
+-- usec_per_call of shared/algo/tb_bucket.lua against this one).
 --
 -- One key, no injected clock, no route buckets, no all-or-nothing pass:
 -- read, refill, deduct, write back. KEYS[1] the bucket hash; ARGV[1]

@@ -191,7 +191,7 @@ INCLUSIVE_STEPS = (
     ("tb_client_run", "tb_client_run"),
     ("tb_key_build_shard", "key_build"),
     ("tb__fmt_num", "format_numbers"),
-    ("tb__run_script", "run_script"),
+    ("tb__redis_call", "run_script"),
     ("tb__pool_call", "pool_call"),
     ("tb__buf_argv", "resp_encode"),
     ("tb__conn_write", "conn_write"),

@@ -1,8 +1,8 @@
 /* tbucket_call.c -- a tbucket.* command's arguments, stored state and
  * decision, without Redis.
  *
- * The arguments are the scripts' own (shared/tb_prelude.lua): numkeys as
- * EVAL reads it, KEYS the buckets and the optional slot set, ARGV the
+ * The arguments are the scripts' own (shared/algo/tb_prelude.lua): numkeys
+ * as EVAL reads it, KEYS the buckets and the optional slot set, ARGV the
  * clock, capacity, rate and cost per bucket, the token bucket's 'settle'
  * or lease size and give-back, GCRA's 'settle', and 'conc' N ttl id.
  * Numbers are read as Lua's tonumber() reads them and written as Redis
@@ -544,6 +544,7 @@ static int run_lease(const tbucket_call_t *c, const tbucket_state_t *in,
                      int64_t now_ms, tb_verdict_t *v, tb_bucket_t *held,
                      tbucket_outcome_t *o)
 {
+    tb_bucket_grant_t g;
     tb_bucket_t out;
 
     *held = in[0].bucket;
@@ -551,10 +552,12 @@ static int run_lease(const tbucket_call_t *c, const tbucket_state_t *in,
                                            c->back, now_ms, held) != TB_OK) {
         return TB_ERR;
     }
-    if (tb_bucket_lease(held, &c->lim[0], c->cost[0], c->want, now_ms, &out,
-                        v, &o->granted) != TB_OK) {
+    g.cost = c->cost[0];
+    g.want = c->want;
+    if (tb_bucket_lease(held, &c->lim[0], &g, now_ms, &out, v) != TB_OK) {
         return TB_ERR;
     }
+    o->granted = g.granted;
     o->st[0].bucket = out;
     o->ttl_ms[0] = tb_bucket_ttl_ms(&c->lim[0]);
     return TB_OK;

@@ -5,10 +5,10 @@
  * Nothing here calls Redis: tbucket_redis.c reads the keys, hands their
  * text to the decoders, runs tbucket_decide() and writes back what the
  * outcome says; tests/fuzz/fuzz_rmcall.c drives the same functions with
- * hostile bytes. The math is the twins' (shared/tb_bucket.c, tb_gcra.c,
- * tb_fwindow.c, tb_swindow.c, tb_slog.c); this file only chooses which
- * twin runs, and folds a full concurrency slot set into the verdict the
- * way shared/tb_prelude.lua does.
+ * hostile bytes. The math is the twins' (shared/algo/tb_bucket.c,
+ * tb_gcra.c, tb_fwindow.c, tb_swindow.c, tb_slog.c); this file only
+ * chooses which twin runs, and folds a full concurrency slot set into the
+ * verdict the way shared/algo/tb_prelude.lua does.
  */
 #ifndef TBUCKET_CALL_H
 #define TBUCKET_CALL_H
@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "tb.h"
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 /* KEYS of one call: TB_MAX_BUCKETS buckets and the slot set. */
 #define TBUCKET_MAX_KEYS (TB_MAX_BUCKETS + 1)

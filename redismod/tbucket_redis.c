@@ -8,9 +8,9 @@
  * swaps "EVALSHA <sha> numkeys ..." for "tbucket.<algo> numkeys ...":
  *
  *   tbucket.bucket  numkeys key... clock cap rate cost... [settle | want [back]]
- *                   [conc N ttl id]                    (shared/tb_bucket.lua)
+ *                   [conc N ttl id]               (shared/algo/tb_bucket.lua)
  *   tbucket.gcra    numkeys key... clock cap rate cost... [settle]
- *                   [conc N ttl id]                    (shared/tb_gcra.lua)
+ *                   [conc N ttl id]                 (shared/algo/tb_gcra.lua)
  *   tbucket.swindow numkeys key... clock cap rate cost... [conc N ttl id]
  *   tbucket.fwindow numkeys key... clock cap rate cost... [conc N ttl id]
  *   tbucket.slog    numkeys key... clock cap rate cost... [conc N ttl id]
@@ -18,10 +18,10 @@
  * KEYS are the buckets, then, with 'conc', the slot set; clock is "" for
  * Redis's own (ms) or whole ms (tests). The reply is {allowed, remaining,
  * retry_ms, binding}, {.., granted} for a lease, and {.., granted or 0,
- * slots held} with 'conc' (shared/tb_prelude.lua describes them). A slot
- * is released with ZREM <slot set> <id>, as for the scripts: there is no
- * tbucket.release, so that a slot taken by the module is released the
- * same way on a server where the module is gone.
+ * slots held} with 'conc' (shared/algo/tb_prelude.lua describes them). A
+ * slot is released with ZREM <slot set> <id>, as for the scripts: there
+ * is no tbucket.release, so that a slot taken by the module is released
+ * the same way on a server where the module is gone.
  *
  * The decision is the core's: tbucket_call.c parses the arguments, decodes
  * the stored fields and runs the C twins; this file reads the keys, writes

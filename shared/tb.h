@@ -9,8 +9,10 @@
  * C99 + POSIX + hiredis + OpenSSL (TLS to Redis; its headers stay out of
  * this one): no APR, httpd or libconfig header appears here, so every host
  * links the same library. What only the library and its
- * unit tests use lives in tb_algo_int.h (the C twins of the scripts) and
- * tb_int.h (breaker, transport, policy).
+ * unit tests use lives in the internal header of each layer of shared/:
+ * base/tb_base.h (errors, deadlines, SHA-256), algo/tb_algo_int.h (the
+ * scripts' C twins), redis/tb_redis_int.h (the transport) and tb_int.h
+ * (the decision path: breaker, policy, leases, the script call).
  *
  * Conventions (as in hiredis):
  *  - Functions return TB_OK / TB_ERR, or a pointer that is NULL on error.
@@ -157,8 +159,8 @@ typedef struct tb_verdict {
 } tb_verdict_t;
 
 /* The pure decision over n buckets (1 <= n <= TB_MAX_BUCKETS), the C twin
- * of shared/tb_bucket.lua: lazy refill to now_ms (elapsed clamped at 0,
- * refill capped at capacity), then all-or-nothing deduction of cost[i]
+ * of shared/algo/tb_bucket.lua: lazy refill to now_ms (elapsed clamped at
+ * 0, refill capped at capacity), then all-or-nothing deduction of cost[i]
  * from bucket i. in[] is read, out[] receives the new states (out may
  * alias in); on refusal out[] holds the refilled but undeducted states and
  * the caller may skip writing them. No clock, I/O or allocation. Returns
@@ -247,7 +249,9 @@ size_t tb_ip_key_addr(int family, const void *addr, int v6_bits, char *out,
 
 /* Write the sanitised form of an untrusted client key (len bytes, may
  * hold NUL) into out (at least TB_KEY_RAW_MAX + 1 bytes). Returns its
- * length. An empty key stays empty; callers substitute the client IP. */
+ * length. An empty key stays empty; callers substitute the client IP. A
+ * key that needs hashing when no digest can be made (out of memory)
+ * gives 0 and an empty out too. */
 size_t tb_key_sanitize(const char *key, size_t len, char *out);
 
 /* Build "<prefix>{<sanitised key>}" or, with a route name,
@@ -262,7 +266,8 @@ size_t tb_key_build(const char *prefix, const char *key, size_t len,
  * client key never holds a space (tb_key_sanitize hashes one that does),
  * so no client key can name a shard of another, or a shard at all. A
  * negative shard is exactly tb_key_build(). Returns the length, or 0 on
- * a bad prefix, name or shard. */
+ * a bad prefix, name or shard (or a key tb_key_sanitize could not
+ * hash). */
 size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
                           int shard, const char *route, char *out);
 
@@ -585,7 +590,9 @@ void tb_tls_free(tb_tls_t *t);
 typedef struct tb_options {
     const char *url;            /* Default TB_DEFAULT_URL.          */
     int timeout_ms;             /* Command timeout, default 50.     */
-    int connect_timeout_ms;     /* Default: timeout_ms.             */
+    int connect_timeout_ms;     /* Default: timeout_ms. Covers the
+                                 * host name's lookup, the connect
+                                 * and the TLS handshake together.  */
     int pool_size;              /* Connections per process, def. 2. */
     int breaker_threshold;      /* Default 5.                       */
     int64_t breaker_cooldown_ms;/* Default 10000.                   */
@@ -864,7 +871,7 @@ int tb_client_give_back(tb_client_t *c, const char *rkey,
 #define TB_MAX_CONCURRENCY_TTL_MS 86400000
 /* The wait a full slot set answers with (ms). A constant: no slot says
  * when its request will end, and a slot's age says nothing of how much
- * of it is left. The scripts' CONC_WAIT (shared/tb_prelude.lua). */
+ * of it is left. The scripts' CONC_WAIT (shared/algo/tb_prelude.lua). */
 #define TB_CONCURRENCY_RETRY_MS 1000
 
 /* Release the slot a decision on *req took (res->slot), once, when the

@@ -2,7 +2,7 @@
  * Redis keys, the EVALSHA argument vector and the reply read as a result.
  *
  * Pure, no I/O: tb_client.c calls Redis with what this builds. The layout
- * here is the contract with the Lua scripts (shared/tb_*.lua), so it
+ * here is the contract with the Lua scripts (shared/algo/tb_*.lua), so it
  * lives in one place, and numbers are formatted so that Lua's tonumber()
  * reads back exactly the double C holds: the C twins and the scripts must
  * agree bit for bit (tests/vectors/).
@@ -33,7 +33,7 @@ size_t tb__fmt_num(char *buf, size_t len, double v)
      * two digits at a time: snprintf("%.17g") was a third of the
      * client's instructions per decision (bench/README.md). The digits
      * are those %.17g prints. The rest go through tb_fmt_double(), in
-     * the C locale whatever the host set (tb_cnum.c). */
+     * the C locale whatever the host set (base/tb_cnum.c). */
     if (v >= 0 && v < 1e15 && v == floor(v) && len >= 17) {
         char tmp[16];
         uint64_t u = (uint64_t)v;
@@ -170,79 +170,70 @@ int tb__call_prepare(const tb_request_t *q, tb_take_t *takes,
     return 1;
 }
 
+/* Append one argument of len bytes to k's vector. */
+static void arg(tb__call_t *k, const char *a, size_t len)
+{
+    k->argv[k->argc] = a;
+    k->argvlen[k->argc++] = len;
+}
+
+/* Append v as a number, formatted into k's next free nums[i]. */
+static void arg_num(tb__call_t *k, int i, double v)
+{
+    arg(k, k->nums[i], tb__fmt_num(k->nums[i], sizeof(k->nums[i]), v));
+}
+
 /* The script's arguments, EVALSHA form: digest, the keys, the clock ("" for
  * Redis's own), capacity, rate and cost per bucket, then 'settle', or the
  * lease size and the tokens given back when a lease is asked for; with a
- * concurrency limit (conc not NULL) its slot set as the last key and
- * 'conc', N, ttl and the slot id last. Without buckets the token bucket's
- * script carries the limit alone. nums holds the formatted numbers.
- * Returns argc. */
-int tb__call_argv(const tb_request_t *q, const tb_take_t *takes,
-                  char keys[][TB_KEY_BUF], int what,
-                  const tb__conc_t *conc, const char *slot_id,
-                  char nums[][32], const char **argv, size_t *argvlen)
+ * concurrency limit (k->conc) its slot set as the last key and 'conc', N,
+ * ttl and the slot id last. Without buckets the token bucket's script
+ * carries the limit alone. */
+int tb__call_argv(const tb_request_t *q, tb__call_t *k)
 {
-    int i, argc = 0, n = q->ntakes;
+    const tb__conc_t *conc = k->conc;
+    int i, n = q->ntakes;
     tb_algo_t algo = n > 0 ? q->algo : TB_ALGO_TOKEN_BUCKET;
 
-    argv[argc] = "EVALSHA";
-    argvlen[argc++] = 7;
-    argv[argc] = tb_algo_script_sha1(algo);
-    argvlen[argc++] = 40;
-    argv[argc] = nums[0];
-    argvlen[argc++] = tb__fmt_num(nums[0], 32, n + (conc ? 1 : 0));
+    k->argc = 0;
+    arg(k, "EVALSHA", 7);
+    arg(k, tb_algo_script_sha1(algo), 40);
+    arg_num(k, 0, n + (conc ? 1 : 0));
     for (i = 0; i < n; i++) {
-        argv[argc] = keys[i];
-        argvlen[argc++] = strlen(keys[i]);
+        arg(k, k->keys[i], strlen(k->keys[i]));
     }
     if (conc) {
-        argv[argc] = conc->key;
-        argvlen[argc++] = strlen(conc->key);
+        arg(k, conc->key, strlen(conc->key));
     }
     if (q->now_ms) {
-        argv[argc] = nums[1];
-        argvlen[argc++] = (size_t)snprintf(nums[1], 32, "%lld",
-                                           (long long)*q->now_ms);
+        arg(k, k->nums[1], (size_t)snprintf(k->nums[1], sizeof(k->nums[1]),
+                                            "%lld", (long long)*q->now_ms));
     }
     else {
-        argv[argc] = "";
-        argvlen[argc++] = 0;
+        arg(k, "", 0);
     }
     for (i = 0; i < n; i++) {
-        char *b = nums[2 + 3 * i];
-
-        argv[argc] = b;
-        argvlen[argc++] = tb__fmt_num(b, 32, takes[i].limit.capacity);
-        argv[argc] = b + 32;
-        argvlen[argc++] = tb__fmt_num(b + 32, 32, takes[i].limit.rate_per_sec);
-        argv[argc] = b + 64;
-        argvlen[argc++] = tb__fmt_num(b + 64, 32, takes[i].cost);
+        arg_num(k, 2 + 3 * i, k->takes[i].limit.capacity);
+        arg_num(k, 3 + 3 * i, k->takes[i].limit.rate_per_sec);
+        arg_num(k, 4 + 3 * i, k->takes[i].cost);
     }
-    if (what == TB__CALL_SETTLE) {
-        argv[argc] = "settle";
-        argvlen[argc++] = 6;
+    if (k->what == TB__CALL_SETTLE) {
+        arg(k, "settle", 6);
     }
     else if (q->lease > 0) {
         /* The lease: the script's optional arguments after the buckets. */
-        argv[argc] = nums[2 + 3 * n];
-        argvlen[argc++] = tb__fmt_num(nums[2 + 3 * n], 32, q->lease);
+        arg_num(k, 2 + 3 * n, q->lease);
         if (q->lease_back > 0) {
-            argv[argc] = nums[3 + 3 * n];
-            argvlen[argc++] = tb__fmt_num(nums[3 + 3 * n], 32, q->lease_back);
+            arg_num(k, 3 + 3 * n, q->lease_back);
         }
     }
     if (conc) {
-        argv[argc] = "conc";
-        argvlen[argc++] = 4;
-        argv[argc] = nums[4 + 3 * n];
-        argvlen[argc++] = tb__fmt_num(nums[4 + 3 * n], 32, conc->limit);
-        argv[argc] = nums[5 + 3 * n];
-        argvlen[argc++] = tb__fmt_num(nums[5 + 3 * n], 32,
-                                      (double)conc->ttl_ms);
-        argv[argc] = slot_id;
-        argvlen[argc++] = strlen(slot_id);
+        arg(k, "conc", 4);
+        arg_num(k, 4 + 3 * n, conc->limit);
+        arg_num(k, 5 + 3 * n, (double)conc->ttl_ms);
+        arg(k, k->slot_id, strlen(k->slot_id));
     }
-    return argc;
+    return k->argc;
 }
 
 /* Turn the script's reply into the result. The script binds a

@@ -7,10 +7,12 @@
  * local bucket of limit/replicas from a bounded table. It reads the clock
  * once per decision and never logs: counters and the result say what
  * happened, and the host logs. With a redis-cluster:// URL the script call
- * and the tools' commands go through tb_cluster.c instead of the pool;
- * Sentinel is the pool's business (tb_pool.c). A concurrency limit rides
- * on the same script call (one more key and four more arguments) and is
- * released by tb_client_release(), one ZREM.
+ * and the tools' commands go through redis/tb_cluster.c instead of the
+ * pool; Sentinel is the pool's business (redis/tb_pool.c). The scripts
+ * every connection loads are algo/'s, handed to the transport in its
+ * settings (tb__redis_cfg_t). A concurrency limit rides on the same
+ * script call (one more key and four more arguments) and is released by
+ * tb_client_release(), one ZREM.
  *
  * tb_client_settle() and tb_client_give_back() make the other kind of
  * call: the same script in its 'settle' mode, over the buckets a decision
@@ -30,6 +32,8 @@
 struct tb_client_priv {
     tb__pool_t pool;
     tb__cluster_t *cluster; /* redis-cluster:// only; the pool is idle. */
+    const char *script_text[TB_ALGO_COUNT]; /* The transport's scripts, */
+    const char *script_sha1[TB_ALGO_COUNT]; /* in tb_algo_t order.      */
     pthread_mutex_t bmu;   /* Guards the breaker. */
     tb_breaker_t breaker;
     tb_policy_t policy;
@@ -130,67 +134,67 @@ static int client_tls(struct tb_client_priv *p, const tb_options_t *o,
     return p->own_tls ? TB_OK : TB_ERR;
 }
 
-tb_client_t *tb_client_create(const tb_options_t *o, char *err,
-                              size_t errlen)
+/* The connect timeout o asks for: timeout_ms unless set. */
+static int connect_timeout(const tb_options_t *o)
 {
-    tb_client_t *c;
-    struct tb_client_priv *p;
-    tb_redis_addr_t addr;
-    const tb_tls_t *tls;
-    char uerr[256];
-    int cto;
+    return o->connect_timeout_ms ? o->connect_timeout_ms : o->timeout_ms;
+}
 
-    if (!o) {
-        return fail(err, errlen, "no options given", NULL);
-    }
-    if (tb_url_parse(o->url, &addr, uerr, sizeof(uerr)) != TB_OK) {
-        return fail(err, errlen, uerr, NULL);
-    }
+/* What is wrong with o's numbers and names, or NULL. */
+static const char *options_error(const tb_options_t *o)
+{
+    int cto = connect_timeout(o);
+
     if (o->timeout_ms < 1 || o->timeout_ms > 60000) {
-        return fail(err, errlen, "timeout must be 1..60000 ms", NULL);
+        return "timeout must be 1..60000 ms";
     }
-    cto = o->connect_timeout_ms ? o->connect_timeout_ms : o->timeout_ms;
     if (cto < 1 || cto > 60000) {
-        return fail(err, errlen, "connect timeout must be 1..60000 ms", NULL);
+        return "connect timeout must be 1..60000 ms";
     }
     if (o->pool_size < 1 || o->pool_size > 1024) {
-        return fail(err, errlen, "pool size must be 1..1024", NULL);
+        return "pool size must be 1..1024";
     }
     if (o->breaker_threshold < 1 || o->breaker_threshold > 1000000) {
-        return fail(err, errlen, "breaker threshold must be 1..1000000",
-                    NULL);
+        return "breaker threshold must be 1..1000000";
     }
     if (o->breaker_cooldown_ms < 0 || o->breaker_cooldown_ms > 86400000) {
-        return fail(err, errlen, "breaker cooldown must be 0..24h", NULL);
+        return "breaker cooldown must be 0..24h";
     }
     if (o->policy != TB_POLICY_OPEN && o->policy != TB_POLICY_CLOSED
         && o->policy != TB_POLICY_LOCAL) {
-        return fail(err, errlen, "unknown failure policy", NULL);
+        return "unknown failure policy";
     }
     if (o->replicas < 1 || o->replicas > 100000) {
-        return fail(err, errlen, "replicas must be 1..100000", NULL);
+        return "replicas must be 1..100000";
     }
-    c = calloc(1, sizeof(*c));
-    p = calloc(1, sizeof(*p));
-    if (!c || !p) {
-        free(p);
-        return fail(err, errlen, "out of memory", c);
+    return NULL;
+}
+
+/* The settings of p's connections from o, cfg->addr and cfg->tls being
+ * set: timeouts, pool size, counters and algo/'s scripts. */
+static void redis_cfg(struct tb_client_priv *p, const tb_options_t *o,
+                      tb__redis_cfg_t *cfg)
+{
+    int i;
+
+    for (i = 0; i < TB_ALGO_COUNT; i++) {
+        p->script_text[i] = tb_algo_script_source((tb_algo_t)i);
+        p->script_sha1[i] = tb_algo_script_sha1((tb_algo_t)i);
     }
-    c->priv = p;
-    p->stats = o->stats ? o->stats : &p->own_stats;
-    if (client_tls(p, o, &addr, &tls, uerr, sizeof(uerr)) != TB_OK) {
-        return fail(err, errlen, uerr, c);
-    }
-    if (tb__pool_init(&p->pool, &addr, tls, o->timeout_ms, cto,
-                      o->pool_size, o->verify_fd, p->stats) != TB_OK) {
-        return fail(err, errlen, "out of memory", c);
-    }
-    if (addr.kind == TB_REDIS_CLUSTER
-        && !(p->cluster = tb__cluster_create(&addr, tls, o->timeout_ms, cto,
-                                             o->pool_size, o->verify_fd,
-                                             p->stats))) {
-        return fail(err, errlen, "out of memory", c);
-    }
+    cfg->timeout_ms = o->timeout_ms;
+    cfg->connect_timeout_ms = connect_timeout(o);
+    cfg->pool_size = o->pool_size;
+    cfg->verify_fd = o->verify_fd;
+    cfg->stats = p->stats;
+    cfg->scripts.n = TB_ALGO_COUNT;
+    cfg->scripts.text = p->script_text;
+    cfg->scripts.sha1 = p->script_sha1;
+}
+
+/* The breaker, the failure policy and the tables o gives p, or the local
+ * table p makes. TB_ERR when out of memory. */
+static int client_policy(struct tb_client_priv *p, const tb_options_t *o)
+{
     pthread_mutex_init(&p->bmu, NULL);
     make_slot_tag(p->slot_tag, p);
     tb_breaker_init(&p->breaker, o->breaker_threshold,
@@ -211,9 +215,49 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
 
         p->own_local = malloc(tb_local_size(entries));
         if (!p->own_local) {
-            return fail(err, errlen, "out of memory", c);
+            return TB_ERR;
         }
         p->local = tb_local_init(p->own_local, entries);
+    }
+    return TB_OK;
+}
+
+tb_client_t *tb_client_create(const tb_options_t *o, char *err,
+                              size_t errlen)
+{
+    tb_client_t *c;
+    struct tb_client_priv *p;
+    tb__redis_cfg_t cfg;
+    const char *why;
+    char uerr[256];
+
+    if (!o) {
+        return fail(err, errlen, "no options given", NULL);
+    }
+    memset(&cfg, 0, sizeof(cfg));
+    if (tb_url_parse(o->url, &cfg.addr, uerr, sizeof(uerr)) != TB_OK) {
+        return fail(err, errlen, uerr, NULL);
+    }
+    if ((why = options_error(o))) {
+        return fail(err, errlen, why, NULL);
+    }
+    c = calloc(1, sizeof(*c));
+    p = calloc(1, sizeof(*p));
+    if (!c || !p) {
+        free(p);
+        return fail(err, errlen, "out of memory", c);
+    }
+    c->priv = p;
+    p->stats = o->stats ? o->stats : &p->own_stats;
+    if (client_tls(p, o, &cfg.addr, &cfg.tls, uerr, sizeof(uerr)) != TB_OK) {
+        return fail(err, errlen, uerr, c);
+    }
+    redis_cfg(p, o, &cfg);
+    if (tb__pool_init(&p->pool, &cfg) != TB_OK
+        || (cfg.addr.kind == TB_REDIS_CLUSTER
+            && !(p->cluster = tb__cluster_create(&cfg)))
+        || client_policy(p, o) != TB_OK) {
+        return fail(err, errlen, "out of memory", c);
     }
     return c;
 }
@@ -264,31 +308,37 @@ static void policy_of(struct tb_client_priv *p, tb_monotime_us now,
     pol->replicas = p->replicas;
     pol->local = p->local;
     pol->closed_retry_ms = p->closed_retry_ms;
+    pol->stats = p->stats;
     pthread_mutex_lock(&p->bmu);
     pol->breaker_wait_ms = tb_breaker_wait_ms(&p->breaker, now);
     pthread_mutex_unlock(&p->bmu);
 }
 
-/* Answer by the declared policy when Redis did not. conc is NULL
- * without a concurrency limit. */
-static void answer(tb_client_t *c, char keys[][TB_KEY_BUF],
-                   const tb_take_t *takes, int n, const tb__conc_t *conc,
+/* Answer k's decision of q by the declared policy when Redis did not
+ * (err says why). */
+static void answer(tb_client_t *c, const tb_request_t *q, const tb__call_t *k,
                    int err, tb_monotime_us now, tb_result_t *res)
 {
     struct tb_client_priv *p = c->priv;
     tb__policy_t pol;
+    tb__fallback_t f;
     const char *kp[TB_MAX_BUCKETS];
     int i;
 
     policy_of(p, now, &pol);
-    for (i = 0; i < n; i++) {
-        kp[i] = keys[i];
+    for (i = 0; i < q->ntakes; i++) {
+        kp[i] = k->keys[i];
     }
-    tb__policy_answer(&pol, kp, takes, n, conc, err, now, p->stats, res);
+    f.keys = kp;
+    f.takes = k->takes;
+    f.n = q->ntakes;
+    f.conc = k->conc;
+    f.err = err;
+    f.now = now;
+    tb__policy_answer(&pol, &f, res);
 }
 
-static int key_command(tb_client_t *c, const char *rkey, int argc,
-                       const char **argv, const size_t *argvlen,
+static int key_command(tb_client_t *c, const char *rkey, const tb__cmd_t *cmd,
                        redisReply **r, tb__error_t *e);
 
 /* ---- Concurrency slots ----------------------------------------------- */
@@ -310,6 +360,7 @@ int tb_client_release(tb_client_t *c, const tb_request_t *q,
     char key[TB_KEY_BUF];
     const char *argv[3];
     size_t argvlen[3];
+    tb__cmd_t cmd = { 3, argv, argvlen };
     tb__conc_t conc;
     redisReply *r = NULL;
     tb__error_t e = { 0, 0, "" };
@@ -350,8 +401,7 @@ int tb_client_release(tb_client_t *c, const tb_request_t *q,
     argvlen[1] = strlen(key);
     argv[2] = slot->id;
     argvlen[2] = strlen(slot->id);
-    if (key_command(c, key, 3, argv, argvlen, &r, &e) != TB_OK) {
-        tb__reply_free(r);
+    if (key_command(c, key, &cmd, &r, &e) != TB_OK) {
         set_error(c, &e);
         return TB_ERR;
     }
@@ -374,33 +424,29 @@ static int breaker_allows(struct tb_client_priv *p, tb_monotime_us now)
     return allow;
 }
 
-/* One script call, to the pool or to key0's cluster node, counted and
- * reported to the breaker; started at now. Sets res->redis_us and
- * res->breaker_change, and *end to the clock after the call. TB_OK with
- * *rep, or TB_ERR with *e. */
-static int script_call(tb_client_t *c, const char *key0, int argc,
-                       const char **argv, size_t *argvlen,
-                       tb_monotime_us now, tb__script_reply_t *rep,
-                       tb__error_t *e, tb_result_t *res,
-                       tb_monotime_us *end)
-{
-    struct tb_client_priv *p = c->priv;
-    int changed = 0, rc;
+/* One script call's round trip. */
+typedef struct trip {
+    const char *key;           /* One of the call's keys: its node in a
+                                * cluster.                            */
+    tb_monotime_us start;      /* The decision's clock.               */
+    tb_monotime_us end;        /* Out: the clock after the call.      */
+    tb__script_reply_t rep;    /* Out: the reply, on TB_OK.           */
+    tb__error_t e;             /* Out: why none, on TB_ERR.           */
+} trip_t;
 
-    tb_stats_add(&p->stats->redis_calls, 1);
-    rc = p->cluster ? tb__cluster_run_script(p->cluster, key0, argc, argv,
-                                             argvlen, rep, e)
-                    : tb__run_script(&p->pool, argc, argv, argvlen, rep, e);
-    *end = tb_clock_now_us();
-    res->redis_us = *end - now;
-    tb_stats_latency(p->stats, res->redis_us);
+/* Tell the breaker how a call went, under its lock, and count a change
+ * between closed and open in res and the counters. */
+static void breaker_report(struct tb_client_priv *p, int rc,
+                           const trip_t *t, tb_result_t *res)
+{
+    int changed = 0;
 
     /* A batch that failed is one failure however many calls rode on it:
      * only its first member reports it. */
-    if (rc == TB_OK || !e->shared) {
+    if (rc == TB_OK || !t->e.shared) {
         pthread_mutex_lock(&p->bmu);
-        changed = rc == TB_OK ? tb_breaker_success(&p->breaker, *end)
-                              : tb_breaker_failure(&p->breaker, *end);
+        changed = rc == TB_OK ? tb_breaker_success(&p->breaker, t->end)
+                              : tb_breaker_failure(&p->breaker, t->end);
         pthread_mutex_unlock(&p->bmu);
     }
     if (changed) {
@@ -408,12 +454,36 @@ static int script_call(tb_client_t *c, const char *key0, int argc,
         tb_stats_add(rc == TB_OK ? &p->stats->breaker_closes
                                  : &p->stats->breaker_opens, 1);
     }
-    if (rc != TB_OK) {
+}
+
+/* k's script call, to the pool or to t->key's cluster node, counted and
+ * reported to the breaker. Sets res->redis_us and res->breaker_change.
+ * TB_OK with t->rep, or TB_ERR with t->e; t->end either way. */
+static int script_call(tb_client_t *c, const tb__call_t *k, trip_t *t,
+                       tb_result_t *res)
+{
+    struct tb_client_priv *p = c->priv;
+    tb__redis_call_t rc;
+    int ok;
+
+    rc.cmd.argc = k->argc;
+    rc.cmd.argv = k->argv;
+    rc.cmd.argvlen = k->argvlen;
+    rc.script = &t->rep;
+    rc.asking = 0;
+    tb_stats_add(&p->stats->redis_calls, 1);
+    ok = p->cluster ? tb__cluster_call(p->cluster, t->key, &rc, &t->e)
+                    : tb__redis_call(&p->pool, &rc, &t->e);
+    t->end = tb_clock_now_us();
+    res->redis_us = t->end - t->start;
+    tb_stats_latency(p->stats, res->redis_us);
+    breaker_report(p, ok, t, res);
+    if (ok != TB_OK) {
         tb_stats_add(&p->stats->redis_errors, 1);
-        tb_stats_add(&p->stats->errors[e->err], 1);
-        set_error(c, e);
+        tb_stats_add(&p->stats->errors[t->e.err], 1);
+        set_error(c, &t->e);
     }
-    return rc;
+    return ok;
 }
 
 /* One decision in one script call (or by the policy), q's lease taken
@@ -421,45 +491,43 @@ static int script_call(tb_client_t *c, const char *key0, int argc,
 static int run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
 {
     struct tb_client_priv *p;
-    tb_take_t takes[TB_MAX_BUCKETS];
-    char keys[TB_MAX_BUCKETS][TB_KEY_BUF], ckey[TB_KEY_BUF];
-    char nums[TB__CALL_NUMS][32];
-    char slot_id[TB_SLOT_ID_LEN] = "";
-    const char *argv[TB__CALL_ARGS];
-    size_t argvlen[TB__CALL_ARGS];
-    tb__script_reply_t rep;
-    tb__error_t e = { 0, 0, "" };
-    tb__conc_t cbuf, *conc = NULL;
-    tb_monotime_us now, t1;
-    int argc;
+    tb__call_t k;
+    char ckey[TB_KEY_BUF], slot_id[TB_SLOT_ID_LEN] = "";
+    tb__conc_t conc;
+    trip_t t;
 
     memset(res, 0, sizeof(*res));
-    if (!c || !c->priv || !q || !tb__call_prepare(q, takes, keys)
-        || (q->concurrency && !tb__call_conc(q, ckey, &cbuf))) {
+    if (!c || !c->priv || !q || !tb__call_prepare(q, k.takes, k.keys)
+        || (q->concurrency && !tb__call_conc(q, ckey, &conc))) {
         res->err = TB_ERR_ARG;
         res->source = TB_SRC_ERROR;
         return TB_ERR;
     }
     p = c->priv;
+    k.what = TB__CALL_DECIDE;
+    k.conc = NULL;
+    k.slot_id = slot_id;
     if (q->concurrency) {
-        conc = &cbuf;
+        k.conc = &conc;
         conc_slot_id(p, slot_id);
     }
     tb_stats_add(&p->stats->decisions, 1);
-    now = tb_clock_now_us();
+    t.start = tb_clock_now_us();
 
-    if (!breaker_allows(p, now)) {
-        answer(c, keys, takes, q->ntakes, conc, TB_ERR_BREAKER, now, res);
+    if (!breaker_allows(p, t.start)) {
+        answer(c, q, &k, TB_ERR_BREAKER, t.start, res);
         goto count;
     }
-    argc = tb__call_argv(q, takes, keys, TB__CALL_DECIDE, conc, slot_id,
-                         nums, argv, argvlen);
-    if (script_call(c, q->ntakes ? keys[0] : ckey, argc, argv, argvlen, now,
-                    &rep, &e, res, &t1) != TB_OK) {
-        answer(c, keys, takes, q->ntakes, conc, e.err, t1, res);
+    tb__call_argv(q, &k);
+    t.key = q->ntakes ? k.keys[0] : ckey;
+    t.e.err = TB_ERR_NONE;
+    t.e.shared = 0;
+    t.e.errstr[0] = '\0';
+    if (script_call(c, &k, &t, res) != TB_OK) {
+        answer(c, q, &k, t.e.err, t.end, res);
         goto count;
     }
-    tb__call_result(&rep, q, takes, slot_id, res);
+    tb__call_result(&t.rep, q, k.takes, slot_id, res);
 
 count:
     tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
@@ -536,35 +604,34 @@ static int settle_none(tb_result_t *res, int err)
     return err ? TB_ERR : TB_OK;
 }
 
-/* One 'settle' call of q's script over its takes, whose costs are the
- * differences to settle; keys are the takes' Redis keys. */
-static int settle_call(tb_client_t *c, const tb_request_t *q,
-                       const tb_take_t *takes, char keys[][TB_KEY_BUF],
+/* One 'settle' call of q's script over k's takes, whose costs are the
+ * differences to settle. */
+static int settle_call(tb_client_t *c, const tb_request_t *q, tb__call_t *k,
                        tb_result_t *res)
 {
-    char nums[TB__CALL_NUMS][32];
-    const char *argv[TB__CALL_ARGS];
-    size_t argvlen[TB__CALL_ARGS];
-    tb__script_reply_t rep;
-    tb__error_t e = { 0, 0, "" };
-    tb_monotime_us now = tb_clock_now_us(), t1;
-    int argc;
+    trip_t t;
 
-    if (!breaker_allows(c->priv, now)) {
+    t.start = tb_clock_now_us();
+    if (!breaker_allows(c->priv, t.start)) {
         return settle_none(res, TB_ERR_BREAKER);
     }
-    argc = tb__call_argv(q, takes, keys, TB__CALL_SETTLE, NULL, NULL, nums,
-                         argv, argvlen);
-    if (script_call(c, keys[0], argc, argv, argvlen, now, &rep, &e, res,
-                    &t1) != TB_OK) {
-        return settle_none(res, e.err);
+    k->what = TB__CALL_SETTLE;
+    k->conc = NULL;
+    k->slot_id = NULL;
+    tb__call_argv(q, k);
+    t.key = k->keys[0];
+    t.e.err = TB_ERR_NONE;
+    t.e.shared = 0;
+    t.e.errstr[0] = '\0';
+    if (script_call(c, k, &t, res) != TB_OK) {
+        return settle_none(res, t.e.err);
     }
-    res->allowed = rep.v[0] == 1;
-    res->remaining = rep.v[1];
-    res->retry_ms = rep.v[2];
-    res->binding = rep.v[3] >= 0 && rep.v[3] < q->ntakes ? (int)rep.v[3]
-                                                         : 0;
-    res->limit = takes[res->binding].limit.capacity;
+    res->allowed = t.rep.v[0] == 1;
+    res->remaining = t.rep.v[1];
+    res->retry_ms = t.rep.v[2];
+    res->binding = t.rep.v[3] >= 0 && t.rep.v[3] < q->ntakes
+                   ? (int)t.rep.v[3] : 0;
+    res->limit = k->takes[res->binding].limit.capacity;
     res->source = TB_SRC_REDIS;
     return TB_OK;
 }
@@ -572,8 +639,7 @@ static int settle_call(tb_client_t *c, const tb_request_t *q,
 int tb_client_settle(tb_client_t *c, const tb_request_t *q, double cost,
                      tb_result_t *res)
 {
-    tb_take_t takes[TB_MAX_BUCKETS];
-    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
+    tb__call_t k;
     tb_request_t plain;
     int i, changes = 0;
 
@@ -591,25 +657,24 @@ int tb_client_settle(tb_client_t *c, const tb_request_t *q, double cost,
     plain = *q;
     plain.lease = 0;
     plain.lease_back = 0;
-    if (!tb__call_prepare(&plain, takes, keys)) {
+    if (!tb__call_prepare(&plain, k.takes, k.keys)) {
         return settle_none(res, TB_ERR_ARG);
     }
     for (i = 0; i < plain.ntakes; i++) {
-        takes[i].cost = cost - takes[i].cost;
-        changes += takes[i].cost != 0;
+        k.takes[i].cost = cost - k.takes[i].cost;
+        changes += k.takes[i].cost != 0;
     }
     if (!changes) {
         return settle_none(res, 0);
     }
-    return settle_call(c, &plain, takes, keys, res);
+    return settle_call(c, &plain, &k, res);
 }
 
 int tb_client_give_back(tb_client_t *c, const char *rkey,
                         const tb_limit_t *lim, double tokens,
                         tb_result_t *res)
 {
-    tb_take_t take;
-    char keys[1][TB_KEY_BUF];
+    tb__call_t k;
     tb_request_t q;
     size_t len = rkey ? strlen(rkey) : 0;
 
@@ -622,27 +687,34 @@ int tb_client_give_back(tb_client_t *c, const char *rkey,
     if (tokens == 0) {
         return settle_none(res, 0);
     }
-    memcpy(keys[0], rkey, len + 1);
-    memset(&take, 0, sizeof(take));
-    take.limit = *lim;
-    take.cost = -tokens;
+    memcpy(k.keys[0], rkey, len + 1);
+    memset(&k.takes[0], 0, sizeof(k.takes[0]));
+    k.takes[0].limit = *lim;
+    k.takes[0].cost = -tokens;
     memset(&q, 0, sizeof(q));
-    q.takes = &take;
+    q.takes = k.takes;
     q.ntakes = 1;
     q.algo = TB_ALGO_TOKEN_BUCKET;
-    return settle_call(c, &q, &take, keys, res);
+    return settle_call(c, &q, &k, res);
 }
 
-/* A tool's command about one key: to the pool, or to the key's node. */
-static int key_command(tb_client_t *c, const char *rkey, int argc,
-                       const char **argv, const size_t *argvlen,
+/* A tool's command about one key: to the pool, or to the key's node.
+ * TB_OK with *r (the caller's to tb__reply_free), or TB_ERR with *e and
+ * *r NULL. */
+static int key_command(tb_client_t *c, const char *rkey, const tb__cmd_t *cmd,
                        redisReply **r, tb__error_t *e)
 {
-    if (c->priv->cluster) {
-        return tb__cluster_command(c->priv->cluster, rkey, argc, argv,
-                                   argvlen, r, e);
-    }
-    return tb__command(&c->priv->pool, argc, argv, argvlen, r, e);
+    tb__redis_call_t k;
+    int rc;
+
+    k.cmd = *cmd;
+    k.script = NULL;
+    k.reply = NULL;
+    k.asking = 0;
+    rc = c->priv->cluster ? tb__cluster_call(c->priv->cluster, rkey, &k, e)
+                          : tb__redis_call(&c->priv->pool, &k, e);
+    *r = k.reply;
+    return rc;
 }
 
 int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
@@ -652,6 +724,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
     size_t argvlen[4] = { 5, 0, 6, 2 };
     const char *pv[2] = { "PTTL", rkey };
     size_t pl[2] = { 4, 0 };
+    tb__cmd_t hmget = { 4, argv, argvlen }, pttl = { 2, pv, pl };
     redisReply *r = NULL;
     tb__error_t e = { 0, 0, "" };
 
@@ -660,7 +733,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
     }
     argvlen[1] = pl[1] = strlen(rkey);
     memset(b, 0, sizeof(*b));
-    if (key_command(c, rkey, 4, argv, argvlen, &r, &e) != TB_OK) {
+    if (key_command(c, rkey, &hmget, &r, &e) != TB_OK) {
         goto err;
     }
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2
@@ -671,17 +744,13 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
         b->ts_ms = strtoll(r->element[1]->str, NULL, 10);
     }
     tb__reply_free(r);
-    r = NULL;
-    if (key_command(c, rkey, 2, pv, pl, &r, &e) != TB_OK) {
+    if (key_command(c, rkey, &pttl, &r, &e) != TB_OK) {
         goto err;
     }
     *ttl_ms = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
     tb__reply_free(r);
     return TB_OK;
 err:
-    if (r) {
-        tb__reply_free(r);
-    }
     set_error(c, &e);
     return TB_ERR;
 }
@@ -690,6 +759,7 @@ int tb_client_reset(tb_client_t *c, const char *rkey)
 {
     const char *argv[2] = { "DEL", rkey };
     size_t argvlen[2] = { 3, 0 };
+    tb__cmd_t cmd = { 2, argv, argvlen };
     redisReply *r = NULL;
     tb__error_t e = { 0, 0, "" };
 
@@ -697,10 +767,7 @@ int tb_client_reset(tb_client_t *c, const char *rkey)
         return TB_ERR;
     }
     argvlen[1] = strlen(rkey);
-    if (key_command(c, rkey, 2, argv, argvlen, &r, &e) != TB_OK) {
-        if (r) {
-            tb__reply_free(r);
-        }
+    if (key_command(c, rkey, &cmd, &r, &e) != TB_OK) {
         set_error(c, &e);
         return TB_ERR;
     }
@@ -729,6 +796,6 @@ void tb_client_pool_usage(tb_client_t *c, int *size, int *open, int *in_use)
         tb__cluster_usage(c->priv->cluster, size, open, in_use);
         return;
     }
-    *size = c->priv->pool.size;
+    *size = c->priv->pool.cfg.pool_size;
     tb__pool_usage(&c->priv->pool, open, in_use);
 }

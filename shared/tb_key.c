@@ -42,7 +42,11 @@ size_t tb_key_sanitize(const char *key, size_t len, char *out)
         out[len] = '\0';
         return len;
     }
-    tb_sha256(key, len, d);
+    if (tb_sha256(key, len, d) != TB_OK) {
+        /* No digest (out of memory): no key, rather than a wrong one. */
+        out[0] = '\0';
+        return 0;
+    }
     out[0] = '#';
     for (i = 0; i < 16; i++) {
         out[1 + 2 * i] = hex[d[i] >> 4];
@@ -111,6 +115,9 @@ size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
     memcpy(out, prefix, p);
     out[p++] = '{';
     n = tb_key_sanitize(key, len, out + p);
+    if (len && !n) {
+        return 0;
+    }
     p += n;
     if (shard >= 0) {
         out[p++] = ' ';

@@ -152,6 +152,14 @@ static void unlock(tb_local_t *t)
     __atomic_store_n(&t->lock, 0, __ATOMIC_RELEASE);
 }
 
+/* The identity of the entry of a full Redis key: its SHA-256, of which
+ * the first 16 bytes are kept. TB_OK, or TB_ERR when libcrypto could not
+ * make it. */
+static int key_id(const char *key, unsigned char id[32])
+{
+    return tb_sha256(key, strlen(key), id);
+}
+
 /* The entry of id, or NULL; claims nothing. */
 static entry_head_t *find(tb_local_t *t, const unsigned char id[16])
 {
@@ -201,35 +209,38 @@ static entry_head_t *slot(tb_local_t *t, const unsigned char id[16],
 }
 
 int tb_local_take(tb_local_t *t, const char *const *keys,
-                  const tb_limit_t *lim, const double *cost, int n,
-                  int replicas, int64_t now_ms, tb_verdict_t *v)
+                  const tb_take_t *takes, int n, int replicas,
+                  int64_t now_ms, tb_verdict_t *v)
 {
     tb_bucket_t st[TB_MAX_BUCKETS];
     tb_limit_t div[TB_MAX_BUCKETS];
+    double cost[TB_MAX_BUCKETS];
     local_entry_t *ent[TB_MAX_BUCKETS];
     unsigned char id[TB_MAX_BUCKETS][32];
     int i, rc;
 
-    if (!t || t->magic != LOCAL_MAGIC || !keys || !lim || !cost || !v
-        || n < 1 || n > TB_MAX_BUCKETS || replicas < 1) {
+    if (!t || t->magic != LOCAL_MAGIC || !keys || !takes || !v || n < 1
+        || n > TB_MAX_BUCKETS || replicas < 1) {
         return TB_ERR;
     }
     for (i = 0; i < n; i++) {
         /* Refuse bad input before any entry is claimed. */
-        if (!keys[i] || tb_limit_check(&lim[i], NULL, 0) != TB_OK
-            || !(cost[i] >= 0)
-            || cost[i] > TB_MAX_CAPACITY) {
+        if (!keys[i] || tb_limit_check(&takes[i].limit, NULL, 0) != TB_OK
+            || !(takes[i].cost >= 0) || takes[i].cost > TB_MAX_CAPACITY) {
             return TB_ERR;
         }
     }
     for (i = 0; i < n; i++) {
-        tb_sha256(keys[i], strlen(keys[i]), id[i]);
-        div[i].capacity = lim[i].capacity / replicas;
+        if (key_id(keys[i], id[i]) != TB_OK) {
+            return TB_ERR;
+        }
+        cost[i] = takes[i].cost;
+        div[i].capacity = takes[i].limit.capacity / replicas;
         /* A share below one token could never admit anything. */
         if (div[i].capacity < 1) {
             div[i].capacity = 1;
         }
-        div[i].rate_per_sec = lim[i].rate_per_sec / replicas;
+        div[i].rate_per_sec = takes[i].limit.rate_per_sec / replicas;
     }
     lock(t);
     for (i = 0; i < n; i++) {
@@ -299,10 +310,9 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
 
     if (!t || t->magic != LOCAL_MAGIC || !key || limit < 1
         || limit > TB_MAX_CONCURRENCY || window_ms < 1 || now_ms < 0
-        || !window || !held) {
+        || !window || !held || key_id(key, id) != TB_OK) {
         return -1;
     }
-    tb_sha256(key, strlen(key), id);
     w = now_ms / window_ms;
     lock(t);
     e = (local_entry_t *)slot(t, id, &found);
@@ -335,10 +345,9 @@ void tb_local_conc_release(tb_local_t *t, const char *key,
     local_entry_t *e;
 
     if (!t || t->magic != LOCAL_MAGIC || !key || window_ms < 1
-        || now_ms < 0) {
+        || now_ms < 0 || key_id(key, id) != TB_OK) {
         return;
     }
-    tb_sha256(key, strlen(key), id);
     lock(t);
     e = (local_entry_t *)find(t, id);
     if (e) {
@@ -398,10 +407,9 @@ int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
     int hit = 0;
 
     if (!lease_table(t) || !key || !left || !(cost >= 0)
-        || cost > TB_MAX_CAPACITY) {
+        || cost > TB_MAX_CAPACITY || key_id(key, id) != TB_OK) {
         return -1;
     }
-    tb_sha256(key, strlen(key), id);
     lock(t);
     e = (lease_entry_t *)find(t, id);
     if (e && now_ms < e->expires_ms && e->tokens >= cost) {
@@ -449,10 +457,10 @@ int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
     int found;
 
     if (!lease_table(t) || !info_valid(in) || !plan || !(cost >= 0)
-        || !(max >= cost) || max > TB_MAX_LEASE) {
+        || !(max >= cost) || max > TB_MAX_LEASE
+        || key_id(in->key, id) != TB_OK) {
         return TB_ERR;
     }
-    tb_sha256(in->key, strlen(in->key), id);
     lock(t);
     e = (lease_entry_t *)slot(t, id, &found);
     entry_claim(e, id, in, found, now_ms);
@@ -481,10 +489,9 @@ int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
     int found, kept = 0;
 
     if (!lease_table(t) || !info_valid(in) || !plan || !(tokens >= 0)
-        || tokens > TB_MAX_CAPACITY) {
+        || tokens > TB_MAX_CAPACITY || key_id(in->key, id) != TB_OK) {
         return -1;
     }
-    tb_sha256(in->key, strlen(in->key), id);
     lock(t);
     if (t->epoch == plan->epoch) {
         e = (lease_entry_t *)slot(t, id, &found);
@@ -513,10 +520,9 @@ int tb_lease_credit(tb_lease_t *t, const char *key, double tokens,
     int kept = 0;
 
     if (!lease_table(t) || !key || !(tokens >= 0)
-        || tokens > TB_MAX_CAPACITY) {
+        || tokens > TB_MAX_CAPACITY || key_id(key, id) != TB_OK) {
         return -1;
     }
-    tb_sha256(key, strlen(key), id);
     lock(t);
     e = (lease_entry_t *)find(t, id);
     if (e && now_ms < e->expires_ms) {

@@ -41,43 +41,48 @@ static int64_t conc_window_ms(const tb__conc_t *conc)
     return conc->ttl_ms >= 2 ? conc->ttl_ms / 2 : 1;
 }
 
+/* The local policy's slot of ceil(N / replicas) for f->conc into v and
+ * res: 1 taken (*window says where), 0 full. */
+static int local_slot(const tb__policy_t *pol, const tb__fallback_t *f,
+                      int64_t *window, tb_verdict_t *v, tb_result_t *res)
+{
+    const tb__conc_t *conc = f->conc;
+    int64_t share = ((int64_t)conc->limit + pol->replicas - 1)
+                    / pol->replicas;
+    int64_t held = 0;
+    int got;
+
+    got = tb_local_conc_take(pol->local, conc->key, share,
+                             conc_window_ms(conc), f->now / 1000, window,
+                             &held);
+    res->in_flight = held;
+    v->remaining = share - held;
+    if (got == 0) {
+        v->allowed = 0;
+        v->retry_ms = TB_CONCURRENCY_RETRY_MS;
+        res->refused_by = TB_LIMIT_CONCURRENCY;
+    }
+    return got;
+}
+
 /* The local policy: a slot of ceil(N / replicas) on this server first,
  * then the buckets of limit/replicas; a bucket that refuses gives the
  * slot back, so neither kind takes anything when the other refuses. */
-static void local_answer(const tb__policy_t *pol, const char *const *keys,
-                         const tb_take_t *takes, int n,
-                         const tb__conc_t *conc, tb_monotime_us now,
+static void local_answer(const tb__policy_t *pol, const tb__fallback_t *f,
                          tb_result_t *res)
 {
-    int64_t now_ms = now / 1000, window = 0, held = 0;
-    tb_limit_t lim[TB_MAX_BUCKETS];
-    double cost[TB_MAX_BUCKETS];
+    const tb__conc_t *conc = f->conc;
+    int64_t now_ms = f->now / 1000, window = 0;
     tb_verdict_t v;
-    int i, got = 1;
+    int got = 1;
 
     memset(&v, 0, sizeof(v));
     v.allowed = 1;
     if (conc) {
-        int64_t share = ((int64_t)conc->limit + pol->replicas - 1)
-                        / pol->replicas;
-
-        got = tb_local_conc_take(pol->local, conc->key, share,
-                                 conc_window_ms(conc), now_ms, &window,
-                                 &held);
-        res->in_flight = held;
-        v.remaining = share - held;
-        if (got == 0) {
-            v.allowed = 0;
-            v.retry_ms = TB_CONCURRENCY_RETRY_MS;
-            res->refused_by = TB_LIMIT_CONCURRENCY;
-        }
+        got = local_slot(pol, f, &window, &v, res);
     }
-    if (got == 1 && n > 0) {
-        for (i = 0; i < n; i++) {
-            lim[i] = takes[i].limit;
-            cost[i] = takes[i].cost;
-        }
-        if (tb_local_take(pol->local, keys, lim, cost, n, pol->replicas,
+    if (got == 1 && f->n > 0) {
+        if (tb_local_take(pol->local, f->keys, f->takes, f->n, pol->replicas,
                           now_ms, &v) != TB_OK) {
             got = -1;
         }
@@ -86,7 +91,7 @@ static void local_answer(const tb__policy_t *pol, const char *const *keys,
             if (conc) {
                 tb_local_conc_release(pol->local, conc->key,
                                       conc_window_ms(conc), window, now_ms);
-                res->in_flight = held - 1;
+                res->in_flight--;
             }
         }
     }
@@ -94,7 +99,7 @@ static void local_answer(const tb__policy_t *pol, const char *const *keys,
         /* No table (the host gave none): fail closed, not open. */
         memset(&v, 0, sizeof(v));
         v.retry_ms = pol->closed_retry_ms;
-        res->refused_by = n > 0 ? TB_LIMIT_RATE : TB_LIMIT_CONCURRENCY;
+        res->refused_by = f->n > 0 ? TB_LIMIT_RATE : TB_LIMIT_CONCURRENCY;
     }
     else if (conc && v.allowed) {
         res->slot.kind = TB_SLOT_LOCAL;
@@ -104,30 +109,31 @@ static void local_answer(const tb__policy_t *pol, const char *const *keys,
     res->remaining = v.remaining;
     res->retry_ms = v.retry_ms;
     res->binding = v.binding;
-    if (res->refused_by == TB_LIMIT_CONCURRENCY || n == 0) {
+    if (res->refused_by == TB_LIMIT_CONCURRENCY || f->n == 0) {
         res->limit = conc ? conc->limit : 0;
     }
     else {
-        res->limit = takes[v.binding].limit.capacity;
+        res->limit = f->takes[v.binding].limit.capacity;
     }
 }
 
-void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
-                       const tb_take_t *takes, int n,
-                       const tb__conc_t *conc, int err, tb_monotime_us now,
-                       tb_stats_t *stats, tb_result_t *res)
+void tb__policy_answer(const tb__policy_t *pol, const tb__fallback_t *f,
+                       tb_result_t *res)
 {
-    res->err = err;
+    const tb_take_t *takes = f->takes;
+    int n = f->n;
+
+    res->err = f->err;
     res->binding = 0;
-    res->limit = n > 0 ? takes[0].limit.capacity : conc->limit;
+    res->limit = n > 0 ? takes[0].limit.capacity : f->conc->limit;
     switch (pol->policy) {
     case TB_POLICY_OPEN:
         res->allowed = 1;
         res->remaining = n > 0 ? (int64_t)floor(takes[0].limit.capacity)
-                               : conc->limit;
+                               : f->conc->limit;
         res->retry_ms = 0;
         res->source = TB_SRC_OPEN;
-        tb_stats_add(&stats->fallback_open, 1);
+        tb_stats_add(&pol->stats->fallback_open, 1);
         return;
     case TB_POLICY_CLOSED:
         res->allowed = 0;
@@ -136,12 +142,12 @@ void tb__policy_answer(const tb__policy_t *pol, const char *const *keys,
                                                  : pol->closed_retry_ms;
         res->refused_by = n > 0 ? TB_LIMIT_RATE : TB_LIMIT_CONCURRENCY;
         res->source = TB_SRC_CLOSED;
-        tb_stats_add(&stats->fallback_closed, 1);
+        tb_stats_add(&pol->stats->fallback_closed, 1);
         return;
     case TB_POLICY_LOCAL:
-        local_answer(pol, keys, takes, n, conc, now, res);
+        local_answer(pol, f, res);
         res->source = TB_SRC_LOCAL;
-        tb_stats_add(&stats->fallback_local, 1);
+        tb_stats_add(&pol->stats->fallback_local, 1);
         return;
     }
 }

@@ -3,11 +3,11 @@
  * A decision uses one algorithm for all its buckets (one script, one round
  * trip). The names are those of the TBucketAlgorithm directive and the
  * shim's `algorithm` setting; the script texts and digests are generated
- * into build/shared/tb_script.c by scripts/embed-lua.sh.
+ * into $(BUILD)/shared/algo/tb_script.c by scripts/embed-lua.sh.
  */
 #include <string.h>
 
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 const char *const tb_algo_names[TB_ALGO_COUNT] = {
     "token-bucket", "gcra", "sliding-window", "fixed-window", "sliding-log"

@@ -1,8 +1,12 @@
-/* tb_algo_int.h -- the pure side of the core that hosts never call: the
- * embedded Lua scripts, their C twins (tb_bucket.c, tb_gcra.c,
- * tb_fwindow.c, tb_swindow.c, tb_slog.c), the local policy's take, and the
- * fold the twins share. Internal: the library and its unit tests include
- * it; hosts include tb.h only.
+/* tb_algo_int.h -- the algorithms' side of the core that hosts never
+ * call: the embedded Lua scripts and their C twins (tb_bucket.c,
+ * tb_gcra.c, tb_fwindow.c, tb_swindow.c, tb_slog.c), and the fold the
+ * twins share. Internal: the library, its unit tests and the Redis module
+ * (redismod/, which runs the twins inside Redis) include it; hosts
+ * include tb.h only.
+ *
+ * algo/ is pure: no clock, I/O or allocation, and no call to anything of
+ * libtb outside algo/ but base/ (STYLE.md, section 1; algo/README.md).
  *
  * Every script folds its buckets into one verdict the same way as
  * tb_bucket.lua: the largest wait decides (-1, "never", beats any wait),
@@ -19,22 +23,33 @@
 /* ---- The embedded scripts (generated into tb_script.c) ------------ */
 
 /* The script text of an algorithm and its SHA-1 (40 hex digits), made at
- * build time from shared/tb_*.lua; NULL for an unknown algorithm. */
+ * build time from shared/algo/tb_*.lua (each after tb_prelude.lua); NULL
+ * for an unknown algorithm. */
 const char *tb_algo_script_source(tb_algo_t a);
 const char *tb_algo_script_sha1(tb_algo_t a);
 
 /* ---- The C twins of the scripts ------------------------------------ */
 
+/* A lease call's amounts (tb_bucket_lease): the request's cost, the most
+ * tokens it may take (want >= cost), and what the call granted. */
+typedef struct tb_bucket_grant {
+    double cost;
+    double want;
+    int64_t granted;  /* Out: tokens deducted, cost included; 0 when
+                       * refused.                                    */
+} tb_bucket_grant_t;
+
 /* tb_bucket_take() (tb.h) for one bucket that also grants a lease, the C
  * twin of tb_bucket.lua called with its optional last argument `want`.
- * When allowed (tokens >= cost after the refill), g = min(floor(tokens),
- * want), raised to cost if below it, is deducted instead of cost and
- * returned in *granted (0 when refused); v->remaining is floor(tokens -
- * g). With whole cost and want, g is whole and cost <= g <= tokens.
- * TB_ERR for bad arguments as tb_bucket_take, or want < cost. */
+ * When allowed (tokens >= g->cost after the refill), min(floor(tokens),
+ * g->want), raised to g->cost if below it, is deducted instead of the
+ * cost and returned in g->granted (0 when refused); v->remaining is the
+ * floor of what is left. With whole cost and want, the grant is whole and
+ * cost <= granted <= tokens. TB_ERR for bad arguments as tb_bucket_take,
+ * or want < cost. */
 int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
-                    double cost, double want, int64_t now_ms,
-                    tb_bucket_t *out, tb_verdict_t *v, int64_t *granted);
+                    tb_bucket_grant_t *g, int64_t now_ms, tb_bucket_t *out,
+                    tb_verdict_t *v);
 
 /* The first step of tb_bucket.lua's lease call with its argument `back`:
  * refill to now_ms, then add back (unspent tokens of an expired lease)
@@ -159,27 +174,19 @@ int tb_slog_decide(const tb_slog_count_t *c, const tb_limit_t *lim,
                    tb_verdict_t *v);
 int64_t tb_slog_ttl_ms(const tb_limit_t *lim);
 
-/* The local failure policy's decision (tb_local.c): n token buckets
- * with limits divided by `replicas`, at now_ms, in the caller's table.
- * Keys are the full Redis keys. Returns TB_ERR on bad arguments. */
-int tb_local_take(tb_local_t *t, const char *const *keys,
-                  const tb_limit_t *lim, const double *cost, int n,
-                  int replicas, int64_t now_ms, tb_verdict_t *v);
+/* ---- What the twins share ----------------------------------------- */
 
-/* The local policy's slot count of a concurrency limit (tb_local.c),
- * kept in the same table as its buckets under the slot set's full Redis
- * key, in windows of window_ms (see "Concurrency limits" in tb.h).
- * take: 1 when fewer than limit slots were counted (one more is, and
- * *window says in which window, for the release), 0 when full; *held is
- * the count after. -1 on bad arguments. release: gives back one slot of
- * `window`, or nothing when that window has been forgotten. Both take
- * the table's lock. */
-int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
-                       int64_t window_ms, int64_t now_ms, int64_t *window,
-                       int64_t *held);
-void tb_local_conc_release(tb_local_t *t, const char *key,
-                           int64_t window_ms, int64_t window,
-                           int64_t now_ms);
+/* The arguments of one twin call, as tb_bucket_take() takes them: n
+ * buckets' limits and costs at now_ms; with settle, a settlement (the
+ * script's 'settle' mode: cost holds the differences to settle). The
+ * twins' public functions fill it and hand it to their steps. */
+typedef struct tb__twin_args {
+    const tb_limit_t *lim;
+    const double *cost;
+    int n;
+    int64_t now_ms;
+    int settle;
+} tb__twin_args_t;
 
 /* Arguments every twin checks, as tb_bucket_take() does. */
 static inline int tb__algo_args_ok(const tb_limit_t *lim, const double *cost,
@@ -238,17 +245,15 @@ static inline int64_t tb__wait_ms(double ms)
 }
 
 /* The arguments of a twin's call in either mode: a state in, and those of
- * a take (tb__algo_args_ok) or, with settle, of a settlement (cost holds
- * the deltas). */
-static inline int tb__mode_args_ok(const void *in, const tb_limit_t *lim,
-                                   const double *cost, int n, int settle,
+ * a take (tb__algo_args_ok) or, with a->settle, of a settlement. */
+static inline int tb__mode_args_ok(const tb__twin_args_t *a, const void *in,
                                    const void *out, const tb_verdict_t *v)
 {
     if (!in) {
         return 0;
     }
-    return settle ? tb__settle_args_ok(lim, cost, n, out, v)
-                  : tb__algo_args_ok(lim, cost, n, out, v);
+    return a->settle ? tb__settle_args_ok(a->lim, a->cost, a->n, out, v)
+                     : tb__algo_args_ok(a->lim, a->cost, a->n, out, v);
 }
 
 /* Start a verdict: allowed, nothing remaining yet. */
@@ -318,34 +323,33 @@ typedef int64_t tb__window_step_t(const tb_window_t *in, double cap,
                                   double cost, double win, double now,
                                   tb_window_t *st, double *used);
 
-/* A window counter's take (tb_fwindow_take, tb_swindow_take): step each
- * bucket, fold the waits and the room left, and store, when allowed, each
- * current window with its cost added to cur; on refusal nothing, so out
- * keeps in. */
+/* A window counter's take (tb_fwindow_take, tb_swindow_take) by its
+ * step: step each bucket, fold the waits and the room left, and store,
+ * when allowed, each current window with its cost added to cur; on
+ * refusal nothing, so out keeps in. */
 static inline int tb__window_take(tb__window_step_t *step,
-                                  const tb_window_t *in,
-                                  const tb_limit_t *lim, const double *cost,
-                                  int n, int64_t now_ms, tb_window_t *out,
+                                  const tb__twin_args_t *a,
+                                  const tb_window_t *in, tb_window_t *out,
                                   tb_verdict_t *v)
 {
     tb_window_t st[TB_MAX_BUCKETS];
     double used[TB_MAX_BUCKETS];
     int i;
 
-    if (!in || !tb__algo_args_ok(lim, cost, n, out, v)) {
+    if (!in || !tb__algo_args_ok(a->lim, a->cost, a->n, out, v)) {
         return TB_ERR;
     }
     tb__fold_init(v);
-    for (i = 0; i < n; i++) {
-        tb__fold_wait(v, i, step(&in[i], lim[i].capacity, cost[i],
-                                 tb__window_ms(&lim[i]), (double)now_ms,
-                                 &st[i], &used[i]));
+    for (i = 0; i < a->n; i++) {
+        tb__fold_wait(v, i, step(&in[i], a->lim[i].capacity, a->cost[i],
+                                 tb__window_ms(&a->lim[i]),
+                                 (double)a->now_ms, &st[i], &used[i]));
     }
-    tb__fold_room(v, lim, cost, used, n);
-    for (i = 0; i < n; i++) {
+    tb__fold_room(v, a->lim, a->cost, used, a->n);
+    for (i = 0; i < a->n; i++) {
         if (v->allowed) {
             out[i] = st[i];
-            out[i].cur = st[i].cur + cost[i];
+            out[i].cur = st[i].cur + a->cost[i];
             out[i].exists = 1;
         }
         else {
@@ -353,6 +357,18 @@ static inline int tb__window_take(tb__window_step_t *step,
         }
     }
     return TB_OK;
+}
+
+/* The PEXPIRE a window script sets when it stores window st at now_ms:
+ * ceil((w + ahead) * W - now) + 1000 ms, ahead being the windows the
+ * count still weighs in (1 fixed, 2 sliding). */
+static inline int64_t tb__window_ttl_ms(const tb_window_t *st,
+                                        const tb_limit_t *lim,
+                                        int64_t now_ms, double ahead)
+{
+    return (int64_t)ceil((st->w + ahead) * tb__window_ms(lim)
+                         - (double)now_ms)
+           + 1000;
 }
 
 #endif /* TB_ALGO_INT_H */

@@ -3,7 +3,7 @@
  * State, limits and the time come in; a decision and the new state go out.
  * No clock, no I/O, no allocation: the local fallback table calls it, and
  * the unit tests drive it with any time they like. It is the C twin of
- * shared/tb_bucket.lua and must perform the same double operations in the
+ * tb_bucket.lua and must perform the same double operations in the
  * same order, so that the two agree to the last bit on every vector in
  * tests/vectors/token_bucket.tsv (decisions), lease.tsv (leases and the
  * tokens they give back) and token_bucket_settle.tsv (settlements, which
@@ -12,8 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "tb.h"
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 int tb_limit_check(const tb_limit_t *l, char *err, size_t errlen)
 {
@@ -81,26 +80,27 @@ static void refill(const tb_bucket_t *in, const tb_limit_t *l,
     out->exists = 1;
 }
 
-/* The steps of tb_bucket.lua over n buckets: settle selects its 'settle'
- * mode, where cost is the difference to settle and every bucket keeps
- * its new level, within -capacity .. capacity. TB_ERR for bad arguments
- * of that mode. */
-static int bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
-                      const double *cost, int n, int64_t now_ms, int settle,
+/* The steps of tb_bucket.lua over a->n buckets: a->settle selects its
+ * 'settle' mode, where the cost is the difference to settle and every
+ * bucket keeps its new level, within -capacity .. capacity. TB_ERR for
+ * bad arguments of that mode. */
+static int bucket_run(const tb__twin_args_t *a, const tb_bucket_t *in,
                       tb_bucket_t *out, tb_verdict_t *v)
 {
+    const tb_limit_t *lim = a->lim;
+    const double *cost = a->cost;
     int i;
 
-    if (!tb__mode_args_ok(in, lim, cost, n, settle, out, v)) {
+    if (!tb__mode_args_ok(a, in, out, v)) {
         return TB_ERR;
     }
     tb__fold_init(v);
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < a->n; i++) {
         double cap = lim[i].capacity;
         int64_t wait = 0;
 
-        refill(&in[i], &lim[i], now_ms, &out[i]);
-        if (settle) {
+        refill(&in[i], &lim[i], a->now_ms, &out[i]);
+        if (a->settle) {
             out[i].tokens = out[i].tokens - cost[i];
             if (out[i].tokens > cap) {
                 out[i].tokens = cap;
@@ -123,8 +123,8 @@ static int bucket_run(const tb_bucket_t *in, const tb_limit_t *lim,
         /* The largest wait decides; "never" beats any wait. */
         tb__fold_wait(v, i, wait);
     }
-    for (i = 0; i < n; i++) {
-        if (v->allowed && !settle) {
+    for (i = 0; i < a->n; i++) {
+        if (v->allowed && !a->settle) {
             out[i].tokens = out[i].tokens - cost[i];
         }
         tb__fold_left(v, i, out[i].tokens);
@@ -136,38 +136,39 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v)
 {
-    return bucket_run(in, lim, cost, n, now_ms, 0, out, v);
+    return bucket_run(&(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+                      in, out, v);
 }
 
 /* The same steps as tb_bucket_take() for one bucket, then the lease of
- * tb_bucket.lua's optional last argument: g = floor(tokens), capped at
- * want, raised to cost, deducted instead of cost. */
+ * tb_bucket.lua's optional last argument: floor(tokens), capped at want,
+ * raised to cost, deducted instead of cost. */
 int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
-                    double cost, double want, int64_t now_ms,
-                    tb_bucket_t *out, tb_verdict_t *v, int64_t *granted)
+                    tb_bucket_grant_t *g, int64_t now_ms, tb_bucket_t *out,
+                    tb_verdict_t *v)
 {
     double grant = 0;
     int64_t wait = 0;
 
-    if (!in || !lim || !out || !v || !granted || !limit_valid(lim, cost)
-        || !(want >= cost) || want > TB_MAX_CAPACITY) {
+    if (!in || !lim || !out || !v || !g || !limit_valid(lim, g->cost)
+        || !(g->want >= g->cost) || g->want > TB_MAX_CAPACITY) {
         return TB_ERR;
     }
     refill(in, lim, now_ms, out);
-    if (cost > lim->capacity) {
+    if (g->cost > lim->capacity) {
         wait = -1;
     }
-    else if (out->tokens < cost) {
-        wait = (int64_t)ceil((cost - out->tokens) * 1000
+    else if (out->tokens < g->cost) {
+        wait = (int64_t)ceil((g->cost - out->tokens) * 1000
                              / lim->rate_per_sec);
     }
     if (wait == 0) {
         grant = floor(out->tokens);
-        if (grant > want) {
-            grant = want;
+        if (grant > g->want) {
+            grant = g->want;
         }
-        if (grant < cost) {
-            grant = cost;
+        if (grant < g->cost) {
+            grant = g->cost;
         }
         out->tokens = out->tokens - grant;
     }
@@ -175,7 +176,7 @@ int tb_bucket_lease(const tb_bucket_t *in, const tb_limit_t *lim,
     v->remaining = out->tokens < 0 ? 0 : (int64_t)floor(out->tokens);
     v->retry_ms = wait;
     v->binding = 0;
-    *granted = (int64_t)grant;
+    g->granted = (int64_t)grant;
     return TB_OK;
 }
 
@@ -200,7 +201,8 @@ int tb_bucket_settle(const tb_bucket_t *in, const tb_limit_t *lim,
                      const double *delta, int n, int64_t now_ms,
                      tb_bucket_t *out, tb_verdict_t *v)
 {
-    return bucket_run(in, lim, delta, n, now_ms, 1, out, v);
+    return bucket_run(&(tb__twin_args_t){ lim, delta, n, now_ms, 1 },
+                      in, out, v);
 }
 
 int64_t tb_bucket_ttl_ms(const tb_limit_t *lim)

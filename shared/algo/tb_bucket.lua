@@ -1,8 +1,8 @@
 -- tb_bucket.lua -- the token-bucket decision, run atomically inside Redis.
--- The build places shared/tb_prelude.lua before this body: arguments,
+-- The build places tb_prelude.lua before this body: arguments,
 -- clock, the folds and the order of the steps are described there.
 --
--- The C twin is tb_bucket_take() in shared/tb_bucket.c: the same operations
+-- The C twin is tb_bucket_take() in tb_bucket.c: the same operations
 -- in the same order on IEEE-754 doubles, checked against each other by the
 -- vectors in tests/vectors/token_bucket.tsv. Change both or neither.
 --

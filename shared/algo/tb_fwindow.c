@@ -1,6 +1,6 @@
 /* tb_fwindow.c -- the fixed-window counter, pure.
  *
- * The C twin of shared/tb_fwindow.lua: the same double operations in the
+ * The C twin of algo/tb_fwindow.lua: the same double operations in the
  * same order, checked against it by tests/vectors/fixed_window.tsv. A
  * limit CAPACITY RATE allows CAPACITY per window of CAPACITY*1000/RATE ms;
  * windows are aligned to the epoch of the clock. The known edge: CAPACITY
@@ -11,7 +11,7 @@
  */
 #include <math.h>
 
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 static int64_t fwindow_step(const tb_window_t *in, double cap, double cost,
                             double win, double now, tb_window_t *st,
@@ -39,12 +39,13 @@ int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v)
 {
-    return tb__window_take(fwindow_step, in, lim, cost, n, now_ms, out, v);
+    return tb__window_take(fwindow_step,
+                           &(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+                           in, out, v);
 }
 
 int64_t tb_fwindow_ttl_ms(const tb_window_t *st, const tb_limit_t *lim,
                           int64_t now_ms)
 {
-    return (int64_t)ceil((st->w + 1) * tb__window_ms(lim) - (double)now_ms)
-           + 1000;
+    return tb__window_ttl_ms(st, lim, now_ms, 1);
 }

@@ -1,6 +1,6 @@
 /* tb_gcra.c -- GCRA (generic cell rate algorithm) arithmetic, pure.
  *
- * The C twin of shared/tb_gcra.lua: the same double operations in the same
+ * The C twin of tb_gcra.lua: the same double operations in the same
  * order, so both agree to the last bit on tests/vectors/gcra.tsv. The
  * state is one number, the theoretical arrival time (TAT) in ms. With a
  * limit CAPACITY RATE the emission interval is T = 1000 / RATE ms and the
@@ -14,23 +14,25 @@
  */
 #include <math.h>
 
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 #define EPS_MS 0.001
 
-/* The steps of tb_gcra.lua: settle selects its 'settle' mode, where cost
- * is the difference to settle and the new TAT is always stored. ttl_ms,
- * when not NULL, receives each bucket's PX (tb_gcra_ttl_ms). TB_ERR for
- * bad arguments of that mode. */
-static int gcra_run(const tb_gcra_t *in, const tb_limit_t *lim,
-                    const double *cost, int n, int64_t now_ms, int settle,
+/* The steps of tb_gcra.lua: a->settle selects its 'settle' mode, where
+ * the cost is the difference to settle and the new TAT is always stored.
+ * ttl_ms, when not NULL, receives each bucket's PX (tb_gcra_ttl_ms).
+ * TB_ERR for bad arguments of that mode. */
+static int gcra_run(const tb__twin_args_t *a, const tb_gcra_t *in,
                     tb_gcra_t *out, tb_verdict_t *v, int64_t *ttl_ms)
 {
+    const tb_limit_t *lim = a->lim;
+    const double *cost = a->cost;
+    int n = a->n, settle = a->settle;
     double debt[TB_MAX_BUCKETS], after[TB_MAX_BUCKETS];
-    double now = (double)now_ms;
+    double now = (double)a->now_ms;
     int i;
 
-    if (!tb__mode_args_ok(in, lim, cost, n, settle, out, v)) {
+    if (!tb__mode_args_ok(a, in, out, v)) {
         return TB_ERR;
     }
     tb__fold_init(v);
@@ -91,25 +93,28 @@ int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
                  const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
                  tb_verdict_t *v)
 {
-    return gcra_run(in, lim, cost, n, now_ms, 0, out, v, NULL);
+    return gcra_run(&(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+                    in, out, v, NULL);
 }
 
 int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *delta, int n, int64_t now_ms,
                    tb_gcra_t *out, tb_verdict_t *v)
 {
-    return gcra_run(in, lim, delta, n, now_ms, 1, out, v, NULL);
+    return gcra_run(&(tb__twin_args_t){ lim, delta, n, now_ms, 1 },
+                    in, out, v, NULL);
 }
 
 int tb_gcra_ttl_ms(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms, int settle,
                    int64_t *ttl_ms)
 {
+    tb__twin_args_t a = { lim, cost, n, now_ms, settle };
     tb_gcra_t out[TB_MAX_BUCKETS];
     tb_verdict_t v;
 
     if (!ttl_ms || n < 1 || n > TB_MAX_BUCKETS) {
         return TB_ERR;
     }
-    return gcra_run(in, lim, cost, n, now_ms, settle, out, &v, ttl_ms);
+    return gcra_run(&a, in, out, &v, ttl_ms);
 }

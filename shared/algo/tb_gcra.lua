@@ -1,8 +1,8 @@
 -- tb_gcra.lua -- GCRA (generic cell rate algorithm), run atomically in Redis.
--- The build places shared/tb_prelude.lua before this body: arguments,
+-- The build places tb_prelude.lua before this body: arguments,
 -- clock, the folds and the order of the steps are described there.
 --
--- The C twin is tb_gcra_take() in shared/tb_gcra.c: the same operations in
+-- The C twin is tb_gcra_take() in tb_gcra.c: the same operations in
 -- the same order on IEEE-754 doubles, checked against each other by the
 -- vectors in tests/vectors/gcra.tsv. Change both or neither.
 --

@@ -43,8 +43,13 @@
 --               floor, and when allowed the tightest bucket binds.
 --   fold_room(used)  fold_left of capacity - used[i], less the cost when
 --               allowed, for every bucket: the window algorithms' room.
--- They are the Lua side of shared/tb_algo_int.h, which folds the C twins'
--- buckets the same way, so a body reads like its twin's take function.
+--   commit(used, store)  steps 2 to 4 below for the window algorithms:
+--               fold_room(used); when allowed, store(i, cost, win) for
+--               every bucket, win being its window of capacity * 1000 /
+--               rate ms; then finish().
+-- They are the Lua side of shared/algo/tb_algo_int.h, which folds the C
+-- twins' buckets the same way, so a body reads like its twin's take
+-- function.
 --
 -- Each body defines its state layout (KEYS[i]) and then, in this order:
 --   1. for i = 1, n: reads bucket i's state, keeps what steps 2 and 3
@@ -57,6 +62,7 @@
 --      the client parses (a body may append a fifth element, as the lease
 --      does). finish() takes the concurrency slot when the request is
 --      allowed and appends {grant or 0, slots held} when there is one.
+-- The window algorithms make steps 2 to 4 one call of commit().
 -- Helpers are few on purpose: Redis runs the whole text on every call, so
 -- each function here is a closure built again on every call (measured:
 -- about 0.08 us per function per call in Redis 7.0).
@@ -142,5 +148,16 @@ local function finish(reply)
     reply[6] = conc_held
   end
   return reply
+end
+
+local function commit(used, store)
+  fold_room(used)
+  if allowed == 1 then
+    for i = 1, n do
+      local cap, rate, cost = args(i)
+      store(i, cost, cap * 1000 / rate)
+    end
+  end
+  return finish({allowed, remaining, retry, binding})
 end
 

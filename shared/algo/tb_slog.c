@@ -1,6 +1,6 @@
 /* tb_slog.c -- the sliding log, pure.
  *
- * The C twin of shared/tb_slog.lua, checked against it by
+ * The C twin of tb_slog.lua, checked against it by
  * tests/vectors/sliding_log.tsv. The log holds the time of every admitted
  * unit of cost in the last W = CAPACITY*1000/RATE ms, so the decision is
  * exact: a request passes when the entries newer than now - W plus its cost
@@ -17,7 +17,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 /* Drop the entries at or before now - win (ZREMRANGEBYSCORE -inf cut). */
 static void trim(tb_slog_t *l, double cut)

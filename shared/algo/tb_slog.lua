@@ -1,8 +1,8 @@
 -- tb_slog.lua -- the sliding log, run atomically in Redis.
--- The build places shared/tb_prelude.lua before this body: arguments,
+-- The build places tb_prelude.lua before this body: arguments,
 -- clock, the folds and the order of the steps are described there.
 --
--- The C twin is tb_slog_take() in shared/tb_slog.c: the same decisions,
+-- The C twin is tb_slog_take() in tb_slog.c: the same decisions,
 -- checked against each other by the vectors in tests/vectors/sliding_log.tsv.
 --
 -- A limit CAPACITY RATE means at most CAPACITY requests in any window of
@@ -44,22 +44,15 @@ for i = 1, n do
   fold_wait(i, wait)
 end
 
-fold_room(counts)
-
-if allowed == 1 then
-  local stamp = string.format('%d', now)
-  for i = 1, n do
-    local cap, rate, cost = args(i)
-    if cost > 0 then
-      -- Members with this score are numbered 1, 2, ...: unique, because
-      -- a trim removes every member of one score at once.
-      local seq = redis.call('ZCOUNT', KEYS[i], now, now)
-      for j = 1, cost do
-        redis.call('ZADD', KEYS[i], now, stamp .. ':' .. (seq + j))
-      end
-      redis.call('PEXPIRE', KEYS[i], math.ceil(cap * 1000 / rate) + 1000)
+return commit(counts, function(i, cost, win)
+  if cost > 0 then
+    -- Members with this score are numbered 1, 2, ...: unique, because a
+    -- trim removes every member of one score at once.
+    local stamp = string.format('%d', now)
+    local seq = redis.call('ZCOUNT', KEYS[i], now, now)
+    for j = 1, cost do
+      redis.call('ZADD', KEYS[i], now, stamp .. ':' .. (seq + j))
     end
+    redis.call('PEXPIRE', KEYS[i], math.ceil(win) + 1000)
   end
-end
-
-return finish({allowed, remaining, retry, binding})
+end)

@@ -1,6 +1,6 @@
 /* tb_swindow.c -- the sliding-window counter, pure.
  *
- * The C twin of shared/tb_swindow.lua: the same double operations in the
+ * The C twin of algo/tb_swindow.lua: the same double operations in the
  * same order, checked against it by tests/vectors/sliding_window.tsv. It
  * keeps the cost spent in the current epoch-aligned window (cur) and in
  * the previous one (prev), and estimates the count over the last
@@ -11,7 +11,7 @@
  */
 #include <math.h>
 
-#include "tb_algo_int.h"
+#include "algo/tb_algo_int.h"
 
 static int64_t swindow_step(const tb_window_t *in, double cap, double cost,
                             double win, double now, tb_window_t *st,
@@ -57,12 +57,13 @@ int tb_swindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     const double *cost, int n, int64_t now_ms,
                     tb_window_t *out, tb_verdict_t *v)
 {
-    return tb__window_take(swindow_step, in, lim, cost, n, now_ms, out, v);
+    return tb__window_take(swindow_step,
+                           &(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+                           in, out, v);
 }
 
 int64_t tb_swindow_ttl_ms(const tb_window_t *st, const tb_limit_t *lim,
                           int64_t now_ms)
 {
-    return (int64_t)ceil((st->w + 2) * tb__window_ms(lim) - (double)now_ms)
-           + 1000;
+    return tb__window_ttl_ms(st, lim, now_ms, 2);
 }

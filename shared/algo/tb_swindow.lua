@@ -1,8 +1,8 @@
 -- tb_swindow.lua -- the sliding-window counter, run atomically in Redis.
--- The build places shared/tb_prelude.lua before this body: arguments,
+-- The build places tb_prelude.lua before this body: arguments,
 -- clock, the folds and the order of the steps are described there.
 --
--- The C twin is tb_swindow_take() in shared/tb_swindow.c: the same
+-- The C twin is tb_swindow_take() in tb_swindow.c: the same
 -- operations in the same order on IEEE-754 doubles, checked against each
 -- other by the vectors in tests/vectors/sliding_window.tsv.
 --
@@ -72,17 +72,8 @@ for i = 1, n do
   fold_wait(i, wait)
 end
 
-fold_room(ests)
-
-if allowed == 1 then
-  for i = 1, n do
-    local cap, rate, cost = args(i)
-    local win = cap * 1000 / rate
-    redis.call('HSET', KEYS[i], 'w', wins[i], 'cur', curs[i] + cost,
-               'prev', prevs[i])
-    redis.call('PEXPIRE', KEYS[i],
-               math.ceil((wins[i] + 2) * win - now) + 1000)
-  end
-end
-
-return finish({allowed, remaining, retry, binding})
+return commit(ests, function(i, cost, win)
+  redis.call('HSET', KEYS[i], 'w', wins[i], 'cur', curs[i] + cost,
+             'prev', prevs[i])
+  redis.call('PEXPIRE', KEYS[i], math.ceil((wins[i] + 2) * win - now) + 1000)
+end)

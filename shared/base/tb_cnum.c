@@ -6,21 +6,23 @@
  * C library's snprintf and strtod follow LC_NUMERIC instead, and the host
  * owns it: a daemon under the shim that calls setlocale(LC_ALL, "") with
  * LANG=de_DE.UTF-8, a PHP script that calls setlocale(LC_ALL, 'de_DE')
- * inside mod_php. Before this file, such a process sent a rate of 2.5/s
- * (or any N/m that is not a whole number per second) to Redis as "2,5",
- * the script failed on it, and every decision went to the failure policy;
- * and a reported cost of "1.5" was read as 1.
+ * inside mod_php. With the C library's functions such a process would
+ * send a rate of 2.5/s (or any N/m that is not a whole number per second)
+ * to Redis as "2,5", the script would fail on it and every decision would
+ * go to the failure policy; and a reported cost of "1.5" would be read as
+ * 1.
  *
  * uselocale() switches only the calling thread, for the one call, so
  * other threads and the host never see it. Whole numbers never get here
- * on the request path (tb_call.c prints them itself).
+ * on the request path (tb_call.c, in the decision path, prints them
+ * itself).
  */
 #include <locale.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "tb.h"
+#include "base/tb_base.h"
 
 static locale_t c_locale;
 static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;

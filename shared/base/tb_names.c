@@ -9,7 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "tb_int.h"
+#include "base/tb_base.h"
 
 int tb_name_index(const char *const *names, int n, const char *s, int nocase)
 {

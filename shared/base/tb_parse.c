@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb.h"
+#include "base/tb_base.h"
 
 static int fail(char *err, size_t errlen, const char *fmt, const char *s)
 {

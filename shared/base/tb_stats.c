@@ -4,7 +4,7 @@
  * in memory shared by all children of a server (the module does this) and
  * never goes backwards between two reads, whichever process reads it.
  */
-#include "tb_int.h"
+#include "base/tb_base.h"
 
 const int64_t tb_lat_bounds_us[TB_LAT_BUCKETS - 1] = {
     100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000

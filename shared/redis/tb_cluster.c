@@ -6,8 +6,9 @@
  * ("<prefix>{<key>}..."), so one decision is one slot and one script call
  * on one node, atomic as before. The map (slot -> node) is learnt with
  * CLUSTER SLOTS from any node we know, seeds first; each node gets an
- * ordinary tb__pool_t (tb_pool.c) of pool_size connections, made on first
- * need, which also loads the scripts on each node as it connects.
+ * ordinary tb__pool_t (tb_pool.c) made from the client's settings with
+ * the node's address, pool_size connections made on first need, which
+ * also loads the scripts on each node as it connects.
  *
  * A call goes to the slot's primary. MOVED points the slot at the named
  * node at once and marks the map stale; ASK sends ASKING and the command
@@ -31,7 +32,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tb_int.h"
+#include "redis/tb_redis_int.h"
 
 #define TB__SLOTS 16384
 #define TB__MAX_NODES 128
@@ -46,13 +47,8 @@ typedef struct tb__cnode {
 
 struct tb__cluster {
     pthread_mutex_t mu;          /* Guards everything below.           */
-    tb_redis_addr_t addr;        /* Seeds, user and password.          */
-    int timeout_ms;
-    int connect_timeout_ms;
-    int pool_size;               /* Connections per node.              */
-    int verify_fd;
-    tb_stats_t *stats;
-    const tb_tls_t *tls;         /* Every node's; not owned.           */
+    tb__redis_cfg_t cfg;         /* Seeds, user and password in addr;
+                                  * each node's pool takes a copy.     */
     tb__cnode_t *nodes[TB__MAX_NODES];
     int nnodes;
     short slots[TB__SLOTS];      /* Index into nodes, or -1.           */
@@ -108,12 +104,14 @@ unsigned tb_key_slot(const char *key, size_t len)
 static tb__cnode_t *node_get(tb__cluster_t *c, const char *host, int port,
                              int *index)
 {
-    tb_redis_addr_t a;
+    tb__redis_cfg_t cfg;
+    tb_redis_addr_t *a = &cfg.addr;
     tb__cnode_t *n;
     int i;
 
     for (i = 0; i < c->nnodes; i++) {
-        if (c->nodes[i]->port == port && strcmp(c->nodes[i]->host, host) == 0) {
+        if (c->nodes[i]->port == port
+            && strcmp(c->nodes[i]->host, host) == 0) {
             if (index) {
                 *index = i;
             }
@@ -127,16 +125,14 @@ static tb__cnode_t *node_get(tb__cluster_t *c, const char *host, int port,
     snprintf(n->host, sizeof(n->host), "%s", host);
     n->port = port;
     /* A node is a plain Redis to its pool: same credentials, db 0. */
-    a = c->addr;
-    a.kind = TB_REDIS_SINGLE;
-    a.nseeds = 0;
-    a.db = 0;
-    a.path[0] = '\0';
-    snprintf(a.host, sizeof(a.host), "%s", host);
-    a.port = port;
-    if (tb__pool_init(&n->pool, &a, c->tls, c->timeout_ms,
-                      c->connect_timeout_ms, c->pool_size, c->verify_fd,
-                      c->stats) != TB_OK) {
+    cfg = c->cfg;
+    a->kind = TB_REDIS_SINGLE;
+    a->nseeds = 0;
+    a->db = 0;
+    a->path[0] = '\0';
+    snprintf(a->host, sizeof(a->host), "%s", host);
+    a->port = port;
+    if (tb__pool_init(&n->pool, &cfg) != TB_OK) {
         free(n);
         return NULL;
     }
@@ -148,11 +144,9 @@ static tb__cnode_t *node_get(tb__cluster_t *c, const char *host, int port,
     return n;
 }
 
-tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a,
-                                  const tb_tls_t *tls, int timeout_ms,
-                                  int connect_timeout_ms, int pool_size,
-                                  int verify_fd, tb_stats_t *stats)
+tb__cluster_t *tb__cluster_create(const tb__redis_cfg_t *cfg)
 {
+    const tb_redis_addr_t *a = &cfg->addr;
     tb__cluster_t *c = calloc(1, sizeof(*c));
     int i;
 
@@ -161,13 +155,7 @@ tb__cluster_t *tb__cluster_create(const tb_redis_addr_t *a,
     }
     pthread_mutex_init(&c->mu, NULL);
     tb__cond_init(&c->refreshed);
-    c->addr = *a;
-    c->timeout_ms = timeout_ms;
-    c->connect_timeout_ms = connect_timeout_ms;
-    c->pool_size = pool_size;
-    c->verify_fd = verify_fd;
-    c->stats = stats;
-    c->tls = tls;
+    c->cfg = *cfg;
     c->stale = 1;
     for (i = 0; i < TB__SLOTS; i++) {
         c->slots[i] = -1;
@@ -223,7 +211,7 @@ void tb__cluster_usage(tb__cluster_t *c, int *size, int *open, int *in_use)
         int o, b;
 
         tb__pool_usage(&c->nodes[i]->pool, &o, &b);
-        *size += c->nodes[i]->pool.size;
+        *size += c->nodes[i]->pool.cfg.pool_size;
         *open += o;
         *in_use += b;
     }
@@ -300,24 +288,19 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
 {
     static const char *argv[2] = { "CLUSTER", "SLOTS" };
     static const size_t argvlen[2] = { 7, 5 };
+    tb__redis_call_t k;
     tb_monotime_us now = tb_clock_monotonic_us();
     short *map;
-    int k, n, first, rc = TB_ERR;
+    int t, n, first, rc = TB_ERR;
 
     pthread_mutex_lock(&c->mu);
     if (c->refreshing && force) {
         /* Another thread is asking already: wait for its map (bounded by
          * the command timeout) rather than fail the call at once, as a
          * burst of first requests on an empty map would. */
-        struct timespec d;
+        struct timespec d = tb__timespec_at(
+            tb__deadline_ms(c->cfg.timeout_ms));
 
-        clock_gettime(CLOCK_MONOTONIC, &d);
-        d.tv_sec += c->timeout_ms / 1000;
-        d.tv_nsec += (long)(c->timeout_ms % 1000) * 1000000L;
-        if (d.tv_nsec >= 1000000000L) {
-            d.tv_sec++;
-            d.tv_nsec -= 1000000000L;
-        }
         while (c->refreshing
                && pthread_cond_timedwait(&c->refreshed, &c->mu, &d) == 0) {
         }
@@ -339,17 +322,20 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
         tb__set_error(e, TB_ERR_OOM, "out of memory");
         n = 0;
     }
-    for (k = 0; k < n && rc != TB_OK; k++) {
-        int i = (first + k) % n;
+    memset(&k, 0, sizeof(k));
+    k.cmd.argc = 2;
+    k.cmd.argv = argv;
+    k.cmd.argvlen = argvlen;
+    for (t = 0; t < n && rc != TB_OK; t++) {
+        int i = (first + t) % n;
         tb__cnode_t *node;
-        redisReply *r = NULL;
 
         pthread_mutex_lock(&c->mu);
         node = c->nodes[i];
         pthread_mutex_unlock(&c->mu);
         memset(map, 0xff, sizeof(c->slots)); /* -1 everywhere */
-        if (tb__command(&node->pool, 2, argv, argvlen, &r, e) == TB_OK
-            && parse_slots(c, r, node, map, e) == TB_OK) {
+        if (tb__redis_call(&node->pool, &k, e) == TB_OK
+            && parse_slots(c, k.reply, node, map, e) == TB_OK) {
             pthread_mutex_lock(&c->mu);
             memcpy(c->slots, map, sizeof(c->slots));
             c->stale = 0;
@@ -357,9 +343,7 @@ static int refresh(tb__cluster_t *c, int force, tb__error_t *e)
             pthread_mutex_unlock(&c->mu);
             rc = TB_OK;
         }
-        if (r) {
-            tb__reply_free(r);
-        }
+        tb__reply_free(k.reply);
     }
     free(map);
     pthread_mutex_lock(&c->mu);
@@ -500,40 +484,18 @@ static tb__cnode_t *hops_next(hops_t *h, tb__error_t *e)
     return h->node;
 }
 
-int tb__cluster_run_script(tb__cluster_t *c, const char *key, int argc,
-                           const char **argv, size_t *argvlen,
-                           tb__script_reply_t *out, tb__error_t *e)
+int tb__cluster_call(tb__cluster_t *c, const char *key, tb__redis_call_t *k,
+                     tb__error_t *e)
 {
     hops_t h;
     tb__cnode_t *n;
 
     for (n = hops_first(&h, c, key, e); n; n = hops_next(&h, e)) {
-        if (tb__run_script_node(&n->pool, h.asking, argc, argv, argvlen, out,
-                                &h.rd, e) == TB_OK) {
+        k->asking = h.asking;
+        if (tb__redis_call(&n->pool, k, e) == TB_OK) {
             return TB_OK;
         }
-    }
-    return TB_ERR;
-}
-
-int tb__cluster_command(tb__cluster_t *c, const char *key, int argc,
-                        const char **argv, const size_t *argvlen,
-                        redisReply **reply, tb__error_t *e)
-{
-    hops_t h;
-    tb__cnode_t *n;
-
-    *reply = NULL;
-    for (n = hops_first(&h, c, key, e); n; n = hops_next(&h, e)) {
-        /* The reply of a redirected try. */
-        if (*reply) {
-            tb__reply_free(*reply);
-            *reply = NULL;
-        }
-        if (tb__command_node(&n->pool, h.asking, argc, argv, argvlen, reply,
-                             &h.rd, e) == TB_OK) {
-            return TB_OK;
-        }
+        h.rd = k->rd;
     }
     return TB_ERR;
 }

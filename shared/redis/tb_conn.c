@@ -3,19 +3,19 @@
  * plaintext or over TLS.
  *
  * Every step is bounded by a deadline on the monotonic clock: the connect
- * (all addresses of the host in turn, within one connect deadline), each
- * write and each read. Nothing here blocks past the deadline it is given
- * (give or take the kernel's timer slack), and nothing retries: a
- * connection that saw an I/O error or a timeout is in error for good and
- * its owner frees it (a timed-out command may still run on the server
- * and answer later).
+ * (the host name's lookup, tb_resolve.c, then all its addresses in turn,
+ * within one connect deadline), each write and each read. Nothing here
+ * blocks past the deadline it is given (give or take the kernel's timer
+ * slack), and nothing retries: a connection that saw an I/O error or a
+ * timeout is in error for good and its owner frees it (a timed-out
+ * command may still run on the server and answer later).
  *
  * The connect waits in poll(2) on a non-blocking socket. The socket is
- * then made blocking (plaintext and TLS alike): writes pass MSG_DONTWAIT and wait in
- * poll(2) only when the socket buffer is full, and a read, which always
- * waits a round trip, is one blocking recv(2) bounded by SO_RCVTIMEO
- * rather than poll(2) and then recv(2): one system call per reply
- * instead of two. SO_RCVTIMEO is set again only when the time left
+ * then made blocking (plaintext and TLS alike): writes pass MSG_DONTWAIT
+ * and wait in poll(2) only when the socket buffer is full, and a read,
+ * which always waits a round trip, is one blocking recv(2) bounded by
+ * SO_RCVTIMEO rather than poll(2) and then recv(2): one system call per
+ * reply instead of two. SO_RCVTIMEO is set again only when the time left
  * differs from it by more than RCVTIMEO_SLACK_US, so a steady stream of
  * commands with the same timeout sets it once.
  *
@@ -51,7 +51,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "tb_int.h"
+#include "redis/tb_redis_int.h"
 
 /* Bytes read from the socket at a time; as hiredis's redisBufferRead. */
 #define READ_CHUNK 16384
@@ -322,23 +322,16 @@ static int open_unix(const char *path, tb_monotime_us deadline,
     return fd;
 }
 
-/* A connected TCP socket to host:port, trying each address in turn
- * within the one deadline, or -1 with *e (the last address's error). */
+/* A connected TCP socket to host:port: the name looked up and each of its
+ * addresses tried in turn, all within the one deadline; or -1 with *e
+ * (the lookup's error, or the last address's). */
 static int open_tcp(const char *host, int port, tb_monotime_us deadline,
                     tb__error_t *e)
 {
-    struct addrinfo hints, *res = NULL, *ai;
-    char service[16];
-    int fd = -1, rc, one = 1;
+    struct addrinfo *res = NULL, *ai;
+    int fd = -1, one = 1;
 
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    snprintf(service, sizeof(service), "%d", port);
-    rc = getaddrinfo(host, service, &hints, &res);
-    if (rc != 0) {
-        tb__set_error(e, TB_ERR_IO, "resolve %.100s: %s", host,
-                      gai_strerror(rc));
+    if (tb__resolve(host, port, deadline, &res, e) != TB_OK) {
         return -1;
     }
     tb__set_error(e, TB_ERR_IO, "connect: no address for %.100s", host);
@@ -420,11 +413,13 @@ tb__conn_t *tb__conn_open(const char *host, int port, const char *path,
                           const tb_tls_t *tls, tb_monotime_us deadline,
                           tb__error_t *e)
 {
-    tb__conn_t *c = calloc(1, sizeof(*c));
+    tb__conn_t *c;
     struct stat st;
 
     e->err = TB_ERR_NONE;
-    if (!c || !(c->reader = redisReaderCreateWithFunctions(&reply_functions))) {
+    c = calloc(1, sizeof(*c));
+    if (!c
+        || !(c->reader = redisReaderCreateWithFunctions(&reply_functions))) {
         free(c);
         tb__set_error(e, TB_ERR_OOM, "connect: out of memory");
         return NULL;
@@ -514,11 +509,6 @@ int tb__conn_is_ours(const tb__conn_t *c)
 
     return c->fd >= 0 && fstat(c->fd, &st) == 0 && S_ISSOCK(st.st_mode)
            && st.st_dev == c->dev && st.st_ino == c->ino;
-}
-
-int tb__conn_fd(const tb__conn_t *c)
-{
-    return c->fd;
 }
 
 static int tls_write(tb__conn_t *c, const char *buf, size_t len,
@@ -693,22 +683,17 @@ int tb__conn_poll(tb__conn_t *c, redisReply **r)
     return take_reply(c, r, &e);
 }
 
-int tb__conn_command(tb__conn_t *c, int argc, const char **argv,
-                     const size_t *argvlen, tb_monotime_us deadline,
-                     redisReply **r, tb__error_t *e)
+int tb__conn_command(tb__conn_t *c, const tb__cmd_t *cmd,
+                     tb_monotime_us deadline, redisReply **r,
+                     tb__error_t *e)
 {
     c->out.len = 0;
-    if (tb__buf_argv(&c->out, argc, argv, argvlen) != TB_OK) {
-        tb__set_error(e, TB_ERR_OOM, "%s: out of memory", argv[0]);
+    if (tb__buf_cmd(&c->out, cmd) != TB_OK) {
+        tb__set_error(e, TB_ERR_OOM, "%s: out of memory", cmd->argv[0]);
         return TB_ERR;
     }
     if (tb__conn_write(c, c->out.p, c->out.len, deadline, e) != TB_OK) {
         return TB_ERR;
     }
     return tb__conn_read(c, deadline, r, e);
-}
-
-tb_monotime_us tb__deadline_ms(int ms)
-{
-    return tb_clock_monotonic_us() + (tb_monotime_us)ms * 1000;
 }

@@ -42,13 +42,13 @@
  * way through growing.
  *
  * Sentinel: a pool whose address is redis-sentinel:// connects to the
- * primary the sentinels name (tb_sentinel.c); setup checks with ROLE that
- * it is one. An I/O error, a refused connect or a READONLY reply marks
- * the pool stale, so the next connect asks again, and bumps its
- * generation, so links opened to the old primary reconnect. A
- * subscription to +switch-master on one sentinel is read without waiting
- * before each call, so a primary replaced while still alive (and still
- * accepting writes) is left at once rather than when it is demoted.
+ * primary its tracker names (tb_sentinel.c), and setup (tb_setup.c)
+ * checks with ROLE that it is one. An I/O error or a refused connect
+ * tells the tracker the primary may have moved; a link opened to a
+ * primary of an older generation reconnects before its next use. Before
+ * each call the tracker reads its +switch-master subscription without
+ * waiting, so a primary replaced while still alive (and still accepting
+ * writes) is left at once rather than when it is demoted.
  */
 /* syscall(2), for futex, is declared for _GNU_SOURCE. */
 #ifndef _GNU_SOURCE
@@ -57,7 +57,6 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tb_int.h"
+#include "redis/tb_redis_int.h"
 
 /* What a waiting thread is told. */
 enum {
@@ -99,17 +98,6 @@ typedef struct {
     int n;
 } wake_list_t;
 
-void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
-{
-    va_list ap;
-
-    e->err = err;
-    e->shared = 0;
-    va_start(ap, fmt);
-    vsnprintf(e->errstr, sizeof(e->errstr), fmt, ap);
-    va_end(ap);
-}
-
 /* This process's pid without a system call per decision (glibc does not
  * cache getpid()): read once, and again in the child of every fork() by
  * an atfork handler. A child made by a raw clone() keeps its parent's
@@ -134,50 +122,24 @@ static pid_t self_pid(void)
     return cached_pid;
 }
 
-void tb__cond_init(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-
-    /* Wait against the monotonic clock: a wall-clock step must not turn
-     * a 50 ms wait into minutes. */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
-static struct timespec timespec_at(tb_monotime_us t)
-{
-    struct timespec ts;
-
-    ts.tv_sec = (time_t)(t / 1000000);
-    ts.tv_nsec = (long)(t % 1000000) * 1000L;
-    return ts;
-}
-
-int tb__pool_init(tb__pool_t *p, const tb_redis_addr_t *addr,
-                  const tb_tls_t *tls, int timeout_ms,
-                  int connect_timeout_ms, int size, int verify_fd,
-                  tb_stats_t *stats)
+int tb__pool_init(tb__pool_t *p, const tb__redis_cfg_t *cfg)
 {
     memset(p, 0, sizeof(*p));
-    p->links = calloc((size_t)size, sizeof(*p->links));
+    p->cfg = *cfg;
+    p->links = calloc((size_t)cfg->pool_size, sizeof(*p->links));
     if (!p->links) {
         return TB_ERR;
     }
-    p->addr = *addr;
-    p->timeout_ms = timeout_ms;
-    p->connect_timeout_ms = connect_timeout_ms;
-    p->size = size;
-    p->verify_fd = verify_fd;
-    p->stats = stats;
-    p->tls = tls;
+    /* The tracker borrows the pool's own copy of the settings. */
+    if (cfg->addr.kind == TB_REDIS_SENTINEL
+        && !(p->sentinel = tb__sentinel_create(&p->cfg))) {
+        free(p->links);
+        p->links = NULL;
+        return TB_ERR;
+    }
     p->pid = self_pid();
     pthread_mutex_init(&p->mu, NULL);
-    pthread_mutex_init(&p->rmu, NULL);
     tb__cond_init(&p->cv);
-    /* Nothing is known about the primary until a sentinel is asked. */
-    p->stale = addr->kind == TB_REDIS_SENTINEL;
     return TB_OK;
 }
 
@@ -188,7 +150,7 @@ void tb__pool_destroy(tb__pool_t *p)
     if (!p->links) {
         return;
     }
-    for (i = 0; i < p->size; i++) {
+    for (i = 0; i < p->cfg.pool_size; i++) {
         /* Busy ones too: destroy means nobody uses the pool now. */
         tb__conn_free(p->links[i].conn);
         tb__buf_free(&p->links[i].b[0].out);
@@ -196,26 +158,22 @@ void tb__pool_destroy(tb__pool_t *p)
     }
     free(p->links);
     p->links = NULL;
-    tb__conn_free(p->watch);
-    p->watch = NULL;
+    tb__sentinel_free(p->sentinel);
+    p->sentinel = NULL;
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
-    pthread_mutex_destroy(&p->rmu);
 }
 
 void tb__pool_after_fork(tb__pool_t *p)
 {
-    int i, watched;
+    int i;
 
     /* Only this thread survives the fork, so no lock is held by anyone
-     * who can release it. A lock we cannot take was held at the fork:
-     * what it guarded may be half-changed, so it is abandoned, not
-     * freed. */
-    watched = pthread_mutex_trylock(&p->rmu) == 0;
+     * who can release it. A busy link was being used at the fork: what
+     * it holds may be half-changed, so it is abandoned, not freed. */
     pthread_mutex_init(&p->mu, NULL);
-    pthread_mutex_init(&p->rmu, NULL);
     tb__cond_init(&p->cv);
-    for (i = 0; i < p->size; i++) {
+    for (i = 0; i < p->cfg.pool_size; i++) {
         tb__link_t *l = &p->links[i];
 
         if (l->busy) {
@@ -230,15 +188,9 @@ void tb__pool_after_fork(tb__pool_t *p)
         l->b[0].out.len = l->b[1].out.len = 0;
     }
     p->pid = self_pid();
-    if (watched) {
-        /* Closing our copy sends nothing: the parent stays subscribed. */
-        tb__conn_free(p->watch);
+    if (p->sentinel) {
+        tb__sentinel_after_fork(p->sentinel);
     }
-    else {
-        tb__conn_abandon(p->watch);
-    }
-    p->watch = NULL;
-    p->watch_retry_us = 0;
 }
 
 void tb__pool_usage(tb__pool_t *p, int *open, int *busy)
@@ -247,144 +199,39 @@ void tb__pool_usage(tb__pool_t *p, int *open, int *busy)
 
     *open = *busy = 0;
     pthread_mutex_lock(&p->mu);
-    for (i = 0; i < p->size; i++) {
+    for (i = 0; i < p->cfg.pool_size; i++) {
         *open += p->links[i].conn != NULL || p->links[i].busy;
         *busy += p->links[i].busy;
     }
     pthread_mutex_unlock(&p->mu);
 }
 
-/* ---- Sentinel: which primary ------------------------------------------ */
-
-/* Under mu. */
-static void suspect_locked(tb__pool_t *p, int drop_idle)
-{
-    if (p->addr.kind == TB_REDIS_SENTINEL) {
-        p->stale = 1;
-        if (drop_idle) {
-            p->gen++;
-        }
-    }
-}
-
 void tb__pool_suspect(tb__pool_t *p, int drop_idle)
 {
-    if (p->addr.kind != TB_REDIS_SENTINEL) {
-        return;
+    if (p->sentinel) {
+        tb__sentinel_suspect(p->sentinel, drop_idle);
     }
-    pthread_mutex_lock(&p->mu);
-    suspect_locked(p, drop_idle);
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* Take the primary the sentinels named. Under mu. */
-static void set_primary(tb__pool_t *p, const char *host, int port)
-{
-    if (port != p->cur_port || strcmp(host, p->cur_host) != 0) {
-        /* A new primary: connections to the old one must go. */
-        p->gen++;
-        snprintf(p->cur_host, sizeof(p->cur_host), "%s", host);
-        p->cur_port = port;
-    }
-    p->stale = 0;
-}
-
-/* Read the +switch-master subscription, (re)subscribing at most once a
- * second while there is none. Never waits for another thread: if one is
- * asking the sentinels, its answer will do. */
-static void watch_check(tb__pool_t *p)
-{
-    char host[sizeof(p->cur_host)];
-    int port = 0, rc;
-    tb__error_t e;
-
-    if (p->addr.kind != TB_REDIS_SENTINEL
-        || pthread_mutex_trylock(&p->rmu) != 0) {
-        return;
-    }
-    if (p->watch && p->verify_fd && !tb__conn_is_ours(p->watch)) {
-        /* The host reused the fd: not ours to close. */
-        tb__conn_forget(p->watch);
-        p->watch = NULL;
-    }
-    if (!p->watch && tb_clock_monotonic_us() >= p->watch_retry_us) {
-        p->watch_retry_us = tb_clock_monotonic_us() + 1000000;
-        p->watch = tb__sentinel_watch(p, &p->watch_next, &e);
-        if (p->watch) {
-            /* A switch may have been announced while nobody listened. */
-            pthread_mutex_lock(&p->mu);
-            p->stale = 1;
-            pthread_mutex_unlock(&p->mu);
-        }
-    }
-    if (p->watch) {
-        rc = tb__sentinel_poll(p->watch, &p->addr, host, sizeof(host),
-                               &port);
-        if (rc < 0) {
-            tb__conn_free(p->watch);
-            p->watch = NULL;
-        }
-        else if (rc > 0) {
-            pthread_mutex_lock(&p->mu);
-            set_primary(p, host, port);
-            pthread_mutex_unlock(&p->mu);
-        }
-    }
-    pthread_mutex_unlock(&p->rmu);
-}
-
-/* The primary to connect to now, asking the sentinels first when the
- * pool is stale, and its generation. One thread asks at a time; the
- * others wait for its answer rather than ask again. */
-static int sentinel_target(tb__pool_t *p, char *host, size_t hostsz,
-                           int *port, unsigned *gen, tb__error_t *e)
-{
-    char h[sizeof(p->cur_host)];
-    int stale, first, pt = 0, rc = TB_OK;
-
-    pthread_mutex_lock(&p->rmu);
-    pthread_mutex_lock(&p->mu);
-    stale = p->stale;
-    first = p->next_sentinel;
-    pthread_mutex_unlock(&p->mu);
-    if (stale) {
-        rc = tb__sentinel_resolve(p, &first, h, sizeof(h), &pt, e);
-        pthread_mutex_lock(&p->mu);
-        if (rc == TB_OK) {
-            set_primary(p, h, pt);
-            p->next_sentinel = first;
-        }
-        pthread_mutex_unlock(&p->mu);
-    }
-    if (rc == TB_OK) {
-        pthread_mutex_lock(&p->mu);
-        snprintf(host, hostsz, "%s", p->cur_host);
-        *port = p->cur_port;
-        *gen = p->gen;
-        pthread_mutex_unlock(&p->mu);
-    }
-    pthread_mutex_unlock(&p->rmu);
-    return rc;
 }
 
 /* Open and set up one connection; *gen receives the generation of the
  * primary it was opened to (always 0 but for Sentinel). Not under mu. */
 static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
 {
-    const tb_redis_addr_t *a = &p->addr;
-    char host[sizeof(p->cur_host)];
-    int port = a->port;
+    const tb_redis_addr_t *a = &p->cfg.addr;
+    tb_redis_endpoint_t to;
     tb__conn_t *c;
 
     *gen = 0;
-    snprintf(host, sizeof(host), "%s", a->host);
-    if (a->kind == TB_REDIS_SENTINEL
-        && sentinel_target(p, host, sizeof(host), &port, gen, e) != TB_OK) {
+    snprintf(to.host, sizeof(to.host), "%s", a->host);
+    to.port = a->port;
+    if (p->sentinel
+        && tb__sentinel_target(p->sentinel, &to, gen, e) != TB_OK) {
         return NULL;
     }
-    c = tb__conn_open(host, port, a->path, p->tls,
-                      tb__deadline_ms(p->connect_timeout_ms), e);
-    if (c && tb__setup(a, c, tb__deadline_ms(p->timeout_ms), e) != TB_OK) {
+    c = tb__conn_open(to.host, to.port, a->path, p->cfg.tls,
+                      tb__deadline_ms(p->cfg.connect_timeout_ms), e);
+    if (c && tb__setup(&p->cfg, c, tb__deadline_ms(p->cfg.timeout_ms), e)
+                 != TB_OK) {
         tb__conn_free(c);
         c = NULL;
     }
@@ -393,8 +240,8 @@ static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
         tb__pool_suspect(p, 0);
         return NULL;
     }
-    if (p->stats) {
-        tb_stats_add(&p->stats->connects, 1);
+    if (p->cfg.stats) {
+        tb_stats_add(&p->cfg.stats->connects, 1);
     }
     return c;
 }
@@ -409,7 +256,7 @@ static tb__link_t *pick(tb__pool_t *p, int *join)
     tb__link_t *unopened = NULL, *shortest = NULL;
     int i, best = TB__BATCH_MAX;
 
-    for (i = 0; i < p->size; i++) {
+    for (i = 0; i < p->cfg.pool_size; i++) {
         tb__link_t *l = &p->links[i];
 
         if (!l->busy) {
@@ -431,15 +278,15 @@ static tb__link_t *pick(tb__pool_t *p, int *join)
 }
 
 /* Under mu: put w's command (ASKING first when asking) in batch b. */
-static int enqueue(tb__batch_t *b, tb__waiter_t *w, int asking, int argc,
-                   const char **argv, const size_t *argvlen)
+static int enqueue(tb__batch_t *b, tb__waiter_t *w, int asking,
+                   const tb__cmd_t *cmd)
 {
     static const char *ask[1] = { "ASKING" };
     static const size_t asklen[1] = { 6 };
     size_t mark = b->out.len;
 
     if ((asking && tb__buf_argv(&b->out, 1, ask, asklen) != TB_OK)
-        || tb__buf_argv(&b->out, argc, argv, argvlen) != TB_OK) {
+        || tb__buf_cmd(&b->out, cmd) != TB_OK) {
         b->out.len = mark;
         return TB_ERR;
     }
@@ -528,7 +375,7 @@ static tb__conn_t *ready_conn(tb__pool_t *p, tb__link_t *l,
     tb_monotime_us full;
     unsigned gen = 0;
 
-    if (conn && p->verify_fd && !tb__conn_is_ours(conn)) {
+    if (conn && p->cfg.verify_fd && !tb__conn_is_ours(conn)) {
         /* Not ours any more: forget it without closing a stranger's fd. */
         pthread_mutex_lock(&p->mu);
         l->conn = NULL;
@@ -541,7 +388,7 @@ static tb__conn_t *ready_conn(tb__pool_t *p, tb__link_t *l,
     }
     conn = connect_one(p, &gen, e);
     if (conn) {
-        full = tb__deadline_ms(p->timeout_ms);
+        full = tb__deadline_ms(p->cfg.timeout_ms);
         *deadline = *deadline > full ? *deadline : full;
         pthread_mutex_lock(&p->mu);
         l->conn = conn;
@@ -551,49 +398,37 @@ static tb__conn_t *ready_conn(tb__pool_t *p, tb__link_t *l,
     return conn;
 }
 
-/* Under mu, with l busy and self a member of l->b[l->cur]: connect if
- * needed, write the batch, read its replies, give every member its
- * outcome, and hand the link on; the threads to wake go to wake. Drops
- * mu during the I/O. */
-static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
-                 wake_list_t *wake)
+/* What a leader's write-and-read of its batch came to. */
+typedef struct outcome {
+    redisReply *rep[TB__BATCH_MAX]; /* The replies that came, in order. */
+    int got;
+    tb__conn_t *conn;               /* The connection used, or NULL.    */
+    tb__error_t e;                  /* Why the rest did not come.       */
+} outcome_t;
+
+/* Without mu: make sure l has a connection (conn, if still usable), write
+ * batch b on it and read every member's reply (after its ASKING's) by
+ * b's deadline, into *o. TB_OK when every reply came. */
+static int exchange(tb__pool_t *p, tb__link_t *l, tb__conn_t *conn,
+                    const tb__batch_t *b, outcome_t *o)
 {
-    tb__batch_t *b = &l->b[l->cur];
-    redisReply *rep[TB__BATCH_MAX];
-    tb__conn_t *conn = l->conn, *stale = NULL;
-    tb__error_t e;
-    tb_monotime_us deadline;
-    unsigned bits = 0;
-    int n, got = 0, rc = TB_OK, i, k, first = 1;
+    tb_monotime_us deadline = b->deadline;
+    int rc, i, k;
 
-    compact(b);
-    n = b->n;
-    deadline = b->deadline;
-    e.err = TB_ERR_NONE;
-    e.shared = 0;
-    e.errstr[0] = '\0';
-    if (conn && l->gen != p->gen) {
-        /* Opened to a primary the sentinels no longer name. */
-        stale = conn;
-        conn = NULL;
-        l->conn = NULL;
+    o->conn = ready_conn(p, l, conn, &deadline, &o->e);
+    if (!o->conn) {
+        return TB_ERR;
     }
-    pthread_mutex_unlock(&p->mu);
-
-    tb__conn_free(stale);
-    conn = ready_conn(p, l, conn, &deadline, &e);
-    rc = conn ? tb__conn_write(conn, b->out.p, b->out.len, deadline, &e)
-              : TB_ERR;
-    if (conn && p->stats) {
-        tb_stats_add(&p->stats->batches, 1);
+    rc = tb__conn_write(o->conn, b->out.p, b->out.len, deadline, &o->e);
+    if (p->cfg.stats) {
+        tb_stats_add(&p->cfg.stats->batches, 1);
     }
-    for (i = 0; rc == TB_OK && i < n; i++) {
+    for (i = 0; rc == TB_OK && i < b->n; i++) {
         for (k = 0; k < b->ncmds[i]; k++) {
             redisReply *r;
 
-            if (tb__conn_read(conn, deadline, &r, &e) != TB_OK) {
-                rc = TB_ERR;
-                break;
+            if (tb__conn_read(o->conn, deadline, &r, &o->e) != TB_OK) {
+                return TB_ERR;
             }
             if (k + 1 < b->ncmds[i]) {
                 /* ASKING's +OK: had it failed, the command's own reply
@@ -601,20 +436,23 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
                 tb__reply_free(r);
             }
             else {
-                rep[got++] = r;
+                o->rep[o->got++] = r;
             }
         }
     }
+    return rc;
+}
 
-    pthread_mutex_lock(&p->mu);
-    if (rc != TB_OK) {
-        /* A sentinel kills the clients of a node it promotes or demotes,
-         * and a dead primary's connections are all dead. */
-        suspect_locked(p, 1);
-        l->conn = NULL;
-        tb__conn_free(conn);
-    }
-    for (i = 0; i < n; i++) {
+/* Under mu: give every member of b its reply, or the batch's error (the
+ * first failed member reports it, the others share it), and note the
+ * members to wake, all but self, in wake. */
+static void deliver(tb__batch_t *b, const tb__waiter_t *self,
+                    const outcome_t *o, wake_list_t *wake)
+{
+    unsigned bits = 0;
+    int i, first = 1;
+
+    for (i = 0; i < b->n; i++) {
         tb__waiter_t *w = b->w[i];
 
         /* Its bit first: once its state changes, a member that is awake
@@ -622,17 +460,17 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
         if (w && w != self) {
             bits |= w->bit;
         }
-        if (i < got) {
+        if (i < o->got) {
             if (w) {
-                w->reply = rep[i];
+                w->reply = o->rep[i];
                 set_state(w, W_DONE);
             }
             else {
-                tb__reply_free(rep[i]);
+                tb__reply_free(o->rep[i]);
             }
         }
         else if (w) {
-            w->err = e;
+            w->err = o->e;
             w->err.shared = !first;
             first = 0;
             set_state(w, W_FAILED);
@@ -643,6 +481,45 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
         wake->word[wake->n] = &b->seq;
         wake->bits[wake->n++] = bits;
     }
+}
+
+/* Under mu, with l busy and self a member of l->b[l->cur]: connect if
+ * needed, write the batch, read its replies, give every member its
+ * outcome, and hand the link on; the threads to wake go to wake. Drops
+ * mu during the I/O. */
+static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
+                 wake_list_t *wake)
+{
+    tb__batch_t *b = &l->b[l->cur];
+    tb__conn_t *conn = l->conn, *stale = NULL;
+    outcome_t o;
+    int rc;
+
+    compact(b);
+    o.got = 0;
+    o.e.err = TB_ERR_NONE;
+    o.e.shared = 0;
+    o.e.errstr[0] = '\0';
+    if (conn && p->sentinel && l->gen != tb__sentinel_gen(p->sentinel)) {
+        /* Opened to a primary the sentinels no longer name. */
+        stale = conn;
+        conn = NULL;
+        l->conn = NULL;
+    }
+    pthread_mutex_unlock(&p->mu);
+
+    tb__conn_free(stale);
+    rc = exchange(p, l, conn, b, &o);
+
+    pthread_mutex_lock(&p->mu);
+    if (rc != TB_OK) {
+        /* A sentinel kills the clients of a node it promotes or demotes,
+         * and a dead primary's connections are all dead. */
+        tb__pool_suspect(p, 1);
+        l->conn = NULL;
+        tb__conn_free(o.conn);
+    }
+    deliver(b, self, &o, wake);
     b->n = 0;
     b->out.len = 0;
     hand_over(p, l, wake);
@@ -657,8 +534,9 @@ static void lead(tb__pool_t *p, tb__link_t *l, tb__waiter_t *self,
  * rather than miss its wake. */
 static void wait_turn(tb__pool_t *p, tb__waiter_t *w)
 {
-    struct timespec until = timespec_at(
-        w->deadline + (tb_monotime_us)p->connect_timeout_ms * 1000 + 10000);
+    struct timespec until = tb__timespec_at(
+        w->deadline + (tb_monotime_us)p->cfg.connect_timeout_ms * 1000
+        + 10000);
     tb__batch_t *b = w->batch;
     unsigned bit = w->bit, seen;
 
@@ -678,7 +556,7 @@ static void wait_turn(tb__pool_t *p, tb__waiter_t *w)
             pthread_mutex_unlock(&p->mu);
             tb__set_error(&w->err, TB_ERR_TIMEOUT,
                           "no reply within %d ms (connection busy)",
-                          p->timeout_ms);
+                          p->cfg.timeout_ms);
             /* The batch's leader reports the batch to the breaker. */
             w->err.shared = 1;
             w->state = W_FAILED;
@@ -702,8 +580,8 @@ static void wake_all(wake_list_t *wake)
     }
 }
 
-int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
-                  const size_t *argvlen, redisReply **reply, tb__error_t *e)
+int tb__pool_call(tb__pool_t *p, int asking, const tb__cmd_t *cmd,
+                  redisReply **reply, tb__error_t *e)
 {
     tb__waiter_t w;
     wake_list_t wake;
@@ -715,29 +593,31 @@ int tb__pool_call(tb__pool_t *p, int asking, int argc, const char **argv,
         /* Forked without tb_client_after_fork: do it now. */
         tb__pool_after_fork(p);
     }
-    watch_check(p);
+    if (p->sentinel) {
+        tb__sentinel_check(p->sentinel);
+    }
     w.state = W_QUEUED;
     w.reply = NULL;
     wake.n = 0;
-    w.deadline = tb__deadline_ms(p->timeout_ms);
+    w.deadline = tb__deadline_ms(p->cfg.timeout_ms);
 
     pthread_mutex_lock(&p->mu);
     while (!(l = pick(p, &join))) {
-        struct timespec until = timespec_at(w.deadline);
+        struct timespec until = tb__timespec_at(w.deadline);
 
         /* Every link busy and every queued batch full. */
         if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT) {
             pthread_mutex_unlock(&p->mu);
             tb__set_error(e, TB_ERR_TIMEOUT,
                           "no free connection in the pool within %d ms",
-                          p->timeout_ms);
+                          p->cfg.timeout_ms);
             return TB_ERR;
         }
     }
-    if (enqueue(&l->b[join ? 1 - l->cur : l->cur], &w, asking, argc, argv,
-                argvlen) != TB_OK) {
+    if (enqueue(&l->b[join ? 1 - l->cur : l->cur], &w, asking, cmd)
+        != TB_OK) {
         pthread_mutex_unlock(&p->mu);
-        tb__set_error(e, TB_ERR_OOM, "%s: out of memory", argv[0]);
+        tb__set_error(e, TB_ERR_OOM, "%s: out of memory", cmd->argv[0]);
         return TB_ERR;
     }
     if (join) {

@@ -1,136 +1,24 @@
-/* tb_redis.c -- what a Redis conversation means: connection setup, the
- * script call and its replies, ad-hoc commands, and the replies a cluster
- * answers with instead.
+/* tb_redis.c -- what a command's reply means: one command or script call
+ * through a pool, its errors, and the replies a cluster answers with
+ * instead.
  *
- * Setup pipelines AUTH, SELECT, one SCRIPT LOAD per algorithm and, for
- * Sentinel, ROLE on every new connection: one extra round trip per
- * connection, none per decision. A script is called with EVALSHA; a
- * NOSCRIPT reply (a flushed cache, a restart, a failover) sends the text
- * again as EVAL, which caches it again. Error replies are errors, their
- * text copied: READONLY means the sentinels' primary was demoted, and
- * MOVED, ASK, TRYAGAIN and CLUSTERDOWN are handed to tb_cluster.c as
- * redirects. The transport, batching and connections are tb_pool.c's and
- * tb_conn.c's.
+ * A script is called with EVALSHA; a NOSCRIPT reply (a flushed cache, a
+ * restart, a failover) sends the text again as EVAL, which caches it
+ * again: the settings' scripts say which text the digest names. A
+ * script's reply is read as 4 to 6 integers; an ad-hoc command's is
+ * handed back as it came. Error replies are errors, their text copied:
+ * READONLY means the sentinels' primary was demoted, and MOVED, ASK,
+ * TRYAGAIN and CLUSTERDOWN are parsed for tb_cluster.c as redirects. The
+ * transport, batching and connections are tb_pool.c's and tb_conn.c's,
+ * a new connection's setup tb_setup.c's.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb_int.h"
+#include "redis/tb_redis_int.h"
 
-/* Sentinel: is ROLE's reply a primary's? */
-static int role_is_master(const redisReply *r)
-{
-    return r->type == REDIS_REPLY_ARRAY && r->elements > 0
-           && r->element[0]->type == REDIS_REPLY_STRING
-           && strcmp(r->element[0]->str, "master") == 0;
-}
-
-/* Append one command given as NUL-terminated words. */
-static int append_words(tb__buf_t *b, int argc, const char **argv)
-{
-    size_t len[4];
-    int i;
-
-    for (i = 0; i < argc; i++) {
-        len[i] = strlen(argv[i]);
-    }
-    return tb__buf_argv(b, argc, argv, len);
-}
-
-int tb__setup(const tb_redis_addr_t *a, tb__conn_t *c,
-              tb_monotime_us deadline, tb__error_t *e)
-{
-    const char *what[3 + TB_ALGO_COUNT], *av[4];
-    char db[16];
-    tb__buf_t out = { NULL, 0, 0 };
-    int i, n = 0, nauth, ok = TB_OK, rc = TB_OK;
-
-    if (a->password[0]) {
-        av[0] = "AUTH";
-        av[1] = a->user[0] ? a->user : a->password;
-        av[2] = a->password;
-        rc |= append_words(&out, a->user[0] ? 3 : 2, av);
-        what[n++] = "AUTH";
-    }
-    if (a->db > 0) {
-        snprintf(db, sizeof(db), "%d", a->db);
-        av[0] = "SELECT";
-        av[1] = db;
-        rc |= append_words(&out, 2, av);
-        what[n++] = "SELECT";
-    }
-    nauth = n;
-    for (i = 0; i < TB_ALGO_COUNT; i++) {
-        av[0] = "SCRIPT";
-        av[1] = "LOAD";
-        av[2] = tb_algo_script_source((tb_algo_t)i);
-        if (!av[2]) {
-            /* A library built with a stale script table: refuse rather
-             * than send nothing. */
-            tb__buf_free(&out);
-            tb__set_error(e, TB_ERR_PROTOCOL, "no embedded script %d", i);
-            return TB_ERR;
-        }
-        rc |= append_words(&out, 3, av);
-        what[n++] = "SCRIPT LOAD";
-    }
-    if (a->kind == TB_REDIS_SENTINEL) {
-        /* Sentinels name the primary a little before and after it is
-         * one: a node that is not a primary would answer READONLY. */
-        av[0] = "ROLE";
-        rc |= append_words(&out, 1, av);
-        what[n++] = "ROLE";
-    }
-    if (rc != TB_OK) {
-        tb__buf_free(&out);
-        tb__set_error(e, TB_ERR_OOM, "setup: out of memory");
-        return TB_ERR;
-    }
-    rc = tb__conn_write(c, out.p, out.len, deadline, e);
-    tb__buf_free(&out);
-    for (i = 0; rc == TB_OK && i < n; i++) {
-        redisReply *r = NULL;
-
-        if (tb__conn_read(c, deadline, &r, e) != TB_OK) {
-            char during[TB_ERRSTR_LEN];
-
-            snprintf(during, sizeof(during), "%s", e->errstr);
-            /* A TLS port drops a plaintext client at its first bytes. */
-            tb__set_error(e, e->err, "%s: %.90s%s", what[i], during,
-                          i == 0 && !a->tls && a->path[0] == '\0'
-                                  && e->err == TB_ERR_IO
-                              ? " (a TLS port? rediss://)"
-                              : "");
-            return TB_ERR;
-        }
-        if (ok == TB_OK && r->type == REDIS_REPLY_ERROR) {
-            tb__set_error(e, i < nauth ? TB_ERR_AUTH : TB_ERR_REPLY,
-                          "%s refused: %.80s", what[i], r->str);
-            ok = TB_ERR;
-        }
-        else if (ok == TB_OK && strcmp(what[i], "SCRIPT LOAD") == 0
-                 && (r->type != REDIS_REPLY_STRING
-                     || strcmp(r->str, tb_algo_script_sha1(
-                                           (tb_algo_t)(i - nauth))) != 0)) {
-            tb__set_error(e, TB_ERR_PROTOCOL,
-                          "SCRIPT LOAD returned an unexpected digest");
-            ok = TB_ERR;
-        }
-        else if (ok == TB_OK && strcmp(what[i], "ROLE") == 0
-                 && !role_is_master(r)) {
-            tb__set_error(e, TB_ERR_REPLY, "the node the sentinels named "
-                          "is not a primary (ROLE)");
-            ok = TB_ERR;
-        }
-        tb__reply_free(r);
-    }
-    return rc == TB_OK ? ok : TB_ERR;
-}
-
-/* The scripts answer {allowed, remaining, retry_ms, binding}; for a
- * lease a fifth element, the tokens granted; with a concurrency limit a
- * fifth (0 without a lease) and a sixth, the slots held. */
+/* A script's reply: an array of 4 to 6 integers. */
 static int parse_reply(const redisReply *r, tb__script_reply_t *out,
                        tb__error_t *e)
 {
@@ -220,109 +108,96 @@ static int reply_error(tb__pool_t *p, const redisReply *r,
                        tb__redirect_t *rd, tb__error_t *e)
 {
     tb__set_error(e, TB_ERR_REPLY, "%.120s", r->str);
-    if (rd) {
-        parse_redirect(r->str, rd);
-    }
+    parse_redirect(r->str, rd);
     if (strncmp(r->str, "READONLY", 8) == 0) {
         tb__pool_suspect(p, 1);
     }
     return TB_ERR;
 }
 
-static int run_script(tb__pool_t *p, int asking, int argc,
-                      const char **argv, size_t *argvlen,
-                      tb__script_reply_t *out, tb__redirect_t *rd,
-                      tb__error_t *e)
+/* The text of the script whose digest is sha1 (len bytes), or else the
+ * first script's. */
+static const char *script_text(const tb__scripts_t *sc, const char *sha1,
+                               size_t len)
+{
+    int i;
+
+    for (i = 0; i < sc->n; i++) {
+        if (len == 40 && memcmp(sha1, sc->sha1[i], 40) == 0) {
+            return sc->text[i];
+        }
+    }
+    return sc->n > 0 ? sc->text[0] : NULL;
+}
+
+/* The cache was flushed (SCRIPT FLUSH, a restart, a failover): send k's
+ * script again as EVAL, which sends the text once and caches it again.
+ * The digest (argv[1]) says which text. TB_OK with *r, or TB_ERR. */
+static int noscript(tb__pool_t *p, const tb__redis_call_t *k,
+                    redisReply **r, tb__error_t *e)
+{
+    const tb__cmd_t *cmd = &k->cmd;
+    const char *text = script_text(&p->cfg.scripts, cmd->argv[1],
+                                   cmd->argvlen[1]);
+    const char **av;
+    size_t *al, n = (size_t)cmd->argc;
+    tb__cmd_t eval;
+    int rc;
+
+    if (p->cfg.stats) {
+        tb_stats_add(&p->cfg.stats->noscript_reloads, 1);
+    }
+    av = malloc(n * sizeof(*av));
+    al = malloc(n * sizeof(*al));
+    if (!text || !av || !al) {
+        free(av);
+        free(al);
+        tb__set_error(e, TB_ERR_OOM, "EVAL: out of memory");
+        return TB_ERR;
+    }
+    memcpy(av, cmd->argv, n * sizeof(*av));
+    memcpy(al, cmd->argvlen, n * sizeof(*al));
+    av[0] = "EVAL";
+    al[0] = 4;
+    av[1] = text;
+    al[1] = strlen(text);
+    eval.argc = cmd->argc;
+    eval.argv = av;
+    eval.argvlen = al;
+    /* ASKING held for the EVALSHA only: it goes again. */
+    rc = tb__pool_call(p, k->asking, &eval, r, e);
+    free(av);
+    free(al);
+    return rc;
+}
+
+int tb__redis_call(tb__pool_t *p, tb__redis_call_t *k, tb__error_t *e)
 {
     redisReply *r;
     int rc;
 
-    if (rd) {
-        memset(rd, 0, sizeof(*rd));
-    }
-    if (tb__pool_call(p, asking, argc, argv, argvlen, &r, e) != TB_OK) {
+    k->rd.kind = TB__REDIR_NONE;
+    k->reply = NULL;
+    if (tb__pool_call(p, k->asking, &k->cmd, &r, e) != TB_OK) {
         return TB_ERR;
     }
-    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0) {
-        /* The script cache was flushed (SCRIPT FLUSH, a restart, a
-         * failover): EVAL sends the text once and caches it again. The
-         * caller's argv is borrowed for the retry and put back. The
-         * digest says which algorithm's script to send. */
-        const char *av0 = argv[0], *av1 = argv[1];
-        size_t l0 = argvlen[0], l1 = argvlen[1];
-        const char *text = tb_algo_script_source(TB_ALGO_TOKEN_BUCKET);
-        int a;
-
-        for (a = 0; a < TB_ALGO_COUNT; a++) {
-            if (l1 == 40 && memcmp(av1, tb_algo_script_sha1((tb_algo_t)a),
-                                   40) == 0) {
-                text = tb_algo_script_source((tb_algo_t)a);
-            }
-        }
+    if (k->script && r->type == REDIS_REPLY_ERROR
+        && strncmp(r->str, "NOSCRIPT", 8) == 0) {
         tb__reply_free(r);
-        if (p->stats) {
-            tb_stats_add(&p->stats->noscript_reloads, 1);
-        }
-        argv[0] = "EVAL";
-        argvlen[0] = 4;
-        argv[1] = text;
-        argvlen[1] = strlen(text);
-        /* ASKING held for the EVALSHA only: it goes again. */
-        rc = tb__pool_call(p, asking, argc, argv, argvlen, &r, e);
-        argv[0] = av0;
-        argv[1] = av1;
-        argvlen[0] = l0;
-        argvlen[1] = l1;
-        if (rc != TB_OK) {
+        if (noscript(p, k, &r, e) != TB_OK) {
             return TB_ERR;
         }
     }
-    rc = r->type == REDIS_REPLY_ERROR ? reply_error(p, r, rd, e)
-                                      : parse_reply(r, out, e);
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = reply_error(p, r, &k->rd, e);
+    }
+    else if (k->script) {
+        rc = parse_reply(r, k->script, e);
+    }
+    else {
+        k->reply = r;
+        return TB_OK;
+    }
     tb__reply_free(r);
     return rc;
-}
-
-int tb__run_script(tb__pool_t *p, int argc, const char **argv,
-                   size_t *argvlen, tb__script_reply_t *out,
-                   tb__error_t *e)
-{
-    return run_script(p, 0, argc, argv, argvlen, out, NULL, e);
-}
-
-int tb__run_script_node(tb__pool_t *p, int asking, int argc,
-                        const char **argv, size_t *argvlen,
-                        tb__script_reply_t *out, tb__redirect_t *rd,
-                        tb__error_t *e)
-{
-    return run_script(p, asking, argc, argv, argvlen, out, rd, e);
-}
-
-static int command(tb__pool_t *p, int asking, int argc, const char **argv,
-                   const size_t *argvlen, redisReply **reply,
-                   tb__redirect_t *rd, tb__error_t *e)
-{
-    if (rd) {
-        memset(rd, 0, sizeof(*rd));
-    }
-    if (tb__pool_call(p, asking, argc, argv, argvlen, reply, e) != TB_OK) {
-        return TB_ERR;
-    }
-    if ((*reply)->type == REDIS_REPLY_ERROR) {
-        return reply_error(p, *reply, rd, e);
-    }
-    return TB_OK;
-}
-
-int tb__command(tb__pool_t *p, int argc, const char **argv,
-                const size_t *argvlen, redisReply **reply, tb__error_t *e)
-{
-    return command(p, 0, argc, argv, argvlen, reply, NULL, e);
-}
-
-int tb__command_node(tb__pool_t *p, int asking, int argc,
-                     const char **argv, const size_t *argvlen,
-                     redisReply **reply, tb__redirect_t *rd, tb__error_t *e)
-{
-    return command(p, asking, argc, argv, argvlen, reply, rd, e);
 }

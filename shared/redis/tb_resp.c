@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb_int.h"
+#include "redis/tb_redis_int.h"
 
 /* Room for n more bytes. TB_ERR when out of memory. */
 static int reserve(tb__buf_t *b, size_t n)
@@ -76,7 +76,7 @@ static size_t header(char *out, char c, size_t v)
     return n;
 }
 
-int tb__buf_argv(tb__buf_t *b, int argc, const char **argv,
+int tb__buf_argv(tb__buf_t *b, int argc, const char *const *argv,
                  const size_t *argvlen)
 {
     size_t need = 23, at;
@@ -104,6 +104,11 @@ int tb__buf_argv(tb__buf_t *b, int argc, const char **argv,
     }
     b->len = at;
     return TB_OK;
+}
+
+int tb__buf_cmd(tb__buf_t *b, const tb__cmd_t *cmd)
+{
+    return tb__buf_argv(b, cmd->argc, cmd->argv, cmd->argvlen);
 }
 
 void tb__buf_free(tb__buf_t *b)

@@ -2,7 +2,8 @@
  * certificate and key, read once), the handshake of one connection and
  * the record I/O that tb_conn.c drives.
  *
- * The only file of the core that includes OpenSSL. A tb_tls_t is made
+ * The only file of the core that includes OpenSSL's TLS headers (SHA-256
+ * comes from libcrypto too, in base/tb_digest.c). A tb_tls_t is made
  * once per configuration (by the client, or by the host before it drops
  * privileges) and shared read-only by every connection, threads and
  * forked children alike; a connection's SSL is made from it by
@@ -45,7 +46,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
-#include "tb_int.h"
+#include "redis/tb_redis_int.h"
 
 struct tb_tls {
     SSL_CTX *ctx;

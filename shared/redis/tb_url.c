@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tb.h"
+#include "redis/tb_redis_int.h"
 
 static int fail(char *err, size_t errlen, const char *what, const char *url)
 {

@@ -106,13 +106,17 @@ static void check_argv(const tb_request_t *q, const tb_take_t *takes,
                        char keys[][TB_KEY_BUF], const tb__conc_t *conc,
                        int what)
 {
-    char nums[TB__CALL_NUMS][32];
-    const char *argv[TB__CALL_ARGS];
-    size_t argvlen[TB__CALL_ARGS];
+    tb__call_t call;
+    const char **argv = call.argv;
+    const size_t *argvlen = call.argvlen;
     int argc, i, k, n = q->ntakes;
 
-    argc = tb__call_argv(q, takes, keys, what, conc, "s.1.1", nums, argv,
-                         argvlen);
+    memcpy(call.takes, takes, (size_t)n * sizeof(*takes));
+    memcpy(call.keys, keys, (size_t)n * sizeof(call.keys[0]));
+    call.what = what;
+    call.conc = conc;
+    call.slot_id = "s.1.1";
+    argc = tb__call_argv(q, &call);
     FUZZ_CHECK(argc >= 4 && argc <= TB__CALL_ARGS, "argc %d", argc);
     for (i = 0; i < argc; i++) {
         FUZZ_CHECK(argv[i] != NULL, "argv[%d] NULL", i);
@@ -122,7 +126,8 @@ static void check_argv(const tb_request_t *q, const tb_take_t *takes,
     i = 2;
     check_arg_num(argv, argvlen, &i, n + (conc ? 1 : 0));
     for (k = 0; k < n; k++, i++) {
-        FUZZ_CHECK(argv[i] == keys[k] && argvlen[i] == strlen(keys[k]),
+        FUZZ_CHECK(argv[i] == call.keys[k]
+                       && argvlen[i] == strlen(call.keys[k]),
                    "key %d", k);
     }
     if (conc) {

@@ -30,12 +30,15 @@ command -v "$CLANG" >/dev/null || {
     exit 1
 }
 mkdir -p "$FUZZ"
-[ -f "$BUILD/shared/tb_script.c" ] || {
-    echo "fuzz: $BUILD/shared/tb_script.c missing: run make first" >&2
+SCRIPT_C=$BUILD/shared/algo/tb_script.c
+[ -f "$SCRIPT_C" ] || {
+    echo "fuzz: $SCRIPT_C missing: run make first" >&2
     exit 1
 }
 CFLAGS="-g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -Ishared -Ishim -I$BUILD"
-CORE="shared/*.c $BUILD/shared/tb_script.c"
+# The core in its layers (shared/README.md): the decision path and the
+# folders below it.
+CORE="shared/*.c shared/*/*.c $SCRIPT_C"
 
 build() { # name extra-sources extra-libs
     echo "fuzz: building $FUZZ/fuzz_$1"

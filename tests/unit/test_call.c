@@ -112,11 +112,9 @@ static void joined(int argc, const char **argv, const size_t *len,
 static void test_argv_decision_layout(void **unused)
 {
     tb_request_t q;
-    tb_take_t t[2], takes[TB_MAX_BUCKETS];
-    char keys[TB_MAX_BUCKETS][TB_KEY_BUF], ckey[TB_KEY_BUF];
-    char nums[TB__CALL_NUMS][32], want[1024], got[1024];
-    const char *argv[TB__CALL_ARGS];
-    size_t argvlen[TB__CALL_ARGS];
+    tb_take_t t[2];
+    tb__call_t k;
+    char ckey[TB_KEY_BUF], want[1024], got[1024];
     tb__conc_t conc;
     int argc;
 
@@ -124,19 +122,21 @@ static void test_argv_decision_layout(void **unused)
     fill(&q, t, 2);
     q.algo = TB_ALGO_TOKEN_BUCKET;
     q.concurrency = 4;
-    assert_true(tb__call_prepare(&q, takes, keys));
+    assert_true(tb__call_prepare(&q, k.takes, k.keys));
     assert_true(tb__call_conc(&q, ckey, &conc));
     assert_int_equal(conc.limit, 4);
     assert_int_equal(conc.ttl_ms, TB_CONCURRENCY_TTL_MS);
     assert_non_null(strstr(ckey, ":conc"));
-    argc = tb__call_argv(&q, takes, keys, TB__CALL_DECIDE, &conc, "s.1.2",
-                         nums, argv, argvlen);
-    joined(argc, argv, argvlen, got, sizeof(got));
+    k.what = TB__CALL_DECIDE;
+    k.conc = &conc;
+    k.slot_id = "s.1.2";
+    argc = tb__call_argv(&q, &k);
+    joined(argc, k.argv, k.argvlen, got, sizeof(got));
     /* digest, 3 keys, Redis's clock, 2 x (capacity rate cost), then the
      * concurrency limit, its ttl and the slot id. */
     snprintf(want, sizeof(want),
              "EVALSHA|%s|3|%s|%s|%s||100|2.5|1|10|0.5|3|conc|4|%lld|s.1.2",
-             tb_algo_script_sha1(TB_ALGO_TOKEN_BUCKET), keys[0], keys[1],
+             tb_algo_script_sha1(TB_ALGO_TOKEN_BUCKET), k.keys[0], k.keys[1],
              ckey, (long long)TB_CONCURRENCY_TTL_MS);
     assert_string_equal(got, want);
 }
@@ -144,11 +144,9 @@ static void test_argv_decision_layout(void **unused)
 static void test_argv_lease_clock_and_settle(void **unused)
 {
     tb_request_t q;
-    tb_take_t t[1], takes[TB_MAX_BUCKETS];
-    char keys[TB_MAX_BUCKETS][TB_KEY_BUF];
-    char nums[TB__CALL_NUMS][32], want[1024], got[1024];
-    const char *argv[TB__CALL_ARGS];
-    size_t argvlen[TB__CALL_ARGS];
+    tb_take_t t[1];
+    tb__call_t k;
+    char want[1024], got[1024];
     int64_t now = 1700000000123;
     const char *sha = tb_algo_script_sha1(TB_ALGO_TOKEN_BUCKET);
     int argc;
@@ -158,22 +156,24 @@ static void test_argv_lease_clock_and_settle(void **unused)
     q.lease = 20;
     q.lease_back = 7;
     q.now_ms = &now;
-    assert_true(tb__call_prepare(&q, takes, keys));
-    argc = tb__call_argv(&q, takes, keys, TB__CALL_DECIDE, NULL, NULL, nums,
-                         argv, argvlen);
-    joined(argc, argv, argvlen, got, sizeof(got));
+    assert_true(tb__call_prepare(&q, k.takes, k.keys));
+    k.what = TB__CALL_DECIDE;
+    k.conc = NULL;
+    k.slot_id = NULL;
+    argc = tb__call_argv(&q, &k);
+    joined(argc, k.argv, k.argvlen, got, sizeof(got));
     snprintf(want, sizeof(want),
-             "EVALSHA|%s|1|%s|1700000000123|100|2.5|1|20|7", sha, keys[0]);
+             "EVALSHA|%s|1|%s|1700000000123|100|2.5|1|20|7", sha, k.keys[0]);
     assert_string_equal(got, want);
 
     /* A settlement never carries the lease: 'settle' ends the call. */
     q.now_ms = NULL;
-    takes[0].cost = -4.5;
-    argc = tb__call_argv(&q, takes, keys, TB__CALL_SETTLE, NULL, NULL, nums,
-                         argv, argvlen);
-    joined(argc, argv, argvlen, got, sizeof(got));
+    k.takes[0].cost = -4.5;
+    k.what = TB__CALL_SETTLE;
+    argc = tb__call_argv(&q, &k);
+    joined(argc, k.argv, k.argvlen, got, sizeof(got));
     snprintf(want, sizeof(want), "EVALSHA|%s|1|%s||100|2.5|-4.5|settle", sha,
-             keys[0]);
+             k.keys[0]);
     assert_string_equal(got, want);
 }
 

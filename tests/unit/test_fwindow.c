@@ -1,5 +1,5 @@
 /* test_fwindow.c -- unit tests of tb_fwindow_take(), the C twin of
- * shared/tb_fwindow.lua: the shared vectors, then the documented double
+ * shared/algo/tb_fwindow.lua: the shared vectors, then the documented double
  * burst at a window boundary, exact retries and all or nothing. Time is
  * injected; nothing sleeps.
  */

@@ -1,5 +1,5 @@
 /* test_gcra.c -- unit tests of tb_gcra_take() and tb_gcra_settle(), the C
- * twins of shared/tb_gcra.lua: the shared vectors (settlements and the
+ * twins of shared/algo/tb_gcra.lua: the shared vectors (settlements and the
  * debts they leave included), then exact edge cases (spacing, burst
  * tolerance, rounding near today's clock, all or nothing, a debt's floor).
  * Time is injected; nothing sleeps.

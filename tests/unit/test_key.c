@@ -1,5 +1,5 @@
-/* test_key.c -- unit tests for tb_key.c and tb_sha256.c: Redis key names
- * from untrusted client keys.
+/* test_key.c -- unit tests for tb_key.c and tb_sha256()
+ * (base/tb_digest.c): Redis key names from untrusted client keys.
  *
  * The client key is hostile: braces would move the Redis Cluster hash tag,
  * CR/LF and NUL are protocol and C-string hazards, and a megabyte key is a

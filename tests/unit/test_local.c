@@ -61,6 +61,24 @@ static void table_free(table_t *tab)
     free(tab->mem);
 }
 
+/* tb_local_take() with the limits and costs in arrays of their own;
+ * lim or cost NULL passes no takes at all. */
+static int local_take(tb_local_t *t, const char *const *keys,
+                      const tb_limit_t *lim, const double *cost, int n,
+                      int replicas, int64_t now_ms, tb_verdict_t *v)
+{
+    tb_take_t takes[TB_MAX_BUCKETS + 1];
+    int i;
+
+    for (i = 0; lim && cost && i < n && i <= TB_MAX_BUCKETS; i++) {
+        takes[i].limit = lim[i];
+        takes[i].cost = cost[i];
+        takes[i].route = NULL;
+    }
+    return tb_local_take(t, keys, lim && cost ? takes : NULL, n, replicas,
+                         now_ms, v);
+}
+
 /* One bucket: key, capacity, rate, cost, replicas, now. */
 static tb_verdict_t take1(tb_local_t *t, const char *key, double cap,
                           double rate, double cost, int replicas,
@@ -71,7 +89,7 @@ static tb_verdict_t take1(tb_local_t *t, const char *key, double cap,
 
     lim.capacity = cap;
     lim.rate_per_sec = rate;
-    assert_int_equal(tb_local_take(t, &key, &lim, &cost, 1, replicas, now_ms,
+    assert_int_equal(local_take(t, &key, &lim, &cost, 1, replicas, now_ms,
                                    &v), TB_OK);
     return v;
 }
@@ -166,12 +184,12 @@ static void test_local_all_or_nothing(void **state)
 
     (void)state;
     table_new(&tab, 64);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
                      TB_OK);
     assert_int_equal(v.allowed, 1);
     assert_int_equal(v.remaining, 0);
     assert_int_equal(v.binding, 1);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
                      TB_OK);
     assert_int_equal(v.allowed, 0);
     assert_int_equal(v.binding, 1);
@@ -279,7 +297,7 @@ static void *hammer_main(void *arg)
     for (k = 0; k < h->calls; k++) {
         tb_verdict_t v;
 
-        if (tb_local_take(h->t, &h->key, &lim, &cost, 1, 1, 0, &v) == TB_OK
+        if (local_take(h->t, &h->key, &lim, &cost, 1, 1, 0, &v) == TB_OK
             && v.allowed) {
             h->allowed++;
         }
@@ -336,7 +354,7 @@ static void test_local_shared_memory_across_fork(void **state)
         double cost = 4;
         tb_verdict_t v;
 
-        _exit(tb_local_take(t, &key, &lim, &cost, 1, 1, 0, &v) == TB_OK
+        _exit(local_take(t, &key, &lim, &cost, 1, 1, 0, &v) == TB_OK
               && v.allowed ? 0 : 1);
     }
     assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -364,28 +382,28 @@ static void test_local_bad_arguments(void **state)
         lim[k].rate_per_sec = 1;
         cost[k] = 1;
     }
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 0, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 0, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost,
+    assert_int_equal(local_take(tab.t, keys, lim, cost,
                                    TB_MAX_BUCKETS + 1, 1, 0, &v), TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 0, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 0, 0, &v),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, -3, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, -3, 0, &v),
                      TB_ERR);
     lim[0].rate_per_sec = 0;
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
     lim[0].rate_per_sec = 1;
     cost[0] = -1;
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
     cost[0] = 1;
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
                      TB_OK);
     /* Memory that was never initialised is refused. */
     raw = calloc(1, tb_local_size(64));
     assert_non_null(raw);
-    assert_int_equal(tb_local_take((tb_local_t *)raw, keys, lim, cost, 1, 1,
+    assert_int_equal(local_take((tb_local_t *)raw, keys, lim, cost, 1, 1,
                                    0, &v), TB_ERR);
     free(raw);
     assert_null(tb_local_init(NULL, 64));
@@ -693,17 +711,17 @@ static void test_local_null_arguments(void **state)
 
     (void)state;
     table_new(&tab, 64);
-    assert_int_equal(tb_local_take(NULL, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(NULL, keys, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, NULL, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, NULL, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, NULL, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, NULL, cost, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, NULL, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, NULL, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 1, 1, 0, NULL),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, NULL),
                      TB_ERR);
-    assert_int_equal(tb_local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+    assert_int_equal(local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
                      TB_ERR);
     table_free(&tab);
 }

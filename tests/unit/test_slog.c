@@ -1,7 +1,7 @@
 /* test_slog.c -- unit tests of tb_slog_take(), the C twin of
- * shared/tb_slog.lua: the shared vectors, then its exactness: on a random
- * trace every decision equals a brute-force count over the full history,
- * and every retry is exact to the millisecond. Time is injected.
+ * shared/algo/tb_slog.lua: the shared vectors, then its exactness: on a
+ * random trace every decision equals a brute-force count over the full
+ * history, and every retry is exact to the millisecond. Time is injected.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,6 +1,6 @@
 /* test_swindow.c -- unit tests of tb_swindow_take(), the C twin of
- * shared/tb_swindow.lua: the shared vectors, the exact weighting of the
- * previous window, and the documented approximation: its worst case
+ * shared/algo/tb_swindow.lua: the shared vectors, the exact weighting of
+ * the previous window, and the documented approximation: its worst case
  * against the exact sliding log (tb_slog_take) on a crafted trace, and its
  * error on a bursty trace. Time is injected; nothing sleeps.
  */

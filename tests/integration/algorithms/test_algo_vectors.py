@@ -1,7 +1,7 @@
 """test_algo_vectors.py -- the algorithm scripts in a real Redis, by vector.
 
-Each script as it ships (build/lua/tb_<algo>.lua: shared/tb_prelude.lua and
-the body shared/tb_<algo>.lua, the text libtb embeds) is sent with EVAL (as
+Each script as it ships (build/lua/tb_<algo>.lua: shared/algo/tb_prelude.lua
+and the body shared/algo/tb_<algo>.lua, the text libtb embeds) is sent with EVAL (as
 the client does after NOSCRIPT) with an injected clock, row by row from
 tests/vectors/<algo>.tsv (rows marked settle call GCRA's settle mode); the
 reply and the state left in Redis must match the row exactly, as they must

@@ -2,11 +2,11 @@
 
 tests/vectors/token_bucket.tsv is also run against the C twin
 tb_bucket_take() by tests/unit/test_bucket.c; here the same rows run
-against the assembled script (shared/tb_prelude.lua + shared/tb_bucket.lua,
-as build/lua/tb_bucket.lua ships) inside a real redis-server with the injected
-now (ARGV[1]), so C and Lua can never drift apart. Then again through the
-C client (tb_driver take_at), which checks how the client formats its
-arguments (a double must reach Lua unchanged).
+against the assembled script (shared/algo/tb_prelude.lua +
+shared/algo/tb_bucket.lua, as build/lua/tb_bucket.lua ships) inside a real
+redis-server with the injected now (ARGV[1]), so C and Lua can never drift
+apart. Then again through the C client (tb_driver take_at), which checks how
+the client formats its arguments (a double must reach Lua unchanged).
 """
 import hashlib
 

@@ -2,7 +2,7 @@
 module changed: mod_lua's os.setlocale() here, as a PHP script's
 setlocale(LC_ALL, 'de_DE') does inside mod_php. setlocale is process-wide,
 so every later decision and settlement of that child runs under a decimal
-comma; they must still be Redis's and exact (shared/tb_cnum.c). The
+comma; they must still be Redis's and exact (shared/base/tb_cnum.c). The
 German locale is made by localedef at test time and reaches Apache
 through LOCPATH.
 """

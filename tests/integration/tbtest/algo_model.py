@@ -1,11 +1,11 @@
 """tbtest/algo_model.py -- a third, Python model of the algorithm scripts
 other than the token bucket.
 
-It performs the double operations of shared/tb_{gcra,fwindow,swindow,slog}.lua
-in the same order (Python floats are IEEE-754 doubles too), so it generates
-tests/vectors/<algo>.tsv, which the C twins (tests/unit/test_<algo>.c) and the
-real scripts in a real Redis (algorithms/test_algo_vectors.py) must both
-reproduce.
+It performs the double operations of
+shared/algo/tb_{gcra,fwindow,swindow,slog}.lua in the same order (Python floats
+are IEEE-754 doubles too), so it generates tests/vectors/<algo>.tsv, which the
+C twins (tests/unit/test_<algo>.c) and the real scripts in a real Redis
+(algorithms/test_algo_vectors.py) must both reproduce.
 State per bucket: gcra None | tat; windows None | [w, cur, prev]; slog list.
 gcra_settle models tb_gcra.lua's 'settle' mode (costs are the differences
 to settle; the TAT is always written, a debt at most one capacity).
