@@ -26,6 +26,13 @@
  * (TBucketCostHeader) is tbucket_settle.c's: a decision here records
  * what both need.
  *
+ * Every decision of the shared limit is also counted for the status
+ * page: under its rule (the section that set TBucketLimit) by outcome,
+ * and under its key in the segment's heavy hitters (TBucketTopKeys). A
+ * refusal is logged, one line of a stable format at TBucketRefusalLog's
+ * level (fail2ban reads it). Local protection's refusals are per scope
+ * and priority, never per key: neither counts them.
+ *
  * A concurrency limit (TBucketConcurrency) takes a slot in the same call
  * and gives it back once, when the chain's first request's pool is
  * destroyed: that pool is shared by the chain's internal redirects, and
@@ -87,6 +94,7 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
         || tbucket_local_setup(pconf, main_s) != OK) {
         return HTTP_INTERNAL_SERVER_ERROR;
     }
+    tbucket_rules_setup(main_s);
     tbucket_lease_setup(pconf, main_s);
     return OK;
 }
@@ -97,6 +105,7 @@ static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
     (void)plog;
     (void)ptemp;
     tbucket_local_pre_config(pconf);
+    tbucket_rules_pre_config(pconf);
     return OK;
 }
 
@@ -579,6 +588,61 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     return 1;
 }
 
+/* The name of the limit that decided d: the binding bucket's route,
+ * NULL for the main bucket, or "concurrency" when the key's slots did;
+ * *len its length when known (0: not). */
+static const char *binding_name(const tbucket_dir_conf *dc,
+                                const tbucket_decision *d, size_t *len)
+{
+    const tb_take_t *b;
+    const tbucket_route *rt;
+
+    *len = 0;
+    if (!d->q.ntakes || d->by_conc) {
+        *len = sizeof("concurrency") - 1;
+        return "concurrency";
+    }
+    b = &d->takes[d->res.binding];
+    if (!b->route) {
+        return NULL;
+    }
+    /* build_takes puts the routes after the main bucket, in order. */
+    rt = dc->routes && d->res.binding <= dc->routes->nelts
+         ? &APR_ARRAY_IDX(dc->routes, d->res.binding - 1, tbucket_route)
+         : NULL;
+    *len = rt && rt->name == b->route ? rt->name_len : 0;
+    return b->route;
+}
+
+/* Count d for the status page: under its rule by outcome, and under its
+ * key in the heavy hitters, unless the open or closed policy answered
+ * (they say nothing about the key). A shadow refusal let the request
+ * through: it counts as allowed there, and as shadow-rejected under the
+ * rule. */
+static void count_key(request_rec *r, const tbucket_dir_conf *dc,
+                      const tbucket_srv_conf *sc, const tbucket_decision *d,
+                      tbucket_outcome o)
+{
+    tb_topk_item_t it;
+
+    if (dc->rule) {
+        tbucket_count_rule(dc->rule->slot, o);
+    }
+    if (!sc->top_k || d->res.source == TB_SRC_OPEN
+        || d->res.source == TB_SRC_CLOSED) {
+        return;
+    }
+    memset(&it, 0, sizeof(it));
+    it.key = d->q.key;
+    it.key_len = d->q.key_len;
+    it.ip = d->q.prefix == sc->ip_prefix;
+    it.vhost = (uint32_t)sc->vhost_slot;
+    it.limit = binding_name(dc, d, &it.limit_len);
+    tbucket_count_key(&it, !d->res.allowed
+                           && o != TBUCKET_OUT_SHADOW_REJECTED,
+                      r->request_time);
+}
+
 /* Keep what d decided for r's chain (its record, a slot to give back,
  * what settling needs), tell the application and the client (the
  * environment, the limit headers) and count it. */
@@ -609,7 +673,60 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     }
     tbucket_count(sc, rq->outcome, d->cost_exceeded);
     count_refusal(sc, res);
+    count_key(r, dc, sc, d, rq->outcome);
     return rq;
+}
+
+/* The refusal line (TB00160), at TBucketRefusalLog's level, for tools
+ * such as fail2ban: a stable format, documented in docs/reference.txt,
+ * whose values are the client's address (r->useragent_ip: the real
+ * client behind a trusted proxy, with mod_remoteip), the key as the
+ * status page shows it, quoted, the limit, the virtual host and the
+ * wait. The key is sanitised, so it holds no control byte or space; its
+ * '"', '\\' and '%' are written %22, %5C and %25, since httpd doubles
+ * every backslash of a message: nothing a client sends can end the field
+ * or forge another one. The closed policy's refusals (Redis could not
+ * decide) are not the client's doing and are not logged here. */
+static void log_refusal(request_rec *r, const tbucket_dir_conf *dc,
+                        const tbucket_srv_conf *sc, const tbucket_decision *d)
+{
+    static const int level[TBUCKET_REFUSAL_LOGS] = {
+        0, APLOG_NOTICE, APLOG_INFO, APLOG_DEBUG
+    };
+    char key[TB_KEY_RAW_MAX + 1], quoted[3 * TB_KEY_RAW_MAX + 8];
+    const char *limit;
+    size_t i, n, q = 0, len;
+
+    if (sc->refusal_log <= TBUCKET_REFUSAL_LOG_OFF
+        || sc->refusal_log >= TBUCKET_REFUSAL_LOGS
+        || d->res.source == TB_SRC_CLOSED) {
+        return;
+    }
+    /* httpd writes every notice whatever LogLevel says. */
+    if (level[sc->refusal_log] != APLOG_NOTICE
+        && !APLOG_R_IS_LEVEL(r, level[sc->refusal_log])) {
+        return;
+    }
+    if (d->q.prefix == sc->ip_prefix) {
+        memcpy(quoted, "ip:", 3);
+        q = 3;
+    }
+    n = tb_key_sanitize(d->q.key, d->q.key_len, key);
+    for (i = 0; i < n; i++) {
+        if (key[i] == '"' || key[i] == '\\' || key[i] == '%') {
+            q += apr_snprintf(quoted + q, 4, "%%%02X", (unsigned)key[i]);
+        }
+        else {
+            quoted[q++] = key[i];
+        }
+    }
+    quoted[q] = '\0';
+    limit = binding_name(dc, d, &len);
+    ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r, TBLOGNO(00160)
+                  "refused client=%s key=\"%s\" limit=\"%s\" vhost=\"%s\" "
+                  "retry_after=%" APR_INT64_T_FMT, r->useragent_ip, quoted,
+                  limit ? limit : "default",
+                  sc->vhost_name ? sc->vhost_name : "-", d->retry_s);
 }
 
 /* Answer r, which the shared limit refused: 403 for a cost that never
@@ -628,6 +745,7 @@ static int refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
                        "capacity\",\"cost\":%.0f,\"capacity\":%.0f}\n",
                        dc->cost, d->res.limit));
     }
+    log_refusal(r, dc, sc, d);
     apr_table_setn(r->err_headers_out, "Retry-After",
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, d->retry_s));
     /* While the server is crowded, a refused client gives its worker

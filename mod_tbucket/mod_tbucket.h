@@ -22,11 +22,14 @@
  * in mod_tbucket.c, tbucket_config.c and tbucket_check.c, 002xx in
  * tbucket_shm.c, 004xx in tbucket_settle.c, 005xx in tbucket_lease.c;
  * 00120..00129 belong to concurrency limits, 00140..00159 to local
- * protection (tbucket_local.c and its directives). */
+ * protection (tbucket_local.c and its directives), 00160..00179 to who
+ * is limited: the refusal line, top keys and rules. */
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
 #define MAX_ROUTES (TB_MAX_BUCKETS - 1)
+/* TBucketTopKeys: keys shown per ranking by default. */
+#define TBUCKET_DEFAULT_TOP_K 20
 
 /* What a request was told; the order is the metrics' label order. */
 typedef enum {
@@ -86,6 +89,18 @@ typedef enum {
 extern const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS];
 extern const char *const tbucket_slot_event_names[TBUCKET_SLOT_EVENTS];
 
+/* TBucketRefusalLog: the level of the line logged for each refusal of
+ * the shared limit, in the order of its names. */
+typedef enum {
+    TBUCKET_REFUSAL_LOG_OFF = 0,
+    TBUCKET_REFUSAL_LOG_NOTICE,
+    TBUCKET_REFUSAL_LOG_INFO,
+    TBUCKET_REFUSAL_LOG_DEBUG,
+    TBUCKET_REFUSAL_LOGS
+} tbucket_refusal_log;
+
+extern const char *const tbucket_refusal_log_names[TBUCKET_REFUSAL_LOGS];
+
 /* ---- Shared memory slots (the segment is private to tbucket_shm.c) -- */
 
 #define TBUCKET_NAME_LEN 160          /* Bytes, NUL included.           */
@@ -137,6 +152,24 @@ typedef struct tbucket_local_scope {
     int limit;                        /* N: places in flight at most.   */
     int slot;                         /* -1 before post_config.         */
 } tbucket_local_scope;
+
+/* A section that sets TBucketLimit: a rule, counted on the status page
+ * by outcome. Made by the directive, in the configuration pool (never in
+ * .htaccess, which is read per request after the segment's records are
+ * given out); slot is filled in post_config and names the rule's record
+ * in the segment, -1 when it has none. name comes first:
+ * tbucket_section_name() reads records by it. */
+typedef struct tbucket_rule {
+    const char *name;                 /* As a local scope's name.       */
+    int slot;
+} tbucket_rule;
+
+/* What the status page reads of a rule (tbucket_shm.c): its decisions by
+ * outcome, every generation that had it. */
+typedef struct tbucket_rule_view {
+    const char *name;
+    uint64_t outcome[TBUCKET_OUTCOMES];
+} tbucket_rule_view;
 
 /* What the status page reads of a local scope (tbucket_shm.c). */
 typedef struct tbucket_local_view {
@@ -220,7 +253,8 @@ enum {
     TBUCKET_SET_PREFIX = 1u << 8,
     TBUCKET_SET_IPV6 = 1u << 9,
     TBUCKET_SET_SHED = 1u << 10,
-    TBUCKET_SET_SHED_RETRY = 1u << 11
+    TBUCKET_SET_SHED_RETRY = 1u << 11,
+    TBUCKET_SET_REFUSAL_LOG = 1u << 12
 };
 
 /* Server (and virtual host) scope; `set` says which scalars a virtual
@@ -251,6 +285,11 @@ typedef struct tbucket_srv_conf {
     int shed_pct[TBUCKET_PRIOS];
     int shed_min;
     int shed_retry_s;
+    /* TBucketRefusalLog, a tbucket_refusal_log. */
+    int refusal_log;
+    /* TBucketTopKeys K (0: Off), read in the main server's record only;
+     * -1 unset (TBUCKET_DEFAULT_TOP_K). */
+    int top_k;
     /* TLS: the tls_* options of the TBucketRedis line (they go with its
      * URL, never inherited apart from it) and the context made from
      * them at config time, in the parent, before privileges are
@@ -262,12 +301,14 @@ typedef struct tbucket_srv_conf {
     /* Filled in post_config (parent) and child_init (child). */
     const char *signature;            /* Identity of the client config. */
     int vhost_slot;                   /* Slot of the vhost's counters.  */
+    const char *vhost_name;           /* Its name, "host:port".         */
     int client_slot;                  /* Slot of the client's counters. */
     tbucket_client *client;           /* This child's client.           */
 } tbucket_srv_conf;
 
 typedef struct tbucket_route {
     const char *name;
+    size_t name_len;                  /* strlen(name).                  */
     tb_limit_t limit;
 } tbucket_route;
 
@@ -293,6 +334,8 @@ typedef struct tbucket_dir_conf {
                                        * warned about at startup.       */
     unsigned int key_set:1, limit_set:1, cost_set:1;
     tb_limit_t limit;
+    const tbucket_rule *rule;         /* The section that set the limit,
+                                       * NULL in .htaccess.             */
     double cost;                      /* Tokens per request.            */
     /* Tenant overrides: this scope's table (key -> tb_limit_t*) and the
      * scope whose tables come next. Looked up inner to outer, so a merge
@@ -372,6 +415,23 @@ void tbucket_note_breaker(request_rec *r, const tbucket_client *c,
  * directive manual. */
 extern const command_rec tbucket_cmds[];
 
+/* The sections around cmd's directive, outermost first, as written:
+ * "<VirtualHost *:80> <Location /api>", or "server" at the top level;
+ * stable across reloads of the same text, at most TBUCKET_NAME_LEN - 8
+ * bytes. taken (may be NULL) holds pointers to the records named so far
+ * in this configuration, each starting with its name: a name already
+ * there gets " #2", " #3"... From cmd->temp_pool. */
+const char *tbucket_section_name(cmd_parms *cmd,
+                                 const apr_array_header_t *taken);
+
+/* pre_config: start a new list of rules. */
+void tbucket_rules_pre_config(apr_pool_t *pconf);
+
+/* post_config (parent): give each rule of the configuration its record
+ * in the segment (by name, so a rule a restart keeps keeps its counts);
+ * a rule left without one is logged and not counted. */
+void tbucket_rules_setup(server_rec *main_s);
+
 /* ---- tbucket_records.c --------------------------------------------- */
 
 void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s);
@@ -445,6 +505,31 @@ int tbucket_shm_failure_get(const tbucket_client_stats *cs,
 
 /* The local-policy table in the segment, or NULL. */
 tb_local_t *tbucket_local_table(void);
+
+/* The heavy hitters in the segment (TBucketTopKeys), or NULL when off:
+ * made with the segment, sized by the TBucketTopKeys of the first
+ * configuration, kept by every restart that keeps the segment. */
+tb_topk_t *tbucket_top_table(void);
+
+/* Count a decision of the shared limit in the heavy hitters:
+ * tb_topk_note at the request's time. Thread- and process-safe. */
+void tbucket_count_key(const tb_topk_item_t *item, int refused,
+                       apr_time_t when);
+
+/* The bytes of the segment's heavy-hitter region, 0 when off. */
+apr_size_t tbucket_top_bytes(void);
+
+/* post_config (parent): the record of the rule called name, made or
+ * found by name: its slot, or -1 when all are taken by rules of the
+ * current configuration. */
+int tbucket_shm_rule_slot(const char *name);
+
+/* Count a decision of a rule's slot. Thread- and process-safe. */
+void tbucket_count_rule(int slot, tbucket_outcome o);
+
+/* The rules' records, for the status page: an array of
+ * tbucket_rule_view from p, the current configuration's rules. */
+apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p);
 
 /* The lease table in the segment, or NULL. */
 tb_lease_t *tbucket_lease_table(void);

@@ -5,7 +5,11 @@
  * parses; a bad value is refused with a message naming the directive and
  * the value. The records they fill, with their create and merge
  * functions, are tbucket_records.c's; what can only be judged once scopes
- * are merged is checked in tbucket_check.c.
+ * are merged is checked in tbucket_check.c. Every section that sets
+ * TBucketLimit is also a rule, named by the sections around it as a
+ * local scope is, so that the status page can count each rule's
+ * decisions; the rules of the configuration being read are listed here
+ * and given their records in the segment in post_config.
  *
  * docs/reference.txt is the manual of every directive (the man page
  * mod_tbucket(5) is made from it); the help string of each entry below
@@ -24,9 +28,84 @@
 
 APLOG_USE_MODULE(tbucket);
 
+/* The rules of the configuration being read (pconf). */
+static apr_array_header_t *rules;
+
 static tbucket_srv_conf *srv_conf(const server_rec *s)
 {
     return ap_get_module_config(s->module_config, &tbucket_module);
+}
+
+/* ---- Sections: names of local scopes and rules ---------------------- */
+
+const char *tbucket_section_name(cmd_parms *cmd,
+                                 const apr_array_header_t *taken)
+{
+    const ap_directive_t *d;
+    const char *name = NULL, *unique;
+    int i, dup = 1;
+
+    for (d = cmd->directive ? cmd->directive->parent : NULL; d;
+         d = d->parent) {
+        const char *sec = apr_pstrcat(cmd->temp_pool, d->directive, " ",
+                                      d->args ? d->args : "", NULL);
+
+        name = name ? apr_pstrcat(cmd->temp_pool, sec, " ", name, NULL)
+                    : sec;
+    }
+    name = name ? name : "server";
+    if (strlen(name) > TBUCKET_NAME_LEN - 8) {
+        name = apr_pstrmemdup(cmd->temp_pool, name, TBUCKET_NAME_LEN - 8);
+    }
+    unique = name;
+    for (i = 0; taken && i < taken->nelts; i++) {
+        if (!strcmp(*APR_ARRAY_IDX(taken, i, const char *const *), unique)) {
+            unique = apr_psprintf(cmd->temp_pool, "%s #%d", name, ++dup);
+            i = -1;
+        }
+    }
+    return unique;
+}
+
+void tbucket_rules_pre_config(apr_pool_t *pconf)
+{
+    rules = apr_array_make(pconf, 8, sizeof(tbucket_rule *));
+}
+
+/* The rule of the section cmd's TBucketLimit is in, or NULL in
+ * .htaccess. A section with two TBucketLimit lines is one rule. */
+static const tbucket_rule *rule_add(cmd_parms *cmd, const tbucket_dir_conf *dc)
+{
+    tbucket_rule *ru;
+
+    if (ap_check_cmd_context(cmd, NOT_IN_HTACCESS) || !rules) {
+        return NULL;
+    }
+    if (dc->rule) {
+        return dc->rule;
+    }
+    ru = apr_pcalloc(cmd->pool, sizeof(*ru));
+    ru->name = apr_pstrdup(cmd->pool, tbucket_section_name(cmd, rules));
+    ru->slot = -1;
+    APR_ARRAY_PUSH(rules, tbucket_rule *) = ru;
+    return ru;
+}
+
+void tbucket_rules_setup(server_rec *main_s)
+{
+    int i;
+
+    for (i = 0; rules && i < rules->nelts; i++) {
+        tbucket_rule *ru = APR_ARRAY_IDX(rules, i, tbucket_rule *);
+
+        ru->slot = tbucket_shm_rule_slot(ru->name);
+        if (ru->slot < 0) {
+            ap_log_error(APLOG_MARK, APLOG_WARNING, 0, main_s, TBLOGNO(00161)
+                         "TBucketLimit in %s: no record left for its "
+                         "counts on the status page (256 rules at most)",
+                         ru->name);
+        }
+    }
 }
 
 /* ---- Directive handlers --------------------------------------------- */
@@ -114,6 +193,16 @@ static const tbucket_scalar sc_replicas = {
 static const tbucket_scalar sc_ipv6 = {
     APR_OFFSETOF(tbucket_srv_conf, ipv6_bits), TBUCKET_SET_IPV6,
     "IPv6 prefix length", NULL, 1, 128, NULL
+};
+
+const char *const tbucket_refusal_log_names[TBUCKET_REFUSAL_LOGS] = {
+    "off", "notice", "info", "debug"
+};
+
+static const tbucket_scalar sc_refusal_log = {
+    APR_OFFSETOF(tbucket_srv_conf, refusal_log), TBUCKET_SET_REFUSAL_LOG,
+    "level", tbucket_refusal_log_names, 0, TBUCKET_REFUSAL_LOGS,
+    "expected off, notice, info or debug"
 };
 static const tbucket_scalar sc_shed_retry = {
     APR_OFFSETOF(tbucket_srv_conf, shed_retry_s), TBUCKET_SET_SHED_RETRY,
@@ -461,6 +550,7 @@ static const char *set_limit(cmd_parms *cmd, void *dcv, const char *cap,
 
     if (!msg) {
         dc->limit_set = 1;
+        dc->rule = rule_add(cmd, dc);
     }
     return msg;
 }
@@ -535,6 +625,7 @@ static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
                             "routes per scope", MAX_ROUTES);
     }
     rt.name = apr_pstrdup(cmd->pool, name);
+    rt.name_len = strlen(name);
     APR_ARRAY_PUSH(dc->routes, tbucket_route) = rt;
     return NULL;
 }
@@ -749,6 +840,33 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
 }
 
 
+/* TBucketTopKeys K | Off: one table for the whole server (its entries
+ * name their virtual host), so the main server's configuration only. */
+static const char *set_top_keys(cmd_parms *cmd, void *dummy,
+                                const char *arg)
+{
+    tbucket_srv_conf *sc = srv_conf(cmd->server);
+    const char *msg = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    char err[128];
+    int64_t n;
+
+    (void)dummy;
+    if (msg) {
+        return msg;
+    }
+    if (!strcasecmp(arg, "off")) {
+        sc->top_k = 0;
+        return NULL;
+    }
+    if (tb_parse_int(arg, 1, TB_TOPK_MAX_K, &n, err, sizeof(err))
+        != TB_OK) {
+        return bad_value(cmd, "key count", arg, apr_pstrcat(cmd->temp_pool,
+                         err, " (or Off)", NULL));
+    }
+    sc->top_k = (int)n;
+    return NULL;
+}
+
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
@@ -813,5 +931,12 @@ const command_rec tbucket_cmds[] = {
                   (void *)&sc_shed_retry, RSRC_CONF,
                   "Retry-After of a shed or locally refused request, in "
                   "seconds, e.g. 2 (default 1)"),
+    AP_INIT_TAKE1("TBucketTopKeys", set_top_keys, NULL, RSRC_CONF,
+                  "Keys shown on the status page by refusals and by "
+                  "decisions, 1..1000 (default 20), or Off"),
+    AP_INIT_TAKE1("TBucketRefusalLog", set_srv_scalar,
+                  (void *)&sc_refusal_log, RSRC_CONF,
+                  "Level of the line logged for each refusal: off, notice, "
+                  "info (default) or debug"),
     { NULL }
 };

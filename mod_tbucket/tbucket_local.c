@@ -61,8 +61,6 @@ APLOG_USE_MODULE(tbucket);
 
 /* How old the shared busy count may be, in microseconds. */
 #define BUSY_MAX_AGE 1000
-/* Bytes of a scope's name, as kept in the segment. */
-#define SCOPE_NAME_MAX (TBUCKET_NAME_LEN - 8)
 
 /* The scopes of the configuration being read (pconf). */
 static apr_array_header_t *scopes;
@@ -83,46 +81,13 @@ void tbucket_local_pre_config(apr_pool_t *pconf)
     scopes = apr_array_make(pconf, 4, sizeof(tbucket_local_scope *));
 }
 
-/* The sections around the directive, outermost first, as they were
- * written: "<VirtualHost *:80> <Location /api>", or "server" at the top
- * level. Stable across reloads of the same text, which is what lets a
- * restart find the scope again. */
-static const char *scope_name(cmd_parms *cmd)
-{
-    const ap_directive_t *d;
-    const char *name = NULL;
-
-    for (d = cmd->directive ? cmd->directive->parent : NULL; d;
-         d = d->parent) {
-        const char *sec = apr_pstrcat(cmd->temp_pool, d->directive, " ",
-                                      d->args ? d->args : "", NULL);
-
-        name = name ? apr_pstrcat(cmd->temp_pool, sec, " ", name, NULL)
-                    : sec;
-    }
-    name = name ? name : "server";
-    if (strlen(name) > SCOPE_NAME_MAX) {
-        name = apr_pstrmemdup(cmd->temp_pool, name, SCOPE_NAME_MAX);
-    }
-    return name;
-}
-
 tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
 {
     tbucket_local_scope *sc = apr_pcalloc(cmd->pool, sizeof(*sc));
-    const char *name = scope_name(cmd), *unique = name;
-    int i, dup = 1;
 
     /* Two sections written alike (two <Location /x> blocks) are two
-     * scopes: number the later ones. */
-    for (i = 0; i < scopes->nelts; i++) {
-        if (!strcmp(APR_ARRAY_IDX(scopes, i, tbucket_local_scope *)->name,
-                    unique)) {
-            unique = apr_psprintf(cmd->temp_pool, "%s #%d", name, ++dup);
-            i = -1;
-        }
-    }
-    sc->name = apr_pstrdup(cmd->pool, unique);
+     * scopes: the later ones are numbered. */
+    sc->name = apr_pstrdup(cmd->pool, tbucket_section_name(cmd, scopes));
     sc->limit = limit;
     sc->slot = -1;
     APR_ARRAY_PUSH(scopes, tbucket_local_scope *) = sc;

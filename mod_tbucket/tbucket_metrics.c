@@ -2,8 +2,9 @@
  * how a sample's value and labels are written.
  *
  * tbucket_status.c builds the table and prints its text and JSON views,
- * tbucket_status_html.c its HTML view; what both need of a sample lives
- * here, below both, so that neither calls the other's helpers.
+ * tbucket_status_top.c adds the top keys, tbucket_status_html.c prints
+ * its HTML view; what they need of a sample or a string lives here,
+ * below them, so that none calls another's helpers.
  */
 #include "apr_strings.h"
 
@@ -79,4 +80,36 @@ const char *tbucket_sample_text(apr_pool_t *p, const tbucket_sample *s)
                             (unsigned)(s->value % 1000000));
     }
     return apr_psprintf(p, "%" APR_UINT64_T_FMT, (apr_uint64_t)s->value);
+}
+
+const char *tbucket_json_esc(apr_pool_t *p, const char *s)
+{
+    apr_size_t n = 0;
+    const unsigned char *q;
+    char *out, *o;
+
+    for (q = (const unsigned char *)s; *q; q++) {
+        n += (*q == '"' || *q == '\\') ? 2 : *q < 0x20 ? 6 : 1;
+    }
+    o = out = apr_palloc(p, n + 1);
+    for (q = (const unsigned char *)s; *q; q++) {
+        if (*q == '"' || *q == '\\') {
+            *o++ = '\\';
+            *o++ = (char)*q;
+        }
+        else if (*q < 0x20) {
+            apr_snprintf(o, 7, "\\u%04x", *q);
+            o += 6;
+        }
+        else {
+            *o++ = (char)*q;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+const char *tbucket_vhost_of(const tbucket_metrics *t, uint32_t i)
+{
+    return i < t->nvhosts ? t->vhost_names[i] : "-";
 }

@@ -33,6 +33,8 @@ void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
     sc->ip_prefix = TBUCKET_DEFAULT_PREFIX "ip:";
     sc->ipv6_bits = TB_DEFAULT_IPV6_BITS;
     sc->shed_retry_s = 1;
+    sc->refusal_log = TBUCKET_REFUSAL_LOG_INFO;
+    sc->top_k = -1;
     sc->vhost_slot = -1;
     sc->client_slot = -1;
     return sc;
@@ -63,7 +65,9 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(tls_ctx, TBUCKET_SET_URL);
     TAKE(shed_min, TBUCKET_SET_SHED);
     TAKE(shed_retry_s, TBUCKET_SET_SHED_RETRY);
+    TAKE(refusal_log, TBUCKET_SET_REFUSAL_LOG);
 #undef TAKE
+    m->top_k = base->top_k;
     m->set = add->set | base->set;
     memcpy(m->shed_pct, (add->set & TBUCKET_SET_SHED) ? add->shed_pct
                                                       : base->shed_pct,
@@ -199,6 +203,7 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
     m->key_is_addr = add->key_set ? add->key_is_addr : base->key_is_addr;
     m->limit_set = add->limit_set | base->limit_set;
     m->limit = add->limit_set ? add->limit : base->limit;
+    m->rule = add->limit_set ? add->rule : base->rule;
     m->cost_set = add->cost_set | base->cost_set;
     m->cost = add->cost_set ? add->cost : base->cost;
     if (add->tenants) {

@@ -8,11 +8,16 @@
  * table of token leases, the count of lease tokens given back, and local
  * protection's records: one in-flight table (tb_inflight_t) per local
  * scope, carved from a fixed pool, and the busy-worker count last read
- * from the scoreboard. The
+ * from the scoreboard; the decisions of each rule (a section that sets
+ * TBucketLimit), and the heavy hitters behind the status page's top keys
+ * (tb_topk_t, TBucketTopKeys). The
  * segment is made in the first real post_config and hangs off the process
  * pool, so a graceful restart keeps it: counters do not go backwards, and
  * children of the old generation that are still finishing requests keep
- * writing to valid memory.
+ * writing to valid memory. The heavy-hitter region is sized by the
+ * TBucketTopKeys of that first configuration and kept as it is by every
+ * restart that keeps the segment: a later configuration may show fewer
+ * keys or turn counting off, and a larger K takes a stop and a start.
  *
  * This file is the only one that sees the segment's layout. Other files
  * reach it through functions: tbucket_shm_setup (post_config), the slot
@@ -68,6 +73,15 @@ APLOG_USE_MODULE(tbucket);
 #define REFUSING_PLACES 4096          /* Refused requests answered at
                                        * once that the busy count can
                                        * tell apart.                    */
+#define MAX_RULES 256                 /* Rule records, all generations. */
+
+/* A rule's record: found by name at every configuration load, so a rule
+ * that a restart keeps keeps its counts. */
+typedef struct tbucket_rule_rec {
+    char name[TBUCKET_NAME_LEN];
+    uint64_t generation;              /* Last load that had the rule.   */
+    uint64_t outcome[TBUCKET_OUTCOMES];
+} tbucket_rule_rec;
 
 /* A local scope's record. Found by name at every configuration load, so
  * a scope that a restart keeps keeps its table and the places its
@@ -114,6 +128,11 @@ typedef struct tbucket_shm {
                                        * lives (old generations may
                                        * still hold places).            */
     tbucket_scope_rec scopes[MAX_LOCAL_SCOPES];
+    uint64_t top_off;                 /* The heavy hitters, 0: none.    */
+    uint64_t top_bytes;
+    uint32_t nrules;                  /* Rule records in use.           */
+    uint32_t pad3;
+    tbucket_rule_rec rules[MAX_RULES];
 } tbucket_shm;
 
 /* This parent's segment, or NULL before the first post_config. Set in
@@ -146,6 +165,32 @@ static apr_size_t local_offset(void)
     return APR_ALIGN(sizeof(tbucket_shm), 64);
 }
 
+/* The K of the main server's TBucketTopKeys: 0 for Off. */
+static int top_k_of(server_rec *s)
+{
+    const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                      &tbucket_module);
+
+    return sc->top_k < 0 ? TBUCKET_DEFAULT_TOP_K : sc->top_k;
+}
+
+/* The segment made by an earlier load keeps its heavy hitters: say so
+ * when this configuration asks for more than they hold. */
+static void top_kept(tbucket_shm *seg, server_rec *s)
+{
+    tb_topk_t *t = seg->top_off ? (tb_topk_t *)((char *)seg + seg->top_off)
+                                : NULL;
+    int k = top_k_of(s);
+
+    if (k > tb_topk_k(t)) {
+        ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, s, TBLOGNO(00202)
+                     "TBucketTopKeys %d: the top keys keep the size of the "
+                     "configuration Apache started with (%d keys%s) until "
+                     "it is stopped and started", k, tb_topk_k(t),
+                     t ? "" : ": off");
+    }
+}
+
 /* Make the segment, or find the one made by an earlier config load of
  * this same parent. The userdata lives in the process pool, which
  * survives restarts; the module's DSO does not, so no function of ours
@@ -154,24 +199,30 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
 {
     apr_pool_t *pproc = s->process->pool;
     apr_shm_t *shm = NULL;
-    apr_size_t size;
+    apr_size_t size, top;
     apr_status_t rv;
     tbucket_shm *seg;
     char key[64];
 
     /* Keyed by the layout's size and the tables' (their entries are the
      * core's): a graceful restart onto a module built with another
-     * layout makes a fresh segment. The key is copied by
-     * apr_pool_userdata_set. */
+     * layout makes a fresh segment. The heavy hitters are in the key by
+     * their layout (the size of the smallest block), not by their K, so
+     * a restart with another TBucketTopKeys keeps the counters. The key
+     * is copied by apr_pool_userdata_set. */
     size = local_offset() + tb_local_size(LOCAL_ENTRIES)
            + tb_lease_size(LEASE_ENTRIES) + 8 + INFLIGHT_POOL;
     apr_snprintf(key, sizeof(key), "%s-%" APR_SIZE_T_FMT "-%"
-                 APR_SIZE_T_FMT, SHM_USERDATA_KEY, sizeof(tbucket_shm),
-                 size);
+                 APR_SIZE_T_FMT "-%" APR_SIZE_T_FMT, SHM_USERDATA_KEY,
+                 sizeof(tbucket_shm), size, tb_topk_size(1));
     apr_pool_userdata_get((void **)&shm, key, pproc);
     if (shm) {
-        return apr_shm_baseaddr_get(shm);
+        seg = apr_shm_baseaddr_get(shm);
+        top_kept(seg, s);
+        return seg;
     }
+    top = top_k_of(s) ? tb_topk_size(top_k_of(s)) : 0;
+    size += top + 8;
     rv = apr_shm_create(&shm, size, NULL, pproc);
     if (rv == APR_ENOTIMPL) {
         /* No anonymous shared memory here: fall back to a file. */
@@ -202,6 +253,12 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
                               8);
     seg->pool_used = 0;
     seg->refusing_off = pool_table(seg, REFUSING_PLACES);
+    /* The heavy hitters after the in-flight pool, 8-byte aligned. */
+    if (top) {
+        seg->top_off = APR_ALIGN(seg->pool_off + INFLIGHT_POOL, 8);
+        seg->top_bytes = top;
+        tb_topk_init((char *)seg + seg->top_off, top_k_of(s));
+    }
     apr_pool_userdata_set(shm, key, apr_pool_cleanup_null, pproc);
     return seg;
 }
@@ -286,6 +343,7 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
         char err[160];
 
         sc->vhost_slot = vhost_slot(seg, vhost_name(pconf, s));
+        sc->vhost_name = seg->vhosts[sc->vhost_slot].name;
         if (tb_url_parse(sc->url ? sc->url : TB_DEFAULT_URL,
                          &addr, err, sizeof(err)) != TB_OK) {
             /* Refused at config time already; keep a slot anyway. */
@@ -497,6 +555,28 @@ tb_local_t *tbucket_local_table(void)
     return (tb_local_t *)((char *)shm_seg + shm_seg->local_off);
 }
 
+tb_topk_t *tbucket_top_table(void)
+{
+    if (!shm_seg || !shm_seg->top_off) {
+        return NULL;
+    }
+    return (tb_topk_t *)((char *)shm_seg + shm_seg->top_off);
+}
+
+apr_size_t tbucket_top_bytes(void)
+{
+    return shm_seg ? (apr_size_t)shm_seg->top_bytes : 0;
+}
+
+void tbucket_count_key(const tb_topk_item_t *item, int refused,
+                       apr_time_t when)
+{
+    if (shm_seg && shm_seg->top_off) {
+        tb_topk_note((tb_topk_t *)((char *)shm_seg + shm_seg->top_off),
+                     item, refused, (int64_t)apr_time_as_msec(when));
+    }
+}
+
 int tbucket_shm_view_get(tbucket_shm_view *v)
 {
     if (!shm_seg) {
@@ -693,4 +773,69 @@ void tbucket_shm_busy_put(apr_time_t now, uint32_t busy)
         __atomic_store_n(&shm_seg->busy_stamp, (uint64_t)now,
                          __ATOMIC_RELEASE);
     }
+}
+
+/* ---- Rules ------------------------------------------------------------ */
+
+int tbucket_shm_rule_slot(const char *name)
+{
+    tbucket_shm *seg = shm_seg;
+    tbucket_rule_rec *r = NULL;
+    uint32_t i;
+
+    if (!seg) {
+        return -1;
+    }
+    for (i = 0; i < seg->nrules && !r; i++) {
+        if (!strcmp(seg->rules[i].name, name)) {
+            r = &seg->rules[i];
+        }
+    }
+    /* A record no configuration has used since the last load may take a
+     * new name, and starts again from 0. */
+    for (i = 0; i < seg->nrules && !r && seg->nrules == MAX_RULES; i++) {
+        if (seg->rules[i].generation + 1 < seg->generation) {
+            r = &seg->rules[i];
+            memset(r->outcome, 0, sizeof(r->outcome));
+        }
+    }
+    if (!r && seg->nrules < MAX_RULES) {
+        r = &seg->rules[seg->nrules++];
+    }
+    if (!r) {
+        return -1;
+    }
+    apr_cpystrn(r->name, name, sizeof(r->name));
+    r->generation = seg->generation;
+    return (int)(r - seg->rules);
+}
+
+void tbucket_count_rule(int slot, tbucket_outcome o)
+{
+    if (shm_seg && slot >= 0 && (uint32_t)slot < shm_seg->nrules
+        && o < TBUCKET_OUTCOMES) {
+        tb_stats_add(&shm_seg->rules[slot].outcome[o], 1);
+    }
+}
+
+apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p)
+{
+    apr_array_header_t *a = apr_array_make(p, 8, sizeof(tbucket_rule_view));
+    uint32_t i;
+    int o;
+
+    for (i = 0; shm_seg && i < shm_seg->nrules; i++) {
+        const tbucket_rule_rec *r = &shm_seg->rules[i];
+        tbucket_rule_view *v;
+
+        if (r->generation != shm_seg->generation) {
+            continue;
+        }
+        v = apr_array_push(a);
+        v->name = apr_pstrdup(p, r->name);
+        for (o = 0; o < TBUCKET_OUTCOMES; o++) {
+            v->outcome[o] = tb_stats_get(&r->outcome[o]);
+        }
+    }
+    return a;
 }

@@ -3,11 +3,12 @@
  * The `tbucket-status` handler renders mod_tbucket's figures in the
  * Prometheus text exposition format (version 0.0.4), with `?view=html`
  * as a page for a browser (tbucket_status_html.c), or with `?view=json`
- * (or `?json`) as JSON for programs. Every view is printed
- * from one table of metrics built per request (collect, here, from a
- * read-only view of the shared memory segment that tbucket_shm.c owns),
- * so their figures cannot drift apart; the HTML view adds layout and
- * nothing else. Counters are server-wide; the breaker state and the pool
+ * (or `?json`) as JSON for programs (tbucket top reads it). Every view is
+ * printed from one table of metrics built per request (collect, here,
+ * from a read-only view of the shared memory segment that tbucket_shm.c
+ * owns; the top keys and rules by tbucket_status_top.c), so their
+ * figures cannot drift apart; the HTML view adds layout and nothing
+ * else. Counters are server-wide; the breaker state and the pool
  * figures are those of the process that answers, since each child has
  * its own breaker and connections. Nothing here prints a Redis password:
  * URLs are redacted by tb_url_redact before they are stored.
@@ -541,17 +542,27 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
     }
 }
 
-/* Every figure of the page, in the Prometheus output order. Allocates
- * from p; reads the segment's counters with atomic loads only. */
-static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg)
+/* Every figure of the page, in the Prometheus output order, at now.
+ * Allocates from p; reads the segment's counters with atomic loads only
+ * (the top keys under their slots' locks, to copy them). */
+static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg,
+                                apr_time_t now)
 {
     tbucket_metrics *t = apr_pcalloc(p, sizeof(*t));
+    const char **names = apr_palloc(p, (seg->nvhosts + 1) * sizeof(*names));
     tbucket_family *f;
+    uint32_t i;
 
     t->p = p;
     t->families = apr_array_make(p, 32, sizeof(tbucket_family *));
     t->failures = apr_array_make(p, 2, sizeof(tbucket_failure_note));
+    for (i = 0; i < seg->nvhosts; i++) {
+        names[i] = seg->vhosts[i].name;
+    }
+    t->vhost_names = names;
+    t->nvhosts = seg->nvhosts;
     collect_decisions(t, seg);
+    tbucket_collect_top(t, now);
     collect_local(t, seg);
     collect_clients(t, seg);
     f = fam_add(t, "tbucket_local_entries_used", "gauge",
@@ -599,40 +610,12 @@ static void render_text(request_rec *r, const tbucket_metrics *t)
 
 /* ---- The JSON view --------------------------------------------------- */
 
-/* s as the inside of a JSON string: quote, backslash and every control
- * character escaped (label values come from configuration text and
- * Redis error replies). */
-static const char *json_esc(apr_pool_t *p, const char *s)
-{
-    apr_size_t n = 0;
-    const unsigned char *q;
-    char *out, *o;
-
-    for (q = (const unsigned char *)s; *q; q++) {
-        n += (*q == '"' || *q == '\\') ? 2 : *q < 0x20 ? 6 : 1;
-    }
-    o = out = apr_palloc(p, n + 1);
-    for (q = (const unsigned char *)s; *q; q++) {
-        if (*q == '"' || *q == '\\') {
-            *o++ = '\\';
-            *o++ = (char)*q;
-        }
-        else if (*q < 0x20) {
-            apr_snprintf(o, 7, "\\u%04x", *q);
-            o += 6;
-        }
-        else {
-            *o++ = (char)*q;
-        }
-    }
-    *o = '\0';
-    return out;
-}
-
 /* {"metrics":[{"name":..,"type":..,"help":..,"samples":[{"suffix":..,
- * "labels":{..},"value":N}]}]}: the same table as the text view, for
- * programs (tbucket top) that would rather not parse Prometheus text.
- * Values are numbers: integers, or seconds with six decimals. */
+ * "labels":{..},"value":N}]}],"top":{..}}: the same table as the text
+ * view, for programs that would rather not parse Prometheus text, and
+ * the top keys with all their fields (tbucket_top_json), which tbucket
+ * top shows. Values are numbers: integers, or seconds with six
+ * decimals. */
 static void render_json(request_rec *r, const tbucket_metrics *t)
 {
     int i, j, k;
@@ -644,7 +627,7 @@ static void render_json(request_rec *r, const tbucket_metrics *t)
 
         ap_rprintf(r, "%s{\"name\":\"%s\",\"type\":\"%s\",\"help\":\"%s\","
                    "\"samples\":[", i ? "," : "", f->name, f->type,
-                   json_esc(r->pool, f->help));
+                   tbucket_json_esc(r->pool, f->help));
         for (j = 0; j < f->samples->nelts; j++) {
             const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, j,
                                                      tbucket_sample);
@@ -654,14 +637,16 @@ static void render_json(request_rec *r, const tbucket_metrics *t)
             for (k = 0; k < s->labels.n; k++) {
                 ap_rprintf(r, "%s\"%s\":\"%s\"", k ? "," : "",
                            s->labels.name[k],
-                           json_esc(r->pool, s->labels.value[k]));
+                           tbucket_json_esc(r->pool, s->labels.value[k]));
             }
             ap_rprintf(r, "},\"value\":%s}",
                        tbucket_sample_text(r->pool, s));
         }
         ap_rputs("]}", r);
     }
-    ap_rputs("]}\n", r);
+    ap_rputs("]", r);
+    tbucket_top_json(r, t);
+    ap_rputs("}\n", r);
 }
 
 /* ---- The handler ---------------------------------------------------- */
@@ -748,13 +733,13 @@ int tbucket_status_handler(request_rec *r)
         return OK;
     }
     if (view == VIEW_HTML) {
-        tbucket_status_html(r, collect(r->pool, &seg));
+        tbucket_status_html(r, collect(r->pool, &seg, apr_time_now()));
     }
     else if (view == VIEW_JSON) {
-        render_json(r, collect(r->pool, &seg));
+        render_json(r, collect(r->pool, &seg, apr_time_now()));
     }
     else {
-        render_text(r, collect(r->pool, &seg));
+        render_text(r, collect(r->pool, &seg, apr_time_now()));
     }
     return OK;
 }

@@ -7,14 +7,18 @@
  * name is escaped once for Prometheus and once for HTML and never twice.
  * The figures of the two views cannot drift because neither reads the
  * segment. tbucket_status.c builds it and prints the Prometheus text and
- * JSON views, tbucket_status_html.c the HTML view, and tbucket_metrics.c
- * holds what both need of a sample; only these three include this.
+ * JSON views, tbucket_status_top.c adds the top keys and the rules (and
+ * the JSON view's "top" object), tbucket_status_html.c prints the HTML
+ * view, and tbucket_metrics.c holds what all need of a sample; only
+ * these four include this.
  */
 #ifndef TBUCKET_STATUS_H
 #define TBUCKET_STATUS_H
 
 #include "httpd.h"
 #include "apr_tables.h"
+
+#include "tb.h"
 
 #define TBUCKET_MAX_LABELS 4
 
@@ -49,11 +53,33 @@ typedef struct tbucket_failure_note {
     const char *reason;               /* Raw, unescaped.                  */
 } tbucket_failure_note;
 
+/* The top keys of one window, as read from the segment once per page:
+ * the rankings carry more than a sample can (errors, allowed and
+ * refused, the last refusal), so they are kept beside the families. */
+typedef struct tbucket_top_window {
+    int minutes;                      /* 1 or 15 (tb_topk_query_t).       */
+    tb_topk_result_t res;
+    tb_topk_entry_t *by_refusals;     /* res.n_refusals entries.          */
+    tb_topk_entry_t *by_decisions;    /* res.n_decisions entries.         */
+} tbucket_top_window;
+
+#define TBUCKET_TOP_WINDOWS 2
+
+typedef struct tbucket_top {
+    int k;                            /* Keys per ranking.                */
+    int counters;                     /* m, counters per sketch.          */
+    apr_size_t bytes;                 /* Their shared memory.             */
+    tbucket_top_window w[TBUCKET_TOP_WINDOWS];
+} tbucket_top;
+
 typedef struct tbucket_metrics {
     apr_pool_t *p;
     apr_array_header_t *families;     /* tbucket_family *, in output order. */
     apr_array_header_t *failures;     /* tbucket_failure_note, one per Redis
                                        * configuration that has one.      */
+    tbucket_top *top;                 /* NULL when TBucketTopKeys is Off. */
+    const char *const *vhost_names;   /* By vhost slot: an entry's vhost. */
+    uint32_t nvhosts;
 } tbucket_metrics;
 
 /* A copy of base with one more label (base may be NULL); past
@@ -68,6 +94,23 @@ const char *tbucket_prom_labels(apr_pool_t *p, const tbucket_labels *l);
 /* A sample's value as both views print it, from p: an integer, or
  * seconds with six decimals for values kept in microseconds. */
 const char *tbucket_sample_text(apr_pool_t *p, const tbucket_sample *s);
+
+/* s as the inside of a JSON string, from p: quote, backslash and every
+ * control character escaped. */
+const char *tbucket_json_esc(apr_pool_t *p, const char *s);
+
+/* The name of the virtual host of slot i, "-" when unknown. */
+const char *tbucket_vhost_of(const tbucket_metrics *t, uint32_t i);
+
+/* The top keys (t->top and the family tbucket_top_key_refusals) and the
+ * rules' decisions (tbucket_rule_decisions_total), at now
+ * (tbucket_status_top.c). */
+void tbucket_collect_top(tbucket_metrics *t, apr_time_t now);
+
+/* The JSON view's "top" member, with a leading comma: the rankings of
+ * both windows with every field of their entries, or null when
+ * TBucketTopKeys is Off. */
+void tbucket_top_json(request_rec *r, const tbucket_metrics *t);
 
 /* The HTML view of t, the body of the response to r
  * (tbucket_status_html.c). */

@@ -7,9 +7,10 @@
  * figure that comes from the table is printed in an element carrying
  * data-metric and data-labels (the sample's name and its Prometheus
  * labels), so a test can match each one to a line of the text view.
- * Everything that comes from configuration goes through ap_escape_html,
- * and attributes are always double-quoted. This file reads no counter
- * itself: every figure comes from the table.
+ * Everything that comes from configuration or from clients (the keys
+ * of the top-keys tables) goes through ap_escape_html, and attributes
+ * are always double-quoted. This file reads no counter itself: every
+ * figure comes from the table, the top keys from its rankings.
  */
 #include "apr_strings.h"
 
@@ -50,6 +51,7 @@ static const char html_css[] =
     "font-weight:600;color:#fff}"
     ".s0{background:#1a7f37}.s1{background:#cf222e}.s2{background:#bf8700}"
     ".zero{color:#8c959f}"
+    "table.topkeys td.k{max-width:300px}"
     ".fail{margin:2px 0 4px}.fail code.reason{color:#cf222e}"
     "details{margin-top:22px}summary{cursor:pointer;font-weight:600}"
     "footer{margin-top:18px;color:#57606a;font-size:12px}";
@@ -489,6 +491,144 @@ static void html_local(request_rec *r, const tbucket_metrics *t)
     ap_rputs("</table>", r);
 }
 
+/* A wall-clock time in ms as the page shows times, or a dash. */
+static const char *ms_text(request_rec *r, int64_t ms)
+{
+    if (ms <= 0) {
+        return "&ndash;";
+    }
+    return ap_ht_time(r->pool, (apr_time_t)ms * 1000, "%H:%M:%S UTC", 1);
+}
+
+/* An estimate and its error, "123" or "123 &plusmn;4". */
+static const char *est_text(request_rec *r, uint64_t v, uint64_t err)
+{
+    if (!err) {
+        return apr_psprintf(r->pool, "%" APR_UINT64_T_FMT, (apr_uint64_t)v);
+    }
+    return apr_psprintf(r->pool, "%" APR_UINT64_T_FMT " <span class=\"zero\">"
+                        "&plusmn;%" APR_UINT64_T_FMT "</span>",
+                        (apr_uint64_t)v, (apr_uint64_t)err);
+}
+
+/* One ranking of one window. The last minute's refusals are the samples
+ * of tbucket_top_key_refusals, and tagged as such. */
+static void html_ranking(request_rec *r, const tbucket_metrics *t,
+                         const tbucket_top_window *w, int by_refusals)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_top_key_refusals");
+    const tb_topk_entry_t *e = by_refusals ? w->by_refusals
+                                           : w->by_decisions;
+    int n = by_refusals ? w->res.n_refusals : w->res.n_decisions, i;
+
+    ap_rprintf(r, "<h3>by %s</h3><table class=\"topkeys\" "
+               "data-minutes=\"%d\" data-ranking=\"%s\"><tr><th "
+               "class=\"n\">#</th><th>key</th><th>virtual host</th>"
+               "<th>limit</th><th class=\"n\">refusals</th><th class=\"n\">"
+               "decisions</th><th class=\"n\">allowed</th><th class=\"n\">"
+               "last refusal</th></tr>", by_refusals ? "refusals"
+               : "decisions", w->minutes, by_refusals ? "refusals"
+               : "decisions");
+    for (i = 0; i < n; i++) {
+        const char *vhost = tbucket_vhost_of(t, e[i].vhost);
+        tbucket_labels l = tbucket_labels_with(NULL, "vhost", vhost);
+
+        l = tbucket_labels_with(&l, "limit", e[i].limit);
+        l = tbucket_labels_with(&l, "key", e[i].key);
+        ap_rprintf(r, "<tr><td class=\"n\">%d</td><td class=\"k\"><code>%s"
+                   "</code></td><td><code>%s</code></td><td>%s</td>", i + 1,
+                   h(r, e[i].key), h(r, vhost), h(r, e[i].limit));
+        if (by_refusals && w->minutes == 1) {
+            html_value(r, f, sample_find(f, "", &l), 1);
+        }
+        else {
+            ap_rprintf(r, "<td class=\"n\">%s</td>",
+                       est_text(r, e[i].refusals, e[i].refusals_err));
+        }
+        ap_rprintf(r, "<td class=\"n\">%s</td><td class=\"n\">%"
+                   APR_UINT64_T_FMT "</td><td class=\"n\">%s</td></tr>",
+                   est_text(r, e[i].decisions, e[i].decisions_err),
+                   (apr_uint64_t)e[i].allowed,
+                   ms_text(r, e[i].last_refusal_ms));
+    }
+    if (!n) {
+        ap_rputs("<tr><td colspan=\"8\" class=\"zero\">none</td></tr>", r);
+    }
+    ap_rputs("</table>", r);
+}
+
+/* Who is limited right now: the top keys of both windows, each by
+ * refusals and by decisions. */
+static void html_top(request_rec *r, const tbucket_metrics *t)
+{
+    int i;
+
+    ap_rputs("<h2 id=\"top-keys\">Top keys</h2>", r);
+    if (!t->top) {
+        ap_rputs("<p class=\"meta\">Off (TBucketTopKeys Off).</p>", r);
+        return;
+    }
+    ap_rprintf(r, "<p class=\"meta\">The %d keys with the most refusals "
+               "and the most decisions of the shared limit, all children "
+               "(%d counters a sketch, %" APR_SIZE_T_FMT " bytes of shared "
+               "memory). Counts are estimates: never below the true "
+               "count, and at most &plusmn; above it. The last minute is "
+               "this minute and the one before.</p>", t->top->k,
+               t->top->counters, t->top->bytes);
+    for (i = 0; i < TBUCKET_TOP_WINDOWS; i++) {
+        const tbucket_top_window *w = &t->top->w[i];
+
+        ap_rprintf(r, "<div class=\"card\"><h3>last %s</h3><p class=\"meta\">"
+                   "%" APR_UINT64_T_FMT " decisions, %" APR_UINT64_T_FMT
+                   " refusals; a count is over by at most %" APR_UINT64_T_FMT
+                   " (decisions) and %" APR_UINT64_T_FMT " (refusals)</p>",
+                   w->minutes == 1 ? "minute"
+                   : apr_psprintf(r->pool, "%d minutes", w->minutes),
+                   (apr_uint64_t)w->res.decisions,
+                   (apr_uint64_t)w->res.refusals,
+                   (apr_uint64_t)w->res.decisions_bound,
+                   (apr_uint64_t)w->res.refusals_bound);
+        html_ranking(r, t, w, 1);
+        html_ranking(r, t, w, 0);
+        ap_rputs("</div>", r);
+    }
+}
+
+/* Each rule's decisions, its outcomes side by side: a shadow rule's
+ * shadow-rejected is what enforcing it would refuse. collect_rules
+ * writes each rule's outcomes together, in tbucket_outcome_names order
+ * without shed, which is the order of the columns. */
+static void html_rules(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_rule_decisions_total");
+    const char *row = NULL;
+    int i, o;
+
+    ap_rputs("<h2>Rules</h2><table><tr><th>rule (sections that set "
+             "TBucketLimit)</th>", r);
+    for (o = 0; o < TBUCKET_OUTCOMES; o++) {
+        if (o != TBUCKET_OUT_SHED) {
+            ap_rprintf(r, "<th class=\"n\">%s</th>",
+                       h(r, tbucket_outcome_names[o]));
+        }
+    }
+    ap_rputs("</tr>", r);
+    for (i = 0; f && i < f->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
+                                                 tbucket_sample);
+        const char *rule = label_get(&s->labels, "rule");
+
+        if (!row || strcmp(row, rule)) {
+            ap_rprintf(r, "%s<tr><td><code>%s</code></td>", row ? "</tr>"
+                       : "", h(r, rule));
+            row = rule;
+        }
+        html_value(r, f, s, 1);
+    }
+    ap_rputs(row ? "</tr></table>" : "<tr><td colspan=\"7\" class=\"zero\">"
+             "no rule</td></tr></table>", r);
+}
+
 /* Every sample, as the text view lists them, folded away by default. */
 static void html_all(request_rec *r, const tbucket_metrics *t)
 {
@@ -548,6 +688,8 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     html_by_label(r, fam_find(t, "tbucket_decisions_total"), &none,
                   "outcome", 1);
     html_vhosts(r, t);
+    html_top(r, t);
+    html_rules(r, t);
     html_local(r, t);
     html_clients(r, t);
     ap_rputs("<h2>Local fallback table</h2><table class=\"kv\">", r);

@@ -532,6 +532,126 @@ uint32_t tb_inflight_reap(tb_inflight_t *t, uint32_t tag);
 /* Free every place whose owner alive() says is gone; the number freed. */
 uint32_t tb_inflight_reap_dead(tb_inflight_t *t, tb_inflight_alive_fn alive);
 
+/* ==== Heavy hitters ================================================== */
+
+/* Who is being limited: the keys with the most refusals and the most
+ * decisions over the last minute and the last fifteen, in a fixed block
+ * of caller memory (tb_topk.c). Same storage rules as the tables above:
+ * one pointer-free block that the caller may place in memory shared by
+ * forked processes, a spin lock per minute that a dead holder cannot
+ * wedge, no allocation.
+ *
+ * Each minute has a slot, a ring of TB_TOPK_SLOTS; a slot holds two
+ * Space-Saving sketches (Metwally, Agrawal and El Abbadi, 2005) of m =
+ * max(8k, 64) counters, one counting every decision and one counting
+ * refusals only. A key already counted adds one to its counter; a new
+ * key takes a free counter, or else the counter with the smallest count
+ * c_min, inheriting c_min + 1 (so c_min is its largest possible
+ * over-count). Hence in one slot a count is never below the key's true
+ * count and at most c_min above it, and c_min <= N / m for N events in
+ * the slot: below m distinct keys in a minute every count is exact.
+ * Reading merges the slots of a window: a key's estimate adds, for each
+ * slot whose counters were all in use and that no longer holds the key,
+ * that slot's c_min (what the key may have had there), so the estimate
+ * is never below the true count and at most the sum of the slots'
+ * c_min above it, which the read reports (N / m over the window at
+ * most).
+ *
+ * Writers touch the current minute's slot only; the first writer of a
+ * new minute empties the slot it reuses (the one of TB_TOPK_SLOTS
+ * minutes before). Times are wall-clock milliseconds (Unix time), so
+ * every process sees the same minutes. A clock that goes back keeps
+ * counting in the newest minute seen. */
+
+#define TB_TOPK_MAX_K 1000                /* k at most.                  */
+#define TB_TOPK_SLOTS 16                  /* Minutes kept.               */
+/* The key as shown: its sanitised form (tb_key_sanitize), after "ip:"
+ * for a client keyed by its address; NUL included. */
+#define TB_TOPK_KEY_LEN (TB_KEY_RAW_MAX + 4)
+
+typedef struct tb_topk tb_topk_t;
+
+/* Bytes for a block of k (1 .. TB_TOPK_MAX_K), 0 otherwise. */
+size_t tb_topk_size(int k);
+/* Initialise a block of tb_topk_size(k) bytes at mem (8-byte aligned):
+ * every slot empty. NULL on bad arguments. */
+tb_topk_t *tb_topk_init(void *mem, int k);
+/* The block's k and m (counters per sketch), 0 for NULL. */
+int tb_topk_k(const tb_topk_t *t);
+int tb_topk_counters(const tb_topk_t *t);
+
+/* What one decision is counted under: the key, the virtual host and the
+ * limit; the three together name a counter. Zero it, then fill it. */
+typedef struct tb_topk_item {
+    const char *key;        /* The client key as the host got it
+                             * (key_len bytes, untrusted, may hold NUL):
+                             * shown as tb_key_build stores it.        */
+    size_t key_len;
+    int ip;                 /* 1: a client keyed by its address (shown
+                             * as "ip:" + key).                        */
+    uint32_t vhost;         /* The host's number for a virtual host.    */
+    const char *limit;      /* The binding bucket: a name of at most
+                             * TB_NAME_MAX bytes (a route's), or NULL
+                             * for the main bucket ("default").        */
+    size_t limit_len;       /* strlen(limit) when the host knows it;
+                             * 0: measured here.                       */
+} tb_topk_item_t;
+
+/* Count one decision of item at now_ms, refused (1) or allowed (0).
+ * Thread- and process-safe; bounded time (a hash of the key, one lock,
+ * a short probe); nothing when t is NULL. */
+void tb_topk_note(tb_topk_t *t, const tb_topk_item_t *item, int refused,
+                  int64_t now_ms);
+
+/* One key of a window, as read. decisions and refusals are estimates:
+ * never below the true counts, at most their _err above them. allowed
+ * and refused are what the key's counters saw while they held the key:
+ * never above the true counts. */
+typedef struct tb_topk_entry {
+    char key[TB_TOPK_KEY_LEN];
+    char limit[TB_NAME_MAX + 1];  /* "default" or a route name.          */
+    uint32_t vhost;
+    uint64_t decisions, decisions_err;
+    uint64_t refusals, refusals_err;
+    uint64_t allowed, refused;
+    int64_t last_refusal_ms;      /* Wall clock; 0: none seen.           */
+} tb_topk_entry_t;
+
+/* What to read: a window and the two rankings wanted. */
+typedef struct tb_topk_query {
+    int minutes;                  /* The window: the minute of now_ms
+                                   * and this many before it (1: at
+                                   * least the last 60 s; 15).  1 ..
+                                   * TB_TOPK_SLOTS - 1.                 */
+    int64_t now_ms;
+    int n;                        /* Entries wanted per ranking, 0 .. k. */
+    tb_topk_entry_t *by_refusals; /* n entries, or NULL.                 */
+    tb_topk_entry_t *by_decisions;/* n entries, or NULL.                 */
+    void *scratch;                /* tb_topk_scratch_size(t, minutes)
+                                   * bytes, 8-byte aligned, the
+                                   * caller's.                           */
+} tb_topk_query_t;
+
+/* What a read found: the rankings' lengths and the window's totals. */
+typedef struct tb_topk_result {
+    int n_refusals, n_decisions;  /* Entries written.                    */
+    uint64_t decisions;           /* Decisions counted in the window.    */
+    uint64_t refusals;            /* Refusals counted in the window.     */
+    uint64_t decisions_bound;     /* The largest over-count of any key's */
+    uint64_t refusals_bound;      /* estimate (the slots' c_min summed). */
+} tb_topk_result_t;
+
+/* Scratch bytes a read of t over a window of `minutes` needs: about
+ * the memory of the window's slots (0 on bad arguments). */
+size_t tb_topk_scratch_size(const tb_topk_t *t, int minutes);
+
+/* Read q's window: the keys with the most refusals (those refused at
+ * least once while counted) and with the most decisions, largest first
+ * (ties by key). Locks each slot of the window in turn, only to copy
+ * it. TB_OK, or TB_ERR on bad arguments. */
+int tb_topk_read(tb_topk_t *t, const tb_topk_query_t *q,
+                 tb_topk_result_t *res);
+
 /* ==== The client: options ============================================ */
 
 typedef enum {

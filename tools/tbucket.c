@@ -12,6 +12,7 @@
  *                    [--policy fail|open|closed] [-q]
  *   tbucket inspect KEY [--capacity N --rate R [--cost C]] [--route NAME]
  *   tbucket reset KEY [--route NAME]
+ *   tbucket top URL [--once] [--interval DURATION]
  *
  * Common options: --url URL (redis://[user:password@]host[:port][/db],
  * rediss://... for TLS, unix:/path, redis-sentinel://... or
@@ -52,18 +53,37 @@
  * rejects (exit 75). The module's `local` policy needs memory that lives
  * longer than one process, so the tool refuses it.
  *
+ * `top` shows who is limited right now, as top(1) shows processes: the
+ * top keys of a server's status page (its JSON view, fetched over plain
+ * HTTP from URL, the page's address, every --interval) by refusals and by
+ * decisions over the last minute and the last fifteen, redrawn in place
+ * until `q` or Ctrl-C; --once prints one frame without escape codes and
+ * exits, for scripts. --timeout bounds each fetch. Every string from the
+ * server is shown with its control characters replaced, so a key cannot
+ * drive the terminal.
+ *
  * `inspect` reads the stored state without changing it (HMGET and PTTL)
  * and, given the limit, refills it to now with the pure tb_bucket_take()
  * arithmetic the module's script shares. "Now" is this host's wall clock
  * in milliseconds, while the script stamps buckets with Redis's TIME: on
  * another host, clock skew shows as age and refill.
  */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <termios.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tb.h"
 #include "tb_shim.h"
@@ -102,6 +122,8 @@ typedef struct tool {
     tool_policy_t policy;
     tb_algo_t algo;            /* TB_ALGO_TOKEN_BUCKET unless set.    */
     int quiet;
+    int once;                  /* top: one frame, then exit.         */
+    int interval_ms;           /* top: between frames, default 1000. */
 } tool_t;
 
 static void usage(FILE *f)
@@ -112,14 +134,15 @@ static void usage(FILE *f)
           "       tbucket inspect KEY [--capacity N --rate R [--cost C]]"
           " [--route NAME]\n"
           "       tbucket reset KEY [--route NAME]\n"
+          "       tbucket top URL [--once] [--interval DURATION]\n"
           "options: --url URL  --config FILE  --prefix STRING (rl:)\n"
           "         --timeout DURATION (1s)  --rule [in:|out:]NAME\n"
           "         --algorithm NAME (token-bucket)\n"
           "         --tls-ca FILE  --tls-cert FILE  --tls-key FILE\n"
           "         --tls-server-name NAME  --tls-verify on|off\n"
           "exit: 0 allowed/done, 64 usage, 65 cost > capacity,\n"
-          "      69 Redis unavailable, 75 rejected (retry later), "
-          "78 config\n", f);
+          "      69 Redis (top: the status page) unavailable,\n"
+          "      75 rejected (retry later), 78 config\n", f);
 }
 
 static int usage_error(const char *what, const char *detail)
@@ -242,7 +265,7 @@ enum {
     OPT_URL = 256, OPT_PREFIX, OPT_TIMEOUT, OPT_CONNECT_TIMEOUT, OPT_CONFIG,
     OPT_CAPACITY, OPT_RATE, OPT_COST, OPT_ROUTE, OPT_POLICY, OPT_RULE,
     OPT_ALGORITHM, OPT_TLS_CA, OPT_TLS_CERT, OPT_TLS_KEY,
-    OPT_TLS_SERVER_NAME, OPT_TLS_VERIFY
+    OPT_TLS_SERVER_NAME, OPT_TLS_VERIFY, OPT_ONCE, OPT_INTERVAL
 };
 
 static const struct option long_opts[] = {
@@ -263,6 +286,8 @@ static const struct option long_opts[] = {
     { "tls-key", required_argument, NULL, OPT_TLS_KEY },
     { "tls-server-name", required_argument, NULL, OPT_TLS_SERVER_NAME },
     { "tls-verify", required_argument, NULL, OPT_TLS_VERIFY },
+    { "once", no_argument, NULL, OPT_ONCE },
+    { "interval", required_argument, NULL, OPT_INTERVAL },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 }
@@ -378,6 +403,16 @@ static int set_option(tool_t *t, int c, const char *arg)
         t->tls.no_verify = strcmp(arg, "off") == 0;
         t->verify_set = 1;
         return 0;
+    case OPT_ONCE:
+        t->once = 1;
+        return 0;
+    case OPT_INTERVAL:
+        if (tb_parse_duration_ms(arg, &v, err, sizeof(err)) != TB_OK
+            || v < 100 || v > 3600000) {
+            return usage_error("--interval", "100ms..1h");
+        }
+        t->interval_ms = (int)v;
+        return 0;
     case 'q':
         t->quiet = 1;
         return 0;
@@ -395,6 +430,7 @@ static int parse_args(tool_t *t, int argc, char **argv)
     strcpy(t->url, TB_DEFAULT_URL);
     strcpy(t->prefix, "rl:");
     t->timeout_ms = DEFAULT_TIMEOUT_MS;
+    t->interval_ms = 1000;
     t->cost = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "+qh", long_opts, NULL)) != -1
@@ -440,7 +476,9 @@ static int parse_args(tool_t *t, int argc, char **argv)
         t->key = t->rule_key;
     }
     if (!t->key || !*t->key) {
-        return usage_error("a KEY is required", NULL);
+        return usage_error(strcmp(t->cmd, "top") == 0
+                           ? "top needs the status page's URL"
+                           : "a KEY is required", NULL);
     }
     return 0;
 }
@@ -684,6 +722,763 @@ static int cmd_reset(const tool_t *t)
     return 0;
 }
 
+/* ---- top: who is limited right now ---------------------------------- */
+
+#define TOP_BODY_MAX (16 * 1024 * 1024) /* Bytes of a status page, at most. */
+#define JSON_DEPTH 32
+
+/* An http:// URL taken apart: what connect and the request need. */
+typedef struct http_url {
+    char host[256];            /* For getaddrinfo: no brackets.       */
+    char hostport[300];        /* For the Host header, as written.    */
+    char port[8];
+    char path[1024];           /* Path and query, view=json added.    */
+} http_url_t;
+
+/* Parse "http://host[:port][/path][?query]" (an IPv6 host in brackets)
+ * and ask for the JSON view. 0, or -1 when it is not such a URL. */
+static int http_url_parse(const char *url, http_url_t *u)
+{
+    const char *p, *end, *slash, *colon;
+    size_t hl;
+
+    memset(u, 0, sizeof(*u));
+    if (strncmp(url, "http://", 7) != 0) {
+        return -1;
+    }
+    p = url + 7;
+    slash = strchr(p, '/');
+    end = slash ? slash : p + strlen(p);
+    if (end == p || (size_t)(end - p) >= sizeof(u->hostport)) {
+        return -1;
+    }
+    memcpy(u->hostport, p, (size_t)(end - p));
+    if (*p == '[') {
+        const char *rb = memchr(p, ']', (size_t)(end - p));
+
+        if (!rb) {
+            return -1;
+        }
+        hl = (size_t)(rb - p - 1);
+        memcpy(u->host, p + 1, hl < sizeof(u->host) ? hl : 0);
+        colon = rb + 1 < end && rb[1] == ':' ? rb + 1 : NULL;
+    }
+    else {
+        colon = memchr(p, ':', (size_t)(end - p));
+        hl = (size_t)((colon ? colon : end) - p);
+        if (hl >= sizeof(u->host)) {
+            return -1;
+        }
+        memcpy(u->host, p, hl);
+    }
+    if (!u->host[0]) {
+        return -1;
+    }
+    if (colon) {
+        size_t pl = (size_t)(end - colon - 1);
+
+        if (pl < 1 || pl >= sizeof(u->port)
+            || strspn(colon + 1, "0123456789") < pl) {
+            return -1;
+        }
+        memcpy(u->port, colon + 1, pl);
+    }
+    else {
+        strcpy(u->port, "80");
+    }
+    snprintf(u->path, sizeof(u->path), "%s%sview=json",
+             slash ? slash : "/", slash && strchr(slash, '?') ? "&" : "?");
+    /* Request bytes: no space, control character or non-ASCII. */
+    for (p = u->path; *p; p++) {
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int64_t mono_ms(void)
+{
+    return tb_clock_monotonic_us() / 1000;
+}
+
+/* Wait until fd is ready for events or the deadline passes: 1, 0 on
+ * timeout, -1 on error. */
+static int wait_fd(int fd, short events, int64_t deadline_ms)
+{
+    struct pollfd pfd;
+    int rc;
+
+    for (;;) {
+        int64_t left = deadline_ms - mono_ms();
+
+        if (left <= 0) {
+            return 0;
+        }
+        pfd.fd = fd;
+        pfd.events = events;
+        rc = poll(&pfd, 1, (int)left);
+        if (rc >= 0 || errno != EINTR) {
+            return rc > 0 ? 1 : rc;
+        }
+    }
+}
+
+/* A connected socket to u, or -1 with a message in err. */
+static int http_connect(const http_url_t *u, int64_t deadline_ms, char *err,
+                        size_t errlen)
+{
+    struct addrinfo hints, *ai = NULL, *a;
+    int fd = -1, rc, soerr;
+    socklen_t sl = sizeof(soerr);
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if ((rc = getaddrinfo(u->host, u->port, &hints, &ai)) != 0) {
+        snprintf(err, errlen, "%.100s: %s", u->host, gai_strerror(rc));
+        return -1;
+    }
+    snprintf(err, errlen, "%.100s:%s: no address", u->host, u->port);
+    for (a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
+                    a->ai_protocol);
+        if (fd < 0) {
+            continue;
+        }
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0
+            || (errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline_ms) > 0
+                && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0
+                && (errno = soerr) == 0)) {
+            break;
+        }
+        snprintf(err, errlen, "connect %.100s:%s: %s", u->host, u->port,
+                 errno == EINPROGRESS ? "timed out" : strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
+/* GET u's JSON view within timeout_ms: its body (malloc'd, NUL-ended),
+ * or NULL with a message in err. HTTP/1.0, so the body ends with the
+ * connection and is never chunked. */
+static char *http_get_json(const http_url_t *u, int timeout_ms, char *err,
+                           size_t errlen)
+{
+    int64_t deadline = mono_ms() + timeout_ms;
+    char req[1600], *buf = NULL, *body;
+    size_t len = 0, cap = 0, sent = 0, reqlen;
+    int fd = http_connect(u, deadline, err, errlen);
+    ssize_t n;
+
+    if (fd < 0) {
+        return NULL;
+    }
+    reqlen = (size_t)snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: "
+                              "%s\r\nAccept: application/json\r\n"
+                              "User-Agent: tbucket-top\r\n\r\n", u->path,
+                              u->hostport);
+    while (sent < reqlen) {
+        if (wait_fd(fd, POLLOUT, deadline) <= 0) {
+            snprintf(err, errlen, "sending the request timed out");
+            goto fail;
+        }
+        n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            snprintf(err, errlen, "send: %s", strerror(errno));
+            goto fail;
+        }
+        sent += n > 0 ? (size_t)n : 0;
+    }
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            char *nb;
+
+            if (cap >= TOP_BODY_MAX) {
+                snprintf(err, errlen, "the page is larger than %d bytes",
+                         TOP_BODY_MAX);
+                goto fail;
+            }
+            cap = cap ? 2 * cap : 131072;
+            if (!(nb = realloc(buf, cap))) {
+                snprintf(err, errlen, "out of memory");
+                goto fail;
+            }
+            buf = nb;
+        }
+        if (wait_fd(fd, POLLIN, deadline) <= 0) {
+            snprintf(err, errlen, "no full answer within %d ms", timeout_ms);
+            goto fail;
+        }
+        n = recv(fd, buf + len, cap - len - 1, 0);
+        if (n == 0) {
+            break;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            snprintf(err, errlen, "recv: %s", strerror(errno));
+            goto fail;
+        }
+        len += n > 0 ? (size_t)n : 0;
+    }
+    close(fd);
+    buf[len] = '\0';
+    if (strncmp(buf, "HTTP/1.", 7) != 0 || len < 12
+        || strncmp(buf + 9, "200", 3) != 0) {
+        snprintf(err, errlen, "the server answered %.40s",
+                 len ? strtok(buf, "\r\n") : "nothing");
+        free(buf);
+        return NULL;
+    }
+    if (!(body = strstr(buf, "\r\n\r\n"))) {
+        snprintf(err, errlen, "no end to the response's header");
+        free(buf);
+        return NULL;
+    }
+    memmove(buf, body + 4, len - (size_t)(body + 4 - buf) + 1);
+    return buf;
+
+fail:
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+/* ---- A small JSON reader: enough for the status page ---------------- */
+
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype_t;
+
+typedef struct jval {
+    jtype_t type;
+    double num;                /* J_NUM, J_BOOL (0 or 1).              */
+    char *str;                 /* J_STR: decoded; non-ASCII as '?'.    */
+    struct jval *items;        /* J_ARR and J_OBJ: n values.           */
+    char **keys;               /* J_OBJ: the n member names.           */
+    size_t n;
+} jval_t;
+
+typedef struct jparse {
+    const char *p;
+    int depth;
+} jparse_t;
+
+static void jfree(jval_t *v)
+{
+    size_t i;
+
+    for (i = 0; i < v->n; i++) {
+        jfree(&v->items[i]);
+        if (v->keys) {
+            free(v->keys[i]);
+        }
+    }
+    free(v->items);
+    free(v->keys);
+    free(v->str);
+    memset(v, 0, sizeof(*v));
+}
+
+static void jspace(jparse_t *j)
+{
+    while (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r') {
+        j->p++;
+    }
+}
+
+static int jvalue(jparse_t *j, jval_t *v);
+
+/* A string at j->p (after its opening quote) into *out. */
+static int jstring(jparse_t *j, char **out)
+{
+    const char *p = j->p;
+    size_t n = 0;
+    char *s;
+
+    /* Decoded, a string is never longer than its text. */
+    while (*p && *p != '"') {
+        p += *p == '\\' && p[1] ? 2 : 1;
+    }
+    if (*p != '"' || !(s = malloc((size_t)(p - j->p) + 1))) {
+        return -1;
+    }
+    for (p = j->p; *p != '"'; p++) {
+        if (*p != '\\') {
+            s[n++] = (unsigned char)*p < 0x80 ? *p : '?';
+            continue;
+        }
+        p++;
+        switch (*p) {
+        case 'n': s[n++] = '\n'; break;
+        case 't': s[n++] = '\t'; break;
+        case 'r': s[n++] = '\r'; break;
+        case 'b': s[n++] = '\b'; break;
+        case 'f': s[n++] = '\f'; break;
+        case 'u': {
+            unsigned c = 0;
+            int i;
+
+            for (i = 1; i <= 4 && isxdigit((unsigned char)p[i]); i++) {
+                c = c * 16 + (unsigned)(isdigit((unsigned char)p[i])
+                                        ? p[i] - '0'
+                                        : (tolower((unsigned char)p[i])
+                                           - 'a' + 10));
+            }
+            if (i != 5) {
+                free(s);
+                return -1;
+            }
+            s[n++] = c < 0x80 ? (char)c : '?';
+            p += 4;
+            break;
+        }
+        default: s[n++] = *p; break;
+        }
+    }
+    s[n] = '\0';
+    j->p = p + 1;
+    *out = s;
+    return 0;
+}
+
+/* A list of values (arr) or of "name": value members, after its opening
+ * bracket. */
+static int jlist(jparse_t *j, jval_t *v, int obj)
+{
+    char close = obj ? '}' : ']';
+    size_t cap = 0;
+
+    v->type = obj ? J_OBJ : J_ARR;
+    jspace(j);
+    if (*j->p == close) {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        if (v->n == cap) {
+            jval_t *ni;
+            char **nk = NULL;
+
+            cap = cap ? 2 * cap : 8;
+            ni = realloc(v->items, cap * sizeof(*ni));
+            if (ni) {
+                v->items = ni;
+            }
+            if (obj && ni) {
+                nk = realloc(v->keys, cap * sizeof(*nk));
+                if (nk) {
+                    v->keys = nk;
+                }
+            }
+            if (!ni || (obj && !nk)) {
+                return -1;
+            }
+        }
+        memset(&v->items[v->n], 0, sizeof(v->items[0]));
+        if (obj) {
+            jspace(j);
+            if (*j->p != '"') {
+                return -1;
+            }
+            j->p++;
+            if (jstring(j, &v->keys[v->n]) != 0) {
+                return -1;
+            }
+            jspace(j);
+            if (*j->p++ != ':') {
+                free(v->keys[v->n]);
+                return -1;
+            }
+        }
+        if (jvalue(j, &v->items[v->n]) != 0) {
+            if (obj) {
+                free(v->keys[v->n]);
+            }
+            jfree(&v->items[v->n]);
+            return -1;
+        }
+        v->n++;
+        jspace(j);
+        if (*j->p == ',') {
+            j->p++;
+            continue;
+        }
+        if (*j->p++ != close) {
+            return -1;
+        }
+        return 0;
+    }
+}
+
+static int jvalue(jparse_t *j, jval_t *v)
+{
+    char *end;
+    int rc;
+
+    jspace(j);
+    memset(v, 0, sizeof(*v));
+    switch (*j->p) {
+    case '{':
+    case '[':
+        if (++j->depth > JSON_DEPTH) {
+            return -1;
+        }
+        j->p++;
+        rc = jlist(j, v, j->p[-1] == '{');
+        j->depth--;
+        return rc;
+    case '"':
+        j->p++;
+        v->type = J_STR;
+        return jstring(j, &v->str);
+    case 't':
+    case 'f':
+    case 'n':
+        if (!strncmp(j->p, "true", 4) || !strncmp(j->p, "null", 4)) {
+            v->type = *j->p == 't' ? J_BOOL : J_NULL;
+            v->num = *j->p == 't';
+            j->p += 4;
+            return 0;
+        }
+        if (!strncmp(j->p, "false", 5)) {
+            v->type = J_BOOL;
+            j->p += 5;
+            return 0;
+        }
+        return -1;
+    default:
+        v->num = tb_strtod_c(j->p, &end);
+        if (end == j->p) {
+            return -1;
+        }
+        v->type = J_NUM;
+        j->p = end;
+        return 0;
+    }
+}
+
+/* Member name of object o, or NULL. */
+static const jval_t *jget(const jval_t *o, const char *name)
+{
+    size_t i;
+
+    for (i = 0; o && o->type == J_OBJ && i < o->n; i++) {
+        if (strcmp(o->keys[i], name) == 0) {
+            return &o->items[i];
+        }
+    }
+    return NULL;
+}
+
+static double jnum(const jval_t *o, const char *name)
+{
+    const jval_t *v = jget(o, name);
+
+    return v && v->type == J_NUM ? v->num : 0;
+}
+
+/* A string member with every control character shown as '?', so that
+ * nothing the server sends can drive the terminal; "-" when absent. */
+static const char *jtext(const jval_t *o, const char *name, char *buf,
+                         size_t len)
+{
+    const jval_t *v = jget(o, name);
+    size_t i;
+
+    if (!v || v->type != J_STR) {
+        return "-";
+    }
+    for (i = 0; v->str[i] && i + 1 < len; i++) {
+        unsigned char c = (unsigned char)v->str[i];
+
+        buf[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+    }
+    buf[i] = '\0';
+    return buf;
+}
+
+/* ---- Frames ----------------------------------------------------------- */
+
+/* The sum of tbucket_decisions_total's sample of outcome o. */
+static double outcome_total(const jval_t *page, const char *o)
+{
+    const jval_t *m = jget(page, "metrics");
+    size_t i, k;
+
+    for (i = 0; m && m->type == J_ARR && i < m->n; i++) {
+        const jval_t *f = &m->items[i];
+        const jval_t *name = jget(f, "name"), *s = jget(f, "samples");
+
+        if (!name || name->type != J_STR
+            || strcmp(name->str, "tbucket_decisions_total") != 0) {
+            continue;
+        }
+        for (k = 0; s && s->type == J_ARR && k < s->n; k++) {
+            const jval_t *l = jget(&s->items[k], "labels");
+            const jval_t *lo = jget(l, "outcome");
+
+            if (lo && lo->type == J_STR && strcmp(lo->str, o) == 0) {
+                return jnum(&s->items[k], "value");
+            }
+        }
+    }
+    return 0;
+}
+
+static void frame_time(double unix_s, char *buf, size_t len)
+{
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+
+    if (unix_s <= 0 || !gmtime_r(&t, &tm)) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    strftime(buf, len, "%H:%M:%S", &tm);
+}
+
+/* One ranking of one window, at most rows lines of entries. */
+static void frame_ranking(FILE *out, const jval_t *w, const char *which,
+                          int minutes, long rows)
+{
+    const jval_t *list = jget(w, which);
+    int by_ref = strcmp(which, "by_refusals") == 0;
+    size_t i;
+
+    fprintf(out, "\nLAST %d MINUTE%s, BY %s\n", minutes,
+            minutes == 1 ? "" : "S", by_ref ? "REFUSALS" : "DECISIONS");
+    fprintf(out, "%3s %9s %9s %9s %8s  %-12s %-20s %s\n", "#", "REFUSED",
+            "DECISIONS", "ALLOWED", "LAST", "LIMIT", "VHOST", "KEY");
+    for (i = 0; list && list->type == J_ARR && i < list->n
+                && (rows < 0 || (long)i < rows); i++) {
+        const jval_t *e = &list->items[i];
+        char key[TB_KEY_RAW_MAX + 8], lim[TB_NAME_MAX + 1], vh[200], at[16];
+
+        frame_time(jnum(e, "last_refusal"), at, sizeof(at));
+        fprintf(out, "%3zu %9.0f %9.0f %9.0f %8s  %-12s %-20s %s\n", i + 1,
+                jnum(e, "refusals"), jnum(e, "decisions"),
+                jnum(e, "allowed"), at, jtext(e, "limit", lim, sizeof(lim)),
+                jtext(e, "vhost", vh, sizeof(vh)),
+                jtext(e, "key", key, sizeof(key)));
+    }
+    if (!list || !list->n) {
+        fprintf(out, "    (none)\n");
+    }
+}
+
+/* One frame of `tbucket top` from a status page's JSON, into out. rows
+ * bounds each ranking's lines (-1: all of them). */
+static void frame(FILE *out, const char *url, const jval_t *page,
+                  const tool_t *t, long rows)
+{
+    static const char *const outcomes[] = {
+        "allowed", "rejected", "shadow-rejected", "fallback-open",
+        "fallback-closed", "fallback-local", "shed"
+    };
+    const jval_t *top = jget(page, "top"), *ws = jget(top, "windows");
+    char now[16];
+    size_t i, w;
+
+    frame_time((double)time(NULL), now, sizeof(now));
+    fprintf(out, "tbucket top - %s - %s UTC, every %d ms (q quits)\n", url,
+            now, t->interval_ms);
+    fprintf(out, "decisions since start:");
+    for (i = 0; i < sizeof(outcomes) / sizeof(outcomes[0]); i++) {
+        fprintf(out, " %s %.0f", outcomes[i], outcome_total(page, outcomes[i]));
+    }
+    fputc('\n', out);
+    if (!top || top->type != J_OBJ) {
+        fprintf(out, "top keys: off (TBucketTopKeys Off, or not a status "
+                     "page of mod_tbucket)\n");
+        return;
+    }
+    fprintf(out, "top keys: %.0f per ranking, %.0f counters, %.0f bytes; "
+                 "counts never below the truth\n", jnum(top, "k"),
+            jnum(top, "counters"), jnum(top, "memory_bytes"));
+    for (w = 0; ws && ws->type == J_ARR && w < ws->n; w++) {
+        const jval_t *win = &ws->items[w];
+        int minutes = (int)jnum(win, "minutes");
+
+        fprintf(out, "\nlast %d minute%s: %.0f decisions, %.0f refused; a "
+                     "count is over by at most %.0f (decisions), %.0f "
+                     "(refusals)\n", minutes, minutes == 1 ? "" : "s",
+                jnum(win, "decisions"), jnum(win, "refusals"),
+                jnum(win, "decisions_bound"), jnum(win, "refusals_bound"));
+        frame_ranking(out, win, "by_refusals", minutes, rows);
+        frame_ranking(out, win, "by_decisions", minutes, rows);
+    }
+}
+
+/* ---- The terminal ----------------------------------------------------- */
+
+static struct termios saved_tty;
+static int tty_raw;
+static volatile sig_atomic_t top_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    top_stop = 1;
+}
+
+static void tty_restore(void)
+{
+    if (tty_raw) {
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved_tty);
+        tty_raw = 0;
+    }
+}
+
+/* Keys one at a time, unechoed, while top runs on a terminal. */
+static void tty_keys(void)
+{
+    struct termios raw;
+
+    if (!isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &saved_tty) != 0) {
+        return;
+    }
+    raw = saved_tty;
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    if (tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0) {
+        tty_raw = 1;
+        atexit(tty_restore);
+    }
+}
+
+/* Wait up to ms for a key: 1 when it was q (or the input ended), else
+ * 0; Ctrl-C ends the wait through top_stop. */
+static int wait_quit(int ms)
+{
+    int64_t deadline = mono_ms() + ms;
+    struct pollfd pfd;
+    char c;
+
+    while (!top_stop) {
+        int64_t left = deadline - mono_ms();
+
+        if (left <= 0) {
+            return 0;
+        }
+        pfd.fd = STDIN_FILENO;
+        pfd.events = POLLIN;
+        if (poll(&pfd, 1, (int)left) > 0) {
+            ssize_t n = read(STDIN_FILENO, &c, 1);
+
+            if (n == 0 && !isatty(STDIN_FILENO)) {
+                /* No more input (stdin at end of file): just wait. */
+                usleep((useconds_t)(left > 0 ? left : 0) * 1000);
+                return 0;
+            }
+            if (n == 1 && (c == 'q' || c == 'Q')) {
+                return 1;
+            }
+        }
+    }
+    return 1;
+}
+
+/* The rows of the terminal, or -1 when it is not one. */
+static long tty_rows(void)
+{
+    struct winsize ws;
+
+    if (!isatty(STDOUT_FILENO) || ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0
+        || ws.ws_row == 0) {
+        return -1;
+    }
+    return ws.ws_row;
+}
+
+/* Fetch and parse one page: 0, or EXIT_UNAVAILABLE with the reason in
+ * err. */
+static int fetch_page(const tool_t *t, const http_url_t *u, jval_t *page,
+                      char *err, size_t errlen)
+{
+    char *body = http_get_json(u, t->timeout_ms, err, errlen);
+    jparse_t j;
+    int rc;
+
+    if (!body) {
+        return EXIT_UNAVAILABLE;
+    }
+    j.p = body;
+    j.depth = 0;
+    rc = jvalue(&j, page);
+    if (rc == 0) {
+        jspace(&j);
+    }
+    if (rc != 0 || *j.p || page->type != J_OBJ || !jget(page, "metrics")) {
+        snprintf(err, errlen, "not the JSON view of a tbucket-status page");
+        jfree(page);
+        free(body);
+        return EXIT_UNAVAILABLE;
+    }
+    free(body);
+    return 0;
+}
+
+/* tbucket top URL: one frame with --once (exit 0, or 69 when the page
+ * cannot be read), else a frame every interval until q or Ctrl-C. */
+static int cmd_top(const tool_t *t)
+{
+    http_url_t u;
+    char err[256];
+    jval_t page;
+    int rc;
+
+    if (http_url_parse(t->key, &u) != 0) {
+        return usage_error("top: expected http://HOST[:PORT]/PATH of a "
+                           "tbucket-status page", t->key);
+    }
+    if (t->once) {
+        if ((rc = fetch_page(t, &u, &page, err, sizeof(err))) != 0) {
+            fprintf(stderr, "tbucket: %s: %s\n", t->key, err);
+            return rc;
+        }
+        frame(stdout, t->key, &page, t, -1);
+        jfree(&page);
+        return 0;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    tty_keys();
+    while (!top_stop) {
+        long rows = tty_rows();
+        char *text = NULL;
+        size_t len = 0;
+        FILE *out = open_memstream(&text, &len);
+
+        if (!out) {
+            return EXIT_UNAVAILABLE;
+        }
+        if (fetch_page(t, &u, &page, err, sizeof(err)) == 0) {
+            /* Four rankings share the screen below seven lines of totals
+             * and four of headings each. */
+            frame(out, t->key, &page, t,
+                  rows < 0 ? -1 : rows > 40 ? (rows - 23) / 4 : 4);
+            jfree(&page);
+        }
+        else {
+            fprintf(out, "tbucket top - %s\n\nno page: %s (retrying every "
+                         "%d ms; q quits)\n", t->key, err, t->interval_ms);
+        }
+        fclose(out);
+        /* Home and clear, then the frame in one write. */
+        fputs("\033[H\033[2J", stdout);
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        free(text);
+        if (wait_quit(t->interval_ms)) {
+            break;
+        }
+    }
+    tty_restore();
+    fputc('\n', stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     tool_t t;
@@ -700,6 +1495,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(t.cmd, "reset") == 0) {
         return cmd_reset(&t);
+    }
+    if (strcmp(t.cmd, "top") == 0) {
+        return cmd_top(&t);
     }
     return usage_error("unknown command", t.cmd);
 }

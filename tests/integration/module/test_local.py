@@ -393,16 +393,17 @@ def make_dirs(a):
         a.write_file("htdocs/%s/ok.txt" % d, "ok\n")
 
 
-# Shedding by priority on a deliberately busy server (10 workers, 6 held
-# by slow requests: with the asking one, 7 of 10 busy): low (30%) and
-# normal (60%) are shed, high (90%) and critical served; with two held,
-# only low is.
+# Shedding by priority on a deliberately busy server (10 workers, 5 held
+# by slow requests: with the asking one, 6 of 10 busy): low (30%) and
+# normal (60%) are shed, high (90%) and critical served, with a margin of
+# three workers still logging earlier requests; with two held, only low
+# is.
 def test_module_151_01(apache_factory):
     a = apache_factory(mpm="prefork", servers=10)
     state = prepare(a)
     make_dirs(a)
     a.start(shed_body())
-    ex, futs = hold_busy(a, state, 6, 3)
+    ex, futs = hold_busy(a, state, 5, 3)
     try:
         got = {p: http_get(a.url("/%s/ok.txt" % p)).status_code
                for p in ("low", "high", "crit")}
@@ -416,7 +417,7 @@ def test_module_151_01(apache_factory):
         ex.shutdown(wait=True)
     # The held requests were normal and ran: shedding starts at the
     # threshold, it does not evict.
-    assert [f.result() for f in futs] == [200] * 6
+    assert [f.result() for f in futs] == [200] * 5
     ex, futs = hold_busy(a, state, 2, 3)
     try:
         assert http_get(a.url("/low/ok.txt")).status_code == 503
@@ -445,7 +446,7 @@ def test_module_151_02(apache_factory):
     state = prepare(a)
     make_dirs(a)
     a.start(shed_body())
-    ex, futs = hold_busy(a, state, 6, 3)
+    ex, futs = hold_busy(a, state, 5, 3)
     try:
         assert http_get(a.url("/ok.txt")).status_code == 503
         assert http_get(a.url("/ok.txt"),

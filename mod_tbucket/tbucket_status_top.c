@@ -1,0 +1,252 @@
+/* tbucket_status_top.c -- who is limited, on the status page: the top
+ * keys and the rules' decisions.
+ *
+ * The top keys are read once per page from the segment's heavy hitters
+ * (tb_topk_t, tbucket_shm.c; the figures' promises are in shared/tb.h),
+ * for two windows, the last minute and the last fifteen, each ranked by
+ * refusals and by decisions. The rankings go into the table beside its
+ * families (tbucket_metrics.top), since an entry carries more than a
+ * sample can: the 1-minute refusals also become the family
+ * tbucket_top_key_refusals, at most TBucketTopKeys series, so that
+ * Prometheus sees the same figures the HTML shows. Each rule (a section
+ * that sets TBucketLimit) gets its decisions by outcome, shadow-rejected
+ * beside rejected, which is what an operator reads before enforcing a
+ * shadow rule. Keys come from clients: every view escapes them (label
+ * values here, JSON strings below, HTML in tbucket_status_html.c).
+ */
+#include "apr_strings.h"
+
+#include <stdlib.h>
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_main.h"
+#include "http_protocol.h"
+
+#include "mod_tbucket.h"
+#include "tbucket_status.h"
+
+static const int top_minutes[TBUCKET_TOP_WINDOWS] = { 1, 15 };
+
+static tbucket_family *family(tbucket_metrics *t, const char *name,
+                              const char *type, const char *help)
+{
+    tbucket_family *f = apr_pcalloc(t->p, sizeof(*f));
+
+    f->name = name;
+    f->type = type;
+    f->help = help;
+    f->samples = apr_array_make(t->p, 8, sizeof(tbucket_sample));
+    APR_ARRAY_PUSH(t->families, tbucket_family *) = f;
+    return f;
+}
+
+static void sample(tbucket_family *f, const tbucket_labels *l, uint64_t v)
+{
+    tbucket_sample *s = apr_array_push(f->samples);
+
+    memset(s, 0, sizeof(*s));
+    s->suffix = "";
+    if (l) {
+        s->labels = *l;
+    }
+    s->value = v;
+}
+
+/* The K this configuration shows: its TBucketTopKeys, at most the K the
+ * table was made with; 0 when off. */
+static int shown_k(tb_topk_t *table)
+{
+    const tbucket_srv_conf *sc = ap_get_module_config(
+        ap_server_conf->module_config, &tbucket_module);
+    int k = sc->top_k < 0 ? TBUCKET_DEFAULT_TOP_K : sc->top_k;
+
+    return k < tb_topk_k(table) ? k : tb_topk_k(table);
+}
+
+/* Read both windows into t->top; NULL when off or on a failed read. */
+static tbucket_top *read_top(apr_pool_t *p, apr_time_t now)
+{
+    tb_topk_t *table = tbucket_top_table();
+    int k = shown_k(table), i, rc;
+    tbucket_top *top;
+
+    if (k <= 0) {
+        return NULL;
+    }
+    top = apr_pcalloc(p, sizeof(*top));
+    top->k = k;
+    top->counters = tb_topk_counters(table);
+    top->bytes = tbucket_top_bytes();
+    for (i = 0; i < TBUCKET_TOP_WINDOWS; i++) {
+        tbucket_top_window *w = &top->w[i];
+        tb_topk_query_t q;
+
+        memset(&q, 0, sizeof(q));
+        q.minutes = w->minutes = top_minutes[i];
+        q.now_ms = (int64_t)apr_time_as_msec(now);
+        q.n = k;
+        q.by_refusals = w->by_refusals =
+            apr_palloc(p, k * sizeof(tb_topk_entry_t));
+        q.by_decisions = w->by_decisions =
+            apr_palloc(p, k * sizeof(tb_topk_entry_t));
+        /* malloc, not the request's pool: the 15-minute read of a large
+         * K takes megabytes (17 MB for K = 200), which a pool would keep
+         * for the child's next requests. */
+        q.scratch = malloc(tb_topk_scratch_size(table, q.minutes));
+        rc = q.scratch ? tb_topk_read(table, &q, &w->res) : TB_ERR;
+        free(q.scratch);
+        if (rc != TB_OK) {
+            return NULL;
+        }
+    }
+    return top;
+}
+
+/* The labels of an entry: its virtual host, limit and key. */
+static tbucket_labels entry_labels(const tbucket_metrics *t,
+                                   const tb_topk_entry_t *e)
+{
+    tbucket_labels l = tbucket_labels_with(NULL, "vhost",
+                                           tbucket_vhost_of(t, e->vhost));
+
+    l = tbucket_labels_with(&l, "limit", e->limit);
+    return tbucket_labels_with(&l, "key", e->key);
+}
+
+static void collect_keys(tbucket_metrics *t, apr_time_t now)
+{
+    tbucket_family *f[4];
+    const tbucket_top_window *w;
+    int i;
+
+    t->top = read_top(t->p, now);
+    f[0] = family(t, "tbucket_top_keys_max", "gauge",
+                  "TBucketTopKeys: keys ranked by refusals and by "
+                  "decisions (0: off).");
+    f[1] = family(t, "tbucket_top_keys_counters", "gauge",
+                  "Counters of each top-keys sketch (8 per key shown, at "
+                  "least 64): a key's count is over by at most the "
+                  "decisions of its window divided by this.");
+    f[2] = family(t, "tbucket_top_keys_memory_bytes", "gauge",
+                  "Shared memory of the top keys: 16 minutes of sketches.");
+    f[3] = family(t, "tbucket_top_key_refusals", "gauge",
+                  "Refusals of a key in the last minute (this minute and "
+                  "the one before), the keys with the most: an estimate, "
+                  "never below the true count.");
+    sample(f[0], NULL, t->top ? (uint64_t)t->top->k : 0);
+    sample(f[1], NULL, t->top ? (uint64_t)t->top->counters : 0);
+    sample(f[2], NULL, t->top ? (uint64_t)t->top->bytes : 0);
+    if (!t->top) {
+        return;
+    }
+    w = &t->top->w[0];
+    for (i = 0; i < w->res.n_refusals; i++) {
+        tbucket_labels l = entry_labels(t, &w->by_refusals[i]);
+
+        sample(f[3], &l, w->by_refusals[i].refusals);
+    }
+}
+
+/* Each rule's decisions by outcome; local protection's sheds are not a
+ * rule's doing and are left out. */
+static void collect_rules(tbucket_metrics *t)
+{
+    apr_array_header_t *views = tbucket_shm_rule_views(t->p);
+    tbucket_family *f = family(t, "tbucket_rule_decisions_total", "counter",
+                               "Decisions of each rule (a section that "
+                               "sets TBucketLimit) by outcome: "
+                               "shadow-rejected are the refusals a shadow "
+                               "rule would make if enforced.");
+    int i, o;
+
+    for (i = 0; i < views->nelts; i++) {
+        const tbucket_rule_view *v = &APR_ARRAY_IDX(views, i,
+                                                    tbucket_rule_view);
+        tbucket_labels r = tbucket_labels_with(NULL, "rule", v->name), l;
+
+        for (o = 0; o < TBUCKET_OUTCOMES; o++) {
+            if (o == TBUCKET_OUT_SHED) {
+                continue;
+            }
+            l = tbucket_labels_with(&r, "outcome", tbucket_outcome_names[o]);
+            sample(f, &l, v->outcome[o]);
+        }
+    }
+}
+
+void tbucket_collect_top(tbucket_metrics *t, apr_time_t now)
+{
+    collect_keys(t, now);
+    collect_rules(t);
+}
+
+/* ---- The JSON view's "top" ------------------------------------------- */
+
+/* Milliseconds of the wall clock as Unix seconds with three decimals, or
+ * null for none. */
+static const char *json_time(apr_pool_t *p, int64_t ms)
+{
+    if (ms <= 0) {
+        return "null";
+    }
+    return apr_psprintf(p, "%" APR_INT64_T_FMT ".%03d", ms / 1000,
+                        (int)(ms % 1000));
+}
+
+static void json_entries(request_rec *r, const tbucket_metrics *t,
+                         const char *name, const tb_topk_entry_t *e, int n)
+{
+    int i;
+
+    ap_rprintf(r, ",\"%s\":[", name);
+    for (i = 0; i < n; i++) {
+        ap_rprintf(r, "%s{\"key\":\"%s\",\"vhost\":\"%s\",\"limit\":\"%s\","
+                   "\"decisions\":%" APR_UINT64_T_FMT ",\"decisions_err\":%"
+                   APR_UINT64_T_FMT ",\"refusals\":%" APR_UINT64_T_FMT
+                   ",\"refusals_err\":%" APR_UINT64_T_FMT ",\"allowed\":%"
+                   APR_UINT64_T_FMT ",\"refused\":%" APR_UINT64_T_FMT
+                   ",\"last_refusal\":%s}", i ? "," : "",
+                   tbucket_json_esc(r->pool, e[i].key),
+                   tbucket_json_esc(r->pool, tbucket_vhost_of(t, e[i].vhost)),
+                   tbucket_json_esc(r->pool, e[i].limit),
+                   (apr_uint64_t)e[i].decisions,
+                   (apr_uint64_t)e[i].decisions_err,
+                   (apr_uint64_t)e[i].refusals,
+                   (apr_uint64_t)e[i].refusals_err,
+                   (apr_uint64_t)e[i].allowed, (apr_uint64_t)e[i].refused,
+                   json_time(r->pool, e[i].last_refusal_ms));
+    }
+    ap_rputs("]", r);
+}
+
+void tbucket_top_json(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_top *top = t->top;
+    int i;
+
+    if (!top) {
+        ap_rputs(",\"top\":null", r);
+        return;
+    }
+    ap_rprintf(r, ",\"top\":{\"k\":%d,\"counters\":%d,\"memory_bytes\":%"
+               APR_SIZE_T_FMT ",\"windows\":[", top->k, top->counters,
+               top->bytes);
+    for (i = 0; i < TBUCKET_TOP_WINDOWS; i++) {
+        const tbucket_top_window *w = &top->w[i];
+
+        ap_rprintf(r, "%s{\"minutes\":%d,\"decisions\":%" APR_UINT64_T_FMT
+                   ",\"refusals\":%" APR_UINT64_T_FMT ",\"decisions_bound\":%"
+                   APR_UINT64_T_FMT ",\"refusals_bound\":%" APR_UINT64_T_FMT,
+                   i ? "," : "", w->minutes,
+                   (apr_uint64_t)w->res.decisions,
+                   (apr_uint64_t)w->res.refusals,
+                   (apr_uint64_t)w->res.decisions_bound,
+                   (apr_uint64_t)w->res.refusals_bound);
+        json_entries(r, t, "by_refusals", w->by_refusals, w->res.n_refusals);
+        json_entries(r, t, "by_decisions", w->by_decisions,
+                     w->res.n_decisions);
+        ap_rputs("}", r);
+    }
+    ap_rputs("]}", r);
+}
