@@ -76,8 +76,12 @@ def run(build, requests, repeats):
     try:
         r = rd.client(socket_timeout=60)
         assert r.script_load(text) == sha
+        # HSET of a bucket's two fields, a native command alone: what
+        # writing the state costs Redis on the same keys, the floor under
+        # either engine (which also read it and set its expiry).
         engines = (("script", "evalsha", ["EVALSHA", sha, "1"]),
-                   ("module", "tbucket.bucket", ["tbucket.bucket", "1"]))
+                   ("module", "tbucket.bucket", ["tbucket.bucket", "1"]),
+                   ("hset", "hset", ["HSET"]))
         for keys, keyspace in (("one key", 0), ("distinct keys", 100000)):
             runs = {name: [] for name, _, _ in engines}
             # Interleaved repeats, the median kept: other work on the
@@ -88,8 +92,10 @@ def run(build, requests, repeats):
                     r.flushall()
                     r.config_resetstat()
                     cpu0 = cpu_seconds(rd.proc.pid)
-                    rps = bench(rd.port, head + [key] + ARGS[keyspace],
-                                requests, keyspace)
+                    args = (["tokens", "99.5", "ts", "1700000000000"]
+                            if name == "hset" else ARGS[keyspace])
+                    rps = bench(rd.port, head + [key] + args, requests,
+                                keyspace)
                     cpu = cpu_seconds(rd.proc.pid) - cpu0
                     st = r.info("commandstats")["cmdstat_" + stat]
                     runs[name].append({
@@ -128,12 +134,16 @@ def report(rows, out):
                  and x["keys"] == keys)
         m = next(x for x in rows if x["engine"] == "module"
                  and x["keys"] == keys)
+        h = next(x for x in rows if x["engine"] == "hset"
+                 and x["keys"] == keys)
         ratio = m["usec_per_call"] / s["usec_per_call"]
         gain = m["per_core"] / s["per_core"] if s["per_core"] else 0
         print("%s: module/script usec_per_call %.3f (target <= 0.1: %s); "
-              "decisions per core x%.1f (target >= 5: %s)" % (
+              "decisions per core x%.1f (target >= 5: %s); a native HSET "
+              "alone costs %.2f us, module/HSET %.2f" % (
                   keys, ratio, "met" if ratio <= 0.1 else "MISSED", gain,
-                  "met" if gain >= 5 else "MISSED"))
+                  "met" if gain >= 5 else "MISSED", h["usec_per_call"],
+                  m["usec_per_call"] / h["usec_per_call"]))
 
 
 def main():

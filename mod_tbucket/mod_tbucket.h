@@ -296,6 +296,8 @@ typedef struct tbucket_srv_conf {
      * dropped; NULL for a plaintext URL. Freed with the config pool. */
     tb_tls_options_t tls;
     tb_tls_t *tls_ctx;
+    int engine;                       /* A tb_engine_t (engine= of the
+                                       * TBucketRedis line).            */
     unsigned int set;                 /* TBUCKET_SET_* bits.            */
 
     /* Filled in post_config (parent) and child_init (child). */

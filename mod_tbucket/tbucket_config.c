@@ -338,6 +338,50 @@ static const char *make_tls(cmd_parms *cmd, tbucket_srv_conf *sc,
     return NULL;
 }
 
+/* One name=value option of TBucketRedis into sc: NULL, or what is
+ * wrong; *known is 0 when name is no option of it. */
+static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
+                                const char *name, const char *value,
+                                int *known)
+{
+    const char *msg;
+    char err[160];
+    int64_t n;
+    int e;
+
+    *known = 1;
+    if (tls_option(cmd, sc, name, value, &msg)) {
+        return msg;
+    }
+    if (!strcmp(name, "timeout") || !strcmp(name, "connect_timeout")) {
+        int timeout = name[0] == 't';
+
+        sc->set |= timeout ? TBUCKET_SET_TIMEOUT
+                           : TBUCKET_SET_CONNECT_TIMEOUT;
+        return parse_ms(cmd, name, value, timeout ? &sc->timeout_ms
+                                                  : &sc->connect_timeout_ms);
+    }
+    if (!strcmp(name, "pool")) {
+        if (tb_parse_int(value, 1, 1024, &n, err, sizeof(err)) != TB_OK) {
+            return bad_value(cmd, "pool", value, err);
+        }
+        sc->pool_size = (int)n;
+        sc->set |= TBUCKET_SET_POOL;
+        return NULL;
+    }
+    if (!strcmp(name, "engine")) {
+        if ((e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, value, 1))
+            < 0) {
+            return bad_value(cmd, "engine", value,
+                             "expected auto, script or module");
+        }
+        sc->engine = e;
+        return NULL;
+    }
+    *known = 0;
+    return NULL;
+}
+
 static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
@@ -345,7 +389,7 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
     const char *word, *value, *msg;
     tb_redis_addr_t addr;
     char err[160];
-    int64_t n;
+    int known;
 
     (void)dummy;
     if (!*url) {
@@ -357,42 +401,22 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
     }
     sc->url = apr_pstrdup(cmd->pool, url);
     sc->set |= TBUCKET_SET_URL;
-    /* The TLS settings belong to this line's URL alone. */
+    /* The TLS settings and the engine belong to this line's URL alone. */
     memset(&sc->tls, 0, sizeof(sc->tls));
     sc->tls_ctx = NULL;
+    sc->engine = TB_ENGINE_AUTO;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
-        if (name && tls_option(cmd, sc, name, value, &msg)) {
-            if (msg) {
-                return msg;
-            }
+        msg = name ? redis_option(cmd, sc, name, value, &known) : NULL;
+        if (msg) {
+            return msg;
         }
-        else if (name && !strcmp(name, "timeout")) {
-            if ((msg = parse_ms(cmd, "timeout", value, &sc->timeout_ms))) {
-                return msg;
-            }
-            sc->set |= TBUCKET_SET_TIMEOUT;
-        }
-        else if (name && !strcmp(name, "connect_timeout")) {
-            if ((msg = parse_ms(cmd, "connect_timeout", value,
-                                &sc->connect_timeout_ms))) {
-                return msg;
-            }
-            sc->set |= TBUCKET_SET_CONNECT_TIMEOUT;
-        }
-        else if (name && !strcmp(name, "pool")) {
-            if (tb_parse_int(value, 1, 1024, &n, err, sizeof(err))
-                != TB_OK) {
-                return bad_value(cmd, "pool", value, err);
-            }
-            sc->pool_size = (int)n;
-            sc->set |= TBUCKET_SET_POOL;
-        }
-        else {
+        if (!name || !known) {
             return apr_psprintf(cmd->pool, "TBucketRedis: unknown option "
                                 "'%s' (expected timeout=MS, "
-                                "connect_timeout=MS, pool=N, tls_ca=FILE, "
+                                "connect_timeout=MS, pool=N, "
+                                "engine=auto|script|module, tls_ca=FILE, "
                                 "tls_cert=FILE, tls_key=FILE, "
                                 "tls_server_name=NAME or tls_verify=on|off)",
                                 word);
@@ -872,7 +896,7 @@ static const char *set_top_keys(cmd_parms *cmd, void *dummy,
 const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketRedis", set_redis, NULL, RSRC_CONF,
                      "Redis URL and options, e.g. redis://127.0.0.1:6379 "
-                     "timeout=50 connect_timeout=100 pool=4, or "
+                     "timeout=50 connect_timeout=100 pool=4 engine=auto, or "
                      "rediss://redis.example:6380 tls_ca=/etc/ssl/ca.pem"),
     AP_INIT_TAKE1("TBucketFailurePolicy", set_srv_scalar, (void *)&sc_policy, RSRC_CONF,
                   "What decides when Redis cannot: open, closed or local"),

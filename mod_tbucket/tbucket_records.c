@@ -63,6 +63,7 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(ipv6_bits, TBUCKET_SET_IPV6);
     TAKE(tls, TBUCKET_SET_URL);
     TAKE(tls_ctx, TBUCKET_SET_URL);
+    TAKE(engine, TBUCKET_SET_URL);
     TAKE(shed_min, TBUCKET_SET_SHED);
     TAKE(shed_retry_s, TBUCKET_SET_SHED_RETRY);
     TAKE(refusal_log, TBUCKET_SET_REFUSAL_LOG);
@@ -92,6 +93,7 @@ void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
     o->policy = (tb_policy_t)sc->policy;
     o->replicas = sc->replicas;
     o->tls = sc->tls;
+    o->engine = (tb_engine_t)sc->engine;
     o->tls_ctx = sc->tls_ctx;
 }
 

@@ -380,8 +380,8 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
                             const tbucket_labels *cl)
 {
     apr_array_header_t *list = process_clients(t->p);
-    tbucket_family *f[4];
-    int i, size, open, in_use;
+    tbucket_family *f[5];
+    int i, size, open, in_use, mixed;
 
     f[0] = fam_add(t, "tbucket_breaker_state", "gauge",
                    "Circuit breaker of the answering process: 0 closed, "
@@ -394,6 +394,11 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
     f[3] = fam_add(t, "tbucket_pool_connections_in_use", "gauge",
                    "Redis connections borrowed right now in the answering "
                    "process.");
+    f[4] = fam_add(t, "tbucket_redis_engine", "gauge",
+                   "How the answering process's connections ask Redis: "
+                   "engine=\"module\" (tbucket_redis.so) or \"script\" "
+                   "(EVALSHA), \"unknown\" before a connection says, "
+                   "\"mixed\" for a cluster whose nodes differ; always 1.");
     for (i = 0; i < list->nelts; i++) {
         tbucket_client *c = APR_ARRAY_IDX(list, i, tbucket_client *);
         const tbucket_labels *l = &cl[c->slot - seg->clients];
@@ -403,6 +408,15 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
         add(f[1], "", l, (uint64_t)size);
         add(f[2], "", l, (uint64_t)open);
         add(f[3], "", l, (uint64_t)in_use);
+        {
+            tb_engine_t e = tb_client_engine(c->tb, &mixed);
+            tbucket_labels el = tbucket_labels_with(
+                l, "engine", mixed ? "mixed"
+                             : e == TB_ENGINE_AUTO ? "unknown"
+                                                   : tb_engine_names[e]);
+
+            add(f[4], "", &el, 1);
+        }
     }
 }
 
@@ -419,6 +433,10 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
     collect_stat(t, seg, cl, "tbucket_redis_calls_total",
                  "Script calls sent to Redis.",
                  APR_OFFSETOF(tb_stats_t, redis_calls));
+    collect_stat(t, seg, cl, "tbucket_redis_module_calls_total",
+                 "Of the calls, those made to the Redis module "
+                 "(tbucket.*) instead of a script.",
+                 APR_OFFSETOF(tb_stats_t, module_calls));
     collect_stat(t, seg, cl, "tbucket_redis_batches_total",
                  "Writes to Redis: each carries one batch of script calls "
                  "(calls / batches is the mean batch size).",

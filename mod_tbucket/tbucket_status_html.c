@@ -385,6 +385,19 @@ static void html_last_failure(request_rec *r, const tbucket_metrics *t,
 }
 
 /* Everything about one Redis configuration (redacted URL and policy). */
+/* The engine the answering process's connections use, by name. */
+static void html_engine(request_rec *r, const tbucket_metrics *t,
+                        const tbucket_labels *cl)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_redis_engine");
+    const tbucket_sample *s = sample_find(f, "", cl);
+    const char *e = s ? label_get(&s->labels, "engine") : NULL;
+
+    ap_rprintf(r, "<tr><th>engine (answering process)</th>"
+               "<td class=\"n\" data-engine=\"%s\">%s</td></tr>",
+               h(r, e ? e : "-"), h(r, e ? e : "-"));
+}
+
 static void html_client(request_rec *r, const tbucket_metrics *t,
                         const tbucket_labels *cl)
 {
@@ -408,7 +421,10 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
              "", cl);
     ap_rputs("</table></div><div><h3>Calls (all children)</h3>"
              "<table class=\"kv\">", r);
-    html_fig(r, t, "script calls", "tbucket_redis_calls_total", "", cl);
+    html_fig(r, t, "calls", "tbucket_redis_calls_total", "", cl);
+    html_fig(r, t, "of which to the Redis module",
+             "tbucket_redis_module_calls_total", "", cl);
+    html_engine(r, t, cl);
     html_fig(r, t, "failed calls", "tbucket_redis_failures_total", "", cl);
     html_fig(r, t, "connections opened", "tbucket_redis_connects_total", "",
              cl);

@@ -361,6 +361,9 @@ typedef struct tb_stats {
     uint64_t redis_errors;      /* Failed calls, all kinds.           */
     uint64_t errors[TB_ERR_KINDS]; /* Failed calls by TB_ERR_* kind.  */
     uint64_t noscript_reloads;  /* NOSCRIPT answered, retried by EVAL.*/
+    uint64_t module_calls;      /* Of redis_calls, those made to the
+                                 * Redis module (tbucket.*) instead of
+                                 * a script.                          */
     uint64_t connects;          /* Connections opened.                */
     uint64_t breaker_opens;
     uint64_t breaker_closes;
@@ -705,6 +708,22 @@ tb_tls_t *tb_tls_create(const tb_tls_options_t *o, char *err,
                         size_t errlen);
 void tb_tls_free(tb_tls_t *t);
 
+/* How decisions are asked of Redis: the Lua scripts (EVALSHA, which
+ * any Redis runs, managed ones included), or the commands of the Redis
+ * module tbucket_redis.so (tbucket.bucket, ...: the same keys, state and
+ * replies, for a fraction of Redis's CPU). auto asks each server once
+ * per connection (COMMAND INFO) and uses the module where it is loaded;
+ * module requires it, and a server without it is a failed connection,
+ * answered by the failure policy. */
+typedef enum {
+    TB_ENGINE_AUTO = 0,
+    TB_ENGINE_SCRIPT = 1,
+    TB_ENGINE_MODULE = 2
+} tb_engine_t;
+#define TB_ENGINE_COUNT 3
+/* "auto", "script", "module", in tb_engine_t order. */
+extern const char *const tb_engine_names[TB_ENGINE_COUNT];
+
 /* Client options: a small value struct on the caller's stack. Call
  * tb_options_init() first for the defaults. */
 typedef struct tb_options {
@@ -748,6 +767,7 @@ typedef struct tb_options {
     int lease_owner;            /* The host's tag for where the
                                  * buckets live, kept with each lease
                                  * and handed back by tb_lease_drain.*/
+    tb_engine_t engine;         /* Default TB_ENGINE_AUTO.          */
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);
@@ -1026,6 +1046,12 @@ tb_breaker_state_t tb_client_breaker_state(tb_client_t *c);
 const tb_stats_t *tb_client_stats(tb_client_t *c);
 void tb_client_pool_usage(tb_client_t *c, int *size, int *open,
                           int *in_use);
+
+/* Which engine the client's connections use now, as far as they have
+ * been opened: TB_ENGINE_MODULE or TB_ENGINE_SCRIPT, or TB_ENGINE_AUTO
+ * while no connection has said (and for a cluster whose nodes differ:
+ * *mixed is then 1). */
+tb_engine_t tb_client_engine(tb_client_t *c, int *mixed);
 
 #ifdef __cplusplus
 }

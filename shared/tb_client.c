@@ -167,6 +167,9 @@ static const char *options_error(const tb_options_t *o)
     if (o->replicas < 1 || o->replicas > 100000) {
         return "replicas must be 1..100000";
     }
+    if ((unsigned)o->engine >= TB_ENGINE_COUNT) {
+        return "unknown engine";
+    }
     return NULL;
 }
 
@@ -189,6 +192,8 @@ static void redis_cfg(struct tb_client_priv *p, const tb_options_t *o,
     cfg->scripts.n = TB_ALGO_COUNT;
     cfg->scripts.text = p->script_text;
     cfg->scripts.sha1 = p->script_sha1;
+    cfg->scripts.module_cmd = tb_algo_module_commands;
+    cfg->engine = o->engine;
 }
 
 /* The breaker, the failure policy and the tables o gives p, or the local
@@ -788,6 +793,33 @@ tb_breaker_state_t tb_client_breaker_state(tb_client_t *c)
 const tb_stats_t *tb_client_stats(tb_client_t *c)
 {
     return c->priv->stats;
+}
+
+const char *const tb_engine_names[TB_ENGINE_COUNT] = {
+    "auto", "script", "module"
+};
+
+tb_engine_t tb_client_engine(tb_client_t *c, int *mixed)
+{
+    struct tb_client_priv *p = c->priv;
+    int yes, no;
+
+    *mixed = 0;
+    if (p->pool.cfg.engine == TB_ENGINE_SCRIPT) {
+        return TB_ENGINE_SCRIPT;
+    }
+    if (p->cluster) {
+        tb__cluster_module(p->cluster, &yes, &no);
+    }
+    else {
+        int m = __atomic_load_n(&p->pool.module, __ATOMIC_RELAXED);
+
+        yes = m == TB__MODULE_YES;
+        no = m == TB__MODULE_NO;
+    }
+    *mixed = yes && no;
+    return yes && !no ? TB_ENGINE_MODULE
+                      : no && !yes ? TB_ENGINE_SCRIPT : TB_ENGINE_AUTO;
 }
 
 void tb_client_pool_usage(tb_client_t *c, int *size, int *open, int *in_use)

@@ -784,6 +784,20 @@ static int load_scalars(loader_t *ld, const config_setting_t *root,
                                  "\"closed\" or \"local\"", str);
             }
         }
+        else if (strcmp(name, "engine") == 0) {
+            int e;
+
+            rc = get_string(ld, s, &str);
+            if (rc == TB_OK
+                && (e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT,
+                                      str, 0)) < 0) {
+                rc = fail(ld, s, "engine \"%s\" must be \"auto\", "
+                                 "\"script\" or \"module\"", str);
+            }
+            else if (rc == TB_OK) {
+                o->engine = (tb_engine_t)e;
+            }
+        }
         else if (strcmp(name, "breaker_threshold") == 0) {
             rc = get_int(ld, s, 1, 1000000, &v);
             o->breaker_threshold = (int)v;

@@ -29,7 +29,10 @@
  * take the prefix, capacity, rate, cost and fixed key of that shim rule,
  * so the tool shares the shim's bucket), --algorithm NAME (the module's
  * TBucketAlgorithm: token-bucket, the default, gcra, sliding-window,
- * fixed-window or sliding-log; take and reset only).
+ * fixed-window or sliding-log; take and reset only), --engine
+ * auto|script|module (how a take asks Redis: the scripts, or the Redis
+ * module tbucket_redis.so where it is loaded; the config file's engine
+ * unless given, else auto).
  *
  * KEY is the client key as the module sees it (the TBucketKey value, for
  * example an API key or a client IP). The Redis key is built by
@@ -121,6 +124,7 @@ typedef struct tool {
     double cost;               /* Tokens, default 1.                 */
     tool_policy_t policy;
     tb_algo_t algo;            /* TB_ALGO_TOKEN_BUCKET unless set.    */
+    int engine;                /* A tb_engine_t; -1 until set.       */
     int quiet;
     int once;                  /* top: one frame, then exit.         */
     int interval_ms;           /* top: between frames, default 1000. */
@@ -138,6 +142,7 @@ static void usage(FILE *f)
           "options: --url URL  --config FILE  --prefix STRING (rl:)\n"
           "         --timeout DURATION (1s)  --rule [in:|out:]NAME\n"
           "         --algorithm NAME (token-bucket)\n"
+          "         --engine auto|script|module (auto)\n"
           "         --tls-ca FILE  --tls-cert FILE  --tls-key FILE\n"
           "         --tls-server-name NAME  --tls-verify on|off\n"
           "exit: 0 allowed/done, 64 usage, 65 cost > capacity,\n"
@@ -213,6 +218,9 @@ static void config_tls(tool_t *t, const shim_conf_t *conf)
     if (!t->verify_set) {
         t->tls.no_verify = conf->opts.tls.no_verify;
     }
+    if (t->engine < 0) {
+        t->engine = (int)conf->opts.engine;
+    }
 }
 
 /* Read the Redis address and timeouts (and a rule) from a shim config
@@ -265,7 +273,8 @@ enum {
     OPT_URL = 256, OPT_PREFIX, OPT_TIMEOUT, OPT_CONNECT_TIMEOUT, OPT_CONFIG,
     OPT_CAPACITY, OPT_RATE, OPT_COST, OPT_ROUTE, OPT_POLICY, OPT_RULE,
     OPT_ALGORITHM, OPT_TLS_CA, OPT_TLS_CERT, OPT_TLS_KEY,
-    OPT_TLS_SERVER_NAME, OPT_TLS_VERIFY, OPT_ONCE, OPT_INTERVAL
+    OPT_TLS_SERVER_NAME, OPT_TLS_VERIFY, OPT_ONCE, OPT_INTERVAL,
+    OPT_ENGINE
 };
 
 static const struct option long_opts[] = {
@@ -281,6 +290,7 @@ static const struct option long_opts[] = {
     { "policy", required_argument, NULL, OPT_POLICY },
     { "rule", required_argument, NULL, OPT_RULE },
     { "algorithm", required_argument, NULL, OPT_ALGORITHM },
+    { "engine", required_argument, NULL, OPT_ENGINE },
     { "tls-ca", required_argument, NULL, OPT_TLS_CA },
     { "tls-cert", required_argument, NULL, OPT_TLS_CERT },
     { "tls-key", required_argument, NULL, OPT_TLS_KEY },
@@ -362,6 +372,12 @@ static int set_option(tool_t *t, int c, const char *arg)
         }
         t->route = arg;
         return 0;
+    case OPT_ENGINE:
+        t->engine = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, arg, 0);
+        if (t->engine < 0) {
+            return usage_error("--engine", "auto, script or module");
+        }
+        return 0;
     case OPT_POLICY:
         if (strcmp(arg, "fail") == 0) {
             t->policy = POLICY_FAIL;
@@ -431,6 +447,7 @@ static int parse_args(tool_t *t, int argc, char **argv)
     strcpy(t->prefix, "rl:");
     t->timeout_ms = DEFAULT_TIMEOUT_MS;
     t->interval_ms = 1000;
+    t->engine = -1;
     t->cost = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "+qh", long_opts, NULL)) != -1
@@ -499,6 +516,7 @@ static tb_client_t *connect_client(const tool_t *t, tb_policy_t pol)
     o.policy = pol;
     o.local_entries = 64;
     o.tls = t->tls;
+    o.engine = t->engine < 0 ? TB_ENGINE_AUTO : (tb_engine_t)t->engine;
     c = tb_client_create(&o, err, sizeof(err));
     if (!c) {
         fprintf(stderr, "tbucket: --url: %s\n", err);

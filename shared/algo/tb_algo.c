@@ -13,6 +13,13 @@ const char *const tb_algo_names[TB_ALGO_COUNT] = {
     "token-bucket", "gcra", "sliding-window", "fixed-window", "sliding-log"
 };
 
+/* The Redis module's commands (redismod/), one per script, taking the
+ * script's keys and arguments. */
+const char *const tb_algo_module_commands[TB_ALGO_COUNT] = {
+    "tbucket.bucket", "tbucket.gcra", "tbucket.swindow", "tbucket.fwindow",
+    "tbucket.slog"
+};
+
 /* Short, so that the longest key still fits TB_KEY_BUF. */
 static const char *const suffixes[TB_ALGO_COUNT] = {
     "", ":gcra", ":swin", ":fwin", ":slog"

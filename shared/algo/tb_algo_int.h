@@ -27,6 +27,9 @@
  * for an unknown algorithm. */
 const char *tb_algo_script_source(tb_algo_t a);
 const char *tb_algo_script_sha1(tb_algo_t a);
+/* The Redis module's command for each script (redismod/), in tb_algo_t
+ * order: the same keys, arguments and reply. */
+extern const char *const tb_algo_module_commands[TB_ALGO_COUNT];
 
 /* ---- The C twins of the scripts ------------------------------------ */
 

@@ -218,6 +218,21 @@ void tb__cluster_usage(tb__cluster_t *c, int *size, int *open, int *in_use)
     pthread_mutex_unlock(&c->mu);
 }
 
+void tb__cluster_module(tb__cluster_t *c, int *yes, int *no)
+{
+    int i;
+
+    *yes = *no = 0;
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->nnodes; i++) {
+        int m = __atomic_load_n(&c->nodes[i]->pool.module, __ATOMIC_RELAXED);
+
+        *yes += m == TB__MODULE_YES;
+        *no += m == TB__MODULE_NO;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ---- The map --------------------------------------------------------- */
 
 static void mark_stale(tb__cluster_t *c)

@@ -220,6 +220,7 @@ static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
     const tb_redis_addr_t *a = &p->cfg.addr;
     tb_redis_endpoint_t to;
     tb__conn_t *c;
+    int module = TB__MODULE_UNKNOWN;
 
     *gen = 0;
     snprintf(to.host, sizeof(to.host), "%s", a->host);
@@ -230,8 +231,8 @@ static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
     }
     c = tb__conn_open(to.host, to.port, a->path, p->cfg.tls,
                       tb__deadline_ms(p->cfg.connect_timeout_ms), e);
-    if (c && tb__setup(&p->cfg, c, tb__deadline_ms(p->cfg.timeout_ms), e)
-                 != TB_OK) {
+    if (c && tb__setup(&p->cfg, c, tb__deadline_ms(p->cfg.timeout_ms),
+                       &module, e) != TB_OK) {
         tb__conn_free(c);
         c = NULL;
     }
@@ -242,6 +243,9 @@ static tb__conn_t *connect_one(tb__pool_t *p, unsigned *gen, tb__error_t *e)
     }
     if (p->cfg.stats) {
         tb_stats_add(&p->cfg.stats->connects, 1);
+    }
+    if (module != TB__MODULE_UNKNOWN) {
+        __atomic_store_n(&p->module, module, __ATOMIC_RELAXED);
     }
     return c;
 }

@@ -4,7 +4,13 @@
  *
  * A script is called with EVALSHA; a NOSCRIPT reply (a flushed cache, a
  * restart, a failover) sends the text again as EVAL, which caches it
- * again: the settings' scripts say which text the digest names. A
+ * again: the settings' scripts say which text the digest names. Where
+ * the server has the Redis module (engine module, or auto and its
+ * connections' setup found it), the same call goes as the module's
+ * command instead, which takes the script's keys and arguments and
+ * answers its reply: EVALSHA's first two words become the command's
+ * name. An "unknown command" reply then (the module was unloaded) under
+ * auto sends the call again as EVALSHA, and later ones follow. A
  * script's reply is read as 4 to 6 integers; an ad-hoc command's is
  * handed back as it came. Error replies are errors, their text copied:
  * READONLY means the sentinels' primary was demoted, and MOVED, ASK,
@@ -171,6 +177,103 @@ static int noscript(tb__pool_t *p, const tb__redis_call_t *k,
     return rc;
 }
 
+/* The module's command for k's script, or NULL when k is to go as
+ * EVALSHA: engine script, or auto on a server whose connections have not
+ * found the module. */
+static const char *module_command(const tb__pool_t *p,
+                                  const tb__redis_call_t *k)
+{
+    const tb__scripts_t *sc = &p->cfg.scripts;
+    const tb__cmd_t *cmd = &k->cmd;
+    int i, m;
+
+    if (!k->script || !sc->module_cmd || cmd->argc < 2
+        || p->cfg.engine == TB_ENGINE_SCRIPT) {
+        return NULL;
+    }
+    m = __atomic_load_n(&p->module, __ATOMIC_RELAXED);
+    if (p->cfg.engine == TB_ENGINE_AUTO && m != TB__MODULE_YES) {
+        return NULL;
+    }
+    for (i = 0; i < sc->n; i++) {
+        if (cmd->argvlen[1] == 40 && memcmp(cmd->argv[1], sc->sha1[i], 40)
+                                         == 0) {
+            return sc->module_cmd[i];
+        }
+    }
+    return NULL;
+}
+
+/* The most words of a call sent to the module without allocating. */
+#define MODULE_ARGS 64
+
+/* k's script call as the module's command name: EVALSHA <sha> numkeys
+ * ... becomes name numkeys ... */
+static int module_call(tb__pool_t *p, const tb__redis_call_t *k,
+                       const char *name, redisReply **r, tb__error_t *e)
+{
+    const char *stack_av[MODULE_ARGS], **av = stack_av;
+    size_t stack_al[MODULE_ARGS], *al = stack_al, n;
+    tb__cmd_t mc;
+    int rc;
+
+    n = (size_t)k->cmd.argc - 1;
+    if (n > MODULE_ARGS) {
+        av = malloc(n * sizeof(*av));
+        al = malloc(n * sizeof(*al));
+        if (!av || !al) {
+            free(av == stack_av ? NULL : av);
+            free(al == stack_al ? NULL : al);
+            tb__set_error(e, TB_ERR_OOM, "%s: out of memory", name);
+            return TB_ERR;
+        }
+    }
+    memcpy(av, k->cmd.argv + 1, n * sizeof(*av));
+    memcpy(al, k->cmd.argvlen + 1, n * sizeof(*al));
+    av[0] = name;
+    al[0] = strlen(name);
+    mc.argc = (int)n;
+    mc.argv = av;
+    mc.argvlen = al;
+    rc = tb__pool_call(p, k->asking, &mc, r, e);
+    if (av != stack_av) {
+        free(av);
+        free(al);
+    }
+    if (rc == TB_OK && p->cfg.stats) {
+        tb_stats_add(&p->cfg.stats->module_calls, 1);
+    }
+    return rc;
+}
+
+/* Send k: as the module's command when the server has it, else as
+ * EVALSHA (and EVAL after NOSCRIPT). */
+static int send_call(tb__pool_t *p, const tb__redis_call_t *k,
+                     redisReply **r, tb__error_t *e)
+{
+    const char *name = module_command(p, k);
+
+    if (name) {
+        if (module_call(p, k, name, r, e) != TB_OK) {
+            return TB_ERR;
+        }
+        if (p->cfg.engine == TB_ENGINE_MODULE
+            || (*r)->type != REDIS_REPLY_ERROR
+            || strncmp((*r)->str, "ERR unknown command", 19) != 0) {
+            return TB_OK;
+        }
+        /* The module is gone from this server: its scripts answer, this
+         * call and the next ones, until a new connection finds it. */
+        __atomic_store_n(&p->module, TB__MODULE_NO, __ATOMIC_RELAXED);
+        tb__reply_free(*r);
+        *r = NULL;
+    }
+    if (tb__pool_call(p, k->asking, &k->cmd, r, e) != TB_OK) {
+        return TB_ERR;
+    }
+    return TB_OK;
+}
+
 int tb__redis_call(tb__pool_t *p, tb__redis_call_t *k, tb__error_t *e)
 {
     redisReply *r;
@@ -178,7 +281,7 @@ int tb__redis_call(tb__pool_t *p, tb__redis_call_t *k, tb__error_t *e)
 
     k->rd.kind = TB__REDIR_NONE;
     k->reply = NULL;
-    if (tb__pool_call(p, k->asking, &k->cmd, &r, e) != TB_OK) {
+    if (send_call(p, k, &r, e) != TB_OK) {
         return TB_ERR;
     }
     if (k->script && r->type == REDIS_REPLY_ERROR

@@ -141,7 +141,16 @@ typedef struct tb__scripts {
     int n;
     const char *const *text;
     const char *const *sha1;
+    const char *const *module_cmd; /* The Redis module's command that
+                                    * takes script i's keys and
+                                    * arguments ("tbucket.bucket").   */
 } tb__scripts_t;
+
+/* Whether a server has the Redis module, as its connections' setup
+ * found (a pool's, for one server). */
+#define TB__MODULE_UNKNOWN 0
+#define TB__MODULE_NO 1
+#define TB__MODULE_YES 2
 
 /* The settings of every connection a client makes, shared by its pool,
  * its Sentinel questions and each Cluster node's pool (which takes a
@@ -158,14 +167,18 @@ typedef struct tb__redis_cfg {
     tb_stats_t *stats;        /* Counters (connects, batches, NOSCRIPT
                                * reloads); not owned.                 */
     tb__scripts_t scripts;
+    int engine;               /* A tb_engine_t: how scripts are called.*/
 } tb__redis_cfg_t;
 
 /* ---- A new connection's handshake (tb_setup.c) --------------------- */
 
 /* Set up a new connection to cfg->addr: AUTH, SELECT, SCRIPT LOAD of
- * every script and, for Sentinel, ROLE, pipelined; by deadline. */
+ * every script, unless the engine is script COMMAND INFO of the module's
+ * first command (*module: TB__MODULE_YES or _NO) and, for Sentinel,
+ * ROLE, pipelined; by deadline. With engine module, a server without the
+ * module fails the setup. */
 int tb__setup(const tb__redis_cfg_t *cfg, tb__conn_t *c,
-              tb_monotime_us deadline, tb__error_t *e);
+              tb_monotime_us deadline, int *module, tb__error_t *e);
 
 /* ---- Sentinel: which primary (tb_sentinel.c) ----------------------- */
 
@@ -242,6 +255,10 @@ typedef struct tb__pool {
     tb__link_t *links;
     pid_t pid;                 /* Process that owns these sockets.    */
     tb__sentinel_t *sentinel;  /* Sentinel addresses only, else NULL. */
+    int module;                /* TB__MODULE_*: the server's, as the
+                                * last connection's setup found it, or
+                                * a call's "unknown command" reply.
+                                * Atomic: read without mu.            */
 } tb__pool_t;
 
 /* A pool for cfg (copied); connects nothing. TB_ERR when out of memory. */
@@ -324,6 +341,9 @@ void tb__cluster_after_fork(tb__cluster_t *c);
 /* Sums over the nodes' pools. */
 void tb__cluster_usage(tb__cluster_t *c, int *size, int *open,
                        int *in_use);
+/* Nodes whose connections found the Redis module (*yes) and found it
+ * missing (*no). */
+void tb__cluster_module(tb__cluster_t *c, int *yes, int *no);
 
 /* tb__redis_call() on the primary of key's slot, following MOVED and
  * ASK. key is one of the command's keys (all share a slot). */

@@ -1,12 +1,17 @@
 /* tb_setup.c -- what a new connection says first: AUTH, SELECT, SCRIPT
- * LOAD of every script and, for Sentinel, ROLE.
+ * LOAD of every script, whether the server has the Redis module and, for
+ * Sentinel, ROLE.
  *
  * The pool (tb_pool.c) sets up each connection it opens, once, before
  * its first command: every step is pipelined in one write and one read
  * of all the replies, so a connection costs one extra round trip and a
  * decision none. SCRIPT LOAD puts every script in the server's cache
  * (the digests are checked against the ones the settings carry), so the
- * first EVALSHA of each finds it. Sentinels name the primary a little
+ * first EVALSHA of each finds it; the scripts are loaded even where the
+ * module answers, so that falling back to them never meets NOSCRIPT.
+ * COMMAND INFO of the module's first command says whether this server
+ * has the module: an array for a known command, a nil for an unknown
+ * one (Redis 7). Sentinels name the primary a little
  * before and after it is one, so a Sentinel pool asks ROLE and refuses a
  * node that is not a primary (it would answer READONLY).
  */
@@ -18,7 +23,7 @@
 /* The commands of one setup, in the order they are sent. */
 typedef struct steps {
     tb__buf_t out;                 /* Their RESP, for one write.        */
-    const char *what[3 + TB__MAX_SCRIPTS]; /* Each one's name.          */
+    const char *what[4 + TB__MAX_SCRIPTS]; /* Each one's name.          */
     int n;
     int nauth;                     /* AUTH and SELECT come first.       */
 } steps_t;
@@ -82,6 +87,13 @@ static int build(const tb__redis_cfg_t *cfg, steps_t *st, tb__error_t *e)
         }
         rc |= add(st, "SCRIPT LOAD", 3, av);
     }
+    if (cfg->engine != TB_ENGINE_SCRIPT && cfg->scripts.module_cmd
+        && cfg->scripts.n > 0) {
+        av[0] = "COMMAND";
+        av[1] = "INFO";
+        av[2] = cfg->scripts.module_cmd[0];
+        rc |= add(st, "COMMAND INFO", 3, av);
+    }
     if (a->kind == TB_REDIS_SENTINEL) {
         av[0] = "ROLE";
         rc |= add(st, "ROLE", 1, av);
@@ -93,9 +105,18 @@ static int build(const tb__redis_cfg_t *cfg, steps_t *st, tb__error_t *e)
     return TB_OK;
 }
 
+/* COMMAND INFO's answer: the module's command is known (a non-empty
+ * array in the one-element array), or not (a nil there). */
+static int module_known(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ARRAY && r->elements == 1
+           && r->element[0]->type == REDIS_REPLY_ARRAY
+           && r->element[0]->elements > 0;
+}
+
 /* Judge reply i of the steps: TB_OK, or TB_ERR with *e. */
 static int check(const tb__redis_cfg_t *cfg, const steps_t *st, int i,
-                 const redisReply *r, tb__error_t *e)
+                 const redisReply *r, int *module, tb__error_t *e)
 {
     const char *what = st->what[i];
 
@@ -110,6 +131,17 @@ static int check(const tb__redis_cfg_t *cfg, const steps_t *st, int i,
         tb__set_error(e, TB_ERR_PROTOCOL,
                       "SCRIPT LOAD returned an unexpected digest");
         return TB_ERR;
+    }
+    if (strcmp(what, "COMMAND INFO") == 0) {
+        *module = module_known(r) ? TB__MODULE_YES : TB__MODULE_NO;
+        if (*module == TB__MODULE_NO && cfg->engine == TB_ENGINE_MODULE) {
+            tb__set_error(e, TB_ERR_REPLY, "engine=module, but this Redis "
+                          "has no %s: load tbucket_redis.so "
+                          "(loadmodule), or use engine=auto",
+                          cfg->scripts.module_cmd[0]);
+            return TB_ERR;
+        }
+        return TB_OK;
     }
     if (strcmp(what, "ROLE") == 0 && !role_is_master(r)) {
         tb__set_error(e, TB_ERR_REPLY, "the node the sentinels named "
@@ -136,11 +168,12 @@ static void read_failed(const tb__redis_cfg_t *cfg, const steps_t *st,
 }
 
 int tb__setup(const tb__redis_cfg_t *cfg, tb__conn_t *c,
-              tb_monotime_us deadline, tb__error_t *e)
+              tb_monotime_us deadline, int *module, tb__error_t *e)
 {
     steps_t st;
     int i, ok = TB_OK, rc;
 
+    *module = TB__MODULE_UNKNOWN;
     memset(&st, 0, sizeof(st));
     if (build(cfg, &st, e) != TB_OK) {
         tb__buf_free(&st.out);
@@ -158,7 +191,7 @@ int tb__setup(const tb__redis_cfg_t *cfg, tb__conn_t *c,
             return TB_ERR;
         }
         if (ok == TB_OK) {
-            ok = check(cfg, &st, i, r, e);
+            ok = check(cfg, &st, i, r, module, e);
         }
         tb__reply_free(r);
     }

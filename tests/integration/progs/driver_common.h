@@ -31,6 +31,15 @@ static int client_option(tb_options_t *o, int ch, const char *arg)
     case 'K': o->tls.key_file = arg; break;
     case 'N': o->tls.server_name = arg; break;
     case 'V': o->tls.no_verify = strcmp(arg, "off") == 0; break;
+    case 'E': {
+        int e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, arg, 0);
+
+        if (e < 0) {
+            return -1;
+        }
+        o->engine = (tb_engine_t)e;
+        break;
+    }
     default: return 0;
     }
     return 1;

@@ -12,6 +12,7 @@
  *             [--breaker-threshold N] [--breaker-cooldown MS]
  *             [--prefix P] [--tls-ca FILE] [--tls-cert FILE]
  *             [--tls-key FILE] [--tls-server-name NAME] [--tls-verify on|off]
+ *             [--engine auto|script|module]
  *
  * It prints "ok ready pid=N" once the client exists, or "error create:
  * MESSAGE" and exits 2 when the options are refused. Commands:
@@ -54,9 +55,12 @@
  *   release HANDLE    tb_client_release() of that slot: rc= err=
  *   key KEY [ROUTE]   the Redis key the client uses, hex-encoded
  *   slot KEY          tb_key_slot() of the raw bytes of KEY
- *   stats             every counter of tb_stats_t
+ *   stats             every counter of tb_stats_t (module_calls: the
+ *                     calls made to the Redis module's commands)
  *   breaker           the breaker state
  *   pool              pool size, open and in-use connections
+ *   engine            the engine the connections use now: engine= (auto
+ *                     while none has said) mixed=
  *   lasterr           the client's last error: kind= then its message
  *   locale NAME       setlocale(LC_ALL, NAME), as a host may do at any
  *                     time: point= the decimal point it brings. The
@@ -514,12 +518,12 @@ static void cmd_stats(tb_client_t *c)
            "batches=%llu redis_errors=%llu noscript_reloads=%llu connects=%llu "
            "breaker_opens=%llu breaker_closes=%llu breaker_skips=%llu "
            "fallback_open=%llu fallback_closed=%llu fallback_local=%llu "
-           "lat_sum_us=%llu",
+           "lat_sum_us=%llu module_calls=%llu",
            S(decisions), S(allowed), S(rejected), S(redis_calls),
            S(batches), S(redis_errors), S(noscript_reloads), S(connects),
            S(breaker_opens), S(breaker_closes), S(breaker_skips),
            S(fallback_open), S(fallback_closed), S(fallback_local),
-           S(lat_sum_us));
+           S(lat_sum_us), S(module_calls));
     for (k = 1; k < TB_ERR_KINDS; k++) {
         printf(" err_%s=%llu", tb_err_name(k), S(errors[k]));
     }
@@ -550,7 +554,7 @@ static void usage(void)
             "[--replicas N] [--breaker-threshold N] [--breaker-cooldown MS] "
             "[--prefix P] [--tls-ca FILE] [--tls-cert FILE] "
             "[--tls-key FILE] [--tls-server-name NAME] "
-            "[--tls-verify on|off]\n");
+            "[--tls-verify on|off] [--engine auto|script|module]\n");
     exit(2);
 }
 
@@ -571,6 +575,7 @@ int main(int argc, char **argv)
         {"tls-key", required_argument, NULL, 'K'},
         {"tls-server-name", required_argument, NULL, 'N'},
         {"tls-verify", required_argument, NULL, 'V'},
+        {"engine", required_argument, NULL, 'E'},
         {NULL, 0, NULL, 0},
     };
     tb_options_t o;
@@ -634,6 +639,12 @@ int main(int argc, char **argv)
         }
         else if (strcmp(av[0], "conc_at") == 0) {
             cmd_conc(c, av + 1, ac - 1, 1);
+        }
+        else if (strcmp(av[0], "engine") == 0) {
+            int mixed;
+            tb_engine_t e = tb_client_engine(c, &mixed);
+
+            printf("ok engine=%s mixed=%d\n", tb_engine_names[e], mixed);
         }
         else if (strcmp(av[0], "release") == 0) {
             cmd_release(c, av + 1, ac - 1);
