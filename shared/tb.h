@@ -1047,10 +1047,11 @@ const tb_stats_t *tb_client_stats(tb_client_t *c);
 void tb_client_pool_usage(tb_client_t *c, int *size, int *open,
                           int *in_use);
 
-/* Which engine the client's connections use now, as far as they have
+/* Which engine the client's connections use now. A forced engine
+ * (script, module) is itself. Under auto, as far as connections have
  * been opened: TB_ENGINE_MODULE or TB_ENGINE_SCRIPT, or TB_ENGINE_AUTO
- * while no connection has said (and for a cluster whose nodes differ:
- * *mixed is then 1). */
+ * while none has said, and for a cluster whose nodes differ (*mixed is
+ * then 1). */
 tb_engine_t tb_client_engine(tb_client_t *c, int *mixed);
 
 #ifdef __cplusplus

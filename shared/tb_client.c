@@ -805,8 +805,10 @@ tb_engine_t tb_client_engine(tb_client_t *c, int *mixed)
     int yes, no;
 
     *mixed = 0;
-    if (p->pool.cfg.engine == TB_ENGINE_SCRIPT) {
-        return TB_ENGINE_SCRIPT;
+    /* A forced engine is the one in use, or none: a server without the
+     * module refuses engine=module's connections. */
+    if (p->pool.cfg.engine != TB_ENGINE_AUTO) {
+        return (tb_engine_t)p->pool.cfg.engine;
     }
     if (p->cluster) {
         tb__cluster_module(p->cluster, &yes, &no);

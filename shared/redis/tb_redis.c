@@ -240,19 +240,17 @@ static int module_call(tb__pool_t *p, const tb__redis_call_t *k,
         free(av);
         free(al);
     }
-    if (rc == TB_OK && p->cfg.stats) {
-        tb_stats_add(&p->cfg.stats->module_calls, 1);
-    }
     return rc;
 }
 
-/* Send k: as the module's command when the server has it, else as
- * EVALSHA (and EVAL after NOSCRIPT). */
+/* Send k: as the module's command when the server has it (*by_module
+ * then 1), else as EVALSHA (and EVAL after NOSCRIPT). */
 static int send_call(tb__pool_t *p, const tb__redis_call_t *k,
-                     redisReply **r, tb__error_t *e)
+                     redisReply **r, int *by_module, tb__error_t *e)
 {
     const char *name = module_command(p, k);
 
+    *by_module = 0;
     if (name) {
         if (module_call(p, k, name, r, e) != TB_OK) {
             return TB_ERR;
@@ -260,6 +258,7 @@ static int send_call(tb__pool_t *p, const tb__redis_call_t *k,
         if (p->cfg.engine == TB_ENGINE_MODULE
             || (*r)->type != REDIS_REPLY_ERROR
             || strncmp((*r)->str, "ERR unknown command", 19) != 0) {
+            *by_module = 1;
             return TB_OK;
         }
         /* The module is gone from this server: its scripts answer, this
@@ -277,11 +276,11 @@ static int send_call(tb__pool_t *p, const tb__redis_call_t *k,
 int tb__redis_call(tb__pool_t *p, tb__redis_call_t *k, tb__error_t *e)
 {
     redisReply *r;
-    int rc;
+    int rc, by_module;
 
     k->rd.kind = TB__REDIR_NONE;
     k->reply = NULL;
-    if (send_call(p, k, &r, e) != TB_OK) {
+    if (send_call(p, k, &r, &by_module, e) != TB_OK) {
         return TB_ERR;
     }
     if (k->script && r->type == REDIS_REPLY_ERROR
@@ -300,6 +299,11 @@ int tb__redis_call(tb__pool_t *p, tb__redis_call_t *k, tb__error_t *e)
     else {
         k->reply = r;
         return TB_OK;
+    }
+    /* Counted where the call ended: a redirected one is sent again to
+     * another node, and counted there. */
+    if (by_module && k->rd.kind == TB__REDIR_NONE && p->cfg.stats) {
+        tb_stats_add(&p->cfg.stats->module_calls, 1);
     }
     tb__reply_free(r);
     return rc;

@@ -3,19 +3,38 @@
 Real servers only: redis-server as primary, replica, sentinel
 (`redis-server sentinel.conf --sentinel`, on a writable copy it rewrites)
 and cluster node (`--cluster-enabled yes`, joined with `redis-cli --cluster
-create`). Every port is a free loopback port, every process is stopped by
-PID at teardown, and every wait is bounded.
+create`), each optionally loading the Redis module (module=PATH: a
+`loadmodule` line in every redis-server's config, sentinels aside). Every
+port is a free loopback port, every process is stopped by PID at
+teardown, and every wait is bounded.
 """
 import os
 import signal
 import subprocess
 import time
 
+from tbtest.core import keyslot, redis_key
 from tbtest.env import (REDIS_SERVER, Redis, free_port, require, stop_pid,
                         wait_port)
+from tbtest.redismod import sanitizer_runtimes
 
 REDIS_CLI = "/usr/bin/redis-cli"
 MASTER = "mymaster"
+
+
+def load_module(redis, so):
+    """Make redis (a tbtest.env.Redis not yet started) load the Redis
+    module so; a sanitizer build's runtimes are preloaded into that
+    redis-server only, as tbtest.redismod.ModRedis does."""
+    redis.extra.append("loadmodule %s" % so)
+    libs = sanitizer_runtimes(so)
+    if libs:
+        redis.prefix = ["env", "LD_PRELOAD=" + " ".join(libs),
+                        "ASAN_OPTIONS=detect_leaks=0:log_path=%s/asan"
+                        % redis.dir,
+                        "UBSAN_OPTIONS=print_stacktrace=1:log_path=%s/ubsan"
+                        % redis.dir] + list(redis.prefix)
+    return redis
 
 
 def bounded(pred, timeout, step=0.05, what="condition"):
@@ -80,12 +99,18 @@ class Sentinel:
 
 
 class SentinelRig:
-    """A primary, one replica and three sentinels (quorum 2)."""
+    """A primary, one replica and three sentinels (quorum 2); with
+    module=PATH both redis-servers load the Redis module, but those named
+    in without_module ("primary", "replica")."""
 
-    def __init__(self, tmp_path, down_after_ms=1000):
+    def __init__(self, tmp_path, down_after_ms=1000, module=None,
+                 without_module=()):
         require(REDIS_SERVER, "redis-server")
         self.primary = Redis(tmp_path / "primary")
         self.replica = Redis(tmp_path / "replica")
+        for name in ("primary", "replica"):
+            if module and name not in without_module:
+                load_module(getattr(self, name), module)
         self.sentinels = []
         self.tmp = tmp_path
         self.down_after_ms = down_after_ms
@@ -161,15 +186,20 @@ class ClusterNode(Redis):
 
 
 class ClusterRig:
-    """N primaries (and as many replicas with replicas=1)."""
+    """N primaries (and as many replicas with replicas=1); with
+    module=PATH every node loads the Redis module, but those whose index
+    in nodes is in without_module."""
 
     def __init__(self, tmp_path, primaries=3, replicas=0,
-                 node_timeout_ms=2000):
+                 node_timeout_ms=2000, module=None, without_module=()):
         require(REDIS_SERVER, "redis-server")
         require(REDIS_CLI, "redis-tools")
         self.nodes = [ClusterNode(tmp_path / ("node%d" % i), node_timeout_ms)
                       for i in range(primaries * (1 + replicas))]
         self.replicas = replicas
+        for i, n in enumerate(self.nodes):
+            if module and i not in without_module:
+                load_module(n, module)
 
     def start(self):
         for n in self.nodes:
@@ -216,6 +246,25 @@ class ClusterRig:
                 return p
         return None
 
+    def key_on(self, port, prefix="k", tb_prefix="tb:"):
+        """A client key whose bucket (tb_prefix{key}) the primary on port
+        owns."""
+        owners = self.slots()
+        for i in range(20000):
+            k = "%s%d" % (prefix, i)
+            slot = keyslot(redis_key(tb_prefix, k))
+            if any(s <= slot <= e and p == port for s, e, p, _ in owners):
+                return k
+        raise AssertionError("no key for %d" % port)
+
+    def key_in_slot(self, slot, prefix="k", tb_prefix="tb:"):
+        """A client key whose bucket is in slot."""
+        for i in range(400000):
+            k = "%s%d" % (prefix, i)
+            if keyslot(redis_key(tb_prefix, k)) == slot:
+                return k
+        raise AssertionError("no key for slot %d" % slot)
+
     def by_port(self, port):
         for n in self.nodes:
             if n.port == port:
@@ -225,9 +274,70 @@ class ClusterRig:
     def node_id(self, node):
         return node.cluster("MYID")
 
+    def migrate_begin(self, slot, src, dst):
+        """The first step of moving slot from src to dst, as redis-cli
+        does: dst IMPORTING, then src MIGRATING. src now answers ASK for
+        a key of the slot it does not hold."""
+        dst.cluster("SETSLOT", slot, "IMPORTING", self.node_id(src))
+        src.cluster("SETSLOT", slot, "MIGRATING", self.node_id(dst))
+
+    def migrate_end(self, slot, src, dst):
+        """The rest: MIGRATE every key of the slot, then SETSLOT NODE on
+        the importing node first, the old owner next and the others, as
+        redis-cli does (the other order bounces MOVED between the two for
+        a moment)."""
+        sc = src.client()
+        for _ in range(1000):
+            keys = sc.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            sc.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0,
+                               5000, "KEYS", *keys)
+        did = self.node_id(dst)
+        for n in [dst, src] + [n for n in self.nodes if n not in (src, dst)]:
+            n.cluster("SETSLOT", slot, "NODE", did)
+
+    def migrate_slot(self, slot, src, dst):
+        """Move one slot from src to dst (its keys with it)."""
+        self.migrate_begin(slot, src, dst)
+        self.migrate_end(slot, src, dst)
+
     def stop(self):
         for n in self.nodes:
             n.stop()
+
+
+def follow(d, rig, old_port, deadline_s, sources=("redis", "open"),
+           probe="probe"):
+    """Decide (tb_driver d) every 20 ms on a new probe key (probe0,
+    probe1, ...: give each driver its own probe) until one lands
+    on the primary the sentinels of rig name instead of old_port (its
+    bucket is there); every answer's source must be in sources. (seconds
+    until then, seconds until the sentinels named it, every answer seen).
+    A decision Redis made is not enough: a demoted primary keeps
+    accepting writes until the sentinels reconfigure it."""
+    t0 = time.monotonic()
+    seen, named_at, new = [], None, None
+    for i in range(int(deadline_s / 0.02)):
+        if time.monotonic() - t0 > deadline_s:
+            break
+        if named_at is None:
+            try:
+                a = rig.sentinels[0].master_addr()
+                if a and a[1] != old_port:
+                    named_at, new = time.monotonic() - t0, a[1]
+            except Exception:
+                pass
+        key = "%s%d" % (probe, i)
+        r = d.take(key, 1000000, 1000000, 1)
+        took = time.monotonic() - t0
+        seen.append(r)
+        assert r["source"] in sources, r
+        if (r["source"] == "redis" and new is not None
+                and rig.node(new).client().exists(redis_key("tb:", key))):
+            return took, named_at, seen
+        time.sleep(0.02)
+    raise AssertionError("did not follow in %ss: %r" % (deadline_s, seen[-3:]))
 
 
 def kill9(redis):
