@@ -127,16 +127,19 @@ class Redis(TestRedis):
     """The tests' redis-server, pinned to cpus (None: not pinned), with a
     client `r` whose timeout allows long calls (FLUSHALL, SCRIPT LOAD)."""
 
-    def __init__(self, tmp, cpus):
-        super().__init__(os.path.join(tmp, "redis"), prefix=pin(cpus))
+    def __init__(self, tmp, cpus, module=None):
+        super().__init__(os.path.join(tmp, "redis"), prefix=pin(cpus),
+                         extra=["loadmodule %s" % module] if module else None)
         self.r = self.client(socket_timeout=30)
 
     def script_calls(self):
-        """(calls, usec) of EVALSHA + EVAL since the last RESETSTAT."""
+        """(calls, usec) of decisions since the last RESETSTAT: EVALSHA +
+        EVAL, and the Redis module's tbucket.* commands (engine=module)."""
         st = self.r.info("commandstats")
         calls = usec = 0
-        for k in ("cmdstat_evalsha", "cmdstat_eval"):
-            if k in st:
+        for k in st:
+            if k in ("cmdstat_evalsha", "cmdstat_eval") \
+                    or k.startswith("cmdstat_tbucket."):
                 calls += st[k]["calls"]
                 usec += st[k]["usec"]
         return calls, usec

@@ -42,6 +42,15 @@ FLOOR_WRK_THREADS = 2
 POOL_SIZES = (1, 2, 4, 8)
 
 
+def has_redis_module(rd):
+    """1 when the bench's Redis loaded tbucket_redis.so."""
+    for entry in rd.r.execute_command("MODULE", "LIST"):
+        fields = dict(zip(entry[::2], entry[1::2]))
+        if fields.get(b"name") in (b"tbucket", "tbucket"):
+            return 1
+    return 0
+
+
 def floor_wrk(srv, path, tag, seconds, cpus):
     return wrk(srv.url(path), "keys32.lua", [tag, str(FLOOR_WRK_THREADS)],
                seconds, cpus, threads=FLOOR_WRK_THREADS, conns=FLOOR_CONNS)
@@ -90,7 +99,9 @@ def batch_size(before, after):
     return calls / writes if writes > 0 and calls > 0 else None
 
 
-FLOOR_CMDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_ping")
+# A decision is a script call or, with engine=module, tbucket.bucket.
+FLOOR_CMDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_ping",
+              "cmdstat_tbucket.bucket")
 
 
 def settled_calls(rd):
@@ -136,7 +147,8 @@ def floor_rounds(a, rd, variants, wcpu, tag):
             r["server_cpu_us"] = (du + ds) * TICK_US / req
             r["sys_share"] = 100.0 * ds / max(du + ds, 1)
             r["redis_cpu_us"] = (r1 - r0) * TICK_US / req
-            r["script_calls_n"] = c1[0] + c1[1] - c0[0] - c0[1]
+            r["script_calls_n"] = (c1[0] + c1[1] + c1[3]
+                                   - c0[0] - c0[1] - c0[3])
             r["script_calls"] = r["script_calls_n"] / req
             r["pings"] = (c1[2] - c0[2]) / req
             results[name].append(r)
@@ -400,7 +412,9 @@ def floor_mpm(a, rd, tmp, so, floor_so, mpm, acpu, wcpu, have_perf):
     try:
         bare = start("bare", "")
         floor = start("floor", FLOOR_CONF.format(so=floor_so, port=rd.port))
-        mod = start("module", floor_tb_conf(so, rd.url, ""))
+        # The module with the scripts (the figures before the Redis module
+        # existed), and with the Redis module's commands when it is loaded.
+        mod = start("module", floor_tb_conf(so, rd.url, " engine=script"))
         default_pool = pool_size_of(mod)
         if default_pool is not None:
             record(tag + ".module.pool_size", default_pool, "connections")
@@ -409,11 +423,17 @@ def floor_mpm(a, rd, tmp, so, floor_so, mpm, acpu, wcpu, have_perf):
                     ("module", mod, "/b/ok.txt")]
         pairs = [("module", "floor"), ("module", "bare"), ("floor", "bare")]
         targets = {("module", "floor"): 0.97}
+        if has_redis_module(rd):
+            eng = start("engine", floor_tb_conf(so, rd.url,
+                                                " engine=module"))
+            variants.append(("rmodule", eng, "/b/ok.txt"))
+            pairs += [("rmodule", "module"), ("rmodule", "floor"),
+                      ("rmodule", "bare")]
         if mpm == "event":
             variants.append(("lease", mod, "/l/ok.txt"))
             pairs.append(("lease", "bare"))
             targets = {("module", "floor"): 1.10, ("module", "bare"): 0.75,
-                       ("lease", "bare"): 0.95}
+                       ("lease", "bare"): 0.95, ("rmodule", "module"): 1.0}
             # The pool sweep; the default size is the module variant.
             for n in POOL_SIZES:
                 if n == default_pool:

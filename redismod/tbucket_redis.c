@@ -64,6 +64,13 @@ typedef struct tbucket_keys {
     RedisModuleString *name[TBUCKET_MAX_KEYS];
     RedisModuleKey *key[TBUCKET_MAX_KEYS];
     int first[TBUCKET_MAX_KEYS];  /* Position that opened the handle. */
+    /* Sliding log: the entries bucket i's decision may read, read right
+     * after its own trim, as its script reads them: a key named again
+     * later in the call is trimmed again under that bucket's window
+     * before the decision runs. [0] for the call's cost, [1] for a zero
+     * cost (the remaining count of a call its slot set refused). */
+    int64_t nth_k[2][TBUCKET_MAX_KEYS];   /* -1: none read.            */
+    double nth_v[2][TBUCKET_MAX_KEYS];
 } tbucket_keys_t;
 
 /* ---- Keys --------------------------------------------------------------- */
@@ -91,6 +98,7 @@ static void keys_open(RedisModuleCtx *ctx, RedisModuleString **names,
     for (i = 0; i < numkeys; i++) {
         k->name[i] = names[i];
         k->first[i] = i;
+        k->nth_k[0][i] = k->nth_k[1][i] = -1;
         for (j = 0; j < i; j++) {
             if (args[j].len == args[i].len
                 && memcmp(args[j].p, args[i].p, args[i].len) == 0) {
@@ -315,12 +323,38 @@ static double zset_rank_score(RedisModuleCtx *ctx, RedisModuleString *name,
     return score;
 }
 
-/* tbucket_nth_fn for the sliding log: the sets are the call's keys. */
+/* tbucket_nth_fn for the sliding log: the entry read for bucket i after
+ * its trim (slog_prefetch), else the set as it is now. */
 static double slog_nth(void *ctx, int i, int64_t k)
 {
     tbucket_keys_t *keys = ctx;
+    int j;
 
+    for (j = 0; j < 2; j++) {
+        if (keys->nth_k[j][i] == k && k >= 0) {
+            return keys->nth_v[j][i];
+        }
+    }
     return zset_rank_score(keys->ctx, keys->name[i], keys->key[i], k);
+}
+
+/* Read the entries bucket i's decision will ask for, now, between its
+ * trim and the next bucket's. */
+static void slog_prefetch(const tbucket_call_t *c, tbucket_keys_t *k, int i,
+                          double count)
+{
+    double cost[2];
+    int j;
+
+    cost[0] = c->cost[i];
+    cost[1] = 0;
+    for (j = 0; j < 2; j++) {
+        k->nth_k[j][i] = tb_slog_need(&c->lim[i], cost[j], count);
+        if (k->nth_k[j][i] >= 0) {
+            k->nth_v[j][i] = zset_rank_score(k->ctx, k->name[i], k->key[i],
+                                             k->nth_k[j][i]);
+        }
+    }
 }
 
 /* ---- Reading ------------------------------------------------------------ */
@@ -424,6 +458,7 @@ static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
         }
         st->count = RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_ZSET
                     ? (double)RedisModule_ValueLength(key) : 0;
+        slog_prefetch(c, k, i, st->count);
         return;
     }
     for (j = 0; j < 3; j++) {
