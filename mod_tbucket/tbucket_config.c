@@ -134,6 +134,20 @@ static const char *bad_value(cmd_parms *cmd, const char *what,
                         what, value, why);
 }
 
+/* arg as a whole number in min..max into *n; else the message that
+ * names what (bad_value). */
+static const char *int_value(cmd_parms *cmd, const char *what,
+                             const char *arg, int64_t min, int64_t max,
+                             int64_t *n)
+{
+    char err[128];
+
+    if (tb_parse_int(arg, min, max, n, err, sizeof(err)) != TB_OK) {
+        return bad_value(cmd, what, arg, err);
+    }
+    return NULL;
+}
+
 /* "name=value" into its two halves; NULL when there is no '='. */
 static const char *split_opt(apr_pool_t *p, const char *word,
                              const char **value)
@@ -235,7 +249,7 @@ static const tbucket_scalar sc_priority = {
 static const char *scalar_store(cmd_parms *cmd, const tbucket_scalar *d,
                                 void *rec, const char *arg)
 {
-    char err[128];
+    const char *msg;
     int64_t n;
 
     if (d->names) {
@@ -244,9 +258,8 @@ static const char *scalar_store(cmd_parms *cmd, const tbucket_scalar *d,
             return bad_value(cmd, d->what, arg, d->expect);
         }
     }
-    else if (tb_parse_int(arg, d->min, d->max, &n, err, sizeof(err))
-             != TB_OK) {
-        return bad_value(cmd, d->what, arg, err);
+    else if ((msg = int_value(cmd, d->what, arg, d->min, d->max, &n))) {
+        return msg;
     }
     *(int *)((char *)rec + d->off) = (int)n;
     return NULL;
@@ -345,7 +358,6 @@ static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
                                 int *known)
 {
     const char *msg;
-    char err[160];
     int64_t n;
     int e;
 
@@ -362,8 +374,8 @@ static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
                                                   : &sc->connect_timeout_ms);
     }
     if (!strcmp(name, "pool")) {
-        if (tb_parse_int(value, 1, 1024, &n, err, sizeof(err)) != TB_OK) {
-            return bad_value(cmd, "pool", value, err);
+        if ((msg = int_value(cmd, "pool", value, 1, 1024, &n))) {
+            return msg;
         }
         sc->pool_size = (int)n;
         sc->set |= TBUCKET_SET_POOL;
@@ -442,9 +454,11 @@ static const char *set_breaker(cmd_parms *cmd, void *dummy,
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
         if (name && !strcmp(name, "threshold")) {
-            if (tb_parse_int(value, 1, 1000000, &n, err, sizeof(err))
-                != TB_OK) {
-                return bad_value(cmd, "threshold", value, err);
+            const char *msg = int_value(cmd, "threshold", value, 1,
+                                        1000000, &n);
+
+            if (msg) {
+                return msg;
             }
             sc->breaker_threshold = (int)n;
             sc->set |= TBUCKET_SET_THRESHOLD;
@@ -494,12 +508,13 @@ static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
 static const char *parse_limit(cmd_parms *cmd, const char *cap,
                                const char *rate, tb_limit_t *lim)
 {
-    char err[128];
     int64_t n;
+    const char *msg = int_value(cmd, "capacity", cap, 1,
+                                (int64_t)TB_MAX_CAPACITY, &n);
+    char err[128];
 
-    if (tb_parse_int(cap, 1, (int64_t)TB_MAX_CAPACITY, &n, err, sizeof(err))
-        != TB_OK) {
-        return bad_value(cmd, "capacity", cap, err);
+    if (msg) {
+        return msg;
     }
     lim->capacity = (double)n;
     if (tb_parse_rate(rate, &lim->rate_per_sec, err, sizeof(err)) != TB_OK) {
@@ -582,12 +597,12 @@ static const char *set_limit(cmd_parms *cmd, void *dcv, const char *cap,
 static const char *set_cost(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
-    char err[128];
     int64_t n;
+    const char *msg = int_value(cmd, "cost", arg, 0,
+                                (int64_t)TB_MAX_CAPACITY, &n);
 
-    if (tb_parse_int(arg, 0, (int64_t)TB_MAX_CAPACITY, &n, err, sizeof(err))
-        != TB_OK) {
-        return bad_value(cmd, "cost", arg, err);
+    if (msg) {
+        return msg;
     }
     dc->cost = (double)n;
     dc->cost_set = 1;
@@ -658,7 +673,8 @@ static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
 
 
 /* "N [ttl=DURATION] | Off", the form TBucketLease and TBucketConcurrency
- * share: N in 1..max_n, the ttl in 1..max_ttl_ms. */
+ * share: N in 1..max_n, the ttl in 1..max_ttl_ms, stored in the two int
+ * fields of tbucket_dir_conf at n_field and ttl_field. */
 typedef struct tbucket_n_ttl {
     const char *usage;                /* The answer to an empty line.   */
     const char *what;                 /* N, in messages.                */
@@ -666,14 +682,19 @@ typedef struct tbucket_n_ttl {
     int dflt_ttl_ms;
     int64_t max_ttl_ms;
     const char *ttl_why;              /* A ttl out of range.            */
+    apr_size_t n_field;
+    apr_size_t ttl_field;
 } tbucket_n_ttl;
 
-/* *n gets 0 for Off, else N; *ttl_ms the ttl, or the default. */
-static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
-                               const tbucket_n_ttl *f, int *n, int *ttl_ms)
+/* The handler of both: cmd->info is the directive's tbucket_n_ttl. N
+ * gets 0 for Off, else N; the ttl the one given, or the default. */
+static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
 {
+    const tbucket_n_ttl *f = cmd->info;
+    int *n = (int *)((char *)dcv + f->n_field);
+    int *ttl_ms = (int *)((char *)dcv + f->ttl_field);
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
-    const char *word, *value;
+    const char *word, *value, *msg;
     char err[128];
     int64_t v, ms;
 
@@ -686,8 +707,8 @@ static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
         return *args ? apr_psprintf(cmd->pool, "%s: Off takes no options",
                                     cmd->cmd->name) : NULL;
     }
-    if (tb_parse_int(n_arg, 1, f->max_n, &v, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, f->what, n_arg, err);
+    if ((msg = int_value(cmd, f->what, n_arg, 1, f->max_n, &v))) {
+        return msg;
     }
     *n = (int)v;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
@@ -713,16 +734,9 @@ static const char *parse_n_ttl(cmd_parms *cmd, const char *args,
 static const tbucket_n_ttl lease_form = {
     "TBucketLease: expected the tokens per lease, e.g. TBucketLease 20 "
     "ttl=1s (or Off)", "lease size", 1000000, 1000, 60000,
-    "must be 1ms..60s"
+    "must be 1ms..60s", APR_OFFSETOF(tbucket_dir_conf, lease),
+    APR_OFFSETOF(tbucket_dir_conf, lease_ttl_ms)
 };
-
-static const char *set_lease(cmd_parms *cmd, void *dcv, const char *args)
-{
-    tbucket_dir_conf *dc = dcv;
-
-    return parse_n_ttl(cmd, args, &lease_form, &dc->lease,
-                       &dc->lease_ttl_ms);
-}
 
 
 /* TBucketCostHeader NAME | Off: NAME is an HTTP field name (a token). */
@@ -754,17 +768,10 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
 static const tbucket_n_ttl concurrency_form = {
     "TBucketConcurrency: expected the requests in flight per key, e.g. "
     "TBucketConcurrency 4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
-    TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS, "must be more than 0"
+    TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS, "must be more than 0",
+    APR_OFFSETOF(tbucket_dir_conf, concurrency),
+    APR_OFFSETOF(tbucket_dir_conf, concurrency_ttl_ms)
 };
-
-static const char *set_concurrency(cmd_parms *cmd, void *dcv,
-                                   const char *args)
-{
-    tbucket_dir_conf *dc = dcv;
-
-    return parse_n_ttl(cmd, args, &concurrency_form, &dc->concurrency,
-                       &dc->concurrency_ttl_ms);
-}
 
 /* ---- Local protection ----------------------------------------------- */
 
@@ -775,7 +782,7 @@ static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
                                          const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
-    char err[128];
+    const char *msg;
     int64_t n;
 
     if (!strcasecmp(arg, "off")) {
@@ -783,9 +790,9 @@ static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
         dc->nlocal = 0;
         return NULL;
     }
-    if (tb_parse_int(arg, 1, TBUCKET_MAX_LOCAL_LIMIT, &n, err, sizeof(err))
-        != TB_OK) {
-        return bad_value(cmd, "limit", arg, err);
+    if ((msg = int_value(cmd, "limit", arg, 1, TBUCKET_MAX_LOCAL_LIMIT,
+                         &n))) {
+        return msg;
     }
     dc->local_state = 1;
     dc->nlocal = 1;
@@ -930,7 +937,8 @@ const command_rec tbucket_cmds[] = {
                   "fixed-window or sliding-log"),
     AP_INIT_TAKE1("TBucketHeaders", set_dir_scalar, (void *)&sc_headers, DIR_SCOPE,
                   "Response headers: legacy, ietf, both or off"),
-    AP_INIT_RAW_ARGS("TBucketLease", set_lease, NULL, DIR_SCOPE,
+    AP_INIT_RAW_ARGS("TBucketLease", set_n_ttl, (void *)&lease_form,
+                     DIR_SCOPE,
                      "Tokens taken per Redis call and spent locally, e.g. "
                      "20 ttl=1s, or Off"),
     AP_INIT_TAKE1("TBucketCostHeader", set_cost_header, NULL, DIR_SCOPE,
@@ -938,7 +946,8 @@ const command_rec tbucket_cmds[] = {
                   "X-Request-Cost, or Off"),
     AP_INIT_TAKE1("TBucketShards", set_dir_scalar, (void *)&sc_shards, DIR_SCOPE,
                   "Split each key's buckets into K sub-buckets, e.g. 8"),
-    AP_INIT_RAW_ARGS("TBucketConcurrency", set_concurrency, NULL, DIR_SCOPE,
+    AP_INIT_RAW_ARGS("TBucketConcurrency", set_n_ttl,
+                     (void *)&concurrency_form, DIR_SCOPE,
                      "Requests of one key in flight at once, e.g. 4 "
                      "ttl=60s, or Off"),
     AP_INIT_TAKE1("TBucketLocalConcurrency", set_local_concurrency, NULL,

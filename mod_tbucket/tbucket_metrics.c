@@ -13,6 +13,39 @@
 #include "mod_tbucket.h"
 #include "tbucket_status.h"
 
+tbucket_family *tbucket_family_add(tbucket_metrics *t, const char *name,
+                                   const char *type, const char *help)
+{
+    tbucket_family *f = apr_pcalloc(t->p, sizeof(*f));
+
+    f->name = name;
+    f->type = type;
+    f->help = help;
+    f->samples = apr_array_make(t->p, 8, sizeof(tbucket_sample));
+    APR_ARRAY_PUSH(t->families, tbucket_family *) = f;
+    return f;
+}
+
+tbucket_sample *tbucket_sample_add(tbucket_family *f, const char *suffix,
+                                   const tbucket_labels *l, uint64_t v)
+{
+    tbucket_sample *s = apr_array_push(f->samples);
+
+    memset(s, 0, sizeof(*s));
+    s->suffix = suffix;
+    if (l) {
+        s->labels = *l;
+    }
+    s->value = v;
+    return s;
+}
+
+void tbucket_family_single(tbucket_metrics *t, const char *name,
+                           const char *type, const char *help, uint64_t v)
+{
+    tbucket_sample_add(tbucket_family_add(t, name, type, help), "", NULL, v);
+}
+
 tbucket_labels tbucket_labels_with(const tbucket_labels *base,
                                    const char *name, const char *value)
 {

@@ -192,7 +192,7 @@ static apr_array_header_t *merge_routes(apr_pool_t *p,
  * copied, and routes are rebuilt only when both sides have some. */
 void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
 {
-    const tbucket_dir_conf *base = basev, *add = addv;
+    const tbucket_dir_conf *base = basev, *add = addv, *from;
     tbucket_dir_conf *m = apr_palloc(p, sizeof(*m));
 
     m->enable = add->enable != -1 ? add->enable : base->enable;
@@ -217,24 +217,15 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->tenants_up = base->tenants_up;
     }
     m->routes = merge_routes(p, base->routes, add->routes);
-    if (add->lease != -1) {
-        m->lease = add->lease;
-        m->lease_ttl_ms = add->lease_ttl_ms;
-    }
-    else {
-        m->lease = base->lease;
-        m->lease_ttl_ms = base->lease_ttl_ms;
-    }
+    /* A lease and a concurrency limit each come with their ttl. */
+    from = add->lease != -1 ? add : base;
+    m->lease = from->lease;
+    m->lease_ttl_ms = from->lease_ttl_ms;
     m->shards = add->shards != -1 ? add->shards : base->shards;
     m->cost_header = add->cost_header ? add->cost_header : base->cost_header;
-    if (add->concurrency != -1) {
-        m->concurrency = add->concurrency;
-        m->concurrency_ttl_ms = add->concurrency_ttl_ms;
-    }
-    else {
-        m->concurrency = base->concurrency;
-        m->concurrency_ttl_ms = base->concurrency_ttl_ms;
-    }
+    from = add->concurrency != -1 ? add : base;
+    m->concurrency = from->concurrency;
+    m->concurrency_ttl_ms = from->concurrency_ttl_ms;
     m->priority = add->priority != -1 ? add->priority : base->priority;
     m->prio_lowered = 0;
     if (add->priority != -1 && add->prio_lowered) {

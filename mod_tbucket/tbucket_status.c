@@ -26,55 +26,43 @@
 
 /* ---- The table of metrics ------------------------------------------ */
 
-static tbucket_family *fam_add(tbucket_metrics *t, const char *name,
-                               const char *type, const char *help)
-{
-    tbucket_family *f = apr_pcalloc(t->p, sizeof(*f));
+/* A counter kept once per virtual host (in tbucket_vhost_stats) or once
+ * per Redis configuration (in tb_stats_t): its family, and the offset of
+ * the counter in that struct. */
+typedef struct counter_def {
+    const char *name;
+    const char *help;
+    apr_size_t field;
+} counter_def;
 
-    f->name = name;
-    f->type = type;
-    f->help = help;
-    f->samples = apr_array_make(t->p, 8, sizeof(tbucket_sample));
-    APR_ARRAY_PUSH(t->families, tbucket_family *) = f;
-    return f;
+/* The counter at offset field of the struct at base. */
+static uint64_t counter_at(const void *base, apr_size_t field)
+{
+    return tb_stats_get((const uint64_t *)((const char *)base + field));
 }
 
-static void add(tbucket_family *f, const char *suffix,
-                const tbucket_labels *l, uint64_t v)
+/* The n counters of d, a family each, a sample per virtual host. */
+static void collect_vhost_counters(tbucket_metrics *t,
+                                   const tbucket_shm_view *seg,
+                                   const counter_def *d, int n)
 {
-    tbucket_sample *s = apr_array_push(f->samples);
-
-    s->suffix = suffix;
-    if (l) {
-        s->labels = *l;
-    }
-    else {
-        memset(&s->labels, 0, sizeof(s->labels));
-    }
-    s->value = v;
-    s->micro = 0;
-}
-
-/* One counter of tbucket_vhost_stats per virtual host; field is its
- * offset. */
-static void collect_vhost_counter(tbucket_metrics *t,
-                                  const tbucket_shm_view *seg,
-                                  const char *name, const char *help,
-                                  apr_size_t field)
-{
-    tbucket_family *f = fam_add(t, name, "counter", help);
+    tbucket_family *f;
     tbucket_labels l;
     uint32_t i;
+    int k;
 
-    for (i = 0; i < seg->nvhosts; i++) {
-        l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
-        add(f, "", &l, tb_stats_get((const uint64_t *)
-            ((const char *)&seg->vhosts[i] + field)));
+    for (k = 0; k < n; k++) {
+        f = tbucket_family_add(t, d[k].name, "counter", d[k].help);
+        for (i = 0; i < seg->nvhosts; i++) {
+            l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+            tbucket_sample_add(f, "", &l,
+                               counter_at(&seg->vhosts[i], d[k].field));
+        }
     }
 }
 
-/* One counter array of tbucket_vhost_stats per virtual host, a sample
- * per element labelled label=names[k]; field is the array's offset. */
+#define VHOST_FIELD(m) APR_OFFSETOF(tbucket_vhost_stats, m)
+
 /* A counter family made of one array of tbucket_vhost_stats. */
 typedef struct vhost_array {
     const char *name;
@@ -85,27 +73,28 @@ typedef struct vhost_array {
     apr_size_t field;                 /* The array's offset.            */
 } vhost_array;
 
-static void collect_vhost_array(tbucket_metrics *t,
-                                const tbucket_shm_view *seg,
-                                const vhost_array *a)
+/* The n families of a, a sample per virtual host and element, labelled
+ * label=names[element]. */
+static void collect_vhost_arrays(tbucket_metrics *t,
+                                 const tbucket_shm_view *seg,
+                                 const vhost_array *a, int n)
 {
-    const char *label = a->label;
-    const char *const *names = a->names;
-    apr_size_t field = a->field;
-    int n = a->n;
-    tbucket_family *f = fam_add(t, a->name, "counter", a->help);
+    tbucket_family *f;
     tbucket_labels l, vh;
     uint32_t i;
-    int k;
+    int j, k;
 
-    for (i = 0; i < seg->nvhosts; i++) {
-        const uint64_t *c = (const uint64_t *)
-            ((const char *)&seg->vhosts[i] + field);
+    for (j = 0; j < n; j++) {
+        f = tbucket_family_add(t, a[j].name, "counter", a[j].help);
+        for (i = 0; i < seg->nvhosts; i++) {
+            const uint64_t *c = (const uint64_t *)
+                ((const char *)&seg->vhosts[i] + a[j].field);
 
-        vh = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
-        for (k = 0; k < n; k++) {
-            l = tbucket_labels_with(&vh, label, names[k]);
-            add(f, "", &l, tb_stats_get(&c[k]));
+            vh = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
+            for (k = 0; k < a[j].n; k++) {
+                l = tbucket_labels_with(&vh, a[j].label, a[j].names[k]);
+                tbucket_sample_add(f, "", &l, tb_stats_get(&c[k]));
+            }
         }
     }
 }
@@ -115,51 +104,73 @@ static void collect_vhost_array(tbucket_metrics *t,
  * yet given back. */
 static void collect_limits(tbucket_metrics *t, const tbucket_shm_view *seg)
 {
+    static const vhost_array arrays[2] = {
+        { "tbucket_refusals_total",
+          "Requests refused (or, in shadow mode, that would have been) "
+          "by a limit, by the kind of limit that refused; the closed "
+          "policy's refusals are not counted here.", "limit",
+          tbucket_limit_names, TBUCKET_LIMIT_KINDS, VHOST_FIELD(refused) },
+        { "tbucket_concurrency_slots_total",
+          "Concurrency slots (TBucketConcurrency): taken, refused, "
+          "released when the request ended, and releases Redis did not "
+          "get (those slots expire by their ttl).", "event",
+          tbucket_slot_event_names, TBUCKET_SLOT_EVENTS,
+          VHOST_FIELD(slot_event) }
+    };
     tbucket_family *f;
     tbucket_labels l;
     uint32_t i;
 
-    {
-        static const vhost_array a = {
-            "tbucket_refusals_total",
-            "Requests refused (or, in shadow mode, that would "
-            "have been) by a limit, by the kind of limit that "
-            "refused; the closed policy's refusals are not "
-            "counted here.", "limit", tbucket_limit_names,
-            TBUCKET_LIMIT_KINDS,
-            APR_OFFSETOF(tbucket_vhost_stats, refused)
-        };
-
-        collect_vhost_array(t, seg, &a);
-    }
-    {
-        static const vhost_array a = {
-            "tbucket_concurrency_slots_total",
-            "Concurrency slots (TBucketConcurrency): taken, "
-            "refused, released when the request ended, and "
-            "releases Redis did not get (those slots expire by "
-            "their ttl).", "event", tbucket_slot_event_names,
-            TBUCKET_SLOT_EVENTS,
-            APR_OFFSETOF(tbucket_vhost_stats, slot_event)
-        };
-
-        collect_vhost_array(t, seg, &a);
-    }
-    f = fam_add(t, "tbucket_concurrency_in_flight", "gauge",
-                "Concurrency slots this server holds now: requests in "
-                "flight that took one.");
+    collect_vhost_arrays(t, seg, arrays, 2);
+    f = tbucket_family_add(t, "tbucket_concurrency_in_flight", "gauge",
+                           "Concurrency slots this server holds now: "
+                           "requests in flight that took one.");
     for (i = 0; i < seg->nvhosts; i++) {
         const uint64_t *ev = seg->vhosts[i].slot_event;
         uint64_t taken = tb_stats_get(&ev[TBUCKET_SLOT_TAKEN]);
         uint64_t back = tb_stats_get(&ev[TBUCKET_SLOT_RELEASED]);
 
         l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
-        add(f, "", &l, taken > back ? taken - back : 0);
+        tbucket_sample_add(f, "", &l, taken > back ? taken - back : 0);
     }
 }
 
 static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
 {
+    static const counter_def cost_exceeded = {
+        "tbucket_cost_exceeded_total",
+        "Requests refused because their cost exceeds a bucket's capacity.",
+        VHOST_FIELD(cost_exceeded)
+    };
+    static const counter_def counters[] = {
+        { "tbucket_lease_hits_total",
+          "Requests allowed from a token lease, without asking Redis "
+          "(TBucketLease).", VHOST_FIELD(lease_hits) },
+        { "tbucket_lease_refills_total",
+          "Leases taken from Redis (one script call each).",
+          VHOST_FIELD(lease_refills) },
+        { "tbucket_lease_tokens_granted_total",
+          "Tokens granted by those leases; unspent ones go back to Redis.",
+          VHOST_FIELD(lease_tokens) },
+        { "tbucket_cost_reports_total",
+          "Real costs reported by responses (TBucketCostHeader).",
+          VHOST_FIELD(cost_reports) },
+        { "tbucket_cost_settled_total",
+          "Reported costs settled on the buckets the request was charged "
+          "to.", VHOST_FIELD(cost_settled) },
+        { "tbucket_cost_unsettled_total",
+          "Reported costs that differed from the charge but were not "
+          "settled (refused, failure policy, window algorithm, Redis "
+          "error).", VHOST_FIELD(cost_unsettled) },
+        { "tbucket_cost_invalid_total",
+          "Reported costs ignored: not a number from 0 to 1e9.",
+          VHOST_FIELD(cost_invalid) },
+        { "tbucket_cost_tokens_debited_total",
+          "Tokens settlements took beyond the charge.",
+          VHOST_FIELD(cost_debited) },
+        { "tbucket_cost_tokens_refunded_total",
+          "Tokens settlements gave back.", VHOST_FIELD(cost_refunded) }
+    };
     uint64_t total[TBUCKET_OUTCOMES] = { 0 };
     tbucket_family *f;
     tbucket_labels l;
@@ -171,84 +182,46 @@ static void collect_decisions(tbucket_metrics *t, const tbucket_shm_view *seg)
             total[o] += tb_stats_get(&seg->vhosts[i].outcome[o]);
         }
     }
-    f = fam_add(t, "tbucket_decisions_total", "counter",
-                "Requests limited by mod_tbucket, by outcome (all children).");
+    f = tbucket_family_add(t, "tbucket_decisions_total", "counter",
+                           "Requests limited by mod_tbucket, by outcome "
+                           "(all children).");
     for (o = 0; o < TBUCKET_OUTCOMES; o++) {
         l = tbucket_labels_with(NULL, "outcome", tbucket_outcome_names[o]);
-        add(f, "", &l, total[o]);
+        tbucket_sample_add(f, "", &l, total[o]);
     }
-    f = fam_add(t, "tbucket_vhost_decisions_total", "counter",
-                "Requests limited by mod_tbucket, by virtual host and "
-                "outcome.");
-    for (i = 0; i < seg->nvhosts; i++) {
-        tbucket_labels vh = tbucket_labels_with(NULL, "vhost",
-                                                seg->vhosts[i].name);
+    {
+        static const vhost_array outcomes = {
+            "tbucket_vhost_decisions_total",
+            "Requests limited by mod_tbucket, by virtual host and "
+            "outcome.", "outcome", tbucket_outcome_names,
+            TBUCKET_OUTCOMES, VHOST_FIELD(outcome)
+        };
 
-        for (o = 0; o < TBUCKET_OUTCOMES; o++) {
-            l = tbucket_labels_with(&vh, "outcome", tbucket_outcome_names[o]);
-            add(f, "", &l, tb_stats_get(&seg->vhosts[i].outcome[o]));
-        }
+        collect_vhost_arrays(t, seg, &outcomes, 1);
     }
-    f = fam_add(t, "tbucket_cost_exceeded_total", "counter",
-                "Requests refused because their cost exceeds a bucket's "
-                "capacity.");
-    for (i = 0; i < seg->nvhosts; i++) {
-        l = tbucket_labels_with(NULL, "vhost", seg->vhosts[i].name);
-        add(f, "", &l, tb_stats_get(&seg->vhosts[i].cost_exceeded));
-    }
+    collect_vhost_counters(t, seg, &cost_exceeded, 1);
     collect_limits(t, seg);
-    collect_vhost_counter(t, seg, "tbucket_lease_hits_total",
-                          "Requests allowed from a token lease, without "
-                          "asking Redis (TBucketLease).",
-                          APR_OFFSETOF(tbucket_vhost_stats, lease_hits));
-    collect_vhost_counter(t, seg, "tbucket_lease_refills_total",
-                          "Leases taken from Redis (one script call each).",
-                          APR_OFFSETOF(tbucket_vhost_stats, lease_refills));
-    collect_vhost_counter(t, seg, "tbucket_lease_tokens_granted_total",
-                          "Tokens granted by those leases; unspent ones "
-                          "go back to Redis.",
-                          APR_OFFSETOF(tbucket_vhost_stats, lease_tokens));
-    collect_vhost_counter(t, seg, "tbucket_cost_reports_total",
-                          "Real costs reported by responses "
-                          "(TBucketCostHeader).",
-                          APR_OFFSETOF(tbucket_vhost_stats, cost_reports));
-    collect_vhost_counter(t, seg, "tbucket_cost_settled_total",
-                          "Reported costs settled on the buckets the "
-                          "request was charged to.",
-                          APR_OFFSETOF(tbucket_vhost_stats, cost_settled));
-    collect_vhost_counter(t, seg, "tbucket_cost_unsettled_total",
-                          "Reported costs that differed from the charge "
-                          "but were not settled (refused, failure "
-                          "policy, window algorithm, Redis error).",
-                          APR_OFFSETOF(tbucket_vhost_stats,
-                                       cost_unsettled));
-    collect_vhost_counter(t, seg, "tbucket_cost_invalid_total",
-                          "Reported costs ignored: not a number from 0 "
-                          "to 1e9.",
-                          APR_OFFSETOF(tbucket_vhost_stats, cost_invalid));
-    collect_vhost_counter(t, seg, "tbucket_cost_tokens_debited_total",
-                          "Tokens settlements took beyond the charge.",
-                          APR_OFFSETOF(tbucket_vhost_stats, cost_debited));
-    collect_vhost_counter(t, seg, "tbucket_cost_tokens_refunded_total",
-                          "Tokens settlements gave back.",
-                          APR_OFFSETOF(tbucket_vhost_stats,
-                                       cost_refunded));
+    collect_vhost_counters(t, seg, counters,
+                           (int)(sizeof(counters) / sizeof(counters[0])));
 }
 
-/* One counter of tb_stats_t for every Redis configuration; field is the
- * counter's offset in tb_stats_t. */
-static void collect_stat(tbucket_metrics *t, const tbucket_shm_view *seg,
-                         const tbucket_labels *cl, const char *name,
-                         const char *help, apr_size_t field)
+/* The n counters of d (offsets in tb_stats_t), a family each, a sample
+ * for every Redis configuration, labelled cl[i]. */
+static void collect_stats(tbucket_metrics *t, const tbucket_shm_view *seg,
+                          const tbucket_labels *cl, const counter_def *d,
+                          int n)
 {
-    tbucket_family *f = fam_add(t, name, "counter", help);
+    tbucket_family *f;
     uint32_t i;
+    int k;
 
-    for (i = 0; i < seg->nclients; i++) {
-        const uint64_t *c = (const uint64_t *)
-            ((const char *)&seg->clients[i].stats + field);
-
-        add(f, "", &cl[i], tb_stats_get(c));
+    for (k = 0; k < n; k++) {
+        f = tbucket_family_add(t, d[k].name, "counter", d[k].help);
+        for (i = 0; i < seg->nclients; i++) {
+            tbucket_sample_add(f, "", &cl[i],
+                               counter_at(&seg->clients[i].stats,
+                                          d[k].field));
+        }
     }
 }
 
@@ -257,9 +230,9 @@ static void collect_stat(tbucket_metrics *t, const tbucket_shm_view *seg,
 static void collect_latency(tbucket_metrics *t, const tbucket_shm_view *seg,
                             const tbucket_labels *cl)
 {
-    tbucket_family *f = fam_add(t, "tbucket_redis_latency_seconds",
-                                "histogram", "Time of one script call to "
-                               "Redis, pool wait included.");
+    tbucket_family *f = tbucket_family_add(t,
+        "tbucket_redis_latency_seconds", "histogram",
+        "Time of one script call to Redis, pool wait included.");
     uint32_t i;
     int b;
 
@@ -277,12 +250,11 @@ static void collect_latency(tbucket_metrics *t, const tbucket_shm_view *seg,
 
             cum += tb_stats_get(&st->lat_count[b]);
             l = tbucket_labels_with(&cl[i], "le", le);
-            add(f, "_bucket", &l, cum);
+            tbucket_sample_add(f, "_bucket", &l, cum);
         }
-        add(f, "_sum", &cl[i], tb_stats_get(&st->lat_sum_us));
-        APR_ARRAY_IDX(f->samples, f->samples->nelts - 1,
-                      tbucket_sample).micro = 1;
-        add(f, "_count", &cl[i], cum);
+        tbucket_sample_add(f, "_sum", &cl[i],
+                           tb_stats_get(&st->lat_sum_us))->micro = 1;
+        tbucket_sample_add(f, "_count", &cl[i], cum);
     }
 }
 
@@ -295,17 +267,18 @@ static void collect_errors(tbucket_metrics *t, const tbucket_shm_view *seg,
     uint32_t i;
     int k;
 
-    f = fam_add(t, "tbucket_redis_errors_total", "counter",
-                "Failed Redis calls, by kind.");
+    f = tbucket_family_add(t, "tbucket_redis_errors_total", "counter",
+                           "Failed Redis calls, by kind.");
     for (i = 0; i < seg->nclients; i++) {
         for (k = 1; k < TB_ERR_KINDS; k++) {
             l = tbucket_labels_with(&cl[i], "kind", tb_err_name(k));
-            add(f, "", &l, tb_stats_get(&seg->clients[i].stats.errors[k]));
+            tbucket_sample_add(f, "", &l,
+                               tb_stats_get(&seg->clients[i].stats.errors[k]));
         }
     }
-    f = fam_add(t, "tbucket_fallback_decisions_total", "counter",
-                "Decisions made by the failure policy because Redis could "
-                "not decide.");
+    f = tbucket_family_add(t, "tbucket_fallback_decisions_total", "counter",
+                           "Decisions made by the failure policy because "
+                           "Redis could not decide.");
     for (i = 0; i < seg->nclients; i++) {
         const tb_stats_t *st = &seg->clients[i].stats;
         const uint64_t *c[3];
@@ -315,7 +288,7 @@ static void collect_errors(tbucket_metrics *t, const tbucket_shm_view *seg,
         c[2] = &st->fallback_local;
         for (k = 0; k < 3; k++) {
             l = tbucket_labels_with(&cl[i], "fallback", fb[k]);
-            add(f, "", &l, tb_stats_get(c[k]));
+            tbucket_sample_add(f, "", &l, tb_stats_get(c[k]));
         }
     }
 }
@@ -326,7 +299,7 @@ static void collect_last_failure(tbucket_metrics *t,
                                  const tbucket_shm_view *seg,
                                  const tbucket_labels *cl)
 {
-    tbucket_family *f = fam_add(t,
+    tbucket_family *f = tbucket_family_add(t,
         "tbucket_redis_last_failure_timestamp_seconds", "gauge",
         "Unix time at which a breaker last opened (any child), labelled "
         "with the error kind of the call that opened it; the HTML view "
@@ -342,9 +315,7 @@ static void collect_last_failure(tbucket_metrics *t,
             continue;
         }
         l = tbucket_labels_with(&cl[i], "kind", tb_err_name(fl.kind));
-        add(f, "", &l, (uint64_t)fl.time);
-        APR_ARRAY_IDX(f->samples, f->samples->nelts - 1,
-                      tbucket_sample).micro = 1;
+        tbucket_sample_add(f, "", &l, (uint64_t)fl.time)->micro = 1;
         n = apr_array_push(t->failures);
         n->labels = cl[i];
         n->kind = tb_err_name(fl.kind);
@@ -383,18 +354,18 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
     tbucket_family *f[5];
     int i, size, open, in_use, mixed;
 
-    f[0] = fam_add(t, "tbucket_breaker_state", "gauge",
+    f[0] = tbucket_family_add(t, "tbucket_breaker_state", "gauge",
                    "Circuit breaker of the answering process: 0 closed, "
                    "1 open, 2 half-open.");
-    f[1] = fam_add(t, "tbucket_pool_size", "gauge",
+    f[1] = tbucket_family_add(t, "tbucket_pool_size", "gauge",
                    "Most Redis connections per process (answering "
                    "process).");
-    f[2] = fam_add(t, "tbucket_pool_connections_open", "gauge",
+    f[2] = tbucket_family_add(t, "tbucket_pool_connections_open", "gauge",
                    "Redis connections open in the answering process.");
-    f[3] = fam_add(t, "tbucket_pool_connections_in_use", "gauge",
+    f[3] = tbucket_family_add(t, "tbucket_pool_connections_in_use", "gauge",
                    "Redis connections borrowed right now in the answering "
                    "process.");
-    f[4] = fam_add(t, "tbucket_redis_engine", "gauge",
+    f[4] = tbucket_family_add(t, "tbucket_redis_engine", "gauge",
                    "How the answering process's connections ask Redis: "
                    "engine=\"module\" (tbucket_redis.so) or \"script\" "
                    "(EVALSHA), \"unknown\" before a connection says, "
@@ -404,10 +375,11 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
         const tbucket_labels *l = &cl[c->slot - seg->clients];
 
         tb_client_pool_usage(c->tb, &size, &open, &in_use);
-        add(f[0], "", l, (uint64_t)tb_client_breaker_state(c->tb));
-        add(f[1], "", l, (uint64_t)size);
-        add(f[2], "", l, (uint64_t)open);
-        add(f[3], "", l, (uint64_t)in_use);
+        tbucket_sample_add(f[0], "", l,
+                           (uint64_t)tb_client_breaker_state(c->tb));
+        tbucket_sample_add(f[1], "", l, (uint64_t)size);
+        tbucket_sample_add(f[2], "", l, (uint64_t)open);
+        tbucket_sample_add(f[3], "", l, (uint64_t)in_use);
         {
             tb_engine_t e = tb_client_engine(c->tb, &mixed);
             tbucket_labels el = tbucket_labels_with(
@@ -415,13 +387,44 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
                              : e == TB_ENGINE_AUTO ? "unknown"
                                                    : tb_engine_names[e]);
 
-            add(f[4], "", &el, 1);
+            tbucket_sample_add(f[4], "", &el, 1);
         }
     }
 }
 
+#define STATS_FIELD(m) APR_OFFSETOF(tb_stats_t, m)
+
 static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
 {
+    static const counter_def calls[] = {
+        { "tbucket_redis_calls_total", "Script calls sent to Redis.",
+          STATS_FIELD(redis_calls) },
+        { "tbucket_redis_module_calls_total",
+          "Of the calls, those made to the Redis module (tbucket.*) "
+          "instead of a script.", STATS_FIELD(module_calls) },
+        { "tbucket_redis_batches_total",
+          "Writes to Redis: each carries one batch of script calls "
+          "(calls / batches is the mean batch size).",
+          STATS_FIELD(batches) },
+        { "tbucket_redis_failures_total", "Failed Redis calls, all kinds.",
+          STATS_FIELD(redis_errors) }
+    };
+    static const counter_def connections[] = {
+        { "tbucket_redis_connects_total", "Redis connections opened.",
+          STATS_FIELD(connects) },
+        { "tbucket_redis_noscript_reloads_total",
+          "NOSCRIPT answers retried with EVAL.",
+          STATS_FIELD(noscript_reloads) },
+        { "tbucket_breaker_opens_total",
+          "Breaker transitions from closed to open.",
+          STATS_FIELD(breaker_opens) },
+        { "tbucket_breaker_closes_total",
+          "Breaker transitions back to closed.",
+          STATS_FIELD(breaker_closes) },
+        { "tbucket_breaker_skips_total",
+          "Decisions made without asking Redis (breaker open).",
+          STATS_FIELD(breaker_skips) }
+    };
     tbucket_labels *cl = apr_pcalloc(t->p,
                                      (seg->nclients + 1) * sizeof(*cl));
     uint32_t i;
@@ -430,38 +433,12 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
         cl[i] = tbucket_labels_with(NULL, "redis", seg->clients[i].redis);
         cl[i] = tbucket_labels_with(&cl[i], "policy", seg->clients[i].policy);
     }
-    collect_stat(t, seg, cl, "tbucket_redis_calls_total",
-                 "Script calls sent to Redis.",
-                 APR_OFFSETOF(tb_stats_t, redis_calls));
-    collect_stat(t, seg, cl, "tbucket_redis_module_calls_total",
-                 "Of the calls, those made to the Redis module "
-                 "(tbucket.*) instead of a script.",
-                 APR_OFFSETOF(tb_stats_t, module_calls));
-    collect_stat(t, seg, cl, "tbucket_redis_batches_total",
-                 "Writes to Redis: each carries one batch of script calls "
-                 "(calls / batches is the mean batch size).",
-                 APR_OFFSETOF(tb_stats_t, batches));
-    collect_stat(t, seg, cl, "tbucket_redis_failures_total",
-                 "Failed Redis calls, all kinds.",
-                 APR_OFFSETOF(tb_stats_t, redis_errors));
+    collect_stats(t, seg, cl, calls, (int)(sizeof(calls) / sizeof(calls[0])));
     collect_errors(t, seg, cl);
     collect_last_failure(t, seg, cl);
     collect_latency(t, seg, cl);
-    collect_stat(t, seg, cl, "tbucket_redis_connects_total",
-                 "Redis connections opened.",
-                 APR_OFFSETOF(tb_stats_t, connects));
-    collect_stat(t, seg, cl, "tbucket_redis_noscript_reloads_total",
-                 "NOSCRIPT answers retried with EVAL.",
-                 APR_OFFSETOF(tb_stats_t, noscript_reloads));
-    collect_stat(t, seg, cl, "tbucket_breaker_opens_total",
-                 "Breaker transitions from closed to open.",
-                 APR_OFFSETOF(tb_stats_t, breaker_opens));
-    collect_stat(t, seg, cl, "tbucket_breaker_closes_total",
-                 "Breaker transitions back to closed.",
-                 APR_OFFSETOF(tb_stats_t, breaker_closes));
-    collect_stat(t, seg, cl, "tbucket_breaker_skips_total",
-                 "Decisions made without asking Redis (breaker open).",
-                 APR_OFFSETOF(tb_stats_t, breaker_skips));
+    collect_stats(t, seg, cl, connections,
+                  (int)(sizeof(connections) / sizeof(connections[0])));
     collect_process(t, seg, cl);
 }
 
@@ -469,6 +446,16 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
  * thresholds, what was shed or refused, and each local scope's places. */
 static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
 {
+    static const vhost_array refusals[2] = {
+        { "tbucket_shed_total",
+          "Requests shed (503) because the server was busy, by their "
+          "priority.", "priority", tbucket_priority_names, TBUCKET_PRIOS,
+          VHOST_FIELD(shed) },
+        { "tbucket_local_refusals_total",
+          "Requests refused (503) because a local scope had no place "
+          "left, by their priority.", "priority", tbucket_priority_names,
+          TBUCKET_PRIOS, VHOST_FIELD(local_refused) }
+    };
     apr_array_header_t *views = tbucket_shm_local_views(t->p);
     tbucket_family *f;
     tbucket_labels l, vh;
@@ -477,17 +464,18 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
     int k;
 
     tbucket_local_busy(apr_time_now(), &busy, &workers);
-    f = fam_add(t, "tbucket_workers_busy", "gauge",
-                "Workers busy with a request (scoreboard, at most 1 ms "
-                "old), less those answering a request local protection "
-                "refused: what TBucketShed compares.");
-    add(f, "", NULL, busy);
-    f = fam_add(t, "tbucket_workers_max", "gauge",
-                "Workers the server runs at most (MaxRequestWorkers).");
-    add(f, "", NULL, workers);
-    f = fam_add(t, "tbucket_shed_threshold_percent", "gauge",
-                "TBucketShed: the busy share, in percent, at which a "
-                "priority is shed (levels never shed are not listed).");
+    tbucket_family_single(t, "tbucket_workers_busy", "gauge",
+                          "Workers busy with a request (scoreboard, at "
+                          "most 1 ms old), less those answering a request "
+                          "local protection refused: what TBucketShed "
+                          "compares.", busy);
+    tbucket_family_single(t, "tbucket_workers_max", "gauge",
+                          "Workers the server runs at most "
+                          "(MaxRequestWorkers).", workers);
+    f = tbucket_family_add(t, "tbucket_shed_threshold_percent", "gauge",
+                           "TBucketShed: the busy share, in percent, at "
+                           "which a priority is shed (levels never shed "
+                           "are not listed).");
     for (s = ap_server_conf; s; s = s->next) {
         tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                     &tbucket_module);
@@ -502,32 +490,11 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
             if (sc->shed_pct[k]) {
                 l = tbucket_labels_with(&vh, "priority",
                                         tbucket_priority_names[k]);
-                add(f, "", &l, (uint64_t)sc->shed_pct[k]);
+                tbucket_sample_add(f, "", &l, (uint64_t)sc->shed_pct[k]);
             }
         }
     }
-    {
-        static const vhost_array a = {
-            "tbucket_shed_total", "Requests shed "
-            "(503) because the server was busy, by their "
-            "priority.", "priority", tbucket_priority_names,
-            TBUCKET_PRIOS,
-            APR_OFFSETOF(tbucket_vhost_stats, shed)
-        };
-
-        collect_vhost_array(t, seg, &a);
-    }
-    {
-        static const vhost_array a = {
-            "tbucket_local_refusals_total", "Requests "
-            "refused (503) because a local scope had no place "
-            "left, by their priority.", "priority",
-            tbucket_priority_names, TBUCKET_PRIOS,
-            APR_OFFSETOF(tbucket_vhost_stats, local_refused)
-        };
-
-        collect_vhost_array(t, seg, &a);
-    }
+    collect_vhost_arrays(t, seg, refusals, 2);
     {
         static const char *const names[4] = {
             "tbucket_local_in_flight", "tbucket_local_limit",
@@ -545,17 +512,17 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
         tbucket_family *fl[4];
 
         for (k = 0; k < 4; k++) {
-            fl[k] = fam_add(t, names[k], types[k], helps[k]);
+            fl[k] = tbucket_family_add(t, names[k], types[k], helps[k]);
         }
         for (i = 0; i < (uint32_t)views->nelts; i++) {
             const tbucket_local_view *v =
                 &APR_ARRAY_IDX(views, i, tbucket_local_view);
 
             l = tbucket_labels_with(NULL, "scope", v->name);
-            add(fl[0], "", &l, v->in_flight);
-            add(fl[1], "", &l, v->limit);
-            add(fl[2], "", &l, v->taken);
-            add(fl[3], "", &l, v->refused);
+            tbucket_sample_add(fl[0], "", &l, v->in_flight);
+            tbucket_sample_add(fl[1], "", &l, v->limit);
+            tbucket_sample_add(fl[2], "", &l, v->taken);
+            tbucket_sample_add(fl[3], "", &l, v->refused);
         }
     }
 }
@@ -568,7 +535,6 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg,
 {
     tbucket_metrics *t = apr_pcalloc(p, sizeof(*t));
     const char **names = apr_palloc(p, (seg->nvhosts + 1) * sizeof(*names));
-    tbucket_family *f;
     uint32_t i;
 
     t->p = p;
@@ -583,22 +549,24 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg,
     tbucket_collect_top(t, now);
     collect_local(t, seg);
     collect_clients(t, seg);
-    f = fam_add(t, "tbucket_local_entries_used", "gauge",
-                "Buckets held in the shared local-policy table.");
-    add(f, "", NULL, (uint64_t)tb_local_used(tbucket_local_table()));
-    f = fam_add(t, "tbucket_local_entries_max", "gauge",
-                "Size of the shared local-policy table.");
-    add(f, "", NULL, (uint64_t)seg->local_entries);
-    f = fam_add(t, "tbucket_lease_entries_used", "gauge",
-                "Leases held in the shared lease table (TBucketLease).");
-    add(f, "", NULL, (uint64_t)tb_lease_used(tbucket_lease_table()));
-    f = fam_add(t, "tbucket_lease_tokens_returned_total", "counter",
-                "Unspent lease tokens given back to Redis: when a lease "
-                "expired, and when the server stopped or restarted.");
-    add(f, "", NULL, seg->lease_returned);
-    f = fam_add(t, "tbucket_config_generation", "gauge",
-                "Configuration loads since the server started.");
-    add(f, "", NULL, seg->generation);
+    tbucket_family_single(t, "tbucket_local_entries_used", "gauge",
+                          "Buckets held in the shared local-policy table.",
+                          (uint64_t)tb_local_used(tbucket_local_table()));
+    tbucket_family_single(t, "tbucket_local_entries_max", "gauge",
+                          "Size of the shared local-policy table.",
+                          (uint64_t)seg->local_entries);
+    tbucket_family_single(t, "tbucket_lease_entries_used", "gauge",
+                          "Leases held in the shared lease table "
+                          "(TBucketLease).",
+                          (uint64_t)tb_lease_used(tbucket_lease_table()));
+    tbucket_family_single(t, "tbucket_lease_tokens_returned_total",
+                          "counter", "Unspent lease tokens given back to "
+                          "Redis: when a lease expired, and when the "
+                          "server stopped or restarted.",
+                          seg->lease_returned);
+    tbucket_family_single(t, "tbucket_config_generation", "gauge",
+                          "Configuration loads since the server started.",
+                          seg->generation);
     return t;
 }
 

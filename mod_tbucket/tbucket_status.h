@@ -82,6 +82,20 @@ typedef struct tbucket_metrics {
     uint32_t nvhosts;
 } tbucket_metrics;
 
+/* A new family at the end of t's table, from t->p, with no samples. */
+tbucket_family *tbucket_family_add(tbucket_metrics *t, const char *name,
+                                   const char *type, const char *help);
+
+/* A sample at the end of f: suffix ("" for none), a copy of the labels l
+ * (NULL for none) and the value v, not in millionths (set micro on the
+ * sample returned for that). */
+tbucket_sample *tbucket_sample_add(tbucket_family *f, const char *suffix,
+                                   const tbucket_labels *l, uint64_t v);
+
+/* A family of one sample without labels: v. */
+void tbucket_family_single(tbucket_metrics *t, const char *name,
+                           const char *type, const char *help, uint64_t v);
+
 /* A copy of base with one more label (base may be NULL); past
  * TBUCKET_MAX_LABELS the label is dropped. */
 tbucket_labels tbucket_labels_with(const tbucket_labels *base,

@@ -246,6 +246,25 @@ static void html_fig(request_rec *r, const tbucket_metrics *t,
     ap_rputs("</tr>", r);
 }
 
+/* A row of html_fig(): its title, and the family and suffix of its
+ * sample. */
+typedef struct fig_def {
+    const char *title;
+    const char *name;
+    const char *suffix;
+} fig_def;
+
+/* html_fig() for each of the n rows of d. */
+static void html_figs(request_rec *r, const tbucket_metrics *t,
+                      const fig_def *d, int n, const tbucket_labels *want)
+{
+    int i;
+
+    for (i = 0; i < n; i++) {
+        html_fig(r, t, d[i].title, d[i].name, d[i].suffix, want);
+    }
+}
+
 /* The breaker of the answering process, as a coloured badge beside its
  * number. */
 static void html_breaker(request_rec *r, const tbucket_metrics *t,
@@ -401,6 +420,28 @@ static void html_engine(request_rec *r, const tbucket_metrics *t,
 static void html_client(request_rec *r, const tbucket_metrics *t,
                         const tbucket_labels *cl)
 {
+    static const fig_def process[] = {
+        { "breaker opened", "tbucket_breaker_opens_total", "" },
+        { "breaker closed", "tbucket_breaker_closes_total", "" },
+        { "decided without Redis (open)", "tbucket_breaker_skips_total",
+          "" },
+        { "pool size", "tbucket_pool_size", "" },
+        { "connections open", "tbucket_pool_connections_open", "" },
+        { "connections in use", "tbucket_pool_connections_in_use", "" }
+    };
+    static const fig_def calls[] = {
+        { "calls", "tbucket_redis_calls_total", "" },
+        { "of which to the Redis module", "tbucket_redis_module_calls_total",
+          "" }
+    };
+    static const fig_def costs[] = {
+        { "failed calls", "tbucket_redis_failures_total", "" },
+        { "connections opened", "tbucket_redis_connects_total", "" },
+        { "NOSCRIPT reloads", "tbucket_redis_noscript_reloads_total", "" },
+        { "latency, total seconds", "tbucket_redis_latency_seconds",
+          "_sum" }
+    };
+
     ap_rprintf(r, "<h2>Redis <code>%s</code> &middot; policy %s</h2>"
                "<div class=\"card\">",
                h(r, label_get(cl, "redis")), h(r, label_get(cl, "policy")));
@@ -409,29 +450,13 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
              "<h3>Breaker and pool (answering process)</h3>"
              "<table class=\"kv\">", r);
     html_breaker(r, t, cl);
-    html_fig(r, t, "breaker opened", "tbucket_breaker_opens_total", "", cl);
-    html_fig(r, t, "breaker closed", "tbucket_breaker_closes_total", "",
-             cl);
-    html_fig(r, t, "decided without Redis (open)",
-             "tbucket_breaker_skips_total", "", cl);
-    html_fig(r, t, "pool size", "tbucket_pool_size", "", cl);
-    html_fig(r, t, "connections open", "tbucket_pool_connections_open", "",
-             cl);
-    html_fig(r, t, "connections in use", "tbucket_pool_connections_in_use",
-             "", cl);
+    html_figs(r, t, process, (int)(sizeof(process) / sizeof(process[0])),
+              cl);
     ap_rputs("</table></div><div><h3>Calls (all children)</h3>"
              "<table class=\"kv\">", r);
-    html_fig(r, t, "calls", "tbucket_redis_calls_total", "", cl);
-    html_fig(r, t, "of which to the Redis module",
-             "tbucket_redis_module_calls_total", "", cl);
+    html_figs(r, t, calls, (int)(sizeof(calls) / sizeof(calls[0])), cl);
     html_engine(r, t, cl);
-    html_fig(r, t, "failed calls", "tbucket_redis_failures_total", "", cl);
-    html_fig(r, t, "connections opened", "tbucket_redis_connects_total", "",
-             cl);
-    html_fig(r, t, "NOSCRIPT reloads",
-             "tbucket_redis_noscript_reloads_total", "", cl);
-    html_fig(r, t, "latency, total seconds",
-             "tbucket_redis_latency_seconds", "_sum", cl);
+    html_figs(r, t, costs, (int)(sizeof(costs) / sizeof(costs[0])), cl);
     ap_rprintf(r, "<tr><th>latency, mean</th><td class=\"n\">%s</td></tr>"
                "</table></div></div><div class=\"grid\"><div>"
                "<h3>Errors by kind</h3>", mean_text(r, t, cl));

@@ -28,31 +28,6 @@
 
 static const int top_minutes[TBUCKET_TOP_WINDOWS] = { 1, 15 };
 
-static tbucket_family *family(tbucket_metrics *t, const char *name,
-                              const char *type, const char *help)
-{
-    tbucket_family *f = apr_pcalloc(t->p, sizeof(*f));
-
-    f->name = name;
-    f->type = type;
-    f->help = help;
-    f->samples = apr_array_make(t->p, 8, sizeof(tbucket_sample));
-    APR_ARRAY_PUSH(t->families, tbucket_family *) = f;
-    return f;
-}
-
-static void sample(tbucket_family *f, const tbucket_labels *l, uint64_t v)
-{
-    tbucket_sample *s = apr_array_push(f->samples);
-
-    memset(s, 0, sizeof(*s));
-    s->suffix = "";
-    if (l) {
-        s->labels = *l;
-    }
-    s->value = v;
-}
-
 /* The K this configuration shows: its TBucketTopKeys, at most the K the
  * table was made with; 0 when off. */
 static int shown_k(tb_topk_t *table)
@@ -116,27 +91,29 @@ static tbucket_labels entry_labels(const tbucket_metrics *t,
 
 static void collect_keys(tbucket_metrics *t, apr_time_t now)
 {
-    tbucket_family *f[4];
+    tbucket_family *f;
     const tbucket_top_window *w;
     int i;
 
     t->top = read_top(t->p, now);
-    f[0] = family(t, "tbucket_top_keys_max", "gauge",
-                  "TBucketTopKeys: keys ranked by refusals and by "
-                  "decisions (0: off).");
-    f[1] = family(t, "tbucket_top_keys_counters", "gauge",
-                  "Counters of each top-keys sketch (8 per key shown, at "
-                  "least 64): a key's count is over by at most the "
-                  "decisions of its window divided by this.");
-    f[2] = family(t, "tbucket_top_keys_memory_bytes", "gauge",
-                  "Shared memory of the top keys: 16 minutes of sketches.");
-    f[3] = family(t, "tbucket_top_key_refusals", "gauge",
-                  "Refusals of a key in the last minute (this minute and "
-                  "the one before), the keys with the most: an estimate, "
-                  "never below the true count.");
-    sample(f[0], NULL, t->top ? (uint64_t)t->top->k : 0);
-    sample(f[1], NULL, t->top ? (uint64_t)t->top->counters : 0);
-    sample(f[2], NULL, t->top ? (uint64_t)t->top->bytes : 0);
+    tbucket_family_single(t, "tbucket_top_keys_max", "gauge",
+                          "TBucketTopKeys: keys ranked by refusals and by "
+                          "decisions (0: off).",
+                          t->top ? (uint64_t)t->top->k : 0);
+    tbucket_family_single(t, "tbucket_top_keys_counters", "gauge",
+                          "Counters of each top-keys sketch (8 per key "
+                          "shown, at least 64): a key's count is over by "
+                          "at most the decisions of its window divided by "
+                          "this.", t->top ? (uint64_t)t->top->counters : 0);
+    tbucket_family_single(t, "tbucket_top_keys_memory_bytes", "gauge",
+                          "Shared memory of the top keys: 16 minutes of "
+                          "sketches.",
+                          t->top ? (uint64_t)t->top->bytes : 0);
+    f = tbucket_family_add(t, "tbucket_top_key_refusals", "gauge",
+                           "Refusals of a key in the last minute (this "
+                           "minute and the one before), the keys with the "
+                           "most: an estimate, never below the true "
+                           "count.");
     if (!t->top) {
         return;
     }
@@ -144,7 +121,7 @@ static void collect_keys(tbucket_metrics *t, apr_time_t now)
     for (i = 0; i < w->res.n_refusals; i++) {
         tbucket_labels l = entry_labels(t, &w->by_refusals[i]);
 
-        sample(f[3], &l, w->by_refusals[i].refusals);
+        tbucket_sample_add(f, "", &l, w->by_refusals[i].refusals);
     }
 }
 
@@ -153,11 +130,13 @@ static void collect_keys(tbucket_metrics *t, apr_time_t now)
 static void collect_rules(tbucket_metrics *t)
 {
     apr_array_header_t *views = tbucket_shm_rule_views(t->p);
-    tbucket_family *f = family(t, "tbucket_rule_decisions_total", "counter",
-                               "Decisions of each rule (a section that "
-                               "sets TBucketLimit) by outcome: "
-                               "shadow-rejected are the refusals a shadow "
-                               "rule would make if enforced.");
+    tbucket_family *f = tbucket_family_add(t, "tbucket_rule_decisions_total",
+                                           "counter", "Decisions of each "
+                                           "rule (a section that sets "
+                                           "TBucketLimit) by outcome: "
+                                           "shadow-rejected are the "
+                                           "refusals a shadow rule would "
+                                           "make if enforced.");
     int i, o;
 
     for (i = 0; i < views->nelts; i++) {
@@ -170,7 +149,7 @@ static void collect_rules(tbucket_metrics *t)
                 continue;
             }
             l = tbucket_labels_with(&r, "outcome", tbucket_outcome_names[o]);
-            sample(f, &l, v->outcome[o]);
+            tbucket_sample_add(f, "", &l, v->outcome[o]);
         }
     }
 }

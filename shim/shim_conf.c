@@ -64,6 +64,19 @@ static int fail(loader_t *ld, const config_setting_t *s, const char *fmt,
 
 /* ---- Scalar readers: each checks the type and the range. ------------- */
 
+/* TB_OK when v is in min..max, else the message naming the setting s
+ * and v, unit after it ("" or " ms"). */
+static int check_range(loader_t *ld, const config_setting_t *s, int64_t v,
+                       const char *unit, int64_t min, int64_t max)
+{
+    if (v < min || v > max) {
+        return fail(ld, s, "'%s' = %lld%s is out of range %lld..%lld",
+                    config_setting_name(s), (long long)v, unit,
+                    (long long)min, (long long)max);
+    }
+    return TB_OK;
+}
+
 static int get_int(loader_t *ld, const config_setting_t *s, int64_t min,
                    int64_t max, int64_t *out)
 {
@@ -85,10 +98,8 @@ static int get_int(loader_t *ld, const config_setting_t *s, int64_t min,
                     config_setting_name(s));
     }
     v = config_setting_get_int64(s);
-    if (v < min || v > max) {
-        return fail(ld, s, "'%s' = %lld is out of range %lld..%lld",
-                    config_setting_name(s), (long long)v, (long long)min,
-                    (long long)max);
+    if (check_range(ld, s, v, "", min, max) != TB_OK) {
+        return TB_ERR;
     }
     *out = v;
     return TB_OK;
@@ -109,10 +120,8 @@ static int get_ms(loader_t *ld, const config_setting_t *s, int64_t min,
                              sizeof(msg)) != TB_OK) {
         return fail(ld, s, "'%s': %s", config_setting_name(s), msg);
     }
-    if (v < min || v > max) {
-        return fail(ld, s, "'%s' = %lld ms is out of range %lld..%lld",
-                    config_setting_name(s), (long long)v, (long long)min,
-                    (long long)max);
+    if (check_range(ld, s, v, " ms", min, max) != TB_OK) {
+        return TB_ERR;
     }
     *out = v;
     return TB_OK;
@@ -146,6 +155,24 @@ static int get_string(loader_t *ld, const config_setting_t *s,
                     config_setting_name(s));
     }
     *out = config_setting_get_string(s);
+    return TB_OK;
+}
+
+/* A string that must be one of two words: *out gets 0 for w0, 1 for w1,
+ * and is left alone on an error. */
+static int get_choice(loader_t *ld, const config_setting_t *s,
+                      const char *w0, const char *w1, int *out)
+{
+    const char *str;
+
+    if (get_string(ld, s, &str) != TB_OK) {
+        return TB_ERR;
+    }
+    if (strcmp(str, w0) != 0 && strcmp(str, w1) != 0) {
+        return fail(ld, s, "%s \"%s\" must be \"%s\" or \"%s\"",
+                    config_setting_name(s), str, w0, w1);
+    }
+    *out = strcmp(str, w1) == 0;
     return TB_OK;
 }
 
@@ -409,7 +436,7 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
     const char *host = NULL, *str;
     const config_setting_t *host_s = g, *key_s = NULL;
     const config_setting_t *lease_s = NULL, *lease_ttl_s = NULL;
-    int have_port = 0, have_cap = 0, have_rate = 0, i, n;
+    int have_port = 0, have_cap = 0, have_rate = 0, i, n, k;
     int64_t v;
 
     memset(r, 0, sizeof(*r));
@@ -497,30 +524,14 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
                         &r->concurrency_ttl_ms);
         }
         else if (inbound && strcmp(name, "action") == 0) {
-            rc = get_string(ld, s, &str);
-            if (rc == TB_OK && strcmp(str, "close") == 0) {
-                r->action = SHIM_ACT_CLOSE;
-            }
-            else if (rc == TB_OK && strcmp(str, "http429") == 0) {
-                r->action = SHIM_ACT_HTTP429;
-            }
-            else if (rc == TB_OK) {
-                rc = fail(ld, s, "action \"%s\" must be \"close\" or "
-                                 "\"http429\"", str);
-            }
+            k = (int)r->action;
+            rc = get_choice(ld, s, "close", "http429", &k);
+            r->action = (shim_action_t)k;
         }
         else if (!inbound && strcmp(name, "on_limit") == 0) {
-            rc = get_string(ld, s, &str);
-            if (rc == TB_OK && strcmp(str, "fail") == 0) {
-                r->on_limit = SHIM_ON_FAIL;
-            }
-            else if (rc == TB_OK && strcmp(str, "wait") == 0) {
-                r->on_limit = SHIM_ON_WAIT;
-            }
-            else if (rc == TB_OK) {
-                rc = fail(ld, s, "on_limit \"%s\" must be \"fail\" or "
-                                 "\"wait\"", str);
-            }
+            k = (int)r->on_limit;
+            rc = get_choice(ld, s, "fail", "wait", &k);
+            r->on_limit = (shim_on_limit_t)k;
         }
         else if (!inbound && strcmp(name, "max_wait_ms") == 0) {
             rc = get_ms(ld, s, 0, 3600000, &r->max_wait_ms);
@@ -532,17 +543,7 @@ static int load_rule(loader_t *ld, const config_setting_t *g, int inbound,
             rc = get_errno(ld, s, &r->nonblock_errno);
         }
         else if (!inbound && strcmp(name, "nonblocking") == 0) {
-            rc = get_string(ld, s, &str);
-            if (rc == TB_OK && strcmp(str, "fail") == 0) {
-                r->nonblock_wait = 0;
-            }
-            else if (rc == TB_OK && strcmp(str, "wait") == 0) {
-                r->nonblock_wait = 1;
-            }
-            else if (rc == TB_OK) {
-                rc = fail(ld, s, "nonblocking \"%s\" must be \"fail\" or "
-                                 "\"wait\"", str);
-            }
+            rc = get_choice(ld, s, "fail", "wait", &r->nonblock_wait);
         }
         else {
             rc = fail(ld, s, "unknown setting '%s' in an %s rule", name,

@@ -298,6 +298,22 @@ static void refuse(const char *msg)
     _exit(SHIM_EX_CONFIG);
 }
 
+/* A step of shim_load() that failed with err (prefixed with the config
+ * file's path where path is not NULL): refused before main() under
+ * strict, else one line saying what follows (then). */
+static void load_failed(const char *path, const char *err, int strict,
+                        const char *then)
+{
+    char msg[SHIM_ERR_LEN + 64];
+
+    snprintf(msg, sizeof(msg), "%s%s%s", path ? path : "", path ? ": " : "",
+             err);
+    if (strict) {
+        refuse(msg);
+    }
+    shim_warn("%s; %s", msg, then);
+}
+
 /* Load the config and create the core's client. ST_READY once the
  * client is handed to shim_core.c, ST_OFF when there is nothing to limit
  * or the config cannot be used (warned, or refused under strict). */
@@ -309,18 +325,13 @@ static int shim_load(void)
     tb_client_t *c;
 
     if (path == NULL || *path == '\0') {
-        snprintf(err, sizeof(err), "TBUCKET_CONFIG is not set");
-        if (env_strict) {
-            refuse(err);
-        }
-        shim_warn("%s; running unlimited", err);
+        load_failed(NULL, "TBUCKET_CONFIG is not set", env_strict,
+                    "running unlimited");
         return ST_OFF;
     }
     if (shim_conf_load(path, &shim_conf, err, sizeof(err)) != TB_OK) {
-        if (shim_conf.strict || env_strict) {
-            refuse(err);
-        }
-        shim_warn("%s; running unlimited", err);
+        load_failed(NULL, err, shim_conf.strict || env_strict,
+                    "running unlimited");
         return ST_OFF;
     }
     if (shim_conf.nin == 0 && shim_conf.nout == 0) {
@@ -329,33 +340,18 @@ static int shim_load(void)
     /* Here, in the constructor, the program has not forked yet: every
      * child it makes inherits the tables. */
     if (shim_local_start(&shim_conf, err, sizeof(err)) != TB_OK) {
-        char msg[SHIM_ERR_LEN + 64];
-
-        snprintf(msg, sizeof(msg), "%s: %s", path, err);
-        if (shim_conf.strict || env_strict) {
-            refuse(msg);
-        }
-        shim_warn("%s; local_concurrency is not enforced", msg);
+        load_failed(path, err, shim_conf.strict || env_strict,
+                    "local_concurrency is not enforced");
     }
     /* Before the client is made: it keeps the table it is given. */
     if (shim_lease_start(&shim_conf, err, sizeof(err)) != TB_OK) {
-        char msg[SHIM_ERR_LEN + 64];
-
-        snprintf(msg, sizeof(msg), "%s: %s", path, err);
-        if (shim_conf.strict || env_strict) {
-            refuse(msg);
-        }
-        shim_warn("%s; every connection asks Redis", msg);
+        load_failed(path, err, shim_conf.strict || env_strict,
+                    "every connection asks Redis");
     }
     c = tb_client_create(&shim_conf.opts, err, sizeof(err));
     if (c == NULL) {
-        char msg[SHIM_ERR_LEN + 64];
-
-        snprintf(msg, sizeof(msg), "%s: %s", path, err);
-        if (shim_conf.strict || env_strict) {
-            refuse(msg);
-        }
-        shim_warn("%s; running unlimited", msg);
+        load_failed(path, err, shim_conf.strict || env_strict,
+                    "running unlimited");
         return ST_OFF;
     }
     if (shim_conf.opts.tls.no_verify) {

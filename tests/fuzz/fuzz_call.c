@@ -48,20 +48,6 @@ static const double edges[] = {
     100000, 100001, 64, 1.0 / 3,
 };
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-} rd_t;
-
-static uint8_t byte(rd_t *r)
-{
-    if (!r->n) {
-        return 0;
-    }
-    r->n--;
-    return *r->p++;
-}
-
 static uint64_t bytes8(rd_t *r)
 {
     uint64_t u = 0;

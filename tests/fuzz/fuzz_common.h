@@ -66,4 +66,19 @@ static inline char *fuzz_cstr(const uint8_t *data, size_t size)
     return s;
 }
 
+/* The input, read front to back; past its end every byte reads as 0. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} rd_t;
+
+static inline uint8_t byte(rd_t *r)
+{
+    if (!r->n) {
+        return 0;
+    }
+    r->n--;
+    return *r->p++;
+}
+
 #endif

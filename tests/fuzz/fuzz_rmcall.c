@@ -32,20 +32,6 @@
 #include "fuzz_common.h"
 #include "tbucket_call.h"
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-} rd_t;
-
-static uint8_t byte(rd_t *r)
-{
-    if (!r->n) {
-        return 0;
-    }
-    r->n--;
-    return *r->p++;
-}
-
 /* A length-prefixed field as a heap copy of its exact size (so that a
  * read past it is an ASan report); p NULL for a missing field. */
 static tbucket_arg_t field(rd_t *r, int *missing)

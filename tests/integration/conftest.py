@@ -2,9 +2,10 @@
 
 Puts the helper package tbtest/ on sys.path and makes its servers and
 programs fixtures: a redis-server per test, factories for Apaches,
-haproxies, tb_driver clients and extra redis-servers, the paths of the
-test programs, a test PKI with TLS redis-servers, and a locale with a
-decimal comma. Each fixture stops what it started, by PID.
+haproxies, tb_driver clients and extra redis-servers, redis-servers with
+and without tbucket_redis.so, the paths of the test programs and the
+shim tests' downstream servers, a test PKI with TLS redis-servers, and a
+locale with a decimal comma. Each fixture stops what it started, by PID.
 """
 import os
 import shutil
@@ -16,9 +17,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tbtest.apache import Apache  # noqa: E402
 from tbtest.core import Driver  # noqa: E402
-from tbtest.env import BUILD, Redis, comma_locale, prog  # noqa: E402
+from tbtest.env import (BUILD, Redis, comma_locale, factory,  # noqa: E402
+                         prog)
 from tbtest.proof import HAProxy  # noqa: E402
-from tbtest.shim import PROG_NAMES, SHIM_SO  # noqa: E402
+from tbtest.redismod import (ModRedis, module_path,  # noqa: E402
+                             sanitizer_reports)
+from tbtest.shim import PROG_NAMES, SHIM_SO, Proc, plain_env  # noqa: E402
 from tbtest.tls import TlsRedis, make_pki  # noqa: E402
 
 
@@ -38,16 +42,10 @@ def redis_server(tmp_path):
 @pytest.fixture
 def make_redis(tmp_path):
     """A factory for extra redis-servers (own settings), stopped by PID."""
-    started = []
+    def create(name="extra", extra=None, port=None):
+        return Redis(tmp_path / name, port=port, extra=extra)
 
-    def start(name="extra", extra=None, port=None):
-        r = Redis(tmp_path / name, port=port, extra=extra)
-        started.append(r)
-        return r.start()
-
-    yield start
-    for r in started:
-        r.stop()
+    yield from factory(create, Redis.stop, then=Redis.start)
 
 
 @pytest.fixture
@@ -59,50 +57,29 @@ def build_dir():
 def apache_factory():
     """Make Apaches on demand; each is stopped by PID and its temp root
     removed at teardown."""
-    made = []
-
-    def make(**kw):
-        a = Apache(**kw)
-        made.append(a)
-        return a
-
-    yield make
-    for a in made:
-        a.cleanup()
+    yield from factory(Apache, Apache.cleanup)
 
 
 @pytest.fixture
 def haproxy_factory():
     """Start haproxies on demand; each is stopped by PID at teardown."""
-    made = []
-
-    def make(frontends):
-        h = HAProxy(frontends)
-        made.append(h)
-        return h.start()
-
-    yield make
-    for h in made:
-        h.stop()
+    yield from factory(HAProxy, HAProxy.stop, then=HAProxy.start)
 
 
 @pytest.fixture
 def drivers():
     """A factory for tb_driver processes, all stopped at teardown."""
-    started = []
-
-    def start(url, *args, **opts):
+    def create(url, *args, **opts):
         argv = ["--url", url] + list(args)
         for k, v in opts.items():
             argv += ["--" + k.replace("_", "-"), v]
-        d = Driver(argv)
-        started.append(d)
+        return Driver(argv)
+
+    def ready(d):
         assert d.ready.startswith("ok ready"), d.ready
         return d
 
-    yield start
-    for d in started:
-        d.stop()
+    yield from factory(create, Driver.stop, then=ready)
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +88,51 @@ def progs():
     if not os.path.exists(SHIM_SO):
         pytest.fail("%s is missing: run make first" % SHIM_SO)
     return {n: prog(n) for n in PROG_NAMES}
+
+
+@pytest.fixture
+def downstream(progs):
+    """A plain (unlimited) TCP server, tb_srv: the protected downstream
+    of the shim's outbound tests."""
+    p = Proc([progs["tb_srv"]], plain_env())
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def http_downstream(progs):
+    """The same answering HTTP (tb_srv -H)."""
+    p = Proc([progs["tb_srv"], "-H"], plain_env())
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def mod_servers(tmp_path):
+    """A factory for redis-servers that load tbucket_redis.so
+    (tbtest.redismod's ModRedis; module=None: a server without it), not
+    started; each is stopped by PID at teardown, and must have written
+    no sanitizer report and no crash."""
+    def finish(r):
+        r.stop()
+        assert sanitizer_reports(r.dir) == []
+        if os.path.exists(os.path.join(r.dir, "redis.log")):
+            assert "crashed" not in r.log().lower()
+
+    yield from factory(lambda name, **kw: ModRedis(tmp_path / name, **kw),
+                       finish)
+
+
+@pytest.fixture
+def mod_redis(mod_servers):
+    """A started redis-server with the module make built."""
+    return mod_servers("mod", module=module_path()).start()
+
+
+@pytest.fixture
+def plain_redis(mod_servers):
+    """A started redis-server of the same kind without the module."""
+    return mod_servers("plain", module=None).start()
 
 
 @pytest.fixture(scope="session")
@@ -122,16 +144,9 @@ def pki(tmp_path_factory):
 @pytest.fixture
 def tls_redis(tmp_path, pki):
     """A factory for TLS-only redis-servers; each stopped by PID."""
-    started = []
-
-    def start(name="tls", **kw):
-        r = TlsRedis(tmp_path / name, pki, **kw)
-        started.append(r)
-        return r.start()
-
-    yield start
-    for r in started:
-        r.stop()
+    yield from factory(lambda name="tls", **kw: TlsRedis(tmp_path / name,
+                                                         pki, **kw),
+                       TlsRedis.stop, then=TlsRedis.start)
 
 
 @pytest.fixture(scope="session")

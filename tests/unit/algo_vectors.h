@@ -167,25 +167,13 @@ static void av_check(const char *file, int min_rows)
     assert_int_equal(bad, 0);
 }
 
-/* Does a window's state match the text "w,cur,prev" ("-": no key)? The
- * fixed window stores prev 0. */
-static inline int av_window_ok(const tb_window_t *st, const char *text)
-{
-    double w, cur, prev;
-
-    if (strcmp(text, "-") == 0) {
-        return !st->exists;
-    }
-    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3 && st->exists
-           && st->w == w && st->cur == cur && st->prev == prev;
-}
-
 #ifdef AV_TAKE
 /* The hooks of a twin that keeps its buckets' states in an array (GCRA,
  * the fixed and the sliding window): the including file defines AV_STATE
  * (the state's type), AV_TAKE (the twin) and, when the script has a
  * settle mode, AV_SETTLE before including this header, then defines
- * av_state_ok(). */
+ * av_state_ok() -- unless it defines AV_WINDOW (the two windows), for
+ * which av_state_ok() is here. */
 static AV_STATE av_st[TB_MAX_BUCKETS];
 
 static void av_reset(int n)
@@ -216,6 +204,22 @@ static int take1(AV_STATE *st, double cap, double rate, double cost,
     assert_int_equal(AV_TAKE(st, &l, &cost, 1, now, st, v), TB_OK);
     return v->allowed;
 }
+
+#ifdef AV_WINDOW
+/* Does window i's state match the text "w,cur,prev" ("-": no key)? The
+ * fixed window stores prev 0. */
+static int av_state_ok(int i, const char *text)
+{
+    const tb_window_t *st = &av_st[i];
+    double w, cur, prev;
+
+    if (strcmp(text, "-") == 0) {
+        return !st->exists;
+    }
+    return sscanf(text, "%lf,%lf,%lf", &w, &cur, &prev) == 3 && st->exists
+           && st->w == w && st->cur == cur && st->prev == prev;
+}
+#endif /* AV_WINDOW */
 #endif /* AV_TAKE */
 
 #endif /* ALGO_VECTORS_H */

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "tb_int.h"
+#include "unit_common.h"
 
 /* tb__fmt_num(v) against snprintf("%.17g", v), and read back. */
 static void check_num(double v)
@@ -76,22 +77,12 @@ static void test_fmt_num_short_buffer(void **unused)
 /* A request over one main bucket and, with route, one route bucket. */
 static void fill(tb_request_t *q, tb_take_t *t, int n)
 {
-    memset(q, 0, sizeof(*q));
-    memset(t, 0, sizeof(*t) * (size_t)n);
-    t[0].limit.capacity = 100;
-    t[0].limit.rate_per_sec = 2.5;
-    t[0].cost = 1;
+    unit_take(&t[0], 100, 2.5, 1);
     if (n > 1) {
-        t[1].limit.capacity = 10;
-        t[1].limit.rate_per_sec = 0.5;
-        t[1].cost = 3;
+        unit_take(&t[1], 10, 0.5, 3);
         t[1].route = "export";
     }
-    q->prefix = "rl:";
-    q->key = "client-1";
-    q->key_len = 8;
-    q->takes = t;
-    q->ntakes = n;
+    unit_request(q, "rl:", "client-1", t, n);
 }
 
 /* The argv as one string, arguments joined by '|'. */

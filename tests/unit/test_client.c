@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "tb_int.h"
+#include "unit_common.h"
 
 /* ---- Fixtures ----------------------------------------------------------- */
 
@@ -90,27 +91,60 @@ static int drain_accepts(int lfd)
     return n;
 }
 
-static tb_client_t *client_at(int port, tb_policy_t policy, int threshold,
-                              int64_t cooldown_ms, tb_stats_t *stats)
+/* o: the defaults, with Redis at port on loopback (its URL written to
+ * url, URL_LEN bytes), policy and stats. */
+#define URL_LEN 64
+static void options_at(tb_options_t *o, char *url, int port,
+                       tb_policy_t policy, tb_stats_t *stats)
 {
-    tb_options_t o;
-    tb_client_t *c;
-    char url[64], err[128] = "";
+    tb_options_init(o);
+    snprintf(url, URL_LEN, "redis://127.0.0.1:%d", port);
+    o->url = url;
+    o->policy = policy;
+    o->stats = stats;
+}
 
-    tb_options_init(&o);
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
-    o.url = url;
-    o.timeout_ms = 30;
-    o.pool_size = 2;
-    o.policy = policy;
-    o.breaker_threshold = threshold;
-    o.breaker_cooldown_ms = cooldown_ms;
-    o.stats = stats;
-    c = tb_client_create(&o, err, sizeof(err));
+/* tb_client_create(o), which must succeed. */
+static tb_client_t *create(const tb_options_t *o)
+{
+    char err[128] = "";
+    tb_client_t *c = tb_client_create(o, err, sizeof(err));
+
     if (!c) {
         fail_msg("tb_client_create: %s", err);
     }
     return c;
+}
+
+static tb_client_t *client_at(int port, tb_policy_t policy, int threshold,
+                              int64_t cooldown_ms, tb_stats_t *stats)
+{
+    tb_options_t o;
+    char url[URL_LEN];
+
+    options_at(&o, url, port, policy, stats);
+    o.timeout_ms = 30;
+    o.pool_size = 2;
+    o.breaker_threshold = threshold;
+    o.breaker_cooldown_ms = cooldown_ms;
+    return create(&o);
+}
+
+/* client_at() a closed port: Redis unreachable, refused at once; *stats
+ * zeroed first. */
+static tb_client_t *unreachable(tb_policy_t policy, int threshold,
+                                int64_t cooldown_ms, tb_stats_t *stats)
+{
+    memset(stats, 0, sizeof(*stats));
+    return client_at(closed_port(), policy, threshold, cooldown_ms, stats);
+}
+
+/* A decision that Redis did not make: who made it, and its answer. */
+static void assert_answer(const tb_result_t *res, tb_source_t source,
+                          int allowed)
+{
+    assert_int_equal(res->source, source);
+    assert_int_equal(res->allowed, allowed);
 }
 
 static int decide1(tb_client_t *c, double cap, double rate, double cost,
@@ -118,11 +152,7 @@ static int decide1(tb_client_t *c, double cap, double rate, double cost,
 {
     tb_take_t t;
 
-    memset(&t, 0, sizeof(t));
-    t.limit.capacity = cap;
-    t.limit.rate_per_sec = rate;
-    t.cost = cost;
-    t.route = NULL;
+    unit_take(&t, cap, rate, cost);
     return tb_client_decide(c, "tb:", "client-1", 8, &t, 1, res);
 }
 
@@ -287,8 +317,7 @@ static void test_client_decide_bad_arguments(void **state)
     int k;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_OPEN, 5, 1000, &st);
+    c = unreachable(TB_POLICY_OPEN, 5, 1000, &st);
     for (k = 0; k <= TB_MAX_BUCKETS; k++) {
         t[k].limit.capacity = 10;
         t[k].limit.rate_per_sec = 1;
@@ -335,11 +364,9 @@ static void test_client_policy_open_when_unreachable(void **state)
     tb_result_t res;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_OPEN, 5, 1000, &st);
+    c = unreachable(TB_POLICY_OPEN, 5, 1000, &st);
     assert_int_equal(decide1(c, 10, 1, 1, &res), TB_ERR);
-    assert_int_equal(res.allowed, 1);
-    assert_int_equal(res.source, TB_SRC_OPEN);
+    assert_answer(&res, TB_SRC_OPEN, 1);
     assert_int_equal(res.err, TB_ERR_IO);
     assert_int_equal(res.retry_ms, 0);
     assert_true(res.limit == 10);
@@ -360,21 +387,15 @@ static void test_client_policy_closed_when_unreachable(void **state)
     tb_options_t o;
     tb_client_t *c;
     tb_result_t res;
-    char url[64], err[128];
+    char url[URL_LEN];
 
     (void)state;
     memset(&st, 0, sizeof(st));
-    tb_options_init(&o);
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", closed_port());
-    o.url = url;
-    o.policy = TB_POLICY_CLOSED;
+    options_at(&o, url, closed_port(), TB_POLICY_CLOSED, &st);
     o.closed_retry_ms = 1234;
-    o.stats = &st;
-    c = tb_client_create(&o, err, sizeof(err));
-    assert_non_null(c);
+    c = create(&o);
     assert_int_equal(decide1(c, 10, 1, 1, &res), TB_ERR);
-    assert_int_equal(res.allowed, 0);
-    assert_int_equal(res.source, TB_SRC_CLOSED);
+    assert_answer(&res, TB_SRC_CLOSED, 0);
     assert_int_equal(res.err, TB_ERR_IO);
     assert_int_equal(res.retry_ms, 1234);
     assert_int_equal(st.rejected, 1);
@@ -392,7 +413,7 @@ static void test_client_policy_local_when_unreachable(void **state)
     tb_result_t res;
     void *mem;
     tb_local_t *table;
-    char url[64], err[128];
+    char url[URL_LEN];
     int k, allowed = 0;
 
     (void)state;
@@ -400,16 +421,11 @@ static void test_client_policy_local_when_unreachable(void **state)
     mem = malloc(tb_local_size(64));
     assert_non_null(mem);
     table = tb_local_init(mem, 64);
-    tb_options_init(&o);
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", closed_port());
-    o.url = url;
-    o.policy = TB_POLICY_LOCAL;
+    options_at(&o, url, closed_port(), TB_POLICY_LOCAL, &st);
     o.replicas = 3;
     o.local = table;
     o.breaker_threshold = 1000;
-    o.stats = &st;
-    c = tb_client_create(&o, err, sizeof(err));
-    assert_non_null(c);
+    c = create(&o);
     for (k = 0; k < 10; k++) {
         assert_int_equal(decide1(c, 9, 3, 1, &res), TB_ERR);
         assert_int_equal(res.source, TB_SRC_LOCAL);
@@ -422,8 +438,7 @@ static void test_client_policy_local_when_unreachable(void **state)
     assert_int_equal(st.fallback_local, 10);
     fake_now_us += 1000000;
     assert_int_equal(decide1(c, 9, 3, 1, &res), TB_ERR);
-    assert_int_equal(res.allowed, 1);
-    assert_int_equal(res.source, TB_SRC_LOCAL);
+    assert_answer(&res, TB_SRC_LOCAL, 1);
     tb_client_free(c);
     free(mem);
 }
@@ -437,8 +452,7 @@ static void test_client_policy_local_own_table(void **state)
     int k, allowed = 0;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_LOCAL, 1000, 1000, &st);
+    c = unreachable(TB_POLICY_LOCAL, 1000, 1000, &st);
     for (k = 0; k < 5; k++) {
         decide1(c, 2, 1, 1, &res);
         assert_int_equal(res.source, TB_SRC_LOCAL);
@@ -464,8 +478,7 @@ static void test_client_decide_max_buckets(void **state)
     int k;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_LOCAL, 1000, 1000, &st);
+    c = unreachable(TB_POLICY_LOCAL, 1000, 1000, &st);
     for (k = 0; k < TB_MAX_BUCKETS; k++) {
         t[k].limit.capacity = k == 0 ? 1 : 10;
         t[k].limit.rate_per_sec = 0.001;
@@ -474,8 +487,7 @@ static void test_client_decide_max_buckets(void **state)
     }
     assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, TB_MAX_BUCKETS,
                                       &res), TB_ERR);
-    assert_int_equal(res.source, TB_SRC_LOCAL);
-    assert_int_equal(res.allowed, 1);
+    assert_answer(&res, TB_SRC_LOCAL, 1);
     assert_int_equal(res.remaining, 0);
     assert_int_equal(res.binding, 0);
     assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, 1, &res),
@@ -498,8 +510,7 @@ static void test_client_breaker_opens_and_stops_calling(void **state)
     int k;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_CLOSED, 3, 1000, &st);
+    c = unreachable(TB_POLICY_CLOSED, 3, 1000, &st);
     for (k = 0; k < 3; k++) {
         assert_int_equal(tb_client_breaker_state(c), TB_BREAKER_CLOSED);
         decide1(c, 10, 1, 1, &res);
@@ -512,8 +523,7 @@ static void test_client_breaker_opens_and_stops_calling(void **state)
         fake_now_us += 49000;
         assert_int_equal(decide1(c, 10, 1, 1, &res), TB_ERR);
         assert_int_equal(res.err, TB_ERR_BREAKER);
-        assert_int_equal(res.source, TB_SRC_CLOSED);
-        assert_int_equal(res.allowed, 0);
+        assert_answer(&res, TB_SRC_CLOSED, 0);
         /* Closed policy + open breaker: retry when the probe is due. */
         assert_true(res.retry_ms > 0 && res.retry_ms <= 1000);
         assert_int_equal(res.redis_us, 0);
@@ -560,8 +570,7 @@ static void test_client_breaker_counts_connections(void **state)
         decide1(c, 10, 1, 1, &res);
         dt = tb_clock_monotonic_us() - t0;
         assert_int_equal(res.err, TB_ERR_TIMEOUT);
-        assert_int_equal(res.source, TB_SRC_OPEN);
-        assert_int_equal(res.allowed, 1);
+        assert_answer(&res, TB_SRC_OPEN, 1);
         if (dt < 25000 || dt > 30000 + 100000) {
             fail_msg("a 30 ms timeout took %lld us", (long long)dt);
         }
@@ -624,16 +633,8 @@ static int decide_conc(tb_client_t *c, int limit, int64_t ttl_ms, double cap,
     tb_take_t t;
     tb_request_t q;
 
-    memset(&t, 0, sizeof(t));
-    t.limit.capacity = cap;
-    t.limit.rate_per_sec = 1;
-    t.cost = 1;
-    memset(&q, 0, sizeof(q));
-    q.prefix = "tb:";
-    q.key = "client-1";
-    q.key_len = 8;
-    q.takes = &t;
-    q.ntakes = cap > 0 ? 1 : 0;
+    unit_take(&t, cap, 1, 1);
+    unit_request(&q, "tb:", "client-1", &t, cap > 0 ? 1 : 0);
     q.concurrency = limit;
     q.concurrency_ttl_ms = ttl_ms;
     return tb_client_run(c, &q, res);
@@ -644,10 +645,7 @@ static void release_conc(tb_client_t *c, const tb_slot_t *slot,
 {
     tb_request_t q;
 
-    memset(&q, 0, sizeof(q));
-    q.prefix = "tb:";
-    q.key = "client-1";
-    q.key_len = 8;
+    unit_request(&q, "tb:", "client-1", NULL, 0);
     q.concurrency_ttl_ms = ttl_ms;
     assert_int_equal(tb_client_release(c, &q, slot), TB_OK);
 }
@@ -664,17 +662,9 @@ static void test_client_concurrency_bad_arguments(void **state)
     tb_slot_t none;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_OPEN, 5, 1000, &st);
-    memset(&t, 0, sizeof(t));
-    t.limit.capacity = 10;
-    t.limit.rate_per_sec = 1;
-    t.cost = 1;
-    memset(&q, 0, sizeof(q));
-    q.prefix = "tb:";
-    q.key = "k";
-    q.key_len = 1;
-    q.takes = &t;
+    c = unreachable(TB_POLICY_OPEN, 5, 1000, &st);
+    unit_take(&t, 10, 1, 1);
+    unit_request(&q, "tb:", "k", &t, 0);
 #define BAD()                                                               \
     do {                                                                    \
         assert_int_equal(tb_client_run(c, &q, &res), TB_ERR);               \
@@ -716,18 +706,15 @@ static void test_client_concurrency_open_and_closed(void **state)
     tb_result_t res;
 
     (void)state;
-    memset(&st, 0, sizeof(st));
-    c = client_at(closed_port(), TB_POLICY_OPEN, 1000, 1000, &st);
+    c = unreachable(TB_POLICY_OPEN, 1000, 1000, &st);
     assert_int_equal(decide_conc(c, 3, 0, 0, &res), TB_ERR);
-    assert_int_equal(res.allowed, 1);
-    assert_int_equal(res.source, TB_SRC_OPEN);
+    assert_answer(&res, TB_SRC_OPEN, 1);
     assert_int_equal(res.slot.kind, TB_SLOT_NONE);
     assert_int_equal(res.remaining, 3);
     tb_client_free(c);
     c = client_at(closed_port(), TB_POLICY_CLOSED, 1000, 1000, &st);
     assert_int_equal(decide_conc(c, 3, 0, 0, &res), TB_ERR);
-    assert_int_equal(res.allowed, 0);
-    assert_int_equal(res.source, TB_SRC_CLOSED);
+    assert_answer(&res, TB_SRC_CLOSED, 0);
     assert_int_equal(res.refused_by, TB_LIMIT_CONCURRENCY);
     assert_int_equal(decide_conc(c, 3, 0, 10, &res), TB_ERR);
     assert_int_equal(res.refused_by, TB_LIMIT_RATE);
@@ -743,24 +730,18 @@ static void test_client_concurrency_local(void **state)
     tb_options_t o;
     tb_client_t *c;
     tb_result_t res, held[3];
-    char url[64], err[128];
+    char url[URL_LEN];
     int k;
 
     (void)state;
     memset(&st, 0, sizeof(st));
-    tb_options_init(&o);
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", closed_port());
-    o.url = url;
-    o.policy = TB_POLICY_LOCAL;
+    options_at(&o, url, closed_port(), TB_POLICY_LOCAL, &st);
     o.replicas = 2;
     o.breaker_threshold = 1000;
-    o.stats = &st;
-    c = tb_client_create(&o, err, sizeof(err));
-    assert_non_null(c);
+    c = create(&o);
     for (k = 0; k < 3; k++) {       /* ceil(5 / 2) = 3 slots here. */
         assert_int_equal(decide_conc(c, 5, 10000, 0, &held[k]), TB_ERR);
-        assert_int_equal(held[k].allowed, 1);
-        assert_int_equal(held[k].source, TB_SRC_LOCAL);
+        assert_answer(&held[k], TB_SRC_LOCAL, 1);
         assert_int_equal(held[k].slot.kind, TB_SLOT_LOCAL);
         assert_int_equal(held[k].in_flight, k + 1);
     }

@@ -11,12 +11,8 @@
 
 #define AV_STATE tb_window_t
 #define AV_TAKE tb_fwindow_take
+#define AV_WINDOW
 #include "algo_vectors.h"
-
-static int av_state_ok(int i, const char *text)
-{
-    return av_window_ok(&av_st[i], text);
-}
 
 static void test_fwindow_vectors(void **unused)
 {

@@ -29,37 +29,25 @@
 #include <cmocka.h>
 
 #include "tb.h"
-
-#define GUARD 256
+#include "unit_common.h"
 
 typedef struct table {
-    unsigned char *mem;
-    size_t size;
+    guarded_t g;
     tb_inflight_t *t;
 } table_t;
 
 static void table_new(table_t *tab, uint32_t cap)
 {
-    tab->size = tb_inflight_size(cap);
-    assert_true(tab->size > 0);
-    tab->mem = malloc(tab->size + GUARD);
-    assert_non_null(tab->mem);
-    memset(tab->mem, 0xa5, tab->size + GUARD);
-    tab->t = tb_inflight_init(tab->mem, cap);
+    size_t size = tb_inflight_size(cap);
+
+    assert_true(size > 0);
+    tab->t = tb_inflight_init(guarded_new(&tab->g, size, 0), cap);
     assert_non_null(tab->t);
 }
 
 static void table_free(table_t *tab)
 {
-    size_t i;
-
-    for (i = tab->size; i < tab->size + GUARD; i++) {
-        if (tab->mem[i] != 0xa5) {
-            fail_msg("tb_inflight wrote past its %zu bytes (offset %zu)",
-                     tab->size, i);
-        }
-    }
-    free(tab->mem);
+    guarded_free(&tab->g, "tb_inflight");
 }
 
 /* A table in memory shared with forked children. */
@@ -250,18 +238,14 @@ static void *hammer_main(void *arg)
 
 static void run_threads(hammer_t *proto, int nthreads)
 {
-    pthread_t th[8];
     hammer_t h[8];
     int k;
 
     for (k = 0; k < nthreads; k++) {
         h[k] = *proto;
-        assert_int_equal(pthread_create(&th[k], NULL, hammer_main, &h[k]),
-                         0);
     }
-    for (k = 0; k < nthreads; k++) {
-        assert_int_equal(pthread_join(th[k], NULL), 0);
-    }
+    assert_int_equal(unit_threads(nthreads, hammer_main, h, sizeof(h[0])),
+                     0);
 }
 
 static void test_inflight_threads_exact_cap(void **state)
@@ -309,15 +293,13 @@ static void fork_hammers(tb_inflight_t *t, uint32_t n, counters_t *c,
                          int nproc, int calls, int keep)
 {
     pid_t pids[4];
-    int p, status;
+    int p;
 
     for (p = 0; p < nproc; p++) {
         pids[p] = fork();
         assert_true(pids[p] >= 0);
         if (pids[p] == 0) {
             hammer_t h;
-            pthread_t th[2];
-            int k;
 
             memset(&h, 0, sizeof(h));
             h.t = t;
@@ -328,21 +310,10 @@ static void fork_hammers(tb_inflight_t *t, uint32_t n, counters_t *c,
             h.most = &c->most;
             h.taken = &c->taken;
             h.keep = keep;
-            for (k = 0; k < 2; k++) {
-                if (pthread_create(&th[k], NULL, hammer_main, &h) != 0) {
-                    _exit(2);
-                }
-            }
-            for (k = 0; k < 2; k++) {
-                pthread_join(th[k], NULL);
-            }
-            _exit(0);
+            _exit(unit_threads(2, hammer_main, &h, 0) ? 2 : 0);
         }
     }
-    for (p = 0; p < nproc; p++) {
-        assert_int_equal(waitpid(pids[p], &status, 0), pids[p]);
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
+    unit_wait_children(pids, nproc);
 }
 
 static void test_inflight_fork_exact_cap(void **state)

@@ -374,6 +374,19 @@ static void test_key_shard_cannot_be_forged(void **state)
     }
 }
 
+/* valid() takes a string of max characters of fill and refuses one of
+ * max + 1, which buf (max + 2 bytes) holds afterwards. */
+static void check_max_len(int (*valid)(const char *), char *buf,
+                          size_t max, char fill)
+{
+    memset(buf, fill, max + 2);
+    buf[max] = '\0';
+    assert_int_equal(valid(buf), 1);
+    buf[max] = fill;
+    buf[max + 1] = '\0';
+    assert_int_equal(valid(buf), 0);
+}
+
 static void test_key_prefix_and_name_validation(void **state)
 {
     static const char *good_prefix[] = {"tb:", "a", "rl:v2:", "x-y_z.0#"};
@@ -407,18 +420,8 @@ static void test_key_prefix_and_name_validation(void **state)
         }
         assert_int_equal(tb_key_build("tb:", "k", 1, bad_name[k], out), 0);
     }
-    memset(long_prefix, 'p', sizeof(long_prefix));
-    long_prefix[TB_PREFIX_MAX] = '\0';
-    assert_int_equal(tb_prefix_valid(long_prefix), 1);
-    long_prefix[TB_PREFIX_MAX] = 'p';
-    long_prefix[TB_PREFIX_MAX + 1] = '\0';
-    assert_int_equal(tb_prefix_valid(long_prefix), 0);
-    memset(long_name, 'n', sizeof(long_name));
-    long_name[TB_NAME_MAX] = '\0';
-    assert_int_equal(tb_name_valid(long_name), 1);
-    long_name[TB_NAME_MAX] = 'n';
-    long_name[TB_NAME_MAX + 1] = '\0';
-    assert_int_equal(tb_name_valid(long_name), 0);
+    check_max_len(tb_prefix_valid, long_prefix, TB_PREFIX_MAX, 'p');
+    check_max_len(tb_name_valid, long_name, TB_NAME_MAX, 'n');
     assert_int_equal(tb_key_build("tb:", "k", 1, long_name, out), 0);
     /* NULL is a bad argument, not a crash. */
     assert_int_equal(tb_prefix_valid(NULL), 0);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "tb_int.h"
+#include "unit_common.h"
 
 static tb_monotime_us fake_now_us;
 
@@ -40,14 +41,8 @@ static int setup(void **state)
     f->ls.table = tb_lease_init(f->mem, 64);
     f->ls.epoch = tb_lease_epoch(f->ls.table);
     f->ls.owner = 7;
-    f->take.limit.capacity = 100;
-    f->take.limit.rate_per_sec = 10;
-    f->take.cost = 1;
-    f->q.prefix = "rl:";
-    f->q.key = "alice";
-    f->q.key_len = 5;
-    f->q.takes = &f->take;
-    f->q.ntakes = 1;
+    unit_take(&f->take, 100, 10, 1);
+    unit_request(&f->q, "rl:", "alice", &f->take, 1);
     f->q.lease = 20;
     f->q.lease_ttl_ms = 1000;
     fake_now_us = 1000000000;

@@ -24,41 +24,29 @@
 #include <cmocka.h>
 
 #include "tb_int.h"
-
-#define GUARD 256
+#include "unit_common.h"
 
 typedef struct table {
-    unsigned char *mem;
-    size_t size;
+    guarded_t g;
     tb_local_t *t;
+    tb_lease_t *l;                    /* Or a lease table (lease_new()). */
 } table_t;
 
 static void table_new(table_t *tab, size_t entries)
 {
-    tab->size = tb_local_size(entries);
-    tab->mem = malloc(tab->size + GUARD);
-    assert_non_null(tab->mem);
-    memset(tab->mem, 0xa5, tab->size + GUARD);
-    tab->t = tb_local_init(tab->mem, entries);
+    tab->t = tb_local_init(guarded_new(&tab->g, tb_local_size(entries), 0),
+                           entries);
     assert_non_null(tab->t);
 }
 
 static void table_check_guard(const table_t *tab)
 {
-    size_t i;
-
-    for (i = tab->size; i < tab->size + GUARD; i++) {
-        if (tab->mem[i] != 0xa5) {
-            fail_msg("tb_local wrote past its %zu bytes (offset %zu)",
-                     tab->size, i);
-        }
-    }
+    guarded_check(&tab->g, "tb_local");
 }
 
 static void table_free(table_t *tab)
 {
-    table_check_guard(tab);
-    free(tab->mem);
+    guarded_free(&tab->g, "tb_local");
 }
 
 /* tb_local_take() with the limits and costs in arrays of their own;
@@ -309,7 +297,6 @@ static void *hammer_main(void *arg)
 static void test_local_threads_count_exactly(void **state)
 {
     table_t tab;
-    pthread_t th[4];
     hammer_t h[4];
     int k, total = 0;
 
@@ -320,10 +307,9 @@ static void test_local_threads_count_exactly(void **state)
         h[k].key = "tb:{shared}";
         h[k].calls = 5000;
         h[k].allowed = 0;
-        assert_int_equal(pthread_create(&th[k], NULL, hammer_main, &h[k]), 0);
     }
+    assert_int_equal(unit_threads(4, hammer_main, h, sizeof(h[0])), 0);
     for (k = 0; k < 4; k++) {
-        assert_int_equal(pthread_join(th[k], NULL), 0);
         total += h[k].allowed;
     }
     assert_int_equal(total, 1000);
@@ -334,17 +320,12 @@ static void test_local_threads_count_exactly(void **state)
  * decisions are seen by the parent. */
 static void test_local_shared_memory_across_fork(void **state)
 {
-    size_t size = tb_local_size(64);
-    void *mem;
+    guarded_t g;
     tb_local_t *t;
     pid_t pid;
-    int status = -1;
 
     (void)state;
-    mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-               -1, 0);
-    assert_true(mem != MAP_FAILED);
-    t = tb_local_init(mem, 64);
+    t = tb_local_init(guarded_new(&g, tb_local_size(64), 1), 64);
     assert_non_null(t);
     pid = fork();
     assert_true(pid >= 0);
@@ -357,11 +338,10 @@ static void test_local_shared_memory_across_fork(void **state)
         _exit(local_take(t, &key, &lim, &cost, 1, 1, 0, &v) == TB_OK
               && v.allowed ? 0 : 1);
     }
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    unit_wait_children(&pid, 1);
     assert_int_equal(take1(t, "tb:{forked}", 4, 0.001, 1, 1, 0).allowed, 0);
     assert_int_equal(tb_local_used(t), 1);
-    munmap(mem, size);
+    guarded_free(&g, "tb_local");
 }
 
 static void test_local_bad_arguments(void **state)
@@ -415,11 +395,36 @@ static void test_local_bad_arguments(void **state)
 
 static tb_lease_t *lease_new(table_t *tab, size_t entries)
 {
-    tab->size = tb_lease_size(entries);
-    tab->mem = malloc(tab->size + GUARD);
-    assert_non_null(tab->mem);
-    memset(tab->mem, 0xa5, tab->size + GUARD);
-    return tb_lease_init(tab->mem, entries);
+    tab->l = tb_lease_init(guarded_new(&tab->g, tb_lease_size(entries), 0),
+                           entries);
+    return tab->l;
+}
+
+/* cmocka setup of the lease tests: *state is a table_t holding a lease
+ * table of 64 entries; the teardown checks its guard and frees it. */
+static int lease_setup(void **state)
+{
+    table_t *tab = calloc(1, sizeof(*tab));
+
+    *state = tab;
+    return tab && lease_new(tab, 64) ? 0 : -1;
+}
+
+static int lease_teardown(void **state)
+{
+    table_free(*state);
+    free(*state);
+    return 0;
+}
+
+/* A lease test: run with a table of its own (lease_setup()). */
+#define LEASE_TEST(f) \
+    cmocka_unit_test_setup_teardown(f, lease_setup, lease_teardown)
+
+/* The lease table of a test run with lease_setup(). */
+static tb_lease_t *lease_of(void **state)
+{
+    return ((table_t *)*state)->l;
 }
 
 static tb_lease_info_t lease_info(const char *key, int64_t ttl_ms)
@@ -449,12 +454,10 @@ static double lease_put(tb_lease_t *l, const char *key, double tokens,
 
 static void test_local_lease_spend_and_expire(void **state)
 {
-    table_t tab;
-    tb_lease_t *l;
+    table_t *tab = *state;
+    tb_lease_t *l = lease_of(state);
     double left = -1;
 
-    (void)state;
-    l = lease_new(&tab, 64);
     assert_non_null(l);
     /* No lease yet: ask Redis. */
     assert_int_equal(tb_lease_spend(l, "tb:{a}", 1, 1000, &left), 0);
@@ -478,14 +481,14 @@ static void test_local_lease_spend_and_expire(void **state)
     assert_int_equal(tb_lease_credit(l, "tb:{zz}", 1, 1000), 0);
     assert_int_equal(tb_lease_used(l), 1);
     /* A local table is not a lease table, and back. */
-    assert_int_equal(tb_lease_spend((tb_lease_t *)tb_local_init(tab.mem, 64),
+    assert_int_equal(tb_lease_spend((tb_lease_t *)tb_local_init(tab->g.mem,
+                                                                64),
                                     "k", 1, 0, &left), -1);
-    l = tb_lease_init(tab.mem, 64);
+    l = tb_lease_init(tab->g.mem, 64);
     assert_int_equal(tb_lease_spend(l, NULL, 1, 0, &left), -1);
     assert_int_equal(tb_lease_spend(l, "k", -1, 0, &left), -1);
     assert_int_equal(tb_lease_spend(NULL, "k", 1, 0, &left), -1);
     assert_int_equal(tb_lease_credit(l, "k", NAN, 0), -1);
-    table_free(&tab);
 }
 
 /* The unspent tokens of an expired lease come out once, in the plan of
@@ -494,12 +497,9 @@ static void test_local_lease_expired_tokens_come_back(void **state)
 {
     tb_lease_info_t in = lease_info("tb:{e}", 500);
     tb_lease_plan_t plan;
-    table_t tab;
-    tb_lease_t *l;
+    tb_lease_t *l = lease_of(state);
     double left;
 
-    (void)state;
-    l = lease_new(&tab, 64);
     lease_put(l, "tb:{e}", 9, 0, 500);
     assert_int_equal(tb_lease_spend(l, "tb:{e}", 4, 100, &left), 1);
     /* Still valid: nothing comes back, the 5 stay spendable. */
@@ -513,7 +513,6 @@ static void test_local_lease_expired_tokens_come_back(void **state)
     assert_int_equal(tb_lease_plan(l, &in, 1, 50, 999, &plan), TB_OK);
     assert_true(plan.back == 0);
     assert_int_equal(tb_lease_spend(l, "tb:{e}", 1, 999, &left), 0);
-    table_free(&tab);
 }
 
 /* The size follows the key's traffic: the cost alone for a new or quiet
@@ -522,13 +521,10 @@ static void test_local_lease_size_follows_traffic(void **state)
 {
     tb_lease_info_t in = lease_info("tb:{s}", 1000);
     tb_lease_plan_t plan;
-    table_t tab;
-    tb_lease_t *l;
+    tb_lease_t *l = lease_of(state);
     double left;
     int k, hits = 0, plans = 0;
 
-    (void)state;
-    l = lease_new(&tab, 64);
     assert_int_equal(tb_lease_plan(l, &in, 2, 50, 0, &plan), TB_OK);
     assert_true(plan.want == 2);
     /* 200 requests of cost 1 in 200 ms: each refill at most doubles the
@@ -555,7 +551,6 @@ static void test_local_lease_size_follows_traffic(void **state)
     assert_true(plan.want >= 60 && plan.want <= 80);
     assert_int_equal(tb_lease_plan(l, &in, 3, 1000, 20000, &plan), TB_OK);
     assert_true(plan.want == 3);
-    table_free(&tab);
 }
 
 typedef struct given {
@@ -585,14 +580,11 @@ static void test_local_lease_drain(void **state)
     tb_lease_info_t in = lease_info("tb:{late}", 1000);
     tb_lease_plan_t plan;
     given_t g;
-    table_t tab;
-    tb_lease_t *l;
+    tb_lease_t *l = lease_of(state);
     uint64_t epoch;
     double left;
 
-    (void)state;
     memset(&g, 0, sizeof(g));
-    l = lease_new(&tab, 64);
     lease_put(l, "tb:{one}", 5, 0, 1000);
     lease_put(l, "tb:{two}", 2.5, 0, 10);
     lease_put(l, "tb:{empty}", 0, 0, 1000);
@@ -626,7 +618,6 @@ static void test_local_lease_drain(void **state)
     in.key = "k";
     assert_int_equal(tb_lease_store(l, &in, &plan, NAN, 0), -1);
     assert_int_equal(tb_lease_drain(NULL, give_cb, &g), 0);
-    table_free(&tab);
 }
 
 /* Children of a fork share the lease: 2 processes x 4 threads spend a
@@ -650,17 +641,15 @@ static void *lease_worker(void *p)
 
 static int lease_spend_threads(tb_lease_t *l)
 {
-    pthread_t th[4];
     lease_arg_t a[4];
     int i, hits = 0;
 
     for (i = 0; i < 4; i++) {
         a[i].l = l;
         a[i].hits = 0;
-        pthread_create(&th[i], NULL, lease_worker, &a[i]);
     }
+    (void)unit_threads(4, lease_worker, a, sizeof(a[0]));
     for (i = 0; i < 4; i++) {
-        pthread_join(th[i], NULL);
         hits += a[i].hits;
     }
     return hits;
@@ -668,16 +657,13 @@ static int lease_spend_threads(tb_lease_t *l)
 
 static void test_local_lease_shared_across_fork(void **state)
 {
-    size_t size = tb_lease_size(64);
-    void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    guarded_t g;
     tb_lease_t *l;
-    int pipefd[2], st, mine, theirs = -1;
+    int pipefd[2], mine, theirs = -1;
     pid_t pid;
 
     (void)state;
-    assert_true(mem != MAP_FAILED);
-    l = tb_lease_init(mem, 64);
+    l = tb_lease_init(guarded_new(&g, tb_lease_size(64), 1), 64);
     lease_put(l, "tb:{hot}", 4000, 0, 1000);
     assert_int_equal(pipe(pipefd), 0);
     pid = fork();
@@ -693,12 +679,11 @@ static void test_local_lease_shared_across_fork(void **state)
     mine = lease_spend_threads(l);
     assert_int_equal(read(pipefd[0], &theirs, sizeof(theirs)),
                      sizeof(theirs));
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unit_wait_children(&pid, 1);
     assert_int_equal(mine + theirs, 4000);
     close(pipefd[0]);
     close(pipefd[1]);
-    munmap(mem, size);
+    guarded_free(&g, "tb_lease");
 }
 
 static void test_local_null_arguments(void **state)
@@ -850,7 +835,6 @@ static void *conc_hammer_main(void *arg)
 static void test_local_conc_threads(void **state)
 {
     table_t tab;
-    pthread_t th[4];
     conc_hammer_t h[4];
     int64_t w, held;
     int k;
@@ -861,11 +845,9 @@ static void test_local_conc_threads(void **state)
         h[k].t = tab.t;
         h[k].rounds = 20000;
         h[k].max_seen = 0;
-        assert_int_equal(pthread_create(&th[k], NULL, conc_hammer_main,
-                                        &h[k]), 0);
     }
+    assert_int_equal(unit_threads(4, conc_hammer_main, h, sizeof(h[0])), 0);
     for (k = 0; k < 4; k++) {
-        assert_int_equal(pthread_join(th[k], NULL), 0);
         assert_true(h[k].max_seen >= 1 && h[k].max_seen <= 3);
     }
     assert_int_equal(tb_local_conc_take(tab.t, "tb:{hot}:conc", 3, 1000000,
@@ -888,10 +870,10 @@ int main(void)
         cmocka_unit_test(test_local_shared_memory_across_fork),
         cmocka_unit_test(test_local_bad_arguments),
         cmocka_unit_test(test_local_null_arguments),
-        cmocka_unit_test(test_local_lease_spend_and_expire),
-        cmocka_unit_test(test_local_lease_expired_tokens_come_back),
-        cmocka_unit_test(test_local_lease_size_follows_traffic),
-        cmocka_unit_test(test_local_lease_drain),
+        LEASE_TEST(test_local_lease_spend_and_expire),
+        LEASE_TEST(test_local_lease_expired_tokens_come_back),
+        LEASE_TEST(test_local_lease_size_follows_traffic),
+        LEASE_TEST(test_local_lease_drain),
         cmocka_unit_test(test_local_lease_shared_across_fork),
         cmocka_unit_test(test_local_conc_take_and_release),
         cmocka_unit_test(test_local_conc_windows),

@@ -42,40 +42,104 @@ static void check_err_buffer(const char *buf, size_t errlen, const char *in)
     }
 }
 
+/* Ends a table test: fails once if any entry failed (each printed). */
+static void table_done(void)
+{
+    if (nbad) {
+        fail_msg("%d table entries failed", nbad);
+    }
+}
+
+/* A parser under test: s refused or not, err as the parser's; what it
+ * parsed in *got (a duration's milliseconds are exact as a double). */
+typedef int (*parse_fn)(const char *s, double *got, char *err,
+                        size_t errlen);
+
+static int rate_value(const char *s, double *got, char *err, size_t errlen)
+{
+    return tb_parse_rate(s, got, err, errlen);
+}
+
+static int duration_value(const char *s, double *got, char *err,
+                          size_t errlen)
+{
+    int64_t ms = (int64_t)*got;
+    int rc = tb_parse_duration_ms(s, &ms, err, errlen);
+
+    *got = (double)ms;
+    return rc;
+}
+
+/* A good value and what it parses to. */
+typedef struct good {
+    const char *s;
+    double want;
+} good_t;
+
+/* Every one of the n good values t parses to its value, within a
+ * relative error of tolerance. */
+static void check_good_table(const char *what, const good_t *t, size_t n,
+                             parse_fn parse, double tolerance)
+{
+    size_t k;
+
+    nbad = 0;
+    for (k = 0; k < n; k++) {
+        double got = -1;
+        char err[128] = "";
+
+        if (parse(t[k].s, &got, err, sizeof(err)) != TB_OK) {
+            nbad++;
+            print_error("%s '%s' refused: %s\n", what, t[k].s, err);
+        }
+        else if (fabs(got - t[k].want) > t[k].want * tolerance) {
+            nbad++;
+            print_error("%s '%s' = %.17g, want %.17g\n", what, t[k].s, got,
+                        t[k].want);
+        }
+    }
+    table_done();
+}
+
+/* Every one of the n bad values t is refused by parse, with a message
+ * kept inside a 128-byte buffer and inside a 4-byte one. */
+static void check_bad_table(const char *what, const char *const *t,
+                            size_t n, parse_fn parse)
+{
+    size_t k;
+
+    nbad = 0;
+    for (k = 0; k < n; k++) {
+        char err[128 + GUARD], tiny[4 + GUARD];
+        double got = 42;
+
+        memset(err, 0x5a, sizeof(err));
+        if (parse(t[k], &got, err, 128) != TB_ERR) {
+            nbad++;
+            print_error("bad %s '%s' accepted as %.17g\n", what, t[k], got);
+            continue;
+        }
+        check_err_buffer(err, 128, t[k]);
+        memset(tiny, 0x5a, sizeof(tiny));
+        assert_int_equal(parse(t[k], &got, tiny, 4), TB_ERR);
+        check_err_buffer(tiny, 4, t[k]);
+    }
+    table_done();
+}
+
 static void test_parse_rate_good(void **state)
 {
-    static const struct {
-        const char *s;
-        double want;
-    } t[] = {
+    static const good_t t[] = {
         {"10/s", 10},       {"10", 10},          {"1/s", 1},
         {"0.5/s", 0.5},     {"0.5", 0.5},        {"60/m", 1},
         {"1/m", 1.0 / 60},  {"3600/h", 1},       {"1/h", 1.0 / 3600},
         {"1000000/s", 1e6}, {"1000000000/s", 1e9}, {"2.5/m", 2.5 / 60},
         {"0.001/s", 0.001},
     };
-    size_t k;
 
     (void)state;
-    nbad = 0;
-    for (k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
-        double r = -1;
-        char err[128] = "";
-
-        if (tb_parse_rate(t[k].s, &r, err, sizeof(err)) != TB_OK) {
-            nbad++;
-            print_error("rate '%s' refused: %s\n", t[k].s, err);
-            continue;
-        }
-        if (fabs(r - t[k].want) > t[k].want * 1e-12) {
-            nbad++;
-            print_error("rate '%s' = %.17g, want %.17g\n", t[k].s, r,
-                        t[k].want);
-        }
-    }
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
+    check_good_table("rate", t, sizeof(t) / sizeof(t[0]), rate_value,
+                     1e-12);
 }
 
 static void test_parse_rate_bad(void **state)
@@ -87,62 +151,24 @@ static void test_parse_rate_bad(void **state)
         "2e9/s",  "1000000001/s", "1e308/s", "10//s", "1/0",
         "10 /s",  "10/s\n",  "0.0000000000/s",
     };
-    size_t k;
 
     (void)state;
-    nbad = 0;
-    for (k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
-        double r = 42;
-        char err[128 + GUARD], tiny[4 + GUARD];
-
-        memset(err, 0x5a, sizeof(err));
-        if (tb_parse_rate(t[k], &r, err, 128) != TB_ERR) {
-            nbad++;
-            print_error("bad rate '%s' accepted as %g\n", t[k], r);
-            continue;
-        }
-        check_err_buffer(err, 128, t[k]);
-        memset(tiny, 0x5a, sizeof(tiny));
-        assert_int_equal(tb_parse_rate(t[k], &r, tiny, 4), TB_ERR);
-        check_err_buffer(tiny, 4, t[k]);
-    }
+    check_bad_table("rate", t, sizeof(t) / sizeof(t[0]), rate_value);
     assert_int_equal(tb_parse_rate(NULL, NULL, NULL, 0), TB_ERR);
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
 }
 
 static void test_parse_duration_good(void **state)
 {
-    static const struct {
-        const char *s;
-        int64_t want;
-    } t[] = {
+    static const good_t t[] = {
         {"250ms", 250}, {"10s", 10000},    {"2m", 120000},
         {"1h", 3600000}, {"100", 100},     {"0", 0},
         {"0ms", 0},     {"24h", 86400000}, {"86400000", 86400000},
         {"1440m", 86400000}, {"86400s", 86400000}, {"1ms", 1},
     };
-    size_t k;
 
     (void)state;
-    nbad = 0;
-    for (k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
-        int64_t ms = -1;
-        char err[128] = "";
-
-        if (tb_parse_duration_ms(t[k].s, &ms, err, sizeof(err)) != TB_OK) {
-            nbad++;
-            print_error("duration '%s' refused: %s\n", t[k].s, err);
-        }
-        else if (ms != t[k].want) {
-            nbad++;
-            print_error("duration '%s' = %lld\n", t[k].s, (long long)ms);
-        }
-    }
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
+    check_good_table("duration", t, sizeof(t) / sizeof(t[0]),
+                     duration_value, 0);
 }
 
 static void test_parse_duration_bad(void **state)
@@ -153,30 +179,11 @@ static void test_parse_duration_bad(void **state)
         "1441m",   "1d",       "abc",     "99999999999999999999",
         "10sms",    "0x10",    "nan",
     };
-    size_t k;
 
     (void)state;
-    nbad = 0;
-    for (k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
-        int64_t ms = 42;
-        char err[128 + GUARD], tiny[4 + GUARD];
-
-        memset(err, 0x5a, sizeof(err));
-        if (tb_parse_duration_ms(t[k], &ms, err, 128) != TB_ERR) {
-            nbad++;
-            print_error("bad duration '%s' accepted as %lld\n", t[k],
-                        (long long)ms);
-            continue;
-        }
-        check_err_buffer(err, 128, t[k]);
-        memset(tiny, 0x5a, sizeof(tiny));
-        assert_int_equal(tb_parse_duration_ms(t[k], &ms, tiny, 4), TB_ERR);
-        check_err_buffer(tiny, 4, t[k]);
-    }
+    check_bad_table("duration", t, sizeof(t) / sizeof(t[0]),
+                    duration_value);
     assert_int_equal(tb_parse_duration_ms(NULL, NULL, NULL, 0), TB_ERR);
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
 }
 
 static void test_parse_int(void **state)
@@ -236,9 +243,7 @@ static void test_parse_int(void **state)
         }
     }
     assert_int_equal(tb_parse_int(NULL, 0, 1, NULL, NULL, 0), TB_ERR);
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
+    table_done();
 }
 
 static void test_parse_policy_names(void **state)
@@ -273,9 +278,7 @@ static void test_parse_policy_names(void **state)
     }
     assert_int_equal(tb_policy_parse(NULL, NULL), TB_ERR);
     assert_non_null(tb_policy_name((tb_policy_t)99));
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
+    table_done();
 }
 
 static void test_parse_source_and_error_names(void **state)

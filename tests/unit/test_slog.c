@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "algo_vectors.h"
+#include "unit_common.h"
 
 #define SLOTS 256
 
@@ -149,16 +150,8 @@ static void test_slog_client_checks(void **unused)
     o.url = "redis://127.0.0.1:1";
     c = tb_client_create(&o, err, sizeof(err));
     assert_non_null(c);
-    memset(&t, 0, sizeof(t));
-    t.limit.capacity = 10;
-    t.limit.rate_per_sec = 1;
-    t.cost = 1.5;
-    memset(&q, 0, sizeof(q));
-    q.prefix = "p:";
-    q.key = "k";
-    q.key_len = 1;
-    q.takes = &t;
-    q.ntakes = 1;
+    unit_take(&t, 10, 1, 1.5);
+    unit_request(&q, "p:", "k", &t, 1);
     q.algo = TB_ALGO_SLIDING_LOG;
     assert_int_equal(tb_client_run(c, &q, &res), TB_ERR);
     assert_int_equal(res.err, TB_ERR_ARG);

@@ -27,53 +27,28 @@
 #include <cmocka.h>
 
 #include "tb.h"
+#include "unit_common.h"
 
-#define GUARD 256
 #define T0 1699999980000LL      /* A wall-clock ms on a minute boundary. */
 #define MIN_MS 60000LL
 
 typedef struct block {
-    unsigned char *mem;
-    size_t size;
-    int shared;
+    guarded_t g;
     tb_topk_t *t;
 } block_t;
 
 static void block_new(block_t *b, int k, int shared)
 {
-    b->size = tb_topk_size(k);
-    assert_true(b->size > 0);
-    b->shared = shared;
-    if (shared) {
-        b->mem = mmap(NULL, b->size + GUARD, PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        assert_true(b->mem != MAP_FAILED);
-    }
-    else {
-        b->mem = malloc(b->size + GUARD);
-        assert_non_null(b->mem);
-    }
-    memset(b->mem, 0xa5, b->size + GUARD);
-    b->t = tb_topk_init(b->mem, k);
+    size_t size = tb_topk_size(k);
+
+    assert_true(size > 0);
+    b->t = tb_topk_init(guarded_new(&b->g, size, shared), k);
     assert_non_null(b->t);
 }
 
 static void block_free(block_t *b)
 {
-    size_t i;
-
-    for (i = b->size; i < b->size + GUARD; i++) {
-        if (b->mem[i] != 0xa5) {
-            fail_msg("tb_topk wrote past its %zu bytes (offset %zu)",
-                     b->size, i);
-        }
-    }
-    if (b->shared) {
-        munmap(b->mem, b->size + GUARD);
-    }
-    else {
-        free(b->mem);
-    }
+    guarded_free(&b->g, "tb_topk");
 }
 
 /* A read of one window into freshly allocated rankings of n. */
@@ -495,6 +470,23 @@ static void *hammer_main(void *arg)
     return NULL;
 }
 
+/* hammer_main in nthreads threads at once on t, the k-th with id
+ * first + k * step, each making n notes; 0 once all have ended, -1 when
+ * one could not be started. */
+static int run_hammers(tb_topk_t *t, int nthreads, int first, int step,
+                       int n)
+{
+    hammer_t h[UNIT_MAX_THREADS];
+    int k;
+
+    for (k = 0; k < nthreads && k < UNIT_MAX_THREADS; k++) {
+        h[k].t = t;
+        h[k].id = first + k * step;
+        h[k].n = n;
+    }
+    return unit_threads(nthreads, hammer_main, h, sizeof(h[0]));
+}
+
 /* The counts hammer_main made, n notes by each of `workers`. */
 static void assert_hammered(tb_topk_t *t, int workers, int n)
 {
@@ -516,23 +508,11 @@ static void assert_hammered(tb_topk_t *t, int workers, int n)
 static void test_topk_threads(void **state)
 {
     enum { THREADS = 8, N = 20000 };
-    pthread_t th[THREADS];
-    hammer_t h[THREADS];
     block_t b;
-    int k;
 
     (void)state;
     block_new(&b, 20, 0);
-    for (k = 0; k < THREADS; k++) {
-        h[k].t = b.t;
-        h[k].id = k * 50;
-        h[k].n = N;
-        assert_int_equal(pthread_create(&th[k], NULL, hammer_main, &h[k]),
-                         0);
-    }
-    for (k = 0; k < THREADS; k++) {
-        assert_int_equal(pthread_join(th[k], NULL), 0);
-    }
+    assert_int_equal(run_hammers(b.t, THREADS, 0, 50, N), 0);
     assert_hammered(b.t, THREADS, N);
     block_free(&b);
 }
@@ -544,7 +524,7 @@ static void test_topk_fork(void **state)
     enum { PROCS = 3, N = 20000 };
     pid_t pids[PROCS];
     block_t b;
-    int p, status;
+    int p;
 
     (void)state;
     block_new(&b, 20, 1);
@@ -552,28 +532,10 @@ static void test_topk_fork(void **state)
         pids[p] = fork();
         assert_true(pids[p] >= 0);
         if (pids[p] == 0) {
-            pthread_t th[2];
-            hammer_t h[2];
-            int k;
-
-            for (k = 0; k < 2; k++) {
-                h[k].t = b.t;
-                h[k].id = p * 2 + k;
-                h[k].n = N;
-                if (pthread_create(&th[k], NULL, hammer_main, &h[k]) != 0) {
-                    _exit(2);
-                }
-            }
-            for (k = 0; k < 2; k++) {
-                pthread_join(th[k], NULL);
-            }
-            _exit(0);
+            _exit(run_hammers(b.t, 2, p * 2, 1, N) ? 2 : 0);
         }
     }
-    for (p = 0; p < PROCS; p++) {
-        assert_int_equal(waitpid(pids[p], &status, 0), pids[p]);
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
+    unit_wait_children(pids, PROCS);
     assert_hammered(b.t, PROCS * 2, N);
     block_free(&b);
 }

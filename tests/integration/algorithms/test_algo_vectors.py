@@ -9,12 +9,12 @@ for the C twins in tests/unit/test_<algo>.c.
 Also checked here: every key written has a TTL, and the sliding log's exact
 count on a random trace.
 """
-import os
 import random
 
 import pytest
 
-from tbtest.env import ROOT, lua_script
+from tbtest.env import lua_script
+from tbtest.redismod import algo_expected, algo_rows, algo_state
 
 SCRIPTS = {
     "gcra": "tb_gcra.lua",
@@ -28,16 +28,6 @@ def script(algo):
     return lua_script(SCRIPTS[algo]).decode()
 
 
-def rows(algo):
-    out = []
-    with open(os.path.join(ROOT, "tests", "vectors", algo + ".tsv")) as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            out.append(line.rstrip("\n").split("\t"))
-    return out
-
-
 def call(r, text, keys, now, buckets, op=None):
     argv = ["" if now is None else str(now)]
     for cap, rate, cost in buckets:
@@ -47,37 +37,13 @@ def call(r, text, keys, now, buckets, op=None):
     return r.eval(text, len(keys), *keys, *argv)
 
 
-def state_of(r, algo, key):
-    if not r.exists(key):
-        return "-"
-    if algo == "gcra":
-        return float(r.get(key))
-    if algo == "sliding_log":
-        return [int(s) for _, s in r.zrange(key, 0, -1, withscores=True)]
-    h = r.hgetall(key)
-    if algo == "fixed_window":
-        return (float(h[b"w"]), float(h[b"n"]))
-    return (float(h[b"w"]), float(h[b"cur"]), float(h[b"prev"]))
-
-
-def expected_state(algo, text):
-    if text == "-":
-        return "-"
-    if algo == "gcra":
-        return float(text)
-    if algo == "sliding_log":
-        return [int(t) for t in text.split(",")]
-    vals = [float(x) for x in text.split(",")]
-    return tuple(vals[:2]) if algo == "fixed_window" else tuple(vals)
-
-
 @pytest.mark.parametrize("algo", sorted(SCRIPTS))
 def test_algo_vectors_match_lua(redis_server, algo):
     """Every vector row, replayed on the real script with injected now."""
     r = redis_server.client()
     text = script(algo)
     case, keys, checked, settled = None, [], 0, 0
-    for row in rows(algo):
+    for row in algo_rows(algo):
         (name, now, caps, rates, costs, allowed, remaining, retry, binding,
          states) = row[:10]
         op = row[10] if len(row) > 10 else None
@@ -91,7 +57,7 @@ def test_algo_vectors_match_lua(redis_server, algo):
         assert got == want, "%s/%s at %s: got %r, want %r" % (
             algo, name, now, got, want)
         for key, want in zip(keys, states.split("|")):
-            assert state_of(r, algo, key) == expected_state(algo, want), \
+            assert algo_state(r, algo, key) == algo_expected(algo, want), \
                 "%s/%s at %s: state of %s" % (algo, name, now, key)
             if r.exists(key):
                 assert r.pttl(key) > 0, "%s has no TTL" % key

@@ -12,8 +12,8 @@ tb_client_give_back, and a settlement Redis cannot make.
 """
 import pytest
 
-from tbtest.core import (SETTLE_VECTORS, eval_vector, info_commandstats,
-                         load_vectors, num, pct, put_buckets)
+from tbtest.core import (SETTLE_VECTORS, eval_vector, load_vectors, num,
+                         pct, put_buckets, script_calls)
 
 VECTORS = load_vectors(SETTLE_VECTORS)
 IDS = [v[0] for v in VECTORS]
@@ -27,11 +27,6 @@ def check_state(r, keys, buckets, vid):
         assert int(h[b"ts"]) == b["new_ts_ms"], (vid, i, h)
         pttl = r.pttl(k)
         assert b["ttl_ms"] - 1000 < pttl <= b["ttl_ms"], (vid, i, pttl)
-
-
-def script_calls(r):
-    s = info_commandstats(r)
-    return s.get("evalsha", 0) + s.get("eval", 0)
 
 
 # Every settlement vector through EVAL of the script text in its settle

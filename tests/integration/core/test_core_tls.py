@@ -48,6 +48,16 @@ def fails_by_policy(d, kind, policy="closed"):
     return msg
 
 
+def times_out(d, key, ms, what):
+    """d's next take of key waits a timeout of ms and is decided by the
+    open policy; the last error it reports starts with what."""
+    res = d.take(key, 10, 1, 1)
+    assert res["source"] == "open" and res["err"] == "timeout", res
+    assert ms * 900 <= res["elapsed_us"] <= ms * 1000 + 250000, res
+    kind, msg = lasterr(d)
+    assert msg.startswith(what), msg
+
+
 def start(drivers, url, *args, **opts):
     opts.setdefault("timeout", TO_MS)
     opts.setdefault("connect_timeout", CTO_MS)
@@ -130,11 +140,7 @@ def test_core_040_04(tls_redis, pki, drivers, tmp_path):
         d = start(drivers, "rediss://127.0.0.1:%d" % plain.port,
                   "--tls-ca", pki.ca_pem, policy="open",
                   timeout=2000)
-        res = d.take("f", 10, 1, 1)
-        assert res["source"] == "open" and res["err"] == "timeout", res
-        assert CTO_MS * 900 <= res["elapsed_us"] <= CTO_MS * 1000 + 250000
-        kind, msg = lasterr(d)
-        assert msg.startswith("tls handshake: timed out"), msg
+        times_out(d, "f", CTO_MS, "tls handshake: timed out")
     finally:
         plain.stop()
 
@@ -279,16 +285,8 @@ def test_core_040_09(tls_redis, pki, drivers):
     assert d.take("st", 10, 1, 1)["source"] == "redis"
     r.sigstop()
     try:
-        res = d.take("st", 10, 1, 1)
-        assert res["source"] == "open" and res["err"] == "timeout", res
-        assert TO_MS * 900 <= res["elapsed_us"] <= TO_MS * 1000 + 250000, res
-        kind, msg = lasterr(d)
-        assert msg.startswith("tls read: "), msg
-        res = d.take("st", 10, 1, 1)
-        assert res["source"] == "open" and res["err"] == "timeout", res
-        assert CTO_MS * 900 <= res["elapsed_us"] <= CTO_MS * 1000 + 250000
-        kind, msg = lasterr(d)
-        assert msg.startswith("tls handshake: timed out"), msg
+        times_out(d, "st", TO_MS, "tls read: ")
+        times_out(d, "st", CTO_MS, "tls handshake: timed out")
     finally:
         r.sigcont()
     assert wait_until(

@@ -127,6 +127,13 @@ def settled(a):
     return slots(a)
 
 
+def assert_all_released(a, n):
+    """Once every slot is back: n were taken and n released."""
+    st = settled(a)
+    assert st["taken"] == st["released"] == n
+    return st
+
+
 def access_log(a):
     with open(a.access_log) as f:
         return f.read()
@@ -234,8 +241,7 @@ def test_module_conc_03(apache_factory, redis_server):
     s.close()
     assert wait_until(lambda: rc.zcard("c3:{ab}:conc") == 0, 6)
     assert get(a, "/cgi-bin/env.cgi", "ab")[0] == 200
-    st = settled(a)
-    assert st["taken"] == st["released"] == 2
+    assert_all_released(a, 2)
     a.assert_log_clean(allowed=("AH01215",))
 
 
@@ -312,9 +318,8 @@ def test_module_conc_06(apache_factory, redis_server):
     assert status == 429 and r.json()["error"] == "rate limited"
     assert int(r.headers["Retry-After"]) > 1
     assert rc.zcard("c6:{k}:conc") == 0
-    st = settled(a)
+    st = assert_all_released(a, 3)
     assert (st["concurrency"], st["rate"]) == (1, 1)
-    assert st["taken"] == st["released"] == 3
 
 
 # Shadow mode counts and logs the would-be refusal and refuses nothing;
@@ -341,8 +346,7 @@ def test_module_conc_07(apache_factory, redis_server):
     assert ok.text.strip() == "allowed"
     assert wait_until(lambda: rc.zcard("c7:{ht}:conc") == 0, 5)
     assert get(a, "/ht/slow.php", "ht")[0] == 200
-    st = settled(a)
-    assert st["taken"] == st["released"] == 3
+    assert_all_released(a, 3)
     a.assert_log_clean(allowed=("TB00110",))
 
 
@@ -376,8 +380,7 @@ TBucketBreaker threshold=1000 cooldown=1s
     settled(a)
     got = parallel([(a, "/cgi-bin/slow.cgi?0.5", "p")] * 2)
     assert [s for s, _, _ in got] == [200, 200]
-    st = settled(a)
-    assert st["taken"] == st["released"] == 5
+    assert_all_released(a, 5)
     a.assert_log_clean(allowed=("TB00105",))
 
 

@@ -2,7 +2,7 @@
 and the merge of server and directory settings."""
 import pytest
 
-from tbtest.apache import http_get, tokens
+from tbtest.apache import assert_refused, http_get, tokens
 
 FULL = """
 TBucketRedis redis://127.0.0.1:6379 timeout=40 connect_timeout=80 pool=2
@@ -88,23 +88,15 @@ BAD_SERVER = [
 # value.
 @pytest.mark.parametrize("line,directive,value", BAD)
 def test_module_001_02(apache_factory, line, directive, value):
-    a = apache_factory()
-    rc, out = a.configtest("<Location /x>\nTBucketEnable On\n%s\n"
-                           "</Location>\n" % line)
-    assert rc != 0, out
-    assert directive in out, out
-    assert value in out, out
+    assert_refused(apache_factory(), "<Location /x>\nTBucketEnable On\n%s\n"
+                   "</Location>\n" % line, directive, value)
 
 
 # apache2 -t refuses each bad server-scope value, naming directive and
 # value.
 @pytest.mark.parametrize("line,directive,value", BAD_SERVER)
 def test_module_001_03(apache_factory, line, directive, value):
-    a = apache_factory()
-    rc, out = a.configtest(line + "\n")
-    assert rc != 0, out
-    assert directive in out, out
-    assert value in out, out
+    assert_refused(apache_factory(), line + "\n", directive, value)
 
 
 # A bad Redis URL is refused without echoing its password.

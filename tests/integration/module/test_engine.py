@@ -8,30 +8,7 @@ INFO commandstats: tbucket.bucket calls against EVALSHA/EVAL calls."""
 import pytest
 
 from tbtest.apache import http_get, metric
-from tbtest.redismod import ModRedis, module_path
-
-
-@pytest.fixture
-def mod_redis(tmp_path):
-    r = ModRedis(str(tmp_path / "mod"), module=module_path()).start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def plain_redis(tmp_path):
-    r = ModRedis(str(tmp_path / "plain"), module=None).start()
-    yield r
-    r.stop()
-
-
-def calls(r):
-    """(module calls, script calls) Redis has run."""
-    st = r.client().info("commandstats")
-    mod = st.get("cmdstat_tbucket.bucket", {}).get("calls", 0)
-    scr = sum(st.get(k, {}).get("calls", 0)
-              for k in ("cmdstat_evalsha", "cmdstat_eval"))
-    return mod, scr
+from tbtest.redismod import engine_calls as calls
 
 
 def body(url, engine, policy="open"):
@@ -50,6 +27,19 @@ TBucketPrefix eng:
 """ % (url, ("engine=" + engine) if engine else "", policy)
 
 
+def server(apache_factory, url, engine, policy="open"):
+    """A prefork Apache of one child with body(url, engine, policy)."""
+    a = apache_factory(mpm="prefork", servers=1)
+    return a.start(body(url, engine, policy))
+
+
+def engine_metric(a, r, **labels):
+    """tbucket_redis_engine on a's status page for the Redis r."""
+    text = http_get(a.url("/tbucket-status")).text
+    return metric(text, "tbucket_redis_engine",
+                  redis="redis://127.0.0.1:%d" % r.port, **labels)
+
+
 def run_key(a, key, n):
     return [http_get(a.url("/limited/ok.txt"),
                      headers={"X-API-Key": key}).status_code
@@ -60,16 +50,14 @@ def run_key(a, key, n):
 # tbucket.bucket call (none a script), the limit is exact, and the status
 # page says engine="module" and counts the module calls.
 def test_module_170_01(apache_factory, mod_redis):
-    a = apache_factory(mpm="prefork", servers=1)
-    a.start(body(mod_redis.url, "module"))
+    a = server(apache_factory, mod_redis.url, "module")
     m0, s0 = calls(mod_redis)
     assert run_key(a, "k1", 7) == [200] * 5 + [429] * 2
     m1, s1 = calls(mod_redis)
     assert m1 - m0 == 7 and s1 == s0
+    assert engine_metric(a, mod_redis, policy="open", engine="module") == 1
     text = http_get(a.url("/tbucket-status")).text
     redis = "redis://127.0.0.1:%d" % mod_redis.port
-    assert metric(text, "tbucket_redis_engine", redis=redis, policy="open",
-                  engine="module") == 1
     assert metric(text, "tbucket_redis_module_calls_total", redis=redis,
                   policy="open") == 7
     html = http_get(a.url("/tbucket-status?view=html")).text
@@ -81,10 +69,8 @@ def test_module_170_01(apache_factory, mod_redis):
 # engines keep the same bucket, so a second server with engine=module
 # continues it exactly (a fleet switched one server at a time).
 def test_module_170_02(apache_factory, mod_redis):
-    a = apache_factory(mpm="prefork", servers=1)
-    a.start(body(mod_redis.url, "script"))
-    b = apache_factory(mpm="prefork", servers=1)
-    b.start(body(mod_redis.url, "module"))
+    a = server(apache_factory, mod_redis.url, "script")
+    b = server(apache_factory, mod_redis.url, "module")
     m0, s0 = calls(mod_redis)
     assert run_key(a, "shared", 3) == [200] * 3
     m1, s1 = calls(mod_redis)
@@ -93,10 +79,7 @@ def test_module_170_02(apache_factory, mod_redis):
     assert run_key(a, "shared", 1) == [429]
     m2, s2 = calls(mod_redis)
     assert m2 - m1 == 3 and s2 - s1 == 1
-    text = http_get(a.url("/tbucket-status")).text
-    assert metric(text, "tbucket_redis_engine",
-                  redis="redis://127.0.0.1:%d" % mod_redis.port,
-                  policy="open", engine="script") == 1
+    assert engine_metric(a, mod_redis, policy="open", engine="script") == 1
     a.assert_log_clean()
     b.assert_log_clean()
 
@@ -104,19 +87,15 @@ def test_module_170_02(apache_factory, mod_redis):
 # engine=auto uses the module where it is loaded (from the connection's
 # second call: its setup asks COMMAND INFO) and the scripts where not.
 def test_module_170_03(apache_factory, mod_redis, plain_redis):
-    a = apache_factory(mpm="prefork", servers=1)
-    a.start(body(mod_redis.url, None))
+    a = server(apache_factory, mod_redis.url, None)
     assert run_key(a, "auto", 6) == [200] * 5 + [429]
     m, s = calls(mod_redis)
     assert m == 5 and s == 1
-    b = apache_factory(mpm="prefork", servers=1)
-    b.start(body(plain_redis.url, "auto"))
+    b = server(apache_factory, plain_redis.url, "auto")
     assert run_key(b, "auto", 6) == [200] * 5 + [429]
     assert calls(plain_redis) == (0, 6)
-    text = http_get(b.url("/tbucket-status")).text
-    assert metric(text, "tbucket_redis_engine",
-                  redis="redis://127.0.0.1:%d" % plain_redis.port,
-                  policy="open", engine="script") == 1
+    assert engine_metric(b, plain_redis, policy="open",
+                         engine="script") == 1
     a.assert_log_clean()
     b.assert_log_clean()
 
@@ -126,8 +105,7 @@ def test_module_170_03(apache_factory, mod_redis, plain_redis):
 # opens with the reason in the log and on the status page's last failure.
 @pytest.mark.parametrize("policy,want", [("open", 200), ("closed", 429)])
 def test_module_170_04(apache_factory, plain_redis, policy, want):
-    a = apache_factory(mpm="prefork", servers=1)
-    a.start(body(plain_redis.url, "module", policy))
+    a = server(apache_factory, plain_redis.url, "module", policy)
     assert set(run_key(a, "nomod", 6)) == {want}
     assert calls(plain_redis) == (0, 0)
     log = a.read_log()

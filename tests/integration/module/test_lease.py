@@ -11,33 +11,14 @@ import math
 
 import pytest
 
-from tbtest.apache import http_get, metric_sum, tokens
-from tbtest.core import info_commandstats
-from tbtest.load import blast
+from tbtest.apache import (assert_refused, http_get, limited_conf,
+                           metric_sum, tokens)
+from tbtest.core import script_calls
+from tbtest.load import blast, blast_servers
 from tbtest.proof import write_tsv
 
-STATUS = """
-<Location /tbucket-status>
-    SetHandler tbucket-status
-</Location>
-"""
-
-
 def conf(redis, prefix, inner, key=True):
-    return """
-TBucketRedis %s timeout=500
-TBucketPrefix %s
-<Location /limited>
-    TBucketEnable On
-%s%s
-</Location>
-%s""" % (redis.url, prefix,
-         '    TBucketKey "%{HTTP:X-Key}"\n' if key else "", inner, STATUS)
-
-
-def script_calls(r):
-    s = info_commandstats(r)
-    return s.get("evalsha", 0) + s.get("eval", 0)
+    return limited_conf(redis.url, prefix, inner, key="X-Key" if key else None)
 
 
 # Redis calls per request fall by about N: a bucket too large to refuse
@@ -95,21 +76,8 @@ def run_accuracy(apache_factory, redis_server, prefix, lease, replicas,
     inner = "    TBucketLimit %d %d/s\n" % (cap, rate)
     if lease:
         inner += "    TBucketLease %d ttl=%s\n" % lease
-    urls = []
-    servers = []
-    for _ in range(replicas):
-        # A child per client connection, so no request waits for a
-        # child to be spawned (a stall would only lose refill).
-        a = apache_factory(mpm="prefork", servers=threads)
-        a.start(conf(redis_server, prefix, inner))
-        urls.append(a.url("/limited/ok.txt"))
-        servers.append(a)
-    res = blast(urls, threads=threads, seconds=seconds,
-                headers={"X-Key": "acc"}, rate=paced)
-    for a in servers:
-        a.assert_log_clean()
-        a.stop()
-    return res
+    return blast_servers(apache_factory, conf(redis_server, prefix, inner),
+                         replicas, threads, seconds, key="acc", rate=paced)
 
 
 # The accuracy cost: over a window T a hammered key gets at most
@@ -219,11 +187,8 @@ BAD = [
 # apache2 -t refuses bad values and a lease it cannot honour.
 @pytest.mark.parametrize("line,directive,value", BAD)
 def test_module_010_05(apache_factory, line, directive, value):
-    a = apache_factory()
-    rc, out = a.configtest("<Location /x>\nTBucketEnable On\n%s\n"
-                           "</Location>\n" % line)
-    assert rc != 0, out
-    assert directive in out and value in out, out
+    assert_refused(apache_factory(), "<Location /x>\nTBucketEnable On\n%s\n"
+                   "</Location>\n" % line, directive, value)
 
 
 # Good forms pass; Off in an inner scope turns an outer lease off there,

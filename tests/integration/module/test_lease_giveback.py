@@ -16,24 +16,21 @@ import time
 
 import pytest
 
-from tbtest.apache import http_get, metric_sum, tokens, wait_until
-from tbtest.core import info_commandstats
+from tbtest.apache import (http_get, limited_conf, metric_sum,
+                           start_servers, tokens, wait_until)
+from tbtest.core import script_calls
 from tbtest.load import blast
 
 
 def conf(redis, prefix, inner):
-    return """
-TBucketRedis %s timeout=500
-TBucketPrefix %s
-<Location /limited>
-    TBucketEnable On
-    TBucketKey "%%{HTTP:X-Key}"
-%s
-</Location>
-<Location /tbucket-status>
-    SetHandler tbucket-status
-</Location>
-""" % (redis.url, prefix, inner)
+    return limited_conf(redis.url, prefix, inner)
+
+
+def server(apache_factory, redis_server, children, prefix, inner):
+    """A prefork Apache of `children` children started with conf(), and a
+    client of redis_server."""
+    a = apache_factory(mpm="prefork", servers=children)
+    return a.start(conf(redis_server, prefix, inner)), redis_server.client()
 
 
 def status(a, name):
@@ -47,6 +44,15 @@ def graceful_stop(a):
     a.proc.wait(timeout=20)
 
 
+def stop_gives_back(a, r, key, want):
+    """A graceful stop of a returns every lease: key's bucket (the redis-py
+    client r) holds want tokens once the parent is gone; and a's log is
+    clean."""
+    graceful_stop(a)
+    assert tokens(r, key) == want
+    a.assert_log_clean()
+
+
 def hit(a, key, n):
     """n requests on fresh connections (prefork spreads them over the
     children); the last response."""
@@ -57,19 +63,13 @@ def hit(a, key, n):
     return resp
 
 
-def script_calls(r):
-    s = info_commandstats(r)
-    return s.get("evalsha", 0) + s.get("eval", 0)
-
-
 # A graceful restart gives every lease's unspent tokens back, and the
 # new generation starts without leases: a smaller limit applies to the
 # very next request. A graceful stop gives back too.
 def test_module_lease_giveback_01(apache_factory, redis_server):
-    r = redis_server.client()
-    a = apache_factory(mpm="prefork", servers=3)
     lease = "    TBucketLease 50 ttl=30s\n"
-    a.start(conf(redis_server, "g:", "    TBucketLimit 100 1/h\n" + lease))
+    a, r = server(apache_factory, redis_server, 3, "g:",
+                  "    TBucketLimit 100 1/h\n" + lease)
     hit(a, "g", 20)
     held = 80 - tokens(r, "g:{g}")
     assert held >= 5, held
@@ -85,19 +85,15 @@ def test_module_lease_giveback_01(apache_factory, redis_server):
     a.graceful(conf(redis_server, "g:", "    TBucketLimit 100 1/h\n" + lease))
     hit(a, "h", 20)
     assert tokens(r, "g:{h}") < 80
-    graceful_stop(a)
-    assert tokens(r, "g:{h}") == 80
-    a.assert_log_clean()
+    stop_gives_back(a, r, "g:{h}", 80)
 
 
 # An expired lease's tokens come back with the next decision of its key,
 # in the call that refills: no extra call, and the remaining count says
 # the bucket lost nothing.
 def test_module_lease_giveback_02(apache_factory, redis_server):
-    r = redis_server.client()
-    a = apache_factory(mpm="prefork", servers=3)
-    a.start(conf(redis_server, "e:", "    TBucketLimit 100 1/h\n"
-                 "    TBucketLease 50 ttl=1s\n"))
+    a, r = server(apache_factory, redis_server, 3, "e:",
+                  "    TBucketLimit 100 1/h\n    TBucketLease 50 ttl=1s\n")
     hit(a, "x", 12)
     held = 88 - tokens(r, "e:{x}")
     assert held >= 1, held
@@ -109,18 +105,14 @@ def test_module_lease_giveback_02(apache_factory, redis_server):
     assert resp.headers["X-RateLimit-Remaining"] == "87", held
     assert status(a, "tbucket_lease_tokens_returned_total") >= held - 0.5
     # A graceful stop returns the new lease too.
-    graceful_stop(a)
-    assert tokens(r, "e:{x}") == 87
-    a.assert_log_clean()
+    stop_gives_back(a, r, "e:{x}", 87)
 
 
 # The lease follows the key's traffic: a key seen once takes its cost
 # and locks nothing up; a busy one grows to N within a few refills.
 def test_module_lease_giveback_03(apache_factory, redis_server):
-    r = redis_server.client()
-    a = apache_factory(mpm="prefork", servers=2)
-    a.start(conf(redis_server, "s:", "    TBucketLimit 1000 1/h\n"
-                 "    TBucketLease 20 ttl=30s\n"))
+    a, r = server(apache_factory, redis_server, 2, "s:",
+                  "    TBucketLimit 1000 1/h\n    TBucketLease 20 ttl=30s\n")
     hit(a, "quiet", 1)
     assert tokens(r, "s:{quiet}") == 999
     assert status(a, "tbucket_lease_tokens_granted_total") == 1
@@ -138,16 +130,6 @@ def test_module_lease_giveback_03(apache_factory, redis_server):
     a.assert_log_clean()
 
 
-def run_servers(apache_factory, redis_server, prefix, inner, n, threads):
-    servers, urls = [], []
-    for _ in range(n):
-        a = apache_factory(mpm="prefork", servers=threads)
-        a.start(conf(redis_server, prefix, inner))
-        servers.append(a)
-        urls.append(a.url("/limited/ok.txt"))
-    return servers, urls
-
-
 # Three servers with leases: hammered, they admit no more than the bucket
 # plus one lease each; paced below the rate, expired leases give their
 # tokens back, so almost nothing is refused.
@@ -156,8 +138,8 @@ def test_module_lease_giveback_04(apache_factory, redis_server):
     cap, rate, n = 30, 30, 10
     inner = ("    TBucketLimit %d %d/s\n    TBucketLease %d ttl=200ms\n"
              % (cap, rate, n))
-    servers, urls = run_servers(apache_factory, redis_server, "h:", inner,
-                                3, 3)
+    servers, urls = start_servers(apache_factory, 3, 3,
+                                  conf(redis_server, "h:", inner))
     res = blast(urls, threads=3, seconds=3, headers={"X-Key": "hammer"})
     assert res.errors == 0
     bound = cap + rate * res.window

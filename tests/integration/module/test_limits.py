@@ -3,25 +3,25 @@ costs, tenants, route buckets, shadow mode, hostile keys."""
 import json
 import socket
 
-from tbtest.apache import http_get, tokens
+from tbtest.apache import http_get, limited_conf, tokens
 
 
-def conf(redis, prefix, inner, where="/limited"):
-    return """
-TBucketRedis %s timeout=500
-TBucketPrefix %s
-<Location %s>
-    TBucketEnable On
-%s
-</Location>
-""" % (redis.url, prefix, where, inner)
+def conf(redis, prefix, inner, where="/limited", key=None):
+    return limited_conf(redis.url, prefix, inner, key=key, status=False,
+                        where=where)
+
+
+def start(apache_factory, redis_server, prefix, inner, extra="", **kw):
+    """An Apache started with conf(redis_server, prefix, inner, **kw) and
+    the lines of extra after it."""
+    a = apache_factory()
+    return a.start(conf(redis_server, prefix, inner, **kw) + extra)
 
 
 # Over the limit: 429, Retry-After in whole seconds rounded up, legacy
 # headers and the JSON body.
 def test_module_002_01(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p1:", "TBucketLimit 3 1/m"))
+    a = start(apache_factory, redis_server, "p1:", "TBucketLimit 3 1/m")
     seen = []
     for _ in range(3):
         r = http_get(a.url("/limited/ok.txt"))
@@ -43,8 +43,8 @@ def test_module_002_01(apache_factory, redis_server):
 # Retry-After rounds a fractional wait up (0.3/s: 3.34 s -> 4) and is at
 # least 1 (1000/s: 1 ms -> 1).
 def test_module_002_02(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p2:", "TBucketLimit 1 0.3/s") + """
+    a = start(apache_factory, redis_server, "p2:", "TBucketLimit 1 0.3/s",
+              """
 <Location /a>
     TBucketEnable On
     TBucketLimit 1 1000/s
@@ -68,9 +68,8 @@ def test_module_002_02(apache_factory, redis_server):
 
 # An ErrorDocument 429 replaces the JSON body; status and headers stay.
 def test_module_002_03(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p3:", "TBucketLimit 1 1/h\n"
-                 "ErrorDocument 429 /err429.html"))
+    a = start(apache_factory, redis_server, "p3:", "TBucketLimit 1 1/h\n"
+              "ErrorDocument 429 /err429.html")
     http_get(a.url("/limited/ok.txt"))
     r = http_get(a.url("/limited/ok.txt"))
     assert r.status_code == 429
@@ -83,8 +82,8 @@ def test_module_002_03(apache_factory, redis_server):
 # Headers sit on error responses too (a 404 inside a limited scope), and
 # the styles ietf, both and off do what they say.
 def test_module_002_04(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p4:", "TBucketLimit 10 2/s") + """
+    a = start(apache_factory, redis_server, "p4:", "TBucketLimit 10 2/s",
+              """
 TBucketKey "%{HTTP:X-API-Key}"
 <Location /a>
     TBucketEnable On
@@ -121,15 +120,12 @@ TBucketKey "%{HTTP:X-API-Key}"
 
 # Each route costs what it declares: 1 for /api, 10 for /api/export.
 def test_module_002_05(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p5:", """
-    TBucketKey "%{HTTP:X-API-Key}"
-    TBucketLimit 25 1/h
-""", "/api") + """
+    a = start(apache_factory, redis_server, "p5:", "    TBucketLimit 25 1/h",
+              """
 <Location /api/export>
     TBucketCost 10
 </Location>
-""")
+""", where="/api", key="X-API-Key")
     rc = redis_server.client()
     h = {"X-API-Key": "c5"}
     assert http_get(a.url("/api/ok.txt"), h).status_code == 200
@@ -146,12 +142,9 @@ def test_module_002_05(apache_factory, redis_server):
 
 # A tenant override gives one key its own limit; others keep the default.
 def test_module_002_06(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p6:", """
-    TBucketKey "%{HTTP:X-API-Key}"
+    a = start(apache_factory, redis_server, "p6:", """
     TBucketLimit 2 1/h
-    TBucketTenant gold 6 1/h
-"""))
+    TBucketTenant gold 6 1/h""", key="X-API-Key")
     gold = [http_get(a.url("/limited/ok.txt"), {"X-API-Key": "gold"})
             for _ in range(7)]
     assert [r.status_code for r in gold] == [200] * 6 + [429]
@@ -166,14 +159,11 @@ def test_module_002_06(apache_factory, redis_server):
 # A route bucket is decided atomically with the main one: when the route
 # refuses, the main bucket is not deducted.
 def test_module_002_07(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p7:", """
-    TBucketKey "%{HTTP:X-API-Key}"
+    a = start(apache_factory, redis_server, "p7:", """
     TBucketLimit 100 1/h
     TBucketCost 5
     TBucketRouteLimit export 10 1/h
-    TBucketHeaders both
-"""))
+    TBucketHeaders both""", key="X-API-Key")
     rc = redis_server.client()
     h = {"X-API-Key": "c7"}
     for left in (95, 90):
@@ -193,9 +183,8 @@ def test_module_002_07(apache_factory, redis_server):
 # A cost above the capacity is refused with 403 and a body that says why,
 # never a 429 inviting a retry.
 def test_module_002_08(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p8:", "TBucketLimit 5 1/s\n"
-                 "TBucketCost 10"), )
+    a = start(apache_factory, redis_server, "p8:", "TBucketLimit 5 1/s\n"
+              "TBucketCost 10")
     r = http_get(a.url("/limited/ok.txt"))
     assert r.status_code == 403
     assert "Retry-After" not in r.headers
@@ -250,11 +239,8 @@ def raw_get(port, path, key_bytes):
 # client's IP) never crash a child and never reach another client's
 # bucket: every Redis key keeps exactly one {...} hash tag.
 def test_module_002_10(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p10:", """
-    TBucketKey "%{HTTP:X-API-Key}"
-    TBucketLimit 3 1/h
-"""))
+    a = start(apache_factory, redis_server, "p10:", "    TBucketLimit 3 1/h",
+              key="X-API-Key")
     hostile = [b"x" * 6000, b"{evil}", b"a}b{c", b"#0123", b"\x01\x7f",
                b"\xff\xfe\xc3\xa9", b"key with spaces", b"}:route:x",
                b"%{REMOTE_ADDR}", b"127.0.0.1"]
@@ -282,11 +268,8 @@ def test_module_002_10(apache_factory, redis_server):
 
 # An empty key expression result falls back to the client IP.
 def test_module_002_11(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p11:", """
-    TBucketKey "%{HTTP:X-API-Key}"
-    TBucketLimit 3 1/h
-"""))
+    a = start(apache_factory, redis_server, "p11:", "    TBucketLimit 3 1/h",
+              key="X-API-Key")
     http_get(a.url("/limited/ok.txt"), {"X-API-Key": ""})
     http_get(a.url("/limited/ok.txt"))
     assert tokens(redis_server.client(), "p11:ip:{127.0.0.1}") == 1
@@ -356,9 +339,8 @@ def test_module_002_30(apache_factory, redis_server):
 # The module's own 429 carries what "Header always set" adds to error
 # responses (CORS, HSTS), as httpd's error path would.
 def test_module_002_31(apache_factory, redis_server):
-    a = apache_factory()
-    a.start(conf(redis_server, "p31:", "TBucketLimit 1 1/m") +
-            'Header always set Access-Control-Allow-Origin "*"\n')
+    a = start(apache_factory, redis_server, "p31:", "TBucketLimit 1 1/m",
+              'Header always set Access-Control-Allow-Origin "*"\n')
     assert http_get(a.url("/limited/ok.txt")).status_code == 200
     r = http_get(a.url("/limited/ok.txt"))
     assert r.status_code == 429

@@ -8,6 +8,7 @@ not what the module says. Busy servers are made with requests that hold
 their worker (busy.cgi). Each test reads the status page too: what the
 module counts must agree with what the backend saw."""
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -46,6 +47,13 @@ printf 'Content-Type: text/plain\r\n\r\nslept\n'
 FAIL_CGI = r"""#!/bin/sh
 printf 'Status: 500 Internal Server Error\r\n'
 printf 'Content-Type: text/plain\r\n\r\nboom\n'
+"""
+
+# Every scope enabled, and a Redis that never answers (nothing listens on
+# port 1): what these tests see is decided locally.
+NO_REDIS = """
+TBucketEnable On
+TBucketRedis redis://127.0.0.1:1 timeout=20
 """
 
 # The status page, and busy.cgi, which holds workers for the shed tests:
@@ -141,11 +149,39 @@ def hold_busy(a, state, n, secs=3):
     return ex, futs
 
 
+@contextlib.contextmanager
+def waited(ex, futs):
+    """A with-block around requests started by hold(): yields their
+    futures, and waits for them on leaving."""
+    try:
+        yield futs
+    finally:
+        ex.shutdown(wait=True)
+
+
+def held(a, path, n):
+    """hold() as a with-block (waited())."""
+    return waited(*hold(a, path, n))
+
+
+def busy(a, state, n, secs=3):
+    """hold_busy() as a with-block (waited())."""
+    return waited(*hold_busy(a, state, n, secs))
+
+
+def server(apache_factory, servers, mpm="prefork", dirs=False):
+    """An Apache with the CGI scripts of prepare() (and, with dirs, the
+    directories of shed_body()'s priorities), not started; (it, the
+    backend's state dir)."""
+    a = apache_factory(mpm=mpm, servers=servers)
+    state = prepare(a)
+    if dirs:
+        make_dirs(a)
+    return a, state
+
+
 def conc_body(n, extra=""):
-    return """
-TBucketEnable On
-TBucketRedis redis://127.0.0.1:1 timeout=20
-%s
+    return NO_REDIS + """%s
 <Location /cgi-bin/conc.cgi>
     TBucketLocalConcurrency %d
 </Location>
@@ -159,8 +195,7 @@ SCOPE = "<Location /cgi-bin/conc.cgi>"
 # Exact in-flight cap across prefork children: the backend never sees more
 # than N at once, sees exactly N under a flood, and the rest get 503.
 def test_module_150_01(apache_factory):
-    a = apache_factory(mpm="prefork", servers=12)
-    state = prepare(a)
+    a, state = server(apache_factory, 12)
     a.start(conc_body(3))
     codes = flood(a, "/cgi-bin/conc.cgi?1", 10)
     assert backend_int(state, "max") == 3
@@ -181,8 +216,7 @@ def test_module_150_01(apache_factory):
 
 # The same across the threads and children of the event MPM.
 def test_module_150_02(apache_factory):
-    a = apache_factory(mpm="event", servers=2)
-    state = prepare(a)
+    a, state = server(apache_factory, 2, mpm="event")
     a.start(conc_body(4))
     codes = flood(a, "/cgi-bin/conc.cgi?1", 12)
     assert backend_int(state, "max") == 4
@@ -196,8 +230,7 @@ def test_module_150_02(apache_factory):
 # JSON body, decision "shed" in the access log and the environment, and
 # the connection closed even though the client asked to keep it.
 def test_module_150_03(apache_factory):
-    a = apache_factory(mpm="prefork", servers=6)
-    prepare(a)
+    a, _ = server(apache_factory, 6)
     a.start(conc_body(1, "TBucketShedRetryAfter 7"))
     ex, futs = hold(a, "/cgi-bin/conc.cgi?2", 1)
     assert wait_until(lambda: in_flight(a, SCOPE) == 1, timeout=5)
@@ -220,12 +253,8 @@ def test_module_150_03(apache_factory):
 # an internal redirect (PHP through mod_actions takes one place for the
 # chain), a client that hangs up while the backend still runs.
 def test_module_150_04(apache_factory):
-    a = apache_factory(mpm="prefork", servers=6)
-    prepare(a)
-    a.start("""
-TBucketEnable On
-TBucketRedis redis://127.0.0.1:1 timeout=20
-<Location /cgi-bin/fail.cgi>
+    a, _ = server(apache_factory, 6)
+    a.start(NO_REDIS + """<Location /cgi-bin/fail.cgi>
     TBucketLocalConcurrency 1
 </Location>
 <Location /app>
@@ -290,8 +319,7 @@ def kill_holders(a, state, mpm):
 @pytest.mark.slow
 @pytest.mark.parametrize("mpm", ["prefork", "event"])
 def test_module_150_05(apache_factory, mpm):
-    a = apache_factory(mpm=mpm, servers=6 if mpm == "prefork" else 2)
-    state = prepare(a)
+    a, state = server(apache_factory, 6 if mpm == "prefork" else 2, mpm=mpm)
     a.start(conc_body(2))
     ex, futs = hold(a, "/cgi-bin/conc.cgi?4", 2)
     assert wait_until(lambda: in_flight(a, SCOPE) == 2, timeout=5)
@@ -316,8 +344,7 @@ def test_module_150_05(apache_factory, mpm):
 # end the scope is empty again.
 @pytest.mark.slow
 def test_module_150_06(apache_factory):
-    a = apache_factory(mpm="prefork", servers=6)
-    state = prepare(a)
+    a, state = server(apache_factory, 6)
     a.start(conc_body(3))
     ex, futs = hold(a, "/cgi-bin/conc.cgi?3", 2)
     assert wait_until(lambda: in_flight(a, SCOPE) == 2, timeout=5)
@@ -336,12 +363,8 @@ def test_module_150_06(apache_factory):
 # Nested scopes each count: the server-wide scope caps the sum, the
 # inner one its own share; Off in an inner section leaves them all.
 def test_module_150_07(apache_factory):
-    a = apache_factory(mpm="prefork", servers=12)
-    state = prepare(a)
-    a.start("""
-TBucketEnable On
-TBucketRedis redis://127.0.0.1:1 timeout=20
-TBucketLocalConcurrency 3
+    a, state = server(apache_factory, 12)
+    a.start(NO_REDIS + """TBucketLocalConcurrency 3
 <Location /cgi-bin/conc.cgi>
     TBucketLocalConcurrency 2
 </Location>
@@ -368,10 +391,7 @@ TBucketLocalConcurrency 3
 
 
 def shed_body(extra=""):
-    return """
-TBucketEnable On
-TBucketRedis redis://127.0.0.1:1 timeout=20
-TBucketShed low=30 normal=60 high=90
+    return NO_REDIS + """TBucketShed low=30 normal=60 high=90
 <Location /low>
     TBucketPriority low
 </Location>
@@ -399,12 +419,9 @@ def make_dirs(a):
 # three workers still logging earlier requests; with two held, only low
 # is.
 def test_module_151_01(apache_factory):
-    a = apache_factory(mpm="prefork", servers=10)
-    state = prepare(a)
-    make_dirs(a)
+    a, state = server(apache_factory, 10, dirs=True)
     a.start(shed_body())
-    ex, futs = hold_busy(a, state, 5, 3)
-    try:
+    with busy(a, state, 5, 3) as futs:
         got = {p: http_get(a.url("/%s/ok.txt" % p)).status_code
                for p in ("low", "high", "crit")}
         got["normal"] = http_get(a.url("/ok.txt")).status_code
@@ -413,17 +430,12 @@ def test_module_151_01(apache_factory):
         assert r.json() == {"error": "server busy", "retry_after": 1}
         assert r.headers["Retry-After"] == "1"
         assert r.headers["Connection"].lower() == "close"
-    finally:
-        ex.shutdown(wait=True)
     # The held requests were normal and ran: shedding starts at the
     # threshold, it does not evict.
     assert [f.result() for f in futs] == [200] * 5
-    ex, futs = hold_busy(a, state, 2, 3)
-    try:
+    with busy(a, state, 2, 3) as futs:
         assert http_get(a.url("/low/ok.txt")).status_code == 503
         assert http_get(a.url("/ok.txt")).status_code == 200
-    finally:
-        ex.shutdown(wait=True)
     text = status(a)
     assert metric(text, "tbucket_shed_total", vhost="127.0.0.1",
                   priority="low") == 2
@@ -442,28 +454,21 @@ def test_module_151_01(apache_factory):
 # A priority set in <If> (a partner's header) and in a Location; the same
 # URL is shed without the header and served with it.
 def test_module_151_02(apache_factory):
-    a = apache_factory(mpm="prefork", servers=10)
-    state = prepare(a)
-    make_dirs(a)
+    a, state = server(apache_factory, 10, dirs=True)
     a.start(shed_body())
-    ex, futs = hold_busy(a, state, 5, 3)
-    try:
+    with busy(a, state, 5, 3):
         assert http_get(a.url("/ok.txt")).status_code == 503
         assert http_get(a.url("/ok.txt"),
                         headers={"X-Partner": "yes"}).status_code == 200
         assert http_get(a.url("/low/ok.txt"),
                         headers={"X-Partner": "yes"}).status_code == 200
-    finally:
-        ex.shutdown(wait=True)
     a.assert_log_clean()
 
 
 # Keep-alive idle workers are not busy: clients parked on kept-alive
 # connections under prefork do not make the server shed.
 def test_module_151_03(apache_factory):
-    a = apache_factory(mpm="prefork", servers=10)
-    prepare(a)
-    make_dirs(a)
+    a, _ = server(apache_factory, 10, dirs=True)
     a.start(shed_body("KeepAliveTimeout 5"))
     socks = []
     for _ in range(5):
@@ -485,9 +490,7 @@ def test_module_151_03(apache_factory):
 # While the server is at or above its lowest threshold, a 429 from the
 # shared limit closes its connection too; below it, it keeps it.
 def test_module_151_04(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=6)
-    state = prepare(a)
-    make_dirs(a)
+    a, state = server(apache_factory, 6, dirs=True)
     a.start("""
 TBucketEnable On
 TBucketRedis %s timeout=500
@@ -504,14 +507,11 @@ TBucketShed low=50 normal=90
         r = s.get(a.url("/high/ok.txt"), headers=h)
         assert r.status_code == 429
         assert "close" not in r.headers.get("Connection", "").lower()
-    ex, futs = hold_busy(a, state, 3, 3)
-    try:
+    with busy(a, state, 3, 3):
         with requests.Session() as s:
             r = s.get(a.url("/high/ok.txt"), headers=h)
         assert r.status_code == 429
         assert r.headers["Connection"].lower() == "close"
-    finally:
-        ex.shutdown(wait=True)
     a.assert_log_clean()
 
 
@@ -520,13 +520,8 @@ TBucketShed low=50 normal=90
 # the policy's 429), and a shed request makes no Redis call at all.
 @pytest.mark.parametrize("policy", ["open", "closed", "local"])
 def test_module_152_01(apache_factory, policy):
-    a = apache_factory(mpm="prefork", servers=10)
-    state = prepare(a)
-    make_dirs(a)
-    a.start("""
-TBucketEnable On
-TBucketRedis redis://127.0.0.1:1 timeout=20
-TBucketFailurePolicy %s
+    a, state = server(apache_factory, 10, dirs=True)
+    a.start(NO_REDIS + """TBucketFailurePolicy %s
 TBucketShed low=50
 <Location /cgi-bin/conc.cgi>
     TBucketLocalConcurrency 2
@@ -542,11 +537,8 @@ TBucketShed low=50
     # Idle: the policy answers the shared limit.
     want = 429 if policy == "closed" else 200
     assert http_get(a.url("/low/ok.txt")).status_code == want
-    ex, futs = hold_busy(a, state, 6, 2)
-    try:
+    with busy(a, state, 6, 2):
         assert http_get(a.url("/low/ok.txt")).status_code == 503
-    finally:
-        ex.shutdown(wait=True)
     a.assert_log_clean(allowed=("TB00105",))
 
 
@@ -559,9 +551,7 @@ def redis_calls(client):
 # Refused locally costs no round trip: with a reachable Redis, shed and
 # locally refused requests send nothing to it, admitted ones one call.
 def test_module_152_02(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=10)
-    state = prepare(a)
-    make_dirs(a)
+    a, state = server(apache_factory, 10, dirs=True)
     a.start("""
 TBucketEnable On
 TBucketRedis %s timeout=500
@@ -575,20 +565,16 @@ TBucketLimit 100 100/s
 </Location>
 """ % redis_server.url + STATUS)
     c = redis_server.client()
-    ex0, futs0 = hold(a, "/cgi-bin/conc.cgi?2", 1)
-    assert wait_until(lambda: in_flight(a, SCOPE) == 1, timeout=5)
-    ex, futs = hold_busy(a, state, 3, 2)
-    try:
-        before = redis_calls(c)
-        codes = [http_get(a.url("/cgi-bin/conc.cgi?0")).status_code
-                 for _ in range(5)]
-        codes += [http_get(a.url("/low/ok.txt")).status_code
-                  for _ in range(5)]
-        assert codes == [503] * 10
-        assert redis_calls(c) == before
-    finally:
-        ex.shutdown(wait=True)
-        ex0.shutdown(wait=True)
+    with held(a, "/cgi-bin/conc.cgi?2", 1):
+        assert wait_until(lambda: in_flight(a, SCOPE) == 1, timeout=5)
+        with busy(a, state, 3, 2):
+            before = redis_calls(c)
+            codes = [http_get(a.url("/cgi-bin/conc.cgi?0")).status_code
+                     for _ in range(5)]
+            codes += [http_get(a.url("/low/ok.txt")).status_code
+                      for _ in range(5)]
+            assert codes == [503] * 10
+            assert redis_calls(c) == before
     before = redis_calls(c)
     assert http_get(a.url("/ok.txt")).status_code == 200
     assert redis_calls(c) == before + 1
@@ -599,42 +585,30 @@ TBucketLimit 100 100/s
 # is shed like normal, their "low" is shed at low's threshold; a local
 # limit there is refused (its places are made at startup).
 def test_module_153_01(apache_factory):
-    a = apache_factory(mpm="prefork", servers=10)
-    state = prepare(a)
+    a, state = server(apache_factory, 10)
     a.write_file("htdocs/raise/.htaccess", "TBucketPriority critical\n")
     a.write_file("htdocs/raise/ok.txt", "ok\n")
     a.write_file("htdocs/lower/.htaccess", "TBucketPriority low\n")
     a.write_file("htdocs/lower/ok.txt", "ok\n")
     a.write_file("htdocs/place/.htaccess", "TBucketLocalConcurrency 5\n")
     a.write_file("htdocs/place/ok.txt", "ok\n")
-    a.start("""
-TBucketEnable On
-TBucketRedis redis://127.0.0.1:1 timeout=20
-TBucketShed low=25 normal=70
+    a.start(NO_REDIS + """TBucketShed low=25 normal=70
 """ + STATUS)
     assert http_get(a.url("/raise/ok.txt")).status_code == 200
     assert http_get(a.url("/place/ok.txt")).status_code == 500
-    ex, futs = hold_busy(a, state, 3, 3)
-    try:
+    with busy(a, state, 3, 3):
         # 4 of 10 busy: low (25%) is shed, normal (70%) is not.
         assert http_get(a.url("/lower/ok.txt")).status_code == 503
         assert http_get(a.url("/ok.txt")).status_code == 200
-    finally:
-        ex.shutdown(wait=True)
-    ex, futs = hold_busy(a, state, 7, 3)
-    try:
+    with busy(a, state, 7, 3):
         assert http_get(a.url("/raise/ok.txt")).status_code == 503
-    finally:
-        ex.shutdown(wait=True)
     a.assert_log_clean(allowed=("TBucketLocalConcurrency not allowed here",))
 
 
 # The status page in all three views: busy workers, thresholds, sheds
 # by priority, each local scope's places.
 def test_module_153_02(apache_factory):
-    a = apache_factory(mpm="prefork", servers=6)
-    prepare(a)
-    make_dirs(a)
+    a, _ = server(apache_factory, 6, dirs=True)
     a.start(conc_body(2, "TBucketShed low=10 high=90") + """
 <Location /low>
     TBucketPriority low

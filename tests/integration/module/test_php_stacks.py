@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from tbtest import overload
-from tbtest.apache import http_get
+from tbtest.apache import http_get, limited_conf
+from tbtest.env import factory
 from tbtest.php import ModPhp, PhpFpm, fpm_apache
 
 # What heavy.php prints for its default 300 rows, whatever the stack.
@@ -23,28 +24,31 @@ HEAVY_DIGEST = "6046c6a71a141fde0d41bc74a01ba67e"
 def fpm_factory():
     """Start php-fpm pools on demand; each is stopped by PID and its
     temp dir removed at teardown."""
-    made = []
-
-    def make(**kw):
-        p = PhpFpm(**kw)
-        made.append(p)
-        return p.start()
-
-    yield make
-    for p in made:
-        p.cleanup()
+    yield from factory(PhpFpm, PhpFpm.cleanup, then=PhpFpm.start)
 
 
 def limited(redis, prefix, limit="3 1/m"):
-    return """
-TBucketRedis %s timeout=500
-TBucketPrefix %s
-<Location /app/>
-    TBucketEnable On
-    TBucketKey "%%{HTTP:X-API-Key}"
-    TBucketLimit %s
-</Location>
-""" % (redis.url, prefix, limit)
+    return limited_conf(redis.url, prefix, "    TBucketLimit " + limit,
+                        key="X-API-Key", status=False, where="/app/")
+
+
+def mod_php(apache_factory, body, servers, prepare=None, **kw):
+    """A prefork Apache of `servers` children with mod_php, started with
+    body after prepare(a) (files to write); kw as Apache's."""
+    a = apache_factory(mpm="prefork", servers=servers, **kw)
+    php = ModPhp(a)
+    if prepare:
+        prepare(a)
+    return a.start(php.conf() + body)
+
+
+def overloaded_mod_php(apache_factory, redis_server, config, prefix):
+    """mod_php (8 children, Debian's keep-alive defaults) with the
+    overload bench's configuration `config`."""
+    return mod_php(apache_factory,
+                   overload.config_body(config, redis_server.url,
+                                        prefix=prefix),
+                   8, keepalive=(100, 5))
 
 
 def check_served(a, sapi, key):
@@ -71,18 +75,21 @@ def check_served(a, sapi, key):
     assert r.status_code == 200 and r.text == "ok -\n"
 
 
-# mod_php (prefork): PHP runs in Apache's children, sees TBUCKET_DECISION
-# by getenv() and $_SERVER, and is not run for a 429.
-def test_module_160_01(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=4)
-    php = ModPhp(a)
-    a.start(php.conf() + limited(redis_server, "php1:"))
-    check_served(a, "apache2handler", "alice")
+def check_logged(a):
+    """check_served()'s requests in the access log, and a clean log."""
     with open(a.access_log) as f:
         log = f.read()
     assert log.count(" 200 allowed /app/env.php") == 3
     assert " 429 rejected /app/env.php" in log
     a.assert_log_clean()
+
+
+# mod_php (prefork): PHP runs in Apache's children, sees TBUCKET_DECISION
+# by getenv() and $_SERVER, and is not run for a 429.
+def test_module_160_01(apache_factory, redis_server):
+    a = mod_php(apache_factory, limited(redis_server, "php1:"), 4)
+    check_served(a, "apache2handler", "alice")
+    check_logged(a)
 
 
 # php-fpm (event, mod_proxy_fcgi on a unix socket): the decision reaches
@@ -92,11 +99,7 @@ def test_module_160_02(apache_factory, redis_server, fpm_factory):
     a = fpm_apache(apache_factory, fpm)
     a.start(fpm.conf() + limited(redis_server, "php2:"))
     check_served(a, "fpm-fcgi", "bob")
-    with open(a.access_log) as f:
-        log = f.read()
-    assert log.count(" 200 allowed /app/env.php") == 3
-    assert " 429 rejected /app/env.php" in log
-    a.assert_log_clean()
+    check_logged(a)
 
 
 # The overload tool against mod_php under Debian's keep-alive defaults
@@ -105,10 +108,7 @@ def test_module_160_02(apache_factory, redis_server, fpm_factory):
 # for, and Apache's CPU covers the pages rendered.
 @pytest.mark.slow
 def test_module_160_03(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=8, keepalive=(100, 5))
-    php = ModPhp(a)
-    a.start(php.conf() + overload.config_body("per_key", redis_server.url,
-                                              prefix="php3:"))
+    a = overloaded_mod_php(apache_factory, redis_server, "per_key", "php3:")
     rc = redis_server.client()
     rep = overload.run(a.port, a.proc.pid, redis=rc, flood=16, keys=1000,
                        duration=3.0, warmup=0.5)
@@ -158,10 +158,7 @@ def test_module_160_04(apache_factory, redis_server, fpm_factory):
 # alone costs under a tenth of a page's CPU and no Redis command.
 @pytest.mark.slow
 def test_module_160_05(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=8, keepalive=(100, 5))
-    php = ModPhp(a)
-    a.start(php.conf() + overload.config_body("local", redis_server.url,
-                                              prefix="php5:"))
+    a = overloaded_mod_php(apache_factory, redis_server, "local", "php5:")
     rc = redis_server.client()
     rep = overload.run(a.port, a.proc.pid, redis=rc, flood=32, keys=1000,
                        duration=3.0, warmup=0.5,
@@ -218,9 +215,13 @@ TBucketRedis redis://127.0.0.1:1 timeout=20
 """
 
 
+def state_dir(a):
+    return os.path.join(a.root, "phpstate")
+
+
 def conc_page(a):
     """conc.php and its state dir (written by www-data)."""
-    state = os.path.join(a.root, "phpstate")
+    state = state_dir(a)
     os.makedirs(state, exist_ok=True)
     for name in ("cur", "max", "lock"):
         open(os.path.join(state, name), "w").close()
@@ -247,20 +248,22 @@ def php_max(state):
         return int(f.read() or 0)
 
 
-# mod_php under prefork (8 children): TBucketLocalConcurrency 3 holds PHP
-# itself to 3 requests at once, across children, with Redis unreachable;
-# the others get 503 and never run PHP.
-@pytest.mark.slow
-def test_module_160_06(apache_factory):
-    a = apache_factory(mpm="prefork", servers=8)
-    php = ModPhp(a)
-    state = conc_page(a)
-    a.start(php.conf() + LOCAL)
+def check_capped(a, state):
+    """Ten at once of conc.php: PHP ran 3 at most, the rest got 503."""
     codes = flood_conc(a, 10)
     assert php_max(state) == 3
     assert codes.count(200) >= 3 and codes.count(503) >= 1
     assert set(codes) <= {200, 503}
     a.assert_log_clean()
+
+
+# mod_php under prefork (8 children): TBucketLocalConcurrency 3 holds PHP
+# itself to 3 requests at once, across children, with Redis unreachable;
+# the others get 503 and never run PHP.
+@pytest.mark.slow
+def test_module_160_06(apache_factory):
+    a = mod_php(apache_factory, LOCAL, 8, prepare=conc_page)
+    check_capped(a, state_dir(a))
 
 
 # php-fpm (8 children) behind the event MPM: the same cap across Apache's
@@ -271,8 +274,4 @@ def test_module_160_07(apache_factory, fpm_factory):
     a = fpm_apache(apache_factory, fpm)
     state = conc_page(a)
     a.start(fpm.conf() + LOCAL)
-    codes = flood_conc(a, 10)
-    assert php_max(state) == 3
-    assert codes.count(200) >= 3 and codes.count(503) >= 1
-    assert set(codes) <= {200, 503}
-    a.assert_log_clean()
+    check_capped(a, state)

@@ -2,7 +2,7 @@
 counters that only move forward, and no Redis password."""
 import re
 
-from tbtest.apache import http_get, metric
+from tbtest.apache import http_get, limited_conf, metric
 from tbtest.env import Redis
 
 STATUS = """
@@ -41,14 +41,8 @@ def check_format(text):
 
 
 def conf(url, prefix):
-    return """
-TBucketRedis %s timeout=500
-TBucketPrefix %s
-<Location /limited>
-    TBucketEnable On
-    TBucketLimit 3 1/h
-</Location>
-""" % (url, prefix) + STATUS
+    return limited_conf(url, prefix, "    TBucketLimit 3 1/h", key=None,
+                        status=False) + STATUS
 
 
 # The page is valid Prometheus text and its figures move with requests.

@@ -15,20 +15,15 @@ import html
 import os
 import re
 import shutil
-import signal
 import struct
-import subprocess
-import tempfile
 import time
 from html.parser import HTMLParser
 
-import pytest
 import requests
 
 from tbtest.apache import http_get
-from tbtest.env import BUILD, ROOT, free_port, require
+from tbtest.env import BUILD, CHROMIUM, ROOT, chromium, free_port, require
 
-CHROMIUM = "/usr/bin/chromium"
 
 # A ServerName that would run script, break out of an attribute and smuggle
 # an entity if the page printed it raw. Apache accepts it as a name.
@@ -275,34 +270,6 @@ def png_size(path):
         head = f.read(24)
     assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG: %r" % head[:8]
     return struct.unpack(">II", head[16:24])
-
-
-def chromium(args, timeout=90):
-    """Run headless Chromium once in its own session and profile; the
-    whole process group is killed, by the PID we started, if it hangs."""
-    require(CHROMIUM, "chromium")
-    profile = tempfile.mkdtemp(prefix="tb-chromium-")
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-           "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--user-data-dir=" + profile] + args
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=10)
-        pytest.fail("chromium did not finish in %ds" % timeout)
-    finally:
-        # Helpers (crashpad, zygote) share the session we made.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        shutil.rmtree(profile, ignore_errors=True)
-    return proc.returncode, out.decode("utf-8", "replace"), \
-        err.decode("utf-8", "replace")
 
 
 # A real browser renders the page: the DOM it builds holds the same

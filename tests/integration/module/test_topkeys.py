@@ -18,10 +18,8 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from html.parser import HTMLParser
@@ -29,9 +27,8 @@ from html.parser import HTMLParser
 import pytest
 
 from tbtest.apache import http_get
-from tbtest.env import BUILD, ROOT, require
+from tbtest.env import BUILD, ROOT, chromium, require
 
-CHROMIUM = "/usr/bin/chromium"
 F2B_REGEX = "/usr/bin/fail2ban-regex"
 TMUX = "/usr/bin/tmux"
 TOOL = os.path.join(BUILD, "tbucket")
@@ -406,28 +403,10 @@ class Dom(HTMLParser):
 
 
 def chromium_dom(url, timeout=90):
-    """The DOM headless Chromium builds for url; its whole session is
-    killed, by the PID we started, however it ends."""
-    require(CHROMIUM, "chromium")
-    profile = tempfile.mkdtemp(prefix="tb-chromium-")
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-           "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--no-first-run", "--disable-quic",
-           "--user-data-dir=" + profile, "--dump-dom", url]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail("chromium did not finish in %ds" % timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        shutil.rmtree(profile, ignore_errors=True)
-    assert proc.returncode == 0, err[-2000:]
-    return out.decode("utf-8", "replace")
+    """The DOM headless Chromium builds for url."""
+    rc, out, err = chromium(["--dump-dom", url], timeout)
+    assert rc == 0, err[-2000:]
+    return out
 
 
 # test_module_161_03: headless Chromium renders the page's top-keys tables

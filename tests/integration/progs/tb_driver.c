@@ -201,29 +201,48 @@ static void print_result(int rc, const tb_result_t *r, int64_t elapsed_us)
            rc, r->binding, r->limit, (long long)r->redis_us);
 }
 
-static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
-{
+/* One decision as the commands make it: the takes and the request over
+ * them, its injected clock (the _at forms) and its result. */
+typedef struct call {
     tb_take_t t[TB_MAX_BUCKETS];
     tb_request_t q;
     tb_result_t r;
-    int64_t now = 0, t0;
+    int64_t now;
     long klen;
-    int n, rc;
+    int n;
+} call_t;
 
-    if (with_now && (ac < 1 || to_i64(av[0], &now))) {
+/* Run k's request (its clock injected when with_now); rc and the wall
+ * time of the call in *us. */
+static int run_timed(tb_client_t *c, call_t *k, int with_now, int64_t *us)
+{
+    int64_t t0 = tb_clock_monotonic_us();
+    int rc;
+
+    k->q.now_ms = with_now ? &k->now : NULL;
+    rc = tb_client_run(c, &k->q, &k->r);
+    *us = tb_clock_monotonic_us() - t0;
+    return rc;
+}
+
+static void cmd_take(tb_client_t *c, char **av, int ac, int with_now)
+{
+    call_t k = { .now = 0 };
+    int64_t us;
+    int rc;
+
+    if (with_now && (ac < 1 || to_i64(av[0], &k.now))) {
         printf("error usage: take_at NOW_MS KEY CAP RATE COST ...\n");
         return;
     }
-    if (parse_takes(av + with_now, ac - with_now, &klen, t, &n)) {
+    if (parse_takes(av + with_now, ac - with_now, &k.klen, k.t, &k.n)) {
         printf("error usage: take KEY CAP RATE COST [ROUTE CAP RATE COST]"
                "...\n");
         return;
     }
-    request_init(&q, prefix, av[with_now], (size_t)klen, t, n);
-    q.now_ms = with_now ? &now : NULL;
-    t0 = tb_clock_monotonic_us();
-    rc = tb_client_run(c, &q, &r);
-    print_result(rc, &r, tb_clock_monotonic_us() - t0);
+    request_init(&k.q, prefix, av[with_now], (size_t)k.klen, k.t, k.n);
+    rc = run_timed(c, &k, with_now, &us);
+    print_result(rc, &k.r, us);
 }
 
 static const char *limit_kind_name(tb_limit_kind_t k)
@@ -334,84 +353,68 @@ static int parse_shard(char **av, tb_request_t *q)
 /* lease[_at NOW_MS] K SHARD KEY CAP RATE COST WANT */
 static void cmd_lease(tb_client_t *c, char **av, int ac, int with_now)
 {
-    tb_take_t t[TB_MAX_BUCKETS];
-    tb_request_t q;
-    tb_result_t r;
-    int64_t now = 0, t0;
-    double want;
-    long klen;
-    int n, rc;
-
-    double back = 0;
+    call_t k = { .now = 0 };
+    double want, back = 0;
+    int64_t us;
+    int rc;
 
     if (ac == 8 + with_now && to_double(av[--ac], &back)) {
         ac = -1;
     }
-    if ((with_now && (ac < 1 || to_i64(av[0], &now)))
+    if ((with_now && (ac < 1 || to_i64(av[0], &k.now)))
         || ac != 7 + with_now || to_double(av[ac - 1], &want)
-        || parse_takes(av + with_now + 2, 4, &klen, t, &n)) {
+        || parse_takes(av + with_now + 2, 4, &k.klen, k.t, &k.n)) {
         printf("error usage: lease[_at NOW_MS] K SHARD KEY CAP RATE COST "
                "WANT [BACK]\n");
         return;
     }
-    request_init(&q, prefix, av[with_now + 2], (size_t)klen, t, n);
-    if (parse_shard(av + with_now, &q)) {
+    request_init(&k.q, prefix, av[with_now + 2], (size_t)k.klen, k.t, k.n);
+    if (parse_shard(av + with_now, &k.q)) {
         printf("error usage: lease[_at NOW_MS] K SHARD ...\n");
         return;
     }
-    q.now_ms = with_now ? &now : NULL;
-    q.lease = want;
-    q.lease_back = back;
-    t0 = tb_clock_monotonic_us();
-    rc = tb_client_run(c, &q, &r);
-    printf("ok granted=%lld ", (long long)r.granted);
-    print_result(rc, &r, tb_clock_monotonic_us() - t0);
+    k.q.lease = want;
+    k.q.lease_back = back;
+    rc = run_timed(c, &k, with_now, &us);
+    printf("ok granted=%lld ", (long long)k.r.granted);
+    print_result(rc, &k.r, us);
 }
 
-/* "ALGO K SHARD NOW KEY CAP RATE COST [...]" into q (takes in t, the
- * clock in *now). 0 on success. */
-static int parse_run(char **av, int ac, tb_request_t *q, tb_take_t *t,
-                     int64_t *now)
+/* "ALGO K SHARD NOW KEY CAP RATE COST [...]" into k (the clock "-":
+ * Redis's). 0 on success. */
+static int parse_run(char **av, int ac, call_t *k)
 {
     tb_algo_t algo;
-    long klen;
-    int n;
 
     if (ac < 4 || tb_algo_parse(av[0], &algo) != TB_OK
-        || (strcmp(av[3], "-") != 0 && to_i64(av[3], now))
-        || parse_takes(av + 4, ac - 4, &klen, t, &n)) {
+        || (strcmp(av[3], "-") != 0 && to_i64(av[3], &k->now))
+        || parse_takes(av + 4, ac - 4, &k->klen, k->t, &k->n)) {
         return -1;
     }
-    request_init(q, prefix, av[4], (size_t)klen, t, n);
-    q->algo = algo;
-    q->now_ms = strcmp(av[3], "-") != 0 ? now : NULL;
-    return parse_shard(av + 1, q);
+    request_init(&k->q, prefix, av[4], (size_t)k->klen, k->t, k->n);
+    k->q.algo = algo;
+    k->q.now_ms = strcmp(av[3], "-") != 0 ? &k->now : NULL;
+    return parse_shard(av + 1, &k->q);
 }
 
 /* run ALGO K SHARD NOW KEY CAP RATE COST [...] */
 static void cmd_run(tb_client_t *c, char **av, int ac)
 {
-    tb_take_t t[TB_MAX_BUCKETS];
-    tb_request_t q;
-    tb_result_t r;
-    int64_t now = 0;
+    call_t k = { .now = 0 };
     int rc;
 
-    if (parse_run(av, ac, &q, t, &now)) {
+    if (parse_run(av, ac, &k)) {
         printf("error usage: run ALGO K SHARD NOW KEY CAP RATE COST ...\n");
         return;
     }
-    rc = tb_client_run(c, &q, &r);
-    print_result(rc, &r, 0);
+    rc = tb_client_run(c, &k.q, &k.r);
+    print_result(rc, &k.r, 0);
 }
 
 /* settle ALGO K SHARD NOW REAL KEY CAP RATE COST [...] */
 static void cmd_settle(tb_client_t *c, char **av, int ac)
 {
-    tb_take_t t[TB_MAX_BUCKETS];
-    tb_request_t q;
-    tb_result_t r;
-    int64_t now = 0;
+    call_t k = { .now = 0 };
     double real;
     char *rest[MAX_ARGS];
     int i, rc;
@@ -423,13 +426,13 @@ static void cmd_settle(tb_client_t *c, char **av, int ac)
     for (i = 0; i + 1 < ac; i++) {
         rest[i] = i < 4 ? av[i] : av[i + 1];
     }
-    if (ac == 0 || parse_run(rest, ac - 1, &q, t, &now)) {
+    if (ac == 0 || parse_run(rest, ac - 1, &k)) {
         printf("error usage: settle ALGO K SHARD NOW REAL KEY CAP RATE "
                "COST ...\n");
         return;
     }
-    rc = tb_client_settle(c, &q, real, &r);
-    print_result(rc, &r, 0);
+    rc = tb_client_settle(c, &k.q, real, &k.r);
+    print_result(rc, &k.r, 0);
 }
 
 /* give_back RKEY CAP RATE TOKENS */
@@ -455,23 +458,20 @@ static void cmd_give_back(tb_client_t *c, char **av, int ac)
 /* take_shard K SHARD KEY CAP RATE COST [ROUTE CAP RATE COST ...] */
 static void cmd_take_shard(tb_client_t *c, char **av, int ac)
 {
-    tb_take_t t[TB_MAX_BUCKETS];
-    tb_request_t q;
-    tb_result_t r;
-    long klen;
-    int n, rc;
+    call_t k;
+    int rc;
 
-    if (ac < 2 || parse_takes(av + 2, ac - 2, &klen, t, &n)) {
+    if (ac < 2 || parse_takes(av + 2, ac - 2, &k.klen, k.t, &k.n)) {
         printf("error usage: take_shard K SHARD KEY CAP RATE COST ...\n");
         return;
     }
-    request_init(&q, prefix, av[2], (size_t)klen, t, n);
-    if (parse_shard(av, &q)) {
+    request_init(&k.q, prefix, av[2], (size_t)k.klen, k.t, k.n);
+    if (parse_shard(av, &k.q)) {
         printf("error usage: take_shard K SHARD ...\n");
         return;
     }
-    rc = tb_client_run(c, &q, &r);
-    print_result(rc, &r, 0);
+    rc = tb_client_run(c, &k.q, &k.r);
+    print_result(rc, &k.r, 0);
 }
 
 static void cmd_key(char **av, int ac)

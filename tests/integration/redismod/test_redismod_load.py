@@ -9,29 +9,13 @@ import pytest
 import redis as redis_py
 
 from tbtest.env import ROOT
-from tbtest.redismod import (ALGOS, ENGINES, ModRedis, module, module_path,
-                             sanitizer_reports, script)
-
-
-@pytest.fixture
-def servers(tmp_path):
-    made = []
-
-    def make(name, **kw):
-        r = ModRedis(tmp_path / name, **kw)
-        made.append(r)
-        return r
-
-    yield make
-    for r in made:
-        r.stop()
-        assert sanitizer_reports(r.dir) == []
+from tbtest.redismod import ALGOS, ENGINES, module, module_path, script
 
 
 # MODULE LIST names it (version from VERSION); COMMAND INFO shows every
 # command as write, denyoom, module, movablekeys, like EVAL's keys.
-def test_redismod_007_01(servers):
-    r = servers("r", module=module_path()).start().client()
+def test_redismod_007_01(mod_servers):
+    r = mod_servers("r", module=module_path()).start().client()
     mods = r.execute_command("MODULE", "LIST")
     assert [m[1] for m in mods] == [b"tbucket"]
     with open(os.path.join(ROOT, "VERSION")) as f:
@@ -55,14 +39,14 @@ def test_redismod_007_02():
 # A server without the module answers an unknown-command error (the
 # client's cue to use the scripts); loading it twice, or with
 # arguments, is refused at start.
-def test_redismod_007_03(servers, tmp_path):
-    r = servers("plain", module=None).start().client()
+def test_redismod_007_03(mod_servers, tmp_path):
+    r = mod_servers("plain", module=None).start().client()
     with pytest.raises(redis_py.ResponseError, match="unknown command"):
         r.execute_command("tbucket.bucket", 1, "k", "", "5", "1", "1")
     so = module_path()
     for name, kw in (("twice", {"extra": ["loadmodule %s" % so]}),
                      ("args", {"module_args": "extra"})):
-        bad = servers(name, module=so, **kw)
+        bad = mod_servers(name, module=so, **kw)
         with pytest.raises(RuntimeError):
             bad.start()
         assert "tbucket" in bad.log()
@@ -71,10 +55,10 @@ def test_redismod_007_03(servers, tmp_path):
 # An emergency unload (MODULE UNLOAD) leaves every key as the module
 # wrote it, and the scripts carry on from there: the same replies as a
 # server that never had the module.
-def test_redismod_007_04(servers):
-    s = servers("s", module=module_path(),
+def test_redismod_007_04(mod_servers):
+    s = mod_servers("s", module=module_path(),
                 extra=["enable-module-command local"]).start()
-    ref = servers("ref", module=None).start()
+    ref = mod_servers("ref", module=None).start()
     r, q = s.client(), ref.client()
     for algo in ALGOS:
         for now in (1000, 1200):

@@ -13,24 +13,7 @@ import time
 
 import pytest
 
-from tbtest.redismod import (ALGOS, ModRedis, dump, module, module_path,
-                             sanitizer_reports, script)
-
-
-@pytest.fixture
-def servers(tmp_path):
-    made = []
-
-    def make(name, **kw):
-        r = ModRedis(tmp_path / name, **kw)
-        made.append(r)
-        return r.start()
-
-    yield make
-    for r in made:
-        r.stop()
-    for r in made:
-        assert sanitizer_reports(r.dir) == []
+from tbtest.redismod import ALGOS, dump, module, module_path, script
 
 
 def trace(r, seed, steps=150):
@@ -100,11 +83,12 @@ def wait_synced(primary, replica, timeout=10):
 
 # A replica without the module, attached before the calls, holds every
 # key's bytes and expiry time exactly as the primary.
-def test_redismod_004_01(servers):
-    primary = servers("primary", module=module_path(),
-                      extra=["repl-diskless-sync-delay 0"])
-    replica = servers("replica", module=None,
-                      extra=["replicaof 127.0.0.1 %d" % primary.port])
+def test_redismod_004_01(mod_servers):
+    primary = mod_servers("primary", module=module_path(),
+                          extra=["repl-diskless-sync-delay 0"]).start()
+    replica = mod_servers("replica", module=None,
+                          extra=["replicaof 127.0.0.1 %d"
+                                 % primary.port]).start()
     r = primary.client()
     wait_link(replica)
     keys = trace(r, 11)
@@ -122,12 +106,13 @@ def test_redismod_004_01(servers):
 
 
 # A replica attached after the calls (full sync) holds the same too.
-def test_redismod_004_02(servers):
-    primary = servers("primary", module=module_path(),
-                      extra=["repl-diskless-sync-delay 0"])
+def test_redismod_004_02(mod_servers):
+    primary = mod_servers("primary", module=module_path(),
+                          extra=["repl-diskless-sync-delay 0"]).start()
     keys = lasting(primary.client(), trace(primary.client(), 12, steps=60))
-    replica = servers("replica", module=None,
-                      extra=["replicaof 127.0.0.1 %d" % primary.port])
+    replica = mod_servers("replica", module=None,
+                          extra=["replicaof 127.0.0.1 %d"
+                                 % primary.port]).start()
     wait_link(replica)
     wait_synced(primary, replica)
     assert snapshot(replica.client(), keys) == snapshot(primary.client(),
@@ -137,9 +122,9 @@ def test_redismod_004_02(servers):
 # The AOF: restarted from it, without the module, the server holds every
 # key's bytes and expiry time as before; restarted with the module again,
 # the buckets go on.
-def test_redismod_004_03(servers):
-    s = servers("aof", module=module_path(),
-                extra=["appendonly yes", "appendfsync always"])
+def test_redismod_004_03(mod_servers):
+    s = mod_servers("aof", module=module_path(),
+                    extra=["appendonly yes", "appendfsync always"]).start()
     keys = lasting(s.client(), trace(s.client(), 13))
     want = snapshot(s.client(), keys)
     assert len(keys) > 20

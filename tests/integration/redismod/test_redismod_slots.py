@@ -9,18 +9,9 @@ left by a settlement refusing what follows.
 """
 import pytest
 
-from tbtest.redismod import (ALGOS, ModRedis, module, module_path,
-                             sanitizer_reports)
+from tbtest.redismod import ALGOS, module
 
 WAIT = 1000  # The prelude's CONC_WAIT, TB_CONCURRENCY_RETRY_MS.
-
-
-@pytest.fixture
-def mod_redis(tmp_path):
-    r = ModRedis(tmp_path / "redis", module_path()).start()
-    yield r
-    r.stop()
-    assert sanitizer_reports(r.dir) == []
 
 
 def conc(n, ttl, slot):

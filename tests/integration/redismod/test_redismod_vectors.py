@@ -12,22 +12,13 @@ import pytest
 
 from tbtest.core import (SETTLE_VECTORS, check_after, load_vectors,
                          put_buckets, vector_argv)
-from tbtest.redismod import (ALGOS, ModRedis, algo_expected, algo_rows,
-                             algo_state, lease_rows, module, module_path,
-                             num, sanitizer_reports)
+from tbtest.redismod import (ALGOS, algo_expected, algo_rows, algo_state,
+                             lease_rows, module, num)
 
 TAKES = load_vectors()
 SETTLES = load_vectors(SETTLE_VECTORS)
 LEASES = lease_rows()
 WINDOW_ALGOS = [a for a in ALGOS if a != "token_bucket"]
-
-
-@pytest.fixture
-def mod_redis(tmp_path):
-    r = ModRedis(tmp_path / "redis", module_path()).start()
-    yield r
-    r.stop()
-    assert sanitizer_reports(r.dir) == []
 
 
 def run_vector(r, vec, tag, *mode):

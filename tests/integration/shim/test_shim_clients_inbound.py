@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from tbtest.apache import Apache
 from tbtest.nginx import Nginx
-from tbtest.shim import SHIM_SO, cli, plain_env, shim_env, write_conf
+from tbtest.shim import ShimApache, cli, plain_env, shim_env, write_conf
 
 FLOOD_SECS = 2.0
 FLOOD_THREADS = 8
@@ -24,21 +23,6 @@ def in_rule(port, action, capacity, rate):
     return ('inbound = ( { name = "web"; port = %d; key = "$peer"; '
             'capacity = %d; rate = %d; action = "%s"; } );'
             % (port, capacity, rate, action))
-
-
-class ShimApache(Apache):
-    """An Apache of tbapache's whose processes run under the shim."""
-
-    def __init__(self, conf, **kw):
-        self.shim_conf = conf
-        super().__init__(**kw)
-
-    def _env(self):
-        # scripts/apache2.sh preloads the sanitizer runtimes a `make asan`
-        # module needs, then TB_APACHE_PRELOAD: the shim of this build.
-        env = shim_env(self.shim_conf)
-        env["TB_APACHE_PRELOAD"] = SHIM_SO
-        return env
 
 
 def probe(port, stop, out):

@@ -7,12 +7,12 @@ greets each connection it accepts with "hi", keeps it until the client
 closes its end, then closes it (close() is what gives the slot back). The
 slot set is read in Redis: "<prefix>in:<rule>:{<key>}:conc"."""
 import socket
-import subprocess
 import sys
 import time
 
 from tbtest.env import free_port
-from tbtest.shim import Proc, shim_env, write_conf
+from tbtest.shim import (Proc, assert_strict_refusal, in_rule, shim_env,
+                         write_conf)
 
 SERVER = r"""
 import socket, sys, threading
@@ -38,11 +38,8 @@ while True:
 
 
 def rule(port, **kw):
-    fields = {"name": "web", "port": port, "concurrency": 2}
-    fields.update(kw)
-    return "inbound = ( { " + " ".join(
-        "%s = %s;" % (k, '"%s"' % v if isinstance(v, str) else v)
-        for k, v in fields.items()) + " } );"
+    return "inbound = ( %s );" % in_rule(port, **dict({"concurrency": 2},
+                                                      **kw))
 
 
 def daemon(tmp_path, conf, port):
@@ -173,11 +170,7 @@ def test_shim_conc_04(redis_server, progs, tmp_path):
              "concurrency = 2; } );" % port,
              "unknown setting 'concurrency' in an outbound rule")):
         conf = write_conf(tmp_path / "bad.conf", redis_server, body)
-        r = subprocess.run([progs["tb_srv"], "-p", "0"],
-                           env=shim_env(conf, TBUCKET_STRICT=1),
-                           capture_output=True, text=True, timeout=20)
-        assert r.returncode == 78, (body, r.stderr)
-        assert why in r.stderr and "bad.conf:" in r.stderr, r.stderr
+        assert_strict_refusal(progs, conf, why)
     conf = write_conf(tmp_path / "ok.conf", redis_server,
                       rule(port, concurrency_ttl_ms="2s"))
     srv = daemon(tmp_path, conf, port)

@@ -4,34 +4,10 @@ same buckets either way. Which engine answered is read from Redis's own
 INFO commandstats."""
 import os
 
-import pytest
-
 from tbtest.env import BUILD, free_port
-from tbtest.redismod import ModRedis, module_path
-from tbtest.shim import (Proc, cli, plain_env, run, shim_env, stderr_lines,
+from tbtest.redismod import engine_calls as calls
+from tbtest.shim import (cli, plain_env, run, stderr_lines, tb_srv,
                          write_conf)
-
-
-@pytest.fixture
-def mod_redis(tmp_path):
-    r = ModRedis(str(tmp_path / "mod"), module=module_path()).start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def plain_redis(tmp_path):
-    r = ModRedis(str(tmp_path / "plain"), module=None).start()
-    yield r
-    r.stop()
-
-
-def calls(r):
-    st = r.client().info("commandstats")
-    mod = st.get("cmdstat_tbucket.bucket", {}).get("calls", 0)
-    scr = sum(st.get(k, {}).get("calls", 0)
-              for k in ("cmdstat_evalsha", "cmdstat_eval"))
-    return mod, scr
 
 
 def rule(port):
@@ -39,8 +15,15 @@ def rule(port):
             'rate = "1/h"; } );' % port)
 
 
+def engine_conf(tmp_path, redis, port, name="s.conf", **scalars):
+    """A config of rule(port) on redis, scalars (engine, policy) added."""
+    return write_conf(tmp_path / name, redis, rule(port), **scalars)
+
+
 def serve(progs, conf, port, n):
-    srv = Proc([progs["tb_srv"], "-p", str(port)], shim_env(conf))
+    """n connections to tb_srv under conf: tb_cli's summary, tb_srv's
+    stderr."""
+    srv = tb_srv(progs, conf, port)
     try:
         (s,), _ = cli(progs, ["-r", "127.0.0.1", port, n], plain_env())
     finally:
@@ -48,16 +31,22 @@ def serve(progs, conf, port, n):
     return s, err
 
 
+def check(s, err, redis, served, closed, want_calls):
+    """tb_srv served `served` connections, the shim closed `closed`,
+    redis ran want_calls (module calls, script calls), and tb_srv wrote
+    nothing on stderr."""
+    assert s["served"] == served and s["closed"] == closed
+    assert calls(redis) == want_calls
+    assert err == ""
+
+
 # test_shim_520_01: engine = "module": every connection is decided by
 # tbucket.bucket, none by a script, and the limit is exact.
 def test_shim_520_01(mod_redis, progs, tmp_path):
     port = free_port()
-    conf = write_conf(tmp_path / "s.conf", mod_redis, rule(port),
-                      engine="module")
+    conf = engine_conf(tmp_path, mod_redis, port, engine="module")
     s, err = serve(progs, conf, port, 7)
-    assert s["served"] == 4 and s["closed"] == 3
-    assert calls(mod_redis) == (7, 0)
-    assert err == ""
+    check(s, err, mod_redis, 4, 3, (7, 0))
 
 
 # test_shim_520_02: engine = "script" on a Redis with the module, then
@@ -65,15 +54,12 @@ def test_shim_520_01(mod_redis, progs, tmp_path):
 # connection's second call), one exact limit across both.
 def test_shim_520_02(mod_redis, progs, tmp_path):
     port = free_port()
-    conf = write_conf(tmp_path / "s.conf", mod_redis, rule(port),
-                      engine="script")
+    conf = engine_conf(tmp_path, mod_redis, port, engine="script")
     s, _ = serve(progs, conf, port, 2)
     assert s["served"] == 2 and calls(mod_redis) == (0, 2)
-    conf = write_conf(tmp_path / "a.conf", mod_redis, rule(port))
+    conf = engine_conf(tmp_path, mod_redis, port, "a.conf")
     s, err = serve(progs, conf, port, 4)
-    assert s["served"] == 2 and s["closed"] == 2
-    assert calls(mod_redis) == (3, 3)
-    assert err == ""
+    check(s, err, mod_redis, 2, 2, (3, 3))
 
 
 # test_shim_520_03: engine = "module" against a Redis without it: the
@@ -81,8 +67,8 @@ def test_shim_520_02(mod_redis, progs, tmp_path):
 # warning naming the missing module.
 def test_shim_520_03(plain_redis, progs, tmp_path):
     port = free_port()
-    conf = write_conf(tmp_path / "s.conf", plain_redis, rule(port),
-                      engine="module", policy="closed")
+    conf = engine_conf(tmp_path, plain_redis, port, engine="module",
+                       policy="closed")
     s, err = serve(progs, conf, port, 3)
     assert s["served"] == 0
     assert calls(plain_redis) == (0, 0)
@@ -93,8 +79,7 @@ def test_shim_520_03(plain_redis, progs, tmp_path):
 # test_shim_520_04: a bad engine is refused by the loader, naming it (the
 # tool reads configs with the same loader).
 def test_shim_520_04(tmp_path):
-    conf = write_conf(tmp_path / "s.conf", None, rule(free_port()),
-                      engine="lua")
+    conf = engine_conf(tmp_path, None, free_port(), engine="lua")
     p = run([os.path.join(BUILD, "tbucket"), "reset", "k", "--config", conf],
             plain_env(), check=False)
     assert p.returncode == 78

@@ -6,30 +6,23 @@ import time
 
 import pytest
 
-from tbtest.shim import (Proc, bucket, cli, plain_env, redis_clients,
-                         shim_env, write_conf)
+from tbtest.env import free_port
+from tbtest.shim import (Proc, bucket, cli, in_rule, inbound, plain_env,
+                         redis_clients, shim_env, tb_srv, write_conf)
 
 
-def in_rule(port, **kw):
-    fields = {"name": "web", "port": port, "capacity": 5, "rate": "2/s"}
-    fields.update(kw)
-    return "{ " + " ".join(
-        '%s = %s;' % (k, '"%s"' % v if isinstance(v, str) else v)
-        for k, v in fields.items()) + " }"
+def rule(port, **kw):
+    """Inbound rule "web" on port: capacity 5 at 2/s unless kw says."""
+    return in_rule(port, **dict({"capacity": 5, "rate": "2/s"}, **kw))
 
 
-def inbound(*rules):
-    return "inbound = (\n  " + ",\n  ".join(rules) + "\n);"
-
-
-def free_port():
-    from tbtest.env import free_port as fp
-    return fp()
-
-
-def daemon(progs, conf, port, *flags):
-    return Proc([progs["tb_srv"], "-p", str(port)] + list(flags),
-                shim_env(conf))
+def burst(progs, port, n, *flags):
+    """tb_cli's n connections at once (flags added); its summary and the
+    seconds it took."""
+    t0 = time.monotonic()
+    (s,), _ = cli(progs, ["-r"] + list(flags) + ["127.0.0.1", port, n],
+                  plain_env())
+    return s, time.monotonic() - t0
 
 
 def within(served, capacity, rate, seconds):
@@ -44,12 +37,10 @@ def within(served, capacity, rate, seconds):
 def test_shim_100_01(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      inbound(in_rule(port)))
-    srv = daemon(progs, conf, port)
+                      inbound(rule(port)))
+    srv = tb_srv(progs, conf, port)
     try:
-        t0 = time.monotonic()
-        (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 30], plain_env())
-        took = time.monotonic() - t0
+        s, took = burst(progs, port, 30)
         assert s["ok"] == 30              # the kernel completed every handshake
         assert s["served"] >= 5
         assert within(s["served"], 5, 2, took), (s, took)
@@ -69,12 +60,10 @@ def test_shim_100_01(redis_server, progs, tmp_path):
 def test_shim_100_02(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      inbound(in_rule(port, action="http429")))
-    srv = daemon(progs, conf, port, "-H")
+                      inbound(rule(port, action="http429")))
+    srv = tb_srv(progs, conf, port, "-H")
     try:
-        t0 = time.monotonic()
-        (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 25], plain_env())
-        took = time.monotonic() - t0
+        s, took = burst(progs, port, 25)
         assert 5 <= s["served"] and within(s["served"], 5, 2, took)
         assert s["r429"] == 25 - s["served"] and s["closed"] == 0
     finally:
@@ -86,13 +75,10 @@ def test_shim_100_02(redis_server, progs, tmp_path):
 def test_shim_100_03(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      inbound(in_rule(port, capacity=3, rate=5)))
-    srv = daemon(progs, conf, port, "-n", "-4")
+                      inbound(rule(port, capacity=3, rate=5)))
+    srv = tb_srv(progs, conf, port, "-n", "-4")
     try:
-        t0 = time.monotonic()
-        (s,), _ = cli(progs, ["-r", "-t", "4", "127.0.0.1", port, 10],
-                      plain_env())
-        took = time.monotonic() - t0
+        s, took = burst(progs, port, 10, "-t", "4")
         assert 3 <= s["served"] and within(s["served"], 3, 5, took)
         assert s["served"] + s["closed"] == 40
         time.sleep(0.3)
@@ -109,14 +95,11 @@ def test_shim_100_03(redis_server, progs, tmp_path):
 def test_shim_100_04(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      inbound(in_rule(port, capacity=6, rate=1)))
-    a = daemon(progs, conf, port, "-R")
-    b = daemon(progs, conf, port, "-R")
+                      inbound(rule(port, capacity=6, rate=1)))
+    a = tb_srv(progs, conf, port, "-R")
+    b = tb_srv(progs, conf, port, "-R")
     try:
-        t0 = time.monotonic()
-        (s,), _ = cli(progs, ["-r", "-t", "4", "127.0.0.1", port, 15],
-                      plain_env())
-        took = time.monotonic() - t0
+        s, took = burst(progs, port, 15, "-t", "4")
         assert 6 <= s["served"] and within(s["served"], 6, 1, took)
         assert len(redis_clients(redis_server)) >= 2
     finally:
@@ -135,7 +118,7 @@ def test_shim_100_05(redis_server, progs, tmp_path, bits, key):
     port = free_port()
     extra = {} if bits is None else {"ipv6_prefix": bits}
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      inbound(in_rule(port, address="::1", capacity=2,
+                      inbound(rule(port, address="::1", capacity=2,
                                       rate="1/h")), **extra)
     srv = Proc([progs["tb_srv"], "-a", "::1", "-p", str(port)],
                shim_env(conf))
@@ -153,7 +136,7 @@ def test_shim_100_05(redis_server, progs, tmp_path, bits, key):
 @pytest.mark.parametrize("bad", ["0", "129", '"64"'])
 def test_shim_100_08(redis_server, progs, tmp_path, bad):
     conf = tmp_path / "bad.conf"
-    write_conf(conf, redis_server, inbound(in_rule(free_port())))
+    write_conf(conf, redis_server, inbound(rule(free_port())))
     conf.write_text(conf.read_text() + "ipv6_prefix = %s;\n" % bad)
     r = subprocess.run([progs["tb_srv"], "-p", "0"],
                        env=shim_env(str(conf), TBUCKET_STRICT=1),
@@ -167,10 +150,10 @@ def test_shim_100_08(redis_server, progs, tmp_path, bad):
 def test_shim_100_06(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server, inbound(
-        in_rule(port, name="elsewhere", address="127.0.0.2", capacity=1),
-        in_rule(port, name="shared", address="127.0.0.1", capacity=3,
-                rate="1/h", key="all-clients")))
-    srv = daemon(progs, conf, port)
+        rule(port, name="elsewhere", address="127.0.0.2", capacity=1),
+        rule(port, name="shared", address="127.0.0.1", capacity=3,
+             rate="1/h", key="all-clients")))
+    srv = tb_srv(progs, conf, port)
     try:
         (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 5], plain_env())
         assert s["served"] == 3
@@ -187,11 +170,11 @@ def test_shim_100_07(redis_server, progs, tmp_path):
     down = Proc([progs["tb_srv"]], plain_env())
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      inbound(in_rule(port, capacity=8, rate="1/h")) + "\n"
+                      inbound(rule(port, capacity=8, rate="1/h")) + "\n"
                       + "outbound = ( { name = \"down\"; host = "
                       "\"127.0.0.1\"; port = %d; capacity = 4; "
                       "rate = \"1/h\"; } );" % down.port)
-    srv = daemon(progs, conf, port, "-f", "-o", "127.0.0.1:%d" % down.port)
+    srv = tb_srv(progs, conf, port, "-f", "-o", "127.0.0.1:%d" % down.port)
     try:
         (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 12], plain_env())
         assert s["served"] == 4 and s["down"] == 4 and s["closed"] == 4

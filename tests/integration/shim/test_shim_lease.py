@@ -14,19 +14,13 @@ import subprocess
 import time
 
 from tbtest.env import free_port, parse_kv, require
-from tbtest.shim import (Proc, cli, plain_env, reset_calls, run,
-                         script_calls, shim_env, stderr_lines, write_conf)
+from tbtest.shim import (Proc, cli, group, plain_env, reset_calls, run,
+                         script_calls, shim_env, stderr_lines, tb_srv,
+                         write_conf)
 
 IN_KEY = "tb:shim:in:web:{%s}"
 OUT_KEY = "tb:shim:out:db:{db}"
 CAPACITY = 1000
-
-
-def group(**fields):
-    """One rule as libconfig text, fields in order; None leaves one out."""
-    return "{ " + " ".join(
-        "%s = %s;" % (k, '"%s"' % v if isinstance(v, str) else v)
-        for k, v in fields.items() if v is not None) + " }"
 
 
 def in_rule(port, **kw):
@@ -35,7 +29,7 @@ def in_rule(port, **kw):
     fields = {"name": "web", "port": port, "key": "all",
               "capacity": CAPACITY, "rate": "1/h", "lease": 20}
     fields.update(kw)
-    return "inbound = ( %s );" % group(**fields)
+    return "inbound = ( %s );" % group(fields)
 
 
 def out_rule(port, **kw):
@@ -43,7 +37,7 @@ def out_rule(port, **kw):
     fields = {"name": "db", "host": "127.0.0.1", "port": port,
               "capacity": CAPACITY, "rate": "1/h", "lease": 20}
     fields.update(kw)
-    return "outbound = ( %s );" % group(**fields)
+    return "outbound = ( %s );" % group(fields)
 
 
 def call_bound(n, lease=20):
@@ -57,11 +51,6 @@ def tokens(redis, key):
     """The tokens stored in a bucket (HGET), or None when it is missing."""
     v = redis.client().hget(key, "tokens")
     return None if v is None else float(v)
-
-
-def daemon(progs, conf, port, *flags):
-    return Proc([progs["tb_srv"], "-p", str(port)] + list(flags),
-                shim_env(conf))
 
 
 def served_one(port, source="127.0.0.1"):
@@ -116,30 +105,47 @@ def stopped(srv):
     return out, err, time.monotonic() - t0, srv.proc.returncode
 
 
-# Inbound: 200 connections through a rule with lease = 20 make about
-# 200/20 script calls, against one per connection without a lease.
-def test_shim_510_01(redis_server, progs, tmp_path):
+def lease_calls(redis, tmp_path, rule, run_one):
+    """Script calls of run_one(conf, port), which returns them, under
+    rule(port, lease=20) and under the same rule without a lease: {20:
+    calls, None: calls}. Redis is emptied after each."""
     calls = {}
     for lease in (20, None):
         port = free_port()
-        conf = write_conf(tmp_path / ("s%s.conf" % lease), redis_server,
-                          in_rule(port, lease=lease))
-        srv = daemon(progs, conf, port)
+        conf = write_conf(tmp_path / ("s%s.conf" % lease), redis,
+                          rule(port, lease=lease))
+        reset_calls(redis)
+        calls[lease] = run_one(conf, port)
+        redis.client().flushall()
+    return calls
+
+
+def check_calls(calls, n, what):
+    """n of what made n script calls without a lease, about n/20 with."""
+    print("\n%d %s: %d script calls with lease = 20 (%.3f per one), %d "
+          "without" % (n, what, calls[20], calls[20] / float(n),
+                       calls[None]))
+    assert calls[None] == n, calls
+    assert calls[20] <= call_bound(n), calls
+
+
+# Inbound: 200 connections through a rule with lease = 20 make about
+# 200/20 script calls, against one per connection without a lease.
+def test_shim_510_01(redis_server, progs, tmp_path):
+    def serve(conf, port):
+        srv = tb_srv(progs, conf, port)
         try:
-            reset_calls(redis_server)
             (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 200],
                           plain_env())
-            calls[lease] = script_calls(redis_server)
+            calls = script_calls(redis_server)
         finally:
             _, err, _, _ = stopped(srv)
         assert s["served"] == 200, s
         assert err == "", err
-        redis_server.client().flushall()
-    print("\ninbound, 200 connections: %d script calls with lease = 20 "
-          "(%.3f per connection), %d without"
-          % (calls[20], calls[20] / 200.0, calls[None]))
-    assert calls[None] == 200, calls
-    assert calls[20] <= call_bound(200), calls
+        return calls
+
+    check_calls(lease_calls(redis_server, tmp_path, in_rule, serve), 200,
+                "inbound connections")
 
 
 # The limit still holds with leases: 120 connections against capacity 50
@@ -149,7 +155,7 @@ def test_shim_510_02(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       in_rule(port, capacity=50))
-    srv = daemon(progs, conf, port)
+    srv = tb_srv(progs, conf, port)
     try:
         (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 120], plain_env())
     finally:
@@ -225,7 +231,7 @@ def test_shim_510_04(redis_server, progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", redis_server,
                       in_rule(port, lease_ttl="60s"))
-    srv = daemon(progs, conf, port)
+    srv = tb_srv(progs, conf, port)
     try:
         (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 50], plain_env())
         served, unspent = hold_lease(redis_server, IN_KEY % "all", port,
@@ -325,24 +331,17 @@ def test_shim_510_05(redis_server, progs, tmp_path):
 # Outbound: connect_loop's 400 connects through a rule with lease = 20
 # make about 400/20 calls, against 400 without a lease.
 def test_shim_510_06(redis_server, progs, tmp_path):
-    calls = {}
-    for lease in (20, None):
-        port = free_port()
-        conf = write_conf(tmp_path / ("s%s.conf" % lease), redis_server,
-                          out_rule(port, lease=lease))
-        reset_calls(redis_server)
+    def connect(conf, port):
         p = run([progs["connect_loop"], "cycle", str(port), "400"],
                 shim_env(conf))
-        calls[lease] = script_calls(redis_server)
+        calls = script_calls(redis_server)
         assert p.stderr == "", p.stderr
         # Every unspent token back when the program exited.
         assert abs(tokens(redis_server, OUT_KEY) - (CAPACITY - 400)) < 0.5
-        redis_server.client().flushall()
-    print("\noutbound, 400 connects: %d script calls with lease = 20 "
-          "(%.3f per connect), %d without"
-          % (calls[20], calls[20] / 400.0, calls[None]))
-    assert calls[None] == 400, calls
-    assert calls[20] <= call_bound(400), calls
+        return calls
+
+    check_calls(lease_calls(redis_server, tmp_path, out_rule, connect), 400,
+                "outbound connects")
 
 
 # Outbound, the limit holds: tb_cli's 80 connects against capacity 30
@@ -409,7 +408,7 @@ def test_shim_510_08(progs, tmp_path):
             f = {"name": "r%d" % i, "port": port}
             f.update(fields)
             conf = write_conf(tmp_path / ("c%d.conf" % i), None,
-                              "%s = ( %s );" % (direction, group(**f)),
+                              "%s = ( %s );" % (direction, group(f)),
                               strict=True)
             p = run([progs["tb_srv"], "-p", "0"], shim_env(conf),
                     timeout=30, check=False)
@@ -440,7 +439,7 @@ def test_shim_510_09(progs, tmp_path):
              else 9}
         f.update(fields)
         conf = write_conf(tmp_path / ("ok%d.conf" % i), None,
-                          "%s = ( %s );" % (direction, group(**f)),
+                          "%s = ( %s );" % (direction, group(f)),
                           strict=True)
         srv = Proc([progs["tb_srv"], "-p", "0"], shim_env(conf))
         out, err = srv.stop()
@@ -456,7 +455,7 @@ def test_shim_510_10(progs, tmp_path):
         conf = write_conf(tmp_path / ("%s.conf" % policy), None,
                           in_rule(port), policy=policy, timeout_ms=200,
                           connect_timeout_ms=200)
-        srv = daemon(progs, conf, port)
+        srv = tb_srv(progs, conf, port)
         try:
             (s,), _ = cli(progs, ["-r", "127.0.0.1", port, 20], plain_env())
         finally:
@@ -481,7 +480,7 @@ def test_shim_510_11(redis_server, progs, tmp_path):
                       in_rule(port, key="$peer", lease_ttl="60s"),
                       policy="closed", timeout_ms=600,
                       connect_timeout_ms=600, breaker_threshold=1000)
-    srv = daemon(progs, conf, port)
+    srv = tb_srv(progs, conf, port)
     held = {}
     try:
         # One lease per peer address, each holding unspent tokens.

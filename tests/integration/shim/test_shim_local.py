@@ -18,20 +18,16 @@ import socket
 import subprocess
 import time
 
-from tbtest.apache import Apache
 from tbtest.env import BUILD, free_port
-from tbtest.shim import SHIM_SO, Proc, shim_env, write_conf
+from tbtest.shim import (Proc, ShimApache, assert_strict_refusal, in_rule,
+                         shim_env, write_conf)
 
 TOOL = os.path.join(BUILD, "tbucket")
 
 
 def group(port, **kw):
     """One inbound rule as libconfig text: "web", N = 3 unless kw says."""
-    fields = {"name": "web", "port": port, "local_concurrency": 3}
-    fields.update(kw)
-    return "{ " + " ".join(
-        "%s = %s;" % (k, '"%s"' % v if isinstance(v, str) else v)
-        for k, v in fields.items()) + " }"
+    return in_rule(port, **dict({"local_concurrency": 3}, **kw))
 
 
 def rule(port, **kw):
@@ -55,20 +51,51 @@ def stop(srv):
     return summary, err
 
 
-def wait_line(srv, prefix, timeout=10.0):
-    """The next line of the daemon's stdout that starts with prefix."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([srv.proc.stdout], [], [],
-                                max(0.0, deadline - time.monotonic()))
-        if not r:
-            break
-        line = srv.proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line.split()
-    raise AssertionError("no %r line from the daemon" % prefix)
+class Served:
+    """A with-block around a prefork_srv of the tests: the sockets put in
+    .held are closed and the daemon stopped on leaving, also when the
+    test fails; then .summary and .err hold what stop() read."""
+
+    def __init__(self, srv, port):
+        self.srv = srv
+        self.port = port
+        self.held = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        close_all(self.held)
+        self.summary, self.err = stop(self.srv)
+
+    def take(self, n=1):
+        """n connections the program gets, held open; the pids of the
+        workers that got them."""
+        pids = []
+        for _ in range(n):
+            what, pid, s = open_conn(self.port)
+            assert what == "OK", what
+            self.held.append(s)
+            pids.append(pid)
+        return pids
+
+    def check(self, served, peak=None):
+        """The program served `served` connections, held at most `peak`
+        at once, and wrote nothing on stderr."""
+        if peak is not None:
+            assert self.summary["peak"] == peak, self.summary
+        assert self.summary["served"] == served, self.summary
+        assert self.err == "", self.err
+
+
+def local_daemon(progs, tmp_path, workers=3, max_held=64, redis=None,
+                 scalars=None, **kw):
+    """prefork_srv on a free port under rule(port, **kw) as a Served;
+    scalars are more settings of the config."""
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis, rule(port, **kw),
+                      **(scalars or {}))
+    return Served(prefork(progs, conf, port, workers, max_held), port)
 
 
 def open_conn(port, http=False):
@@ -132,138 +159,109 @@ def close_all(socks):
         s.close()
 
 
+def greeted(progs, conf, port, n, *flags, **env):
+    """tb_srv (flags added) on port under the shim with config conf (env
+    added to its environment), sent n connections one after the other,
+    each greeted "OK"; its (stdout, stderr) once stopped."""
+    srv = Proc([progs["tb_srv"], "-p", str(port)] + list(flags),
+               shim_env(conf, **env))
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            assert s.recv(16) == b"OK\n"
+            s.close()
+    finally:
+        out, err = srv.stop()
+    return out, err
+
+
+def tool(*args):
+    """The tbucket tool run with args; its CompletedProcess."""
+    return subprocess.run([TOOL] + list(args), capture_output=True,
+                          text=True, timeout=20)
+
+
 # Four workers that hold one connection each, N = 3: three connections are
 # served by three different processes, and the fourth worker, idle, is
 # refused every connection it accepts: the cap is the program's, not a
 # process's. The program never held more than 3.
 def test_shim_500_01(progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", None, rule(port))
-    srv = prefork(progs, conf, port, workers=4, max_held=1)
-    held = []
-    try:
-        for _ in range(3):
-            what, pid, s = open_conn(port)
-            assert what == "OK"
-            held.append((pid, s))
-        assert len({pid for pid, _ in held}) == 3
+    with local_daemon(progs, tmp_path, workers=4, max_held=1) as d:
+        assert len(set(d.take(3))) == 3
         for _ in range(4):
-            assert open_conn(port)[0] == "closed"
-    finally:
-        close_all(s for _, s in held)
-        summary, err = stop(srv)
-    assert summary["peak"] == 3 and summary["served"] == 3, summary
-    assert err == "", err
+            assert open_conn(d.port)[0] == "closed"
+    d.check(served=3, peak=3)
 
 
 # A burst: 40 connections opened at once against 3 workers, N = 5. Exactly
 # 5 are served; the other 35 are closed unseen by the program.
 def test_shim_500_02(progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", None,
-                      rule(port, local_concurrency=5))
-    srv = prefork(progs, conf, port, workers=3)
-    socks = []
-    try:
+    with local_daemon(progs, tmp_path, local_concurrency=5) as d:
         for _ in range(40):
-            socks.append(socket.create_connection(("127.0.0.1", port),
-                                                  timeout=5))
-        results = [read_greeting(s) for s in socks]
+            d.held.append(socket.create_connection(("127.0.0.1", d.port),
+                                                   timeout=5))
+        results = [read_greeting(s) for s in d.held]
         ok = [r for r in results if r[0] == "OK"]
         assert len(ok) == 5, [r[0] for r in results]
         assert all(r[0] == "closed" for r in results if r[0] != "OK")
-        close_all(r[2] for r in ok)
-    finally:
-        close_all(socks)
-        summary, err = stop(srv)
-    assert summary["peak"] == 5 and summary["served"] == 5, summary
-    assert err == "", err
+    d.check(served=5, peak=5)
 
 
 # Closing gives the place back, once: in one worker with N = 2, a closed
 # connection's place serves the next one, and no more than that (a place
 # given back twice would let a third connection in).
 def test_shim_500_03(progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", None,
-                      rule(port, local_concurrency=2))
-    srv = prefork(progs, conf, port, workers=1)
-    held = []
-    try:
-        for _ in range(2):
-            what, _, s = open_conn(port)
-            assert what == "OK"
-            held.append(s)
-        assert refused(port)
+    with local_daemon(progs, tmp_path, workers=1, local_concurrency=2) as d:
+        d.take(2)
+        assert refused(d.port)
         for _ in range(5):
-            held.pop(0).close()
-            held.append(accept_eventually(port)[1])
-            assert refused(port)
-        close_all(held)
-        held = [accept_eventually(port)[1]]
-        held.append(accept_eventually(port)[1])
-        assert refused(port)
-    finally:
-        close_all(held)
-        summary, err = stop(srv)
-    assert summary["peak"] == 2 and summary["served"] == 9, summary
-    assert err == "", err
+            d.held.pop(0).close()
+            d.held.append(accept_eventually(d.port)[1])
+            assert refused(d.port)
+        close_all(d.held)
+        d.held[:] = [accept_eventually(d.port)[1]]
+        d.held.append(accept_eventually(d.port)[1])
+        assert refused(d.port)
+    d.check(served=9, peak=2)
 
 
 # kill -9 of a worker holding places: the places are not leaked. Once the
 # parent has reaped it, a taker that finds the table full frees the dead
 # worker's places, and connections are served up to N again -- not beyond.
 def test_shim_500_04(progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", None,
-                      rule(port, local_concurrency=4))
-    srv = prefork(progs, conf, port, workers=2)
-    held = []
-    try:
-        for _ in range(4):
-            what, pid, s = open_conn(port)
-            assert what == "OK"
-            held.append((pid, s))
-        assert refused(port)
-        pids = [pid for pid, _ in held]
+    with local_daemon(progs, tmp_path, workers=2, local_concurrency=4) as d:
+        pids = d.take(4)
+        assert refused(d.port)
         victim = max(set(pids), key=pids.count)
         lost = pids.count(victim)
         os.kill(victim, signal.SIGKILL)
-        assert wait_line(srv, "respawn")[1] == str(victim)
-        for pid, s in held:
+        respawn = d.srv.wait_line("respawn")
+        assert respawn and respawn[1] == str(victim), respawn
+        for pid, s in zip(pids, list(d.held)):
             if pid == victim:
                 s.settimeout(5)
                 try:
                     assert s.recv(16) == b""
                 except ConnectionResetError:
                     pass
-        held = [(p, s) for p, s in held if p != victim]
         for _ in range(lost):
-            held.append(accept_eventually(port))
-        assert refused(port)
-        assert len(held) == 4
-    finally:
-        close_all(s for _, s in held)
-        summary, err = stop(srv)
-    assert summary["peak"] == 4 and summary["served"] == 4 + lost, summary
-    assert err == "", err
+            d.held.append(accept_eventually(d.port)[1])
+        assert refused(d.port)
+        assert len(d.held) - lost == 4
+    d.check(served=4 + lost, peak=4)
 
 
 # action = "http429": a local refusal answers 503 Service Unavailable with
 # Retry-After: 1 and Connection: close (the server is full; the client is
 # not over a limit of its own).
 def test_shim_500_05(progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", None,
-                      rule(port, local_concurrency=1, action="http429"))
-    srv = prefork(progs, conf, port, workers=2)
-    held = []
-    try:
-        what, _, s = open_conn(port, http=True)
+    with local_daemon(progs, tmp_path, workers=2, local_concurrency=1,
+                      action="http429") as d:
+        what, _, s = open_conn(d.port, http=True)
         assert what == "OK"
-        held.append(s)
+        d.held.append(s)
         for _ in range(3):
-            answer = open_conn(port, http=True)[0]
+            answer = open_conn(d.port, http=True)[0]
             head, _, body = answer.partition("\r\n\r\n")
             lines = head.split("\r\n")
             assert lines[0] == "HTTP/1.1 503 Service Unavailable", answer
@@ -271,37 +269,21 @@ def test_shim_500_05(progs, tmp_path):
             assert "Connection: close" in lines[1:], answer
             assert "Content-Length: %d" % len(body) in lines[1:], answer
             assert body == "Service Unavailable\n"
-    finally:
-        close_all(held)
-        summary, err = stop(srv)
-    assert summary["served"] == 1, summary
-    assert err == "", err
+    d.check(served=1)
 
 
 # With no Redis at all (nothing listens on redis_url, and the policy is
 # closed), a rule with local_concurrency alone still serves N and refuses
 # the rest: it never asks Redis, so nothing is reported either.
 def test_shim_500_06(progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", None,
-                      rule(port, local_concurrency=2), policy="closed",
-                      strict=True)
-    srv = prefork(progs, conf, port, workers=2)
-    held = []
-    try:
-        for _ in range(2):
-            what, _, s = open_conn(port)
-            assert what == "OK"
-            held.append(s)
-        assert refused(port)
-        held.pop().close()
-        held.append(accept_eventually(port)[1])
-        assert refused(port)
-    finally:
-        close_all(held)
-        summary, err = stop(srv)
-    assert summary["peak"] == 2 and summary["served"] == 3, summary
-    assert err == "", err
+    with local_daemon(progs, tmp_path, workers=2, local_concurrency=2,
+                      scalars={"policy": "closed", "strict": True}) as d:
+        d.take(2)
+        assert refused(d.port)
+        d.held.pop().close()
+        d.held.append(accept_eventually(d.port)[1])
+        assert refused(d.port)
+    d.check(served=3, peak=2)
 
 
 def redis_calls(rc):
@@ -315,35 +297,24 @@ def redis_calls(rc):
 # makes no Redis call (Redis's command count and the bucket do not move),
 # and one it lets through takes its token as before.
 def test_shim_500_07(redis_server, progs, tmp_path):
-    port = free_port()
-    conf = write_conf(tmp_path / "s.conf", redis_server,
-                      rule(port, local_concurrency=2, capacity=100,
-                           rate="1/h", key="all", action="http429"))
-    srv = prefork(progs, conf, port, workers=2)
     rc = redis_server.client()
     key = "tb:shim:in:web:{all}"
-    held = []
-    try:
-        for _ in range(2):
-            what, _, s = open_conn(port)
-            assert what == "OK"
-            held.append(s)
+    with local_daemon(progs, tmp_path, workers=2, redis=redis_server,
+                      local_concurrency=2, capacity=100, rate="1/h",
+                      key="all", action="http429") as d:
+        d.take(2)
         assert round(float(rc.hget(key, "tokens"))) == 98
         before = redis_calls(rc)
         for _ in range(10):
-            answer = open_conn(port, http=True)[0]
+            answer = open_conn(d.port, http=True)[0]
             assert answer.startswith("HTTP/1.1 503 "), answer
         assert redis_calls(rc) == before
         assert round(float(rc.hget(key, "tokens"))) == 98
-        held.pop().close()
-        held.append(accept_eventually(port)[1])
+        d.held.pop().close()
+        d.held.append(accept_eventually(d.port)[1])
         assert redis_calls(rc) > before
         assert round(float(rc.hget(key, "tokens"))) == 97
-    finally:
-        close_all(held)
-        summary, err = stop(srv)
-    assert summary["peak"] == 2 and summary["served"] == 3, summary
-    assert err == "", err
+    d.check(served=3, peak=2)
 
 
 # A place taken is given back when Redis then refuses: with a Redis
@@ -358,32 +329,22 @@ def test_shim_500_08(redis_server, progs, tmp_path):
         group(p2, name="api", local_concurrency=3, capacity=1, rate="1/h",
               key="all", action="http429"))
     conf = write_conf(tmp_path / "s.conf", redis_server, body)
-    srv1 = prefork(progs, conf, p1, workers=2)
-    srv2 = prefork(progs, conf, p2, workers=2)
-    held = []
-    try:
-        what, _, s = open_conn(p1)
-        assert what == "OK"
-        held.append(s)
+    with Served(prefork(progs, conf, p1, workers=2), p1) as d1, \
+            Served(prefork(progs, conf, p2, workers=2), p2) as d2:
+        d1.take()
         rc = redis_server.client()
         for _ in range(6):
             answer = open_conn(p1, http=True)[0]
             assert answer.startswith("HTTP/1.1 429 "), answer
         assert rc.zcard("tb:shim:in:web:{all}:conc") == 1
-        held.pop().close()
-        held.append(accept_eventually(p1)[1])
-        what, _, s = open_conn(p2)
-        assert what == "OK"
-        held.append(s)
+        d1.held.pop().close()
+        d1.held.append(accept_eventually(p1)[1])
+        d2.take()
         for _ in range(6):
             answer = open_conn(p2, http=True)[0]
             assert answer.startswith("HTTP/1.1 429 "), answer
-    finally:
-        close_all(held)
-        summary1, err1 = stop(srv1)
-        summary2, err2 = stop(srv2)
-    assert summary1["served"] == 2 and summary2["served"] == 1
-    assert err1 == "" and err2 == "", (err1, err2)
+    d1.check(served=2)
+    d2.check(served=1)
 
 
 # An inetd-style daemon (tb_srv -f) accepts in the parent and serves in a
@@ -394,14 +355,7 @@ def test_shim_500_09(progs, tmp_path):
     port = free_port()
     conf = write_conf(tmp_path / "s.conf", None,
                       rule(port, local_concurrency=1))
-    srv = Proc([progs["tb_srv"], "-p", str(port), "-f"], shim_env(conf))
-    try:
-        for _ in range(5):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            assert s.recv(16) == b"OK\n"
-            s.close()
-    finally:
-        out, err = srv.stop()
+    out, err = greeted(progs, conf, port, 5, "-f")
     assert "served 5" in out and err == "", (out, err)
 
 
@@ -430,25 +384,13 @@ def test_shim_500_10(redis_server, progs, tmp_path):
          "unknown setting 'local_concurrency' in an outbound rule"))
     for body, why in bad:
         conf = write_conf(tmp_path / "bad.conf", redis_server, body)
-        r = subprocess.run([progs["tb_srv"], "-p", "0"],
-                           env=shim_env(conf, TBUCKET_STRICT=1),
-                           capture_output=True, text=True, timeout=20)
-        assert r.returncode == 78, (body, r.stderr)
-        assert why in r.stderr and "bad.conf:" in r.stderr, r.stderr
-        t = subprocess.run([TOOL, "reset", "k", "--config", conf],
-                           capture_output=True, text=True, timeout=20)
+        assert_strict_refusal(progs, conf, why)
+        t = tool("reset", "k", "--config", conf)
         assert t.returncode == 78 and why in t.stderr, (body, t.stderr)
     # Not strict: one line, and the program runs unlimited.
     conf = write_conf(tmp_path / "bad.conf", redis_server,
                       rule(port, local_concurrency=0))
-    srv = Proc([progs["tb_srv"], "-p", str(port)], shim_env(conf))
-    try:
-        for _ in range(3):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            assert s.recv(16) == b"OK\n"
-            s.close()
-    finally:
-        out, err = srv.stop()
+    out, err = greeted(progs, conf, port, 3)
     assert "served 3" in out
     assert "'local_concurrency' = 0 is out of range" in err
     assert "running unlimited" in err
@@ -458,24 +400,15 @@ def test_shim_500_10(redis_server, progs, tmp_path):
     # the command line).
     conf = write_conf(tmp_path / "ok.conf", redis_server,
                       rule(port, local_concurrency=1048576))
-    srv = Proc([progs["tb_srv"], "-p", str(port)],
-               shim_env(conf, TBUCKET_STRICT=1))
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        assert s.recv(16) == b"OK\n"
-        s.close()
-    finally:
-        out, err = srv.stop()
+    out, err = greeted(progs, conf, port, 1, TBUCKET_STRICT=1)
     assert "served 1" in out and err == "", (out, err)
     rc = redis_server.client()
     rc.hset("tb:shim:in:web:{k}", "tokens", 1)
-    t = subprocess.run([TOOL, "reset", "k", "--config", conf, "--rule",
-                        "web"], capture_output=True, text=True, timeout=20)
+    t = tool("reset", "k", "--config", conf, "--rule", "web")
     assert t.returncode == 0, t.stderr
     assert not rc.exists("tb:shim:in:web:{k}")
-    t = subprocess.run([TOOL, "take", "k", "--config", conf, "--rule",
-                        "in:web", "--capacity", "2", "--rate", "1/s"],
-                       capture_output=True, text=True, timeout=20)
+    t = tool("take", "k", "--config", conf, "--rule", "in:web",
+             "--capacity", "2", "--rate", "1/s")
     assert t.returncode == 0 and t.stdout.startswith("allowed"), t
     assert rc.exists("tb:shim:in:web:{k}")
 
@@ -491,29 +424,12 @@ def test_shim_500_11(progs, tmp_path):
                       rule(port, local_concurrency=2))
     srv = Proc([progs["prefork_srv"], "-p", str(port), "-w", "1", "-r"],
                shim_env(conf))
-    try:
+    with Served(srv, port) as d:
         for _ in range(6):
             what, _, s = open_conn(port)
             assert what == "OK"
             bye(s)
-    finally:
-        summary, err = stop(srv)
-    assert summary["served"] == 6, summary
-    assert err == "", err
-
-
-class ShimApache(Apache):
-    """An Apache of tbtest's whose processes run under the shim."""
-
-    def __init__(self, conf, **kw):
-        self.shim_conf = conf
-        super().__init__(**kw)
-
-    def _env(self):
-        # scripts/apache2.sh preloads TB_APACHE_PRELOAD: this build's shim.
-        env = shim_env(self.shim_conf)
-        env["TB_APACHE_PRELOAD"] = SHIM_SO
-        return env
+    d.check(served=6)
 
 
 def readable(socks, wait):

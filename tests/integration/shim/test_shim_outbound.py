@@ -11,21 +11,6 @@ from tbtest.shim import (CURL, PHP_CGI, Proc, bucket, cli, errs, out_rule,
                          shim_env, write_conf)
 
 
-@pytest.fixture
-def downstream(progs):
-    """A plain (unlimited) TCP server: the protected downstream."""
-    p = Proc([progs["tb_srv"]], plain_env())
-    yield p
-    p.stop()
-
-
-@pytest.fixture
-def http_downstream(progs):
-    p = Proc([progs["tb_srv"], "-H"], plain_env())
-    yield p
-    p.stop()
-
-
 # test_shim_200_01: `fail` lets exactly `capacity` connects through, then
 # refuses with ECONNREFUSED; the bucket lives in Redis under the rule name.
 def test_shim_200_01(redis_server, downstream, progs, tmp_path):

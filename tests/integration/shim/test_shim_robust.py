@@ -10,31 +10,20 @@ import time
 import pytest
 
 from tbtest.env import free_port
-from tbtest.shim import (Proc, bucket, cli, errs, plain_env, redis_clients,
-                         run, shim_env, stderr_lines, write_conf)
+from tbtest.shim import (Proc, bucket, cli, errs, out_rule, outbound, run,
+                         shim_env, stderr_lines, write_conf)
 
 
-@pytest.fixture
-def downstream(progs):
-    p = Proc([progs["tb_srv"]], plain_env())
-    yield p
-    p.stop()
-
-
-def out_rule(port, name="db", **kw):
-    fields = {"name": name, "host": "127.0.0.1", "port": port,
-              "capacity": 10, "rate": "1/h"}
-    fields.update(kw)
-    return "outbound = ( { " + " ".join(
-        '%s = %s;' % (k, '"%s"' % v if isinstance(v, str) else v)
-        for k, v in fields.items()) + " } );"
+def rule(port, **kw):
+    """outbound = ( one rule "db" of capacity 10 unless kw says );"""
+    return outbound(out_rule(port, **dict({"capacity": 10}, **kw)))
 
 
 # test_shim_300_01: a threaded client: 8 threads race for 10 tokens; Redis
 # decides atomically, so exactly 10 connects pass and nothing crashes.
 def test_shim_300_01(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port), pool_size=4)
+                      rule(downstream.port), pool_size=4)
     (s,), err = cli(progs, ["-t", "8", "127.0.0.1", downstream.port, 20],
                     shim_env(conf))
     assert s["ok"] == 10 and errs(s) == {"ECONNREFUSED": 150}
@@ -47,7 +36,7 @@ def test_shim_300_01(redis_server, downstream, progs, tmp_path):
 # still works afterwards; every decision reached Redis.
 def test_shim_300_02(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=100))
+                      rule(downstream.port, capacity=100))
     lines, err = cli(progs, ["-F", "-R", redis_server.port, "127.0.0.1",
                              downstream.port, 5], shim_env(conf))
     child = [l for l in lines if l["who"] == "child"][0]
@@ -66,7 +55,7 @@ def test_shim_300_02(redis_server, downstream, progs, tmp_path):
 # an exec'd program holds no socket it did not open.
 def test_shim_300_03(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port))
+                      rule(downstream.port))
     script = ("import os, socket, subprocess, sys\n"
               "s = socket.create_connection(('127.0.0.1', %d)); s.close()\n"
               "fds = subprocess.run(['/bin/ls', '-l', '/proc/self/fd'],\n"
@@ -82,45 +71,52 @@ def test_shim_300_03(redis_server, downstream, progs, tmp_path):
 # and possibly before the shim's own constructor, are already limited.
 def test_shim_300_04(redis_server, downstream, progs, tmp_path):
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=1))
+                      rule(downstream.port, capacity=1))
     p = run([progs["ctor_main"]],
             shim_env(conf, CTOR_PORT=downstream.port, CTOR_N=3))
     assert p.stdout.strip() == "ctor ok=1 fail=2"
     assert p.stderr == ""
 
 
+def closer(redis, downstream, progs, tmp_path, what, check=True):
+    """The closer program (5 connects, every fd closed, `what` -- "file"
+    or "sock" -- opened on the old number of our Redis socket, 5 more)
+    under a rule of capacity 100; its CompletedProcess."""
+    conf = write_conf(tmp_path / "s.conf", redis,
+                      rule(downstream.port, capacity=100))
+    return run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
+                what], shim_env(conf), check=check)
+
+
+def assert_intact(p, redis):
+    """closer's program was served 5 + 5 times, its fd left intact, and
+    each connect took a token from Redis."""
+    assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
+    assert 89.9 < bucket(redis, "tb:shim:out:db:{db}")["tokens"] < 90.1
+
+
 # test_shim_300_05: a daemon that closes every fd after start, then opens
 # a file on the number of our Redis socket: the file is never written, the
 # limit still holds, and decisions go on reaching Redis.
 def test_shim_300_05(redis_server, downstream, progs, tmp_path):
-    conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=100))
-    p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "file"], shim_env(conf))
-    assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
-    assert 89.9 < bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 90.1
+    p = closer(redis_server, downstream, progs, tmp_path, "file")
+    assert_intact(p, redis_server)
     assert len(stderr_lines(p.stderr)) <= 1
 
 
 # test_shim_300_06: as 300_05, but a socket (a listener) lands on the old
 # number: it must not be written to or closed by the shim.
 def test_shim_300_06(redis_server, downstream, progs, tmp_path):
-    conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=100))
-    p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "sock"], shim_env(conf))
-    assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
-    assert 89.9 < bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 90.1
+    assert_intact(closer(redis_server, downstream, progs, tmp_path, "sock"),
+                  redis_server)
 
 
 # test_shim_300_07: with the shim's fd check off, the core writes into the
 # program's socket on the old number and gets EPIPE: the SIGPIPE that
 # raises must not kill the host (tb_cli does not ignore SIGPIPE).
 def test_shim_300_07(redis_server, downstream, progs, tmp_path):
-    conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=100))
-    p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "sock"], shim_env(conf), check=False)
+    p = closer(redis_server, downstream, progs, tmp_path, "sock",
+               check=False)
     assert p.returncode == 0, p.returncode
     assert "ok1=5 ok2=5" in p.stdout
 
@@ -128,23 +124,15 @@ def test_shim_300_07(redis_server, downstream, progs, tmp_path):
 # test_shim_300_14: the core must not write into, nor close, a socket the
 # program put on its old Redis fd number (verify_fd compares the inode).
 def test_shim_300_14(redis_server, downstream, progs, tmp_path):
-    conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=100))
-    p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "sock"], shim_env(conf))
-    assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
-    assert 89.9 < bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 90.1
+    assert_intact(closer(redis_server, downstream, progs, tmp_path, "sock"),
+                  redis_server)
 
 
 # test_shim_300_08: the core handles a daemon that put a regular
 # file on the old Redis fd number (it checks the fd is still a socket).
 def test_shim_300_08(redis_server, downstream, progs, tmp_path):
-    conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=100))
-    p = run([progs["closer"], "127.0.0.1", str(downstream.port), "5",
-             "file"], shim_env(conf))
-    assert "ok1=5 ok2=5 intact=1" in p.stdout, p.stdout + p.stderr
-    assert 89.9 < bucket(redis_server, "tb:shim:out:db:{db}")["tokens"] < 90.1
+    assert_intact(closer(redis_server, downstream, progs, tmp_path, "file"),
+                  redis_server)
 
 
 BAD_CONFIGS = [
@@ -267,7 +255,7 @@ def test_shim_300_13(redis_server, downstream, progs, tmp_path, policy, how):
     # capacity 8: Redis allows the first 8 before the outage (about 20
     # attempts are made in 0.5 s), so "after" behaviour is visible.
     conf = write_conf(tmp_path / "s.conf", redis_server,
-                      out_rule(downstream.port, capacity=8),
+                      rule(downstream.port, capacity=8),
                       policy=policy, timeout_ms=50,
                       connect_timeout_ms=50, breaker_threshold=3,
                       breaker_cooldown_ms=500, replicas=2)

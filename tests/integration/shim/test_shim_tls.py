@@ -11,19 +11,10 @@ like any bad config (unlimited, or refused under strict). The tool takes
 import os
 import subprocess
 
-import pytest
-
 from tbtest.env import BUILD
-from tbtest.shim import Proc, cli, errs, plain_env, shim_env, write_conf
+from tbtest.shim import cli, errs, shim_env, write_conf
 
 TOOL = os.path.join(BUILD, "tbucket")
-
-
-@pytest.fixture
-def downstream(progs):
-    p = Proc([progs["tb_srv"]], plain_env())
-    yield p
-    p.stop()
 
 
 def rule(port, capacity=3):

@@ -16,7 +16,6 @@ the log check.
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -24,8 +23,8 @@ import time
 
 import pytest
 
-from tbtest.env import (BUILD, ROOT, child_pids, free_port, require,
-                         wait_port)
+from tbtest.env import (BUILD, ROOT, TempRoot, child_pids, free_port,
+                         require, wait_port)
 
 APACHE = "/usr/sbin/apache2"
 APACHE2_SH = os.path.join(ROOT, "scripts", "apache2.sh")
@@ -121,7 +120,7 @@ def run_apache2(so, *args, env=None, timeout=30):
                           capture_output=True, text=True, timeout=timeout)
 
 
-class Apache:
+class Apache(TempRoot):
     """One apache2 with its own server root, port and error log."""
 
     def __init__(self, mpm="event", servers=2, build=None,
@@ -324,10 +323,6 @@ class Apache:
         self.proc = None
         self.stderr.close()
 
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
     # ---- HTTP ----------------------------------------------------------
 
     def url(self, path):
@@ -380,6 +375,52 @@ class Apache:
     def assert_log_clean(self, allowed=()):
         bad = self.bad_lines(allowed)
         assert not bad, "unexpected error-log lines:\n" + "\n".join(bad)
+
+
+STATUS = """
+<Location /tbucket-status>
+    SetHandler tbucket-status
+</Location>
+"""
+
+
+def limited_conf(url, prefix, inner, key="X-Key", status=True,
+                 where="/limited"):
+    """The body most module tests start from: TBucketRedis url (timeout
+    500 ms) and TBucketPrefix, one Location `where` limited by the
+    directives in inner and keyed on the request header `key` (None: the
+    default key), and the status page (status=False: none)."""
+    return """
+TBucketRedis %s timeout=500
+TBucketPrefix %s
+<Location %s>
+    TBucketEnable On
+%s%s
+</Location>
+%s""" % (url, prefix, where,
+         '    TBucketKey "%%{HTTP:%s}"\n' % key if key else "", inner,
+         STATUS if status else "")
+
+
+def start_servers(apache_factory, n, threads, body):
+    """n prefork Apaches of `threads` children each (a child per client
+    connection, so no request waits for one to be spawned), started with
+    body; (the servers, the URL of /limited/ok.txt on each)."""
+    servers = []
+    for _ in range(n):
+        a = apache_factory(mpm="prefork", servers=threads)
+        servers.append(a.start(body))
+    return servers, [a.url("/limited/ok.txt") for a in servers]
+
+
+def assert_refused(a, body, *words):
+    """apache2 -t of a (an Apache) refuses body, naming every word;
+    returns the output."""
+    rc, out = a.configtest(body)
+    assert rc != 0, out
+    for w in words:
+        assert w in out, out
+    return out
 
 
 def http_get(url, headers=None, timeout=10, **kw):

@@ -258,6 +258,13 @@ def info_commandstats(r):
     return out
 
 
+def script_calls(r):
+    """The script calls (EVALSHA and EVAL) r, a redis-py client, has
+    answered, from INFO commandstats."""
+    s = info_commandstats(r)
+    return s.get("evalsha", 0) + s.get("eval", 0)
+
+
 def wait_until(pred, timeout, step=0.02):
     """Poll pred() until true or timeout seconds; returns its last value."""
     deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ If a required binary is missing the tests fail and name the package: a skip
 would hide a gap in CI.
 """
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,73 @@ def child_pids(ppid):
         except (OSError, IndexError, ValueError):
             continue
     return pids
+
+
+def factory(create, finish, then=None):
+    """The body of a factory fixture (conftest.py): yields a function
+    that makes a server with create(*args, **kw), records it, and returns
+    it (or then(it): start it, check it); at teardown calls finish on each
+    one made, also those whose start failed, and raises the first error
+    a finish raised once all have run."""
+    made = []
+
+    def make(*args, **kw):
+        x = create(*args, **kw)
+        made.append(x)
+        return then(x) if then else x
+
+    yield make
+    failed = []
+    for x in made:
+        try:
+            finish(x)
+        except Exception as e:      # the others are still finished
+            failed.append(e)
+    if failed:
+        raise failed[0]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium(args, timeout=90):
+    """Run headless Chromium once with args (["--dump-dom", url], ...) in
+    its own session and profile; the whole process group is killed, by
+    the PID we started, however it ends. (exit code, stdout, stderr)."""
+    import tempfile
+    require(CHROMIUM, "chromium")
+    profile = tempfile.mkdtemp(prefix="tb-chromium-")
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+           "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", "--user-data-dir=" + profile] + list(args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+        pytest.fail("chromium did not finish in %ds" % timeout)
+    finally:
+        # Helpers (crashpad, zygote) share the session we made.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(profile, ignore_errors=True)
+    return proc.returncode, out.decode("utf-8", "replace"), \
+        err.decode("utf-8", "replace")
+
+
+class TempRoot:
+    """A server of the tests whose files live in a temp dir of its own,
+    self.root: cleanup() stops it (the subclass's stop()) and removes the
+    dir."""
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class Redis:

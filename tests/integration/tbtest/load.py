@@ -104,6 +104,21 @@ def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
     return res
 
 
+def blast_servers(apache_factory, body, n, threads=4, seconds=3.0,
+                  key="hot", rate=None):
+    """n Apaches started with body (tbtest.apache.start_servers), one
+    key (X-Key) hammered or paced round-robin over them as blast() does,
+    then each checked for a clean log and stopped; the Result."""
+    from tbtest.apache import start_servers
+    servers, urls = start_servers(apache_factory, n, threads, body)
+    res = blast(urls, threads=threads, seconds=seconds,
+                headers={"X-Key": key}, rate=rate)
+    for a in servers:
+        a.assert_log_clean()
+        a.stop()
+    return res
+
+
 def http_head(port, request, timeout=10):
     """Send one raw HTTP request (bytes, asking for `Connection: close`) to
     127.0.0.1:port and read the answer until the server closes; returns

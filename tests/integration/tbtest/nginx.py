@@ -11,12 +11,11 @@ number, the peer address, the status and the time, so tests count the
 connections nginx accepted, per peer and over time.
 """
 import os
-import shutil
 import subprocess
 import tempfile
 import time
 
-from tbtest.env import free_port, require, stop_pid, wait_port
+from tbtest.env import TempRoot, free_port, require, stop_pid, wait_port
 
 NGINX = "/usr/sbin/nginx"
 
@@ -51,7 +50,7 @@ http {{
 """
 
 
-class Nginx:
+class Nginx(TempRoot):
     """One nginx with its own prefix, port and logs."""
 
     def __init__(self, env, port=None,
@@ -115,6 +114,3 @@ class Nginx:
             self.stderr.close()
             self.stderr = None
 
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)

@@ -39,23 +39,11 @@ import socket
 import threading
 import time
 
+from tbtest.env import child_pids
+
 # ---- what the server side spends --------------------------------------
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def _children(ppid):
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
-                    out.append(int(d))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
 
 
 def _tasks_cpu_ns(pid):
@@ -91,7 +79,7 @@ def tree_cpu_s(pid):
     except (OSError, ValueError, IndexError):
         return 0.0
     ns = _tasks_cpu_ns(pid)
-    for c in _children(pid):
+    for c in child_pids(pid):
         ns += _tasks_cpu_ns(c)
     return reaped + ns / 1e9
 

@@ -36,7 +36,7 @@ import time
 
 import pytest
 
-from tbtest.env import ROOT, child_pids, stop_pid
+from tbtest.env import ROOT, TempRoot, child_pids, stop_pid
 
 PHP_DIR = os.environ.get("TB_PHP_DIR", "/var/cache/tbucket-php")
 FETCH_PHP = os.path.join(ROOT, "scripts", "fetch-php.sh")
@@ -205,7 +205,7 @@ class ModPhp:
                 '</FilesMatch>\n' % self.ini_dir)
 
 
-class PhpFpm:
+class PhpFpm(TempRoot):
     """One php-fpm master (`php-fpm8.2 -F -y CONF`, foreground) with a
     static pool of `children` workers (www-data) on a unix socket, in its
     own temp dir; pinned to `cpus` with taskset when given. The socket is
@@ -217,17 +217,17 @@ class PhpFpm:
         self.bin = os.path.join(php_root(), PHP_FPM)
         self.children = children
         self.cpus = cpus
-        self.dir = tempfile.mkdtemp(prefix="tbfpm-", dir="/tmp")
-        os.chmod(self.dir, 0o755)
-        self.sock = os.path.join(self.dir, "php-fpm.sock")
-        self.conf_path = os.path.join(self.dir, "php-fpm.conf")
-        self.log = os.path.join(self.dir, "php-fpm.log")
-        self.php_log = os.path.join(self.dir, "php.log")
+        self.root = tempfile.mkdtemp(prefix="tbfpm-", dir="/tmp")
+        os.chmod(self.root, 0o755)
+        self.sock = os.path.join(self.root, "php-fpm.sock")
+        self.conf_path = os.path.join(self.root, "php-fpm.conf")
+        self.log = os.path.join(self.root, "php-fpm.log")
+        self.php_log = os.path.join(self.root, "php.log")
         open(self.php_log, "a").close()
         shutil.chown(self.php_log, "www-data", "www-data")
-        self.ini = write_ini(os.path.join(self.dir, "php.ini"), self.php_log)
+        self.ini = write_ini(os.path.join(self.root, "php.ini"), self.php_log)
         with open(self.conf_path, "w") as f:
-            f.write(FPM_CONF.format(dir=self.dir, sock=self.sock,
+            f.write(FPM_CONF.format(dir=self.root, sock=self.sock,
                                     children=children))
         self.proc = None
         self.out = None
@@ -240,7 +240,7 @@ class PhpFpm:
         env.pop("NOTIFY_SOCKET", None)   # no systemd to tell
         env.pop("LD_PRELOAD", None)
         pin = ["taskset", "-c", self.cpus] if self.cpus else []
-        self.out = open(os.path.join(self.dir, "stderr.log"), "ab")
+        self.out = open(os.path.join(self.root, "stderr.log"), "ab")
         self.proc = subprocess.Popen(
             pin + [self.bin, "-F", "-y", self.conf_path, "-c", self.ini],
             stdout=self.out, stderr=self.out, env=env,
@@ -289,7 +289,7 @@ class PhpFpm:
         out = ""
         for name in ("php-fpm.log", "stderr.log", "php.log"):
             try:
-                with open(os.path.join(self.dir, name),
+                with open(os.path.join(self.root, name),
                           errors="replace") as f:
                     out += f.read()
             except OSError:
@@ -314,9 +314,6 @@ class PhpFpm:
             self.out.close()
             self.out = None
 
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def fpm_apache(apache_factory, fpm, **kw):

@@ -95,6 +95,17 @@ class ModRedis(Redis):
             return f.read()
 
 
+def engine_calls(r):
+    """(module calls, script calls) the server r (a Redis of tbtest's)
+    has run: tbucket.bucket against EVALSHA and EVAL, from INFO
+    commandstats."""
+    st = r.client().info("commandstats")
+    mod = st.get("cmdstat_tbucket.bucket", {}).get("calls", 0)
+    scr = sum(st.get(k, {}).get("calls", 0)
+              for k in ("cmdstat_evalsha", "cmdstat_eval"))
+    return mod, scr
+
+
 def sanitizer_reports(directory):
     """The text of every ASan/UBSan report file in directory."""
     out = []

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tbtest.apache import Apache
 from tbtest.env import BUILD, ROOT, parse_kv, require, stop_pid
 
 SHIM_SO = os.path.join(BUILD, "libtbucket_preload.so")
@@ -82,20 +83,35 @@ def shim_env(conf, foreign=False, **extra):
     return env
 
 
+def group(fields):
+    """A rule's fields (a dict, in order) as a libconfig group: strings
+    quoted, numbers as they are, None left out."""
+    return "{ " + " ".join(
+        "%s = %s;" % (k, '"%s"' % v if isinstance(v, str) else v)
+        for k, v in fields.items() if v is not None) + " }"
+
+
 def out_rule(port, **kw):
     """One outbound rule as libconfig text."""
     fields = {"name": "db", "host": "127.0.0.1", "port": port,
               "capacity": 3, "rate": "1/h"}
     fields.update(kw)
-    parts = []
-    for k, v in fields.items():
-        parts.append('%s = %s;' % (k, '"%s"' % v if isinstance(v, str)
-                                   else v))
-    return "{ " + " ".join(parts) + " }"
+    return group(fields)
+
+
+def in_rule(port, **kw):
+    """One inbound rule "web" on port as libconfig text, kw its limits."""
+    fields = {"name": "web", "port": port}
+    fields.update(kw)
+    return group(fields)
 
 
 def outbound(*rules):
     return "outbound = (\n  " + ",\n  ".join(rules) + "\n);"
+
+
+def inbound(*rules):
+    return "inbound = (\n  " + ",\n  ".join(rules) + "\n);"
 
 
 def plain_env():
@@ -121,7 +137,17 @@ class Proc:
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.port = None
-        deadline = time.monotonic() + ready_timeout
+        words = self.wait_line("ready ", ready_timeout)
+        if words is None:
+            self.stop()
+            raise RuntimeError("%s did not become ready: %s" %
+                               (argv, self.proc.stderr.read()))
+        self.port = int(words[1])
+
+    def wait_line(self, prefix, timeout=10.0):
+        """The words of the next line of stdout that starts with prefix,
+        lines before it skipped; None when none comes within timeout."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             r, _, _ = select.select([self.proc.stdout], [], [],
                                     max(0.0, deadline - time.monotonic()))
@@ -130,12 +156,9 @@ class Proc:
             line = self.proc.stdout.readline()
             if not line:
                 break
-            if line.startswith("ready "):
-                self.port = int(line.split()[1])
-                return
-        self.stop()
-        raise RuntimeError("%s did not become ready: %s" %
-                           (argv, self.proc.stderr.read()))
+            if line.startswith(prefix):
+                return line.split()
+        return None
 
     def stop(self):
         """SIGTERM by PID; return (stdout, stderr) of the rest."""
@@ -147,6 +170,28 @@ class Proc:
         return out or "", err or ""
 
 
+class ShimApache(Apache):
+    """An Apache of tbtest.apache's whose processes run under the shim
+    with the config conf (settable until start())."""
+
+    def __init__(self, conf, **kw):
+        self.shim_conf = conf
+        super().__init__(**kw)
+
+    def _env(self):
+        # scripts/apache2.sh preloads the sanitizer runtimes a `make asan`
+        # module needs, then TB_APACHE_PRELOAD: the shim of this build.
+        env = shim_env(self.shim_conf)
+        env["TB_APACHE_PRELOAD"] = SHIM_SO
+        return env
+
+
+def tb_srv(progs, conf, port, *flags):
+    """tb_srv (flags added) on port under the shim with config conf."""
+    return Proc([progs["tb_srv"], "-p", str(port)] + list(flags),
+                shim_env(conf))
+
+
 def run(argv, env, timeout=60, check=True):
     """Run a program to completion (bounded); return CompletedProcess."""
     p = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
@@ -155,6 +200,17 @@ def run(argv, env, timeout=60, check=True):
         raise AssertionError("%s exited %d: %s" % (argv, p.returncode,
                                                    p.stderr))
     return p
+
+
+def assert_strict_refusal(progs, conf, why):
+    """tb_srv under the config conf with TBUCKET_STRICT=1 is refused
+    before main() (exit 78), its one line naming the file and why."""
+    r = subprocess.run([progs["tb_srv"], "-p", "0"],
+                       env=shim_env(conf, TBUCKET_STRICT=1),
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 78, (conf, r.stderr)
+    assert why in r.stderr, r.stderr
+    assert os.path.basename(conf) + ":" in r.stderr, r.stderr
 
 
 def cli(progs, args, env, timeout=60, name="tb_cli"):

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tbtest.env import BUILD, free_port
-from tbtest.apache import http_get
+from tbtest.apache import http_get, limited_conf
 from tbtest.shim import shim_env
 
 TOOL = os.path.join(BUILD, "tbucket")
@@ -331,21 +331,15 @@ def test_tool_001_16_algorithm(redis_server):
 # ---- with the Apache module: one bucket, two clients ---------------------
 
 def module_conf(redis_server, prefix):
-    return """
-TBucketRedis %s timeout=500
-TBucketPrefix %s
-<Location /limited>
-    TBucketEnable On
-    TBucketKey "%%{HTTP:X-API-Key}"
-    TBucketLimit 3 1/h
-</Location>
+    return limited_conf(redis_server.url, prefix, "    TBucketLimit 3 1/h",
+                        key="X-API-Key", status=False) + """
 <Location /api/export>
     TBucketEnable On
-    TBucketKey "%%{HTTP:X-API-Key}"
+    TBucketKey "%{HTTP:X-API-Key}"
     TBucketLimit 100 1/h
     TBucketRouteLimit export 2 1/h
 </Location>
-""" % (redis_server.url, prefix)
+"""
 
 
 # A token taken by the tool is missing for the module, and back; reset by
