@@ -130,6 +130,7 @@ class Redis(TestRedis):
     def __init__(self, tmp, cpus, module=None):
         super().__init__(os.path.join(tmp, "redis"), prefix=pin(cpus),
                          extra=["loadmodule %s" % module] if module else None)
+        self.module = module
         self.r = self.client(socket_timeout=30)
 
     def script_calls(self):

@@ -149,7 +149,8 @@ static void usage(void)
             "                [-k one|thread|distinct] [-c CAPACITY] "
             "[-r RATE_PER_SEC]\n"
             "                [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] "
-            "[-A TLS_CA_FILE] [-p POOL]\n");
+            "[-A TLS_CA_FILE] [-p POOL]\n"
+            "                [-E auto|script|module]\n");
     exit(2);
 }
 
@@ -172,7 +173,7 @@ int main(int argc, char **argv)
     b.take.cost = 1;
     b.warmup = 10;
     tb_options_init(&o);
-    while ((opt = getopt(argc, argv, "u:t:n:d:k:c:r:w:T:A:p:")) != -1) {
+    while ((opt = getopt(argc, argv, "u:t:n:d:k:c:r:w:T:A:p:E:")) != -1) {
         switch (opt) {
         case 'u': url = optarg; break;
         case 't': threads = atoi(optarg); break;
@@ -190,6 +191,14 @@ int main(int argc, char **argv)
         case 'T': timeout_ms = atoi(optarg); break;
         case 'A': o.tls.ca_file = optarg; break;
         case 'p': pool = atoi(optarg); break;
+        case 'E': {
+            /* The engine asked for: callgrind compares the client's cost
+             * of a script call with a module call on the same Redis. */
+            int e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, optarg, 0);
+            if (e < 0) usage();
+            o.engine = (tb_engine_t)e;
+            break;
+        }
         default: usage();
         }
     }
