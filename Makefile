@@ -280,7 +280,7 @@ $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog twin_store): \
     tests/unit/algo_vectors.h
 # unit_common.h: requests, guarded table memory, threads and children.
-$(patsubst %,$(BUILD)/tests/test_%,call client inflight lease local slog \
+$(patsubst %,$(BUILD)/tests/test_%,call client inflight lease local shlock slog \
     topk): tests/unit/unit_common.h
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIBTB)

@@ -16,7 +16,8 @@
  * hostile keys cannot collide with another client's entry. A spin lock in
  * the block serialises threads and processes; it is held for a hash look-up
  * and a few multiplications. A process that died holding it would wedge
- * the others, so a waiter takes the lock over after LOCK_STEAL_US.
+ * the others, so a waiter takes the lock over from a holder that has held
+ * it for TB_SHLOCK_STEAL_US (tb_shlock.c).
  *
  * A lease table is the same block with larger entries (lease_entry_t):
  * besides the unspent tokens and their expiry, each keeps the bucket's
@@ -25,7 +26,6 @@
  * this server, which sizes its next lease.
  */
 #include <math.h>
-#include <sched.h>
 #include <string.h>
 
 #include "tb_int.h"
@@ -33,7 +33,6 @@
 #define LOCAL_MAGIC 0x74626c31u /* "tbl1" */
 #define LEASE_MAGIC 0x74626c33u /* "tbl3": a lease table. */
 #define PROBE 8
-#define LOCK_STEAL_US 100000
 
 /* What every entry starts with: identity, last use, occupancy. */
 typedef struct entry_head {
@@ -126,30 +125,19 @@ tb_local_t *tb_local_init(void *mem, size_t entries)
     return table_init(mem, entries, sizeof(local_entry_t), LOCAL_MAGIC);
 }
 
-static void lock(tb_local_t *t)
+/* The table's lock (tb_shlock.c): a holder that died is taken over, and
+ * the table, all of whose updates are one field or one entry at a time,
+ * is used as it is. */
+static uint32_t lock(tb_local_t *t)
 {
-    tb_monotime_us start = 0;
-    int spins = 0;
+    int stolen;
 
-    while (__atomic_exchange_n(&t->lock, 1, __ATOMIC_ACQUIRE)) {
-        if (++spins < 64) {
-            continue;
-        }
-        if (!start) {
-            start = tb_clock_now_us();
-        }
-        else if (tb_clock_now_us() - start > LOCK_STEAL_US) {
-            /* The holder has been gone far longer than any critical
-             * section takes: it died. Take the lock over. */
-            break;
-        }
-        sched_yield();
-    }
+    return tb__shlock_take(&t->lock, &stolen);
 }
 
-static void unlock(tb_local_t *t)
+static void unlock(tb_local_t *t, uint32_t mine)
 {
-    __atomic_store_n(&t->lock, 0, __ATOMIC_RELEASE);
+    tb__shlock_release(&t->lock, mine);
 }
 
 /* The identity of the entry of a full Redis key: its SHA-256, of which
@@ -212,6 +200,7 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
                   const tb_take_t *takes, int n, int replicas,
                   int64_t now_ms, tb_verdict_t *v)
 {
+    uint32_t lk;
     tb_bucket_t st[TB_MAX_BUCKETS];
     tb_limit_t div[TB_MAX_BUCKETS];
     double cost[TB_MAX_BUCKETS];
@@ -242,7 +231,7 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
         }
         div[i].rate_per_sec = takes[i].limit.rate_per_sec / replicas;
     }
-    lock(t);
+    lk = lock(t);
     for (i = 0; i < n; i++) {
         int found;
 
@@ -266,7 +255,7 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
             ent[i]->ts_ms = st[i].ts_ms;
         }
     }
-    unlock(t);
+    unlock(t, lk);
     return rc;
 }
 
@@ -303,6 +292,7 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
                        int64_t window_ms, int64_t now_ms, int64_t *window,
                        int64_t *held)
 {
+    uint32_t lk;
     unsigned char id[32];
     local_entry_t *e;
     int64_t w, n;
@@ -314,7 +304,7 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
         return -1;
     }
     w = now_ms / window_ms;
-    lock(t);
+    lk = lock(t);
     e = (local_entry_t *)slot(t, id, &found);
     if (!found) {
         memcpy(e->h.id, id, 16);
@@ -333,7 +323,7 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
     }
     *window = e->ts_ms;
     *held = n;
-    unlock(t);
+    unlock(t, lk);
     return taken;
 }
 
@@ -341,6 +331,7 @@ void tb_local_conc_release(tb_local_t *t, const char *key,
                            int64_t window_ms, int64_t window,
                            int64_t now_ms)
 {
+    uint32_t lk;
     unsigned char id[32];
     local_entry_t *e;
 
@@ -348,7 +339,7 @@ void tb_local_conc_release(tb_local_t *t, const char *key,
         || now_ms < 0 || key_id(key, id) != TB_OK) {
         return;
     }
-    lock(t);
+    lk = lock(t);
     e = (local_entry_t *)find(t, id);
     if (e) {
         conc_roll(e, now_ms / window_ms);
@@ -359,7 +350,7 @@ void tb_local_conc_release(tb_local_t *t, const char *key,
             e->prev--;
         }
     }
-    unlock(t);
+    unlock(t, lk);
 }
 
 /* ---- The lease table -------------------------------------------------
@@ -402,6 +393,7 @@ static void count_traffic(lease_entry_t *e, double cost, int64_t now_ms)
 int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
                    int64_t now_ms, double *left)
 {
+    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     int hit = 0;
@@ -410,7 +402,7 @@ int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
         || cost > TB_MAX_CAPACITY || key_id(key, id) != TB_OK) {
         return -1;
     }
-    lock(t);
+    lk = lock(t);
     e = (lease_entry_t *)find(t, id);
     if (e && now_ms < e->expires_ms && e->tokens >= cost) {
         e->tokens -= cost;
@@ -419,7 +411,7 @@ int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
         *left = e->tokens;
         hit = 1;
     }
-    unlock(t);
+    unlock(t, lk);
     return hit;
 }
 
@@ -451,6 +443,7 @@ static void entry_claim(lease_entry_t *e, const unsigned char id[16],
 int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
                   double max, int64_t now_ms, tb_lease_plan_t *plan)
 {
+    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     double want;
@@ -461,7 +454,7 @@ int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
         || key_id(in->key, id) != TB_OK) {
         return TB_ERR;
     }
-    lock(t);
+    lk = lock(t);
     e = (lease_entry_t *)slot(t, id, &found);
     entry_claim(e, id, in, found, now_ms);
     count_traffic(e, cost, now_ms);
@@ -472,7 +465,7 @@ int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
     }
     plan->epoch = t->epoch;
     want = floor(e->recent);
-    unlock(t);
+    unlock(t, lk);
     if (want > max) {
         want = max;
     }
@@ -484,6 +477,7 @@ int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
                    const tb_lease_plan_t *plan, double tokens,
                    int64_t now_ms)
 {
+    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     int found, kept = 0;
@@ -492,7 +486,7 @@ int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
         || tokens > TB_MAX_CAPACITY || key_id(in->key, id) != TB_OK) {
         return -1;
     }
-    lock(t);
+    lk = lock(t);
     if (t->epoch == plan->epoch) {
         e = (lease_entry_t *)slot(t, id, &found);
         entry_claim(e, id, in, found, now_ms);
@@ -508,13 +502,14 @@ int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
         }
         kept = 1;
     }
-    unlock(t);
+    unlock(t, lk);
     return kept;
 }
 
 int tb_lease_credit(tb_lease_t *t, const char *key, double tokens,
                     int64_t now_ms)
 {
+    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     int kept = 0;
@@ -523,14 +518,14 @@ int tb_lease_credit(tb_lease_t *t, const char *key, double tokens,
         || tokens > TB_MAX_CAPACITY || key_id(key, id) != TB_OK) {
         return -1;
     }
-    lock(t);
+    lk = lock(t);
     e = (lease_entry_t *)find(t, id);
     if (e && now_ms < e->expires_ms) {
         e->tokens += tokens;
         e->h.used_ms = now_ms;
         kept = 1;
     }
-    unlock(t);
+    unlock(t, lk);
     return kept;
 }
 
@@ -542,22 +537,23 @@ uint64_t tb_lease_epoch(tb_lease_t *t)
 
 size_t tb_lease_drain(tb_lease_t *t, tb_lease_give_fn give, void *arg)
 {
+    uint32_t lk;
     size_t n = 0;
     uint64_t i;
 
     if (!lease_table(t)) {
         return 0;
     }
-    lock(t);
+    lk = lock(t);
     __atomic_add_fetch(&t->epoch, 1, __ATOMIC_RELEASE);
-    unlock(t);
+    unlock(t, lk);
     /* One entry at a time, so give() (a Redis call) never runs under the
      * lock that every child's requests take. */
     for (i = 0; i <= t->mask; i++) {
         lease_entry_t copy, *e;
         tb_lease_info_t info;
 
-        lock(t);
+        lk = lock(t);
         e = (lease_entry_t *)entry_at(t, i);
         copy.h.inuse = e->h.inuse;
         if (e->h.inuse) {
@@ -565,7 +561,7 @@ size_t tb_lease_drain(tb_lease_t *t, tb_lease_give_fn give, void *arg)
             e->h.inuse = 0;
             t->used--;
         }
-        unlock(t);
+        unlock(t, lk);
         if (!copy.h.inuse || !(copy.tokens > 0)) {
             continue;
         }

@@ -22,11 +22,11 @@
  * 4 KB for k = 20. Readers (tb_topk_read) lock each slot of a window
  * only to copy it, then merge the copies in caller scratch memory.
  *
- * The lock is a word in the slot, as in tb_local.c: a waiter that has
- * waited LOCK_STEAL_US, far longer than any critical section here
- * takes, decides the holder died and takes the lock over. The holder may
- * have died in the middle of an update, so the taker empties the slot:
- * a minute of figures is lost, never the table. Every index read back
+ * The lock is a word in the slot (tb_shlock.c, as in tb_local.c): a
+ * holder that has held it for TB_SHLOCK_STEAL_US, far longer than any
+ * critical section here takes, is presumed dead and the lock taken
+ * over. The holder may have died in the middle of an update, so the
+ * taker empties the slot: a minute of figures is lost, never the table. Every index read back
  * from the block is checked against its bounds before use, so even two
  * writers racing after a takeover (a holder that was only descheduled)
  * can only miscount.
@@ -35,13 +35,11 @@
  * any other identity than key, virtual host and limit, and decay within
  * a minute.
  */
-#include <sched.h>
 #include <string.h>
 
-#include "tb.h"
+#include "base/tb_base.h"
 
 #define TOPK_MAGIC 0x74626b33u          /* "tbk3"                       */
-#define LOCK_STEAL_US 100000
 #define MINUTE_MS 60000
 #define DECISIONS 0                     /* The two sketches of a slot.   */
 #define REFUSALS 1
@@ -235,41 +233,17 @@ int tb_topk_counters(const tb_topk_t *t)
     return valid(t) ? (int)t->m : 0;
 }
 
-/* Wait for a slot's lock held by someone else: 0 once taken, 1 when it
- * was taken over from a holder presumed dead (the slot may then be half
- * updated). */
-static int lock_wait(slot_t *s)
+/* The slot's lock (tb_shlock.c): its holder's value, with *stolen 1 when
+ * it was taken over from a holder presumed dead (the slot may then be
+ * half updated, and is emptied). */
+static inline uint32_t lock(slot_t *s, int *stolen)
 {
-    tb_monotime_us start = 0;
-    int spins = 0;
-
-    while (__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) {
-        if (++spins < 64) {
-            continue;
-        }
-        if (!start) {
-            start = tb_clock_now_us();
-        }
-        else if (tb_clock_now_us() - start > LOCK_STEAL_US) {
-            return 1;
-        }
-        sched_yield();
-    }
-    return 0;
+    return tb__shlock_take(&s->lock, stolen);
 }
 
-/* Take the slot's lock; as lock_wait. */
-static inline int lock(slot_t *s)
+static inline void unlock(slot_t *s, uint32_t mine)
 {
-    if (!__atomic_exchange_n(&s->lock, 1, __ATOMIC_ACQUIRE)) {
-        return 0;
-    }
-    return lock_wait(s);
-}
-
-static void unlock(slot_t *s)
-{
-    __atomic_store_n(&s->lock, 0, __ATOMIC_RELEASE);
+    tb__shlock_release(&s->lock, mine);
 }
 
 /* ---- One sketch -------------------------------------------------------
@@ -626,6 +600,8 @@ void tb_topk_note(tb_topk_t *t, const tb_topk_item_t *item, int refused,
     probe_t p;
     int64_t minute;
     slot_t *s;
+    uint32_t lk;
+    int stolen;
 
     if (!valid(t) || !item || (!item->key && item->key_len)) {
         return;
@@ -633,14 +609,15 @@ void tb_topk_note(tb_topk_t *t, const tb_topk_item_t *item, int refused,
     make_probe(&p, item, buf);
     minute = current_minute(t, now_ms);
     s = slot_at(t, minute);
-    if (lock(s) || s->minute != minute) {
+    lk = lock(s, &stolen);
+    if (stolen || s->minute != minute) {
         slot_reset(t, s, minute);
     }
     count(t, s, DECISIONS, &p, refused, now_ms);
     if (refused) {
         count_refusal(t, s, &p, now_ms);
     }
-    unlock(s);
+    unlock(s, lk);
 }
 
 /* ---- Reading ---------------------------------------------------------- */
@@ -776,14 +753,15 @@ static int merge_slot(const tb_topk_t *t, slot_t *s, int64_t from,
                       int64_t to, scratch_t *sc, uint64_t events[2],
                       uint64_t fmin[2])
 {
-    uint32_t n[2], i;
-    int w;
+    uint32_t n[2], i, lk;
+    int w, stolen;
 
-    if (lock(s)) {
+    lk = lock(s, &stolen);
+    if (stolen) {
         slot_reset(t, s, -1);
     }
     if (s->minute < from || s->minute > to) {
-        unlock(s);
+        unlock(s, lk);
         return 0;
     }
     for (w = 0; w < 2; w++) {
@@ -795,7 +773,7 @@ static int merge_slot(const tb_topk_t *t, slot_t *s, int64_t from,
         fmin[w] = n[w] == t->m && heap[0] < t->m ? c[heap[0]].count : 0;
         memcpy(sc->copy + (size_t)w * t->m, c, n[w] * sizeof(counter_t));
     }
-    unlock(s);
+    unlock(s, lk);
     for (w = 0; w < 2; w++) {
         for (i = 0; i < n[w]; i++) {
             const counter_t *c = &sc->copy[(size_t)w * t->m + i];
