@@ -145,21 +145,19 @@ static void test_shlock_live_holders_not_taken_over(void **state)
 /* Threads increment one plain counter under the lock: no update lost. */
 typedef struct hammer {
     uint32_t *word;
-    uint64_t *counter;
-    int rounds;
-    int steals;
+    volatile uint64_t *counter;
+    int rounds, steals;
 } hammer_t;
 
 static void *hammer_main(void *arg)
 {
     hammer_t *h = arg;
-    int i, stolen;
+    int left = h->rounds, stolen;
 
-    for (i = 0; i < h->rounds; i++) {
+    while (left-- > 0) {
         uint32_t mine = tb__shlock_take(h->word, &stolen);
-        uint64_t v = *(volatile uint64_t *)h->counter;
 
-        *(volatile uint64_t *)h->counter = v + 1;
+        *h->counter = *h->counter + 1;    /* a read, then a write */
         h->steals += stolen;
         tb__shlock_release(h->word, mine);
     }
@@ -202,5 +200,5 @@ int main(void)
         cmocka_unit_test(test_shlock_threads_lose_nothing),
     };
 
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name("shlock", tests, NULL, NULL);
 }
