@@ -405,9 +405,13 @@ def main():
                     help="what the critical client asks for (with "
                          "X-Partner: yes): the rendered page, as in the "
                          "scenario; /health.php for a health check")
-    ap.add_argument("--local-concurrency", type=int, default=4,
+    # 2 for PHP pinned to one CPU: a CPU-bound page renders no sooner
+    # with more of them in flight, it only waits longer (bench/README.md:
+    # with 4 the critical page's p99 was 7.7-13.7x its unloaded p99, with
+    # 2 3.9-6.1x, and the flood got as many pages).
+    ap.add_argument("--local-concurrency", type=int, default=2,
                     help="TBucketLocalConcurrency on /app/ (of 8 PHP "
-                         "workers)")
+                         "workers on one CPU)")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
     args.stacks = [s for s in args.stacks.split(",") if s in STACKS]
