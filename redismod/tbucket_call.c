@@ -89,31 +89,6 @@ int tbucket_lua_number(const char *p, size_t len, double *out)
     return 1;
 }
 
-size_t tbucket_fmt_num(char *buf, size_t len, double v)
-{
-    /* Whole numbers below 1e15 print as their digits under "%.17g";
-     * -0 does not ("-0"). */
-    if (v == floor(v) && fabs(v) < 1e15 && !(v == 0 && signbit(v))
-        && len >= 18) {
-        char tmp[20];
-        uint64_t u = (uint64_t)fabs(v);
-        size_t k = sizeof(tmp), n;
-
-        do {
-            tmp[--k] = (char)('0' + u % 10);
-            u /= 10;
-        } while (u);
-        if (v < 0) {
-            tmp[--k] = '-';
-        }
-        n = sizeof(tmp) - k;
-        memcpy(buf, tmp + k, n);
-        buf[n] = '\0';
-        return n;
-    }
-    return tb_fmt_double(buf, len, v);
-}
-
 /* A stored field as a finite number within STORED_MAX, or 0. */
 static int stored_number(const tbucket_arg_t *a, double *v)
 {

@@ -18,6 +18,7 @@
 
 #include "tb.h"
 #include "algo/tb_algo_int.h"
+#include "base/tb_base.h"
 
 /* KEYS of one call: TB_MAX_BUCKETS buckets and the slot set. */
 #define TBUCKET_MAX_KEYS (TB_MAX_BUCKETS + 1)
@@ -88,10 +89,9 @@ int tbucket_parse(tb_algo_t algo, int argc, const tbucket_arg_t *argv,
  * tonumber() turns into nil, and for embedded NULs. */
 int tbucket_lua_number(const char *p, size_t len, double *out);
 
-/* Format v as Redis formats a Lua number handed to redis.call(): "%.17g"
- * in the C locale, so that the stored bytes are the script's. Returns the
- * length (buf holds at least 32 bytes). */
-size_t tbucket_fmt_num(char *buf, size_t len, double v);
+/* Numbers are written as Redis 7.0 writes a Lua number handed to
+ * redis.call(), "%.17g" in the C locale, so that the stored bytes are the
+ * script's: tb__fmt_num (base/tb_cnum.c). */
 
 /* The state of bucket i as read from its key. */
 typedef struct tbucket_state {

@@ -176,7 +176,7 @@ static void hash_put(RedisModuleCtx *ctx, RedisModuleString *name,
     int i;
 
     for (i = 0; i < nf; i++) {
-        len = tbucket_fmt_num(buf, sizeof(buf), val[i]);
+        len = tb__fmt_num(buf, sizeof(buf), val[i]);
         s[i] = RedisModule_CreateString(ctx, buf, len);
     }
     if (nf == 2) {
@@ -201,7 +201,7 @@ static void string_put(RedisModuleCtx *ctx, RedisModuleString *name,
                        RedisModuleKey *key, double v, mstime_t at)
 {
     char buf[40];
-    size_t len = tbucket_fmt_num(buf, sizeof(buf), v);
+    size_t len = tb__fmt_num(buf, sizeof(buf), v);
     RedisModuleString *s = RedisModule_CreateString(ctx, buf, len);
 
     RedisModule_StringSet(key, s);
@@ -217,7 +217,7 @@ static void zset_add(RedisModuleCtx *ctx, RedisModuleString *name,
                      size_t mlen)
 {
     char buf[40];
-    size_t len = tbucket_fmt_num(buf, sizeof(buf), score);
+    size_t len = tb__fmt_num(buf, sizeof(buf), score);
     RedisModuleString *m = RedisModule_CreateString(ctx, member, mlen);
 
     RedisModule_ZsetAdd(key, score, m, NULL);
@@ -256,7 +256,7 @@ static void zset_trim(RedisModuleCtx *ctx, RedisModuleString *name,
         removed++;
     }
     if (removed) {
-        len = tbucket_fmt_num(buf, sizeof(buf), max);
+        len = tb__fmt_num(buf, sizeof(buf), max);
         RedisModule_Replicate(ctx, "ZREMRANGEBYSCORE", "scb", name, "-inf",
                               buf, len);
     }

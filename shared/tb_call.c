@@ -20,45 +20,6 @@ static int take_valid(const tb_take_t *t)
            && (!t->route || tb_name_valid(t->route));
 }
 
-/* "00" .. "99": two digits per division when formatting. */
-static const char digit_pairs[201] =
-    "00010203040506070809101112131415161718192021222324252627282930313233"
-    "34353637383940414243444546474849505152535455565758596061626364656667"
-    "6869707172737475767778798081828384858687888990919293949596979899";
-
-/* Format a double so that Lua's tonumber() reads back the same value. */
-size_t tb__fmt_num(char *buf, size_t len, double v)
-{
-    /* Whole numbers (most capacities, rates and costs) the cheap way,
-     * two digits at a time: snprintf("%.17g") was a third of the
-     * client's instructions per decision (bench/README.md). The digits
-     * are those %.17g prints. The rest go through tb_fmt_double(), in
-     * the C locale whatever the host set (base/tb_cnum.c). */
-    if (v >= 0 && v < 1e15 && v == floor(v) && len >= 17) {
-        char tmp[16];
-        uint64_t u = (uint64_t)v;
-        size_t k = sizeof(tmp), n;
-
-        while (u >= 100) {
-            k -= 2;
-            memcpy(tmp + k, digit_pairs + 2 * (u % 100), 2);
-            u /= 100;
-        }
-        if (u >= 10) {
-            k -= 2;
-            memcpy(tmp + k, digit_pairs + 2 * u, 2);
-        }
-        else {
-            tmp[--k] = (char)('0' + u);
-        }
-        n = sizeof(tmp) - k;
-        memcpy(buf, tmp + k, n);
-        buf[n] = '\0';
-        return n;
-    }
-    return tb_fmt_double(buf, len, v);
-}
-
 /* May the sliding log take this? Its work and memory grow with capacity,
  * and it stores one member per whole unit of cost. */
 static int slog_take_valid(const tb_take_t *t)
@@ -80,21 +41,26 @@ static int add_suffix(char *key, tb_algo_t algo)
     return 1;
 }
 
-/* A lease is whole tokens from one main token bucket; what it gives
- * back is a number of tokens. */
-static int lease_valid(const tb_request_t *q)
+int tb__lease_shape(const tb_request_t *q)
 {
     const tb_take_t *t;
 
     /* Not even &takes[0] before the count is known: takes may be NULL
      * for a concurrency limit alone. */
-    if (q->algo != TB_ALGO_TOKEN_BUCKET || q->ntakes != 1) {
+    if (q->algo != TB_ALGO_TOKEN_BUCKET || q->ntakes != 1 || !q->takes) {
         return 0;
     }
     t = &q->takes[0];
-    return !t->route && t->cost >= 1 && t->cost == floor(t->cost)
+    return t->cost >= 1 && t->cost == floor(t->cost)
            && q->lease >= t->cost && q->lease <= TB_MAX_LEASE
-           && q->lease == floor(q->lease)
+           && q->lease == floor(q->lease);
+}
+
+/* A lease on the wire: its shape, on a bucket of the key's own (not a
+ * route's), giving back a number of tokens. */
+static int lease_valid(const tb_request_t *q)
+{
+    return tb__lease_shape(q) && !q->takes[0].route
            && q->lease_back >= 0 && q->lease_back <= TB_MAX_CAPACITY;
 }
 

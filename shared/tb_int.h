@@ -20,6 +20,11 @@
 
 /* ---- Leases in a decision (tb_lease.c) ------------------------------ */
 
+/* The one shape a lease has, for the table and for the wire alike
+ * (tb_call.c): whole tokens, at least the cost, of one main token
+ * bucket, taken at a whole cost of at least one. */
+int tb__lease_shape(const tb_request_t *q);
+
 /* A client's lease table: the host's, the drain count it was made at
  * (a table drained since is not used) and the host's owner tag. */
 typedef struct tb__leases {
@@ -189,8 +194,5 @@ void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
                      const tb_take_t *takes, const char *slot_id,
                      tb_result_t *res);
 
-/* v formatted so that Lua's tonumber() reads back the same double; the
- * digits are those of "%.17g". Returns the length. */
-size_t tb__fmt_num(char *buf, size_t len, double v);
 
 #endif /* TB_INT_H */

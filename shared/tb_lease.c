@@ -27,11 +27,7 @@
 /* May q be decided with a lease of the table? */
 static int lease_applies(const tb_request_t *q)
 {
-    return q->lease >= 1 && q->ntakes == 1 && !q->concurrency
-           && q->algo == TB_ALGO_TOKEN_BUCKET && q->takes
-           && q->takes[0].cost >= 1
-           && q->takes[0].cost == floor(q->takes[0].cost)
-           && q->lease <= TB_MAX_LEASE && q->lease == floor(q->lease)
+    return tb__lease_shape(q) && !q->concurrency
            && q->lease_ttl_ms >= 0 && q->lease_ttl_ms <= 86400000;
 }
 

@@ -39,6 +39,14 @@ void tb__set_error(tb__error_t *e, int err, const char *fmt, ...)
 #endif
     ;
 
+/* ---- Numbers for Lua and Redis (tb_cnum.c) -------------------------- */
+
+/* v as "%.17g" prints it in the C locale, so that Lua's tonumber() reads
+ * back the same double, whole numbers without snprintf. The client's
+ * script arguments and the Redis module's stored fields both use it.
+ * Returns the length. */
+size_t tb__fmt_num(char *buf, size_t len, double v);
+
 /* ---- Deadlines (tb_clock.c) ---------------------------------------- */
 
 /* The monotonic clock ms milliseconds from now. */

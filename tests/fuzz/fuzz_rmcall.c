@@ -16,7 +16,7 @@
  *  - every limit passes tb_limit_check(), every cost its mode's range;
  *    a lease only on one token bucket, with cost <= want; 'settle' only
  *    for the token bucket and GCRA; the sliding log's costs whole;
- *  - every number read formats ("%.17g", tbucket_fmt_num) to text that
+ *  - every number read formats ("%.17g", tb__fmt_num) to text that
  *    reads back as the same double;
  *  - decoded states are finite, stamps whole;
  *  - tbucket_decide() succeeds with a verdict the reply can carry:
@@ -81,7 +81,7 @@ static void check_roundtrip(double v)
 {
     char buf[40];
     double back;
-    size_t n = tbucket_fmt_num(buf, sizeof(buf), v);
+    size_t n = tb__fmt_num(buf, sizeof(buf), v);
 
     FUZZ_CHECK(n > 0 && n < sizeof(buf), "format of %g", v);
     FUZZ_CHECK(tbucket_lua_number(buf, n, &back) && back == v,

@@ -41,6 +41,7 @@ static void test_fmt_num_is_17g(void **unused)
         999999999999999.0, 1e15, 1e15 + 2, 1e17, 1e300, 4503599627370496.0,
         0.5, 0.1, 1.0 / 3, 1e-6, 2.5e-7, 123.456, -1, -0.5, -1e15,
         -999999999999999.0, 5e-324, 1.7976931348623157e308,
+        -0.0, -7, -42, -123456789, -99999999999999.0,
     };
     uint64_t x = 0x9e3779b97f4a7c15ull;
     size_t i;
@@ -59,6 +60,7 @@ static void test_fmt_num_is_17g(void **unused)
     }
     for (i = 0; i < 100000; i++) {
         check_num((double)i);
+        check_num(-(double)i);   /* -0 first: "%.17g" prints "-0" */
     }
 }
 
@@ -67,7 +69,7 @@ static void test_fmt_num_short_buffer(void **unused)
     char buf[8];
 
     (void)unused;
-    /* The fast path needs 17 bytes; a short buffer still gets a
+    /* The fast path needs 18 bytes; a short buffer still gets a
      * terminated prefix from snprintf, never an overflow. */
     tb__fmt_num(buf, sizeof(buf), 123456789012.0);
     assert_int_equal(strlen(buf), 7);
