@@ -26,6 +26,12 @@
  * model applies: one %fs-relative load per guard check. */
 #define SHIM_TLS __thread __attribute__((tls_model("initial-exec")))
 
+/* Monotonic milliseconds, from the core's one reader of the clock. */
+static inline int64_t shim_now_ms(void)
+{
+    return (int64_t)(tb_clock_monotonic_us() / 1000);
+}
+
 /* ---- The re-entrancy guard (shim_core.c) ---------------------------- */
 
 /* Non-zero while this thread is inside the shim's own work: a call into

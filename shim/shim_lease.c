@@ -63,21 +63,13 @@ typedef struct drain {
     int last_err;             /* TB_ERR_* of the last lost one.          */
 } drain_t;
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* tb_lease_drain's give(): one lease's tokens back to their bucket. */
 static void drain_give(void *arg, const tb_lease_info_t *info, double tokens)
 {
     drain_t *d = arg;
     int err = TB_ERR_NONE;
 
-    if (mono_ms() >= d->deadline_ms) {
+    if (shim_now_ms() >= d->deadline_ms) {
         d->late++;
         return;
     }
@@ -114,7 +106,7 @@ static void lease_at_exit(void)
         return;
     }
     memset(&d, 0, sizeof(d));
-    d.deadline_ms = mono_ms() + SHIM_LEASE_DRAIN_MS;
+    d.deadline_ms = shim_now_ms() + SHIM_LEASE_DRAIN_MS;
     (void)tb_lease_drain(lease_table, drain_give, &d);
     if (d.lost > 0 || d.late > 0) {
         shim_warn("leases: the unspent tokens of %zu leases were not given "

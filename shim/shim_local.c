@@ -126,19 +126,11 @@ static int local_alive(uint32_t tag)
     return alive;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* 1 when this caller may search the table for dead owners now: the
  * first to move next_reap_ms past now wins, across processes. */
 static int may_reap(local_head_t *h)
 {
-    int64_t now = mono_ms();
+    int64_t now = shim_now_ms();
     int64_t next = __atomic_load_n(&h->next_reap_ms, __ATOMIC_RELAXED);
 
     return now >= next

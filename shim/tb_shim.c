@@ -423,14 +423,6 @@ static int is_nonblocking(int fd)
     return fl != -1 && (fl & O_NONBLOCK) != 0;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sleep ms milliseconds of monotonic time, resuming after signals. */
 static void sleep_ms(int64_t ms)
 {
@@ -465,7 +457,7 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
     }
     /* Only `nonblocking = "fail"` treats a non-blocking socket apart. */
     nonblock = !r->nonblock_wait && is_nonblocking(fd);
-    deadline = now_ms() + r->max_wait_ms;
+    deadline = shim_now_ms() + r->max_wait_ms;
     for (loops = 0; loops < SHIM_MAX_WAIT_LOOPS; loops++) {
         shim_decide(r, r->key, r->key_len, &res);
         if (res.allowed) {
@@ -482,7 +474,7 @@ static int limited_connect(int fd, const struct sockaddr *sa, socklen_t len,
         {
             int64_t wait = res.retry_ms > 0 ? res.retry_ms : 1;
 
-            if (now_ms() + wait > deadline) {
+            if (shim_now_ms() + wait > deadline) {
                 break;
             }
             sleep_ms(wait);
