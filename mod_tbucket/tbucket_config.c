@@ -148,6 +148,20 @@ static const char *int_value(cmd_parms *cmd, const char *what,
     return NULL;
 }
 
+/* "N | Off" with N in 1..max: *n is 0 for Off. */
+static const char *int_or_off(cmd_parms *cmd, const char *what,
+                              const char *arg, int64_t max, int64_t *n)
+{
+    const char *msg;
+
+    *n = 0;
+    if (!strcasecmp(arg, "off")) {
+        return NULL;
+    }
+    msg = int_value(cmd, what, arg, 1, max, n);
+    return msg ? apr_pstrcat(cmd->pool, msg, " (or Off)", NULL) : NULL;
+}
+
 /* "name=value" into its two halves; NULL when there is no '='. */
 static const char *split_opt(apr_pool_t *p, const char *word,
                              const char **value)
@@ -782,21 +796,18 @@ static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
                                          const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
-    const char *msg;
     int64_t n;
+    const char *msg = int_or_off(cmd, "limit", arg, TBUCKET_MAX_LOCAL_LIMIT,
+                                 &n);
 
-    if (!strcasecmp(arg, "off")) {
-        dc->local_state = 0;
-        dc->nlocal = 0;
-        return NULL;
-    }
-    if ((msg = int_value(cmd, "limit", arg, 1, TBUCKET_MAX_LOCAL_LIMIT,
-                         &n))) {
+    if (msg) {
         return msg;
     }
-    dc->local_state = 1;
-    dc->nlocal = 1;
-    dc->local[0] = tbucket_local_scope_add(cmd, (int)n);
+    dc->local_state = n > 0;
+    dc->nlocal = n > 0;
+    if (n > 0) {
+        dc->local[0] = tbucket_local_scope_add(cmd, (int)n);
+    }
     return NULL;
 }
 
@@ -876,26 +887,15 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
 static const char *set_top_keys(cmd_parms *cmd, void *dummy,
                                 const char *arg)
 {
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
     const char *msg = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    char err[128];
     int64_t n;
 
     (void)dummy;
-    if (msg) {
-        return msg;
+    if (!msg && !(msg = int_or_off(cmd, "key count", arg, TB_TOPK_MAX_K,
+                                   &n))) {
+        srv_conf(cmd->server)->top_k = (int)n;
     }
-    if (!strcasecmp(arg, "off")) {
-        sc->top_k = 0;
-        return NULL;
-    }
-    if (tb_parse_int(arg, 1, TB_TOPK_MAX_K, &n, err, sizeof(err))
-        != TB_OK) {
-        return bad_value(cmd, "key count", arg, apr_pstrcat(cmd->temp_pool,
-                         err, " (or Off)", NULL));
-    }
-    sc->top_k = (int)n;
-    return NULL;
+    return msg;
 }
 
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
