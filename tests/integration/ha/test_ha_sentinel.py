@@ -14,7 +14,7 @@ import pytest
 
 from tbtest.core import redis_key
 from tbtest.env import free_port
-from tbtest.ha import MASTER, SentinelRig, bounded, kill9
+from tbtest.ha import MASTER, SentinelRig, bounded, follow, kill9
 
 COOLDOWN_MS = 300
 
@@ -40,36 +40,6 @@ def exhaust(d, key, cap):
     got = [d.take(key, cap, 0.001, 1) for _ in range(cap + 1)]
     assert all(g["source"] == "redis" for g in got), got
     assert [g["allowed"] for g in got] == [1] * cap + [0], got
-
-
-def follow(d, rig, old_port, deadline_s):
-    """Decide every 20 ms until a decision lands on the primary the
-    sentinels name instead of old_port (its key is there); (seconds until
-    then, seconds until the sentinels named it, every answer seen). A
-    decision Redis made is not enough: a demoted primary keeps accepting
-    writes until the sentinels reconfigure it."""
-    t0 = time.monotonic()
-    seen, named_at, new = [], None, None
-    for i in range(int(deadline_s / 0.02)):
-        if time.monotonic() - t0 > deadline_s:
-            break
-        if named_at is None:
-            try:
-                a = rig.sentinels[0].master_addr()
-                if a and a[1] != old_port:
-                    named_at, new = time.monotonic() - t0, a[1]
-            except Exception:
-                pass
-        key = "probe%d" % i
-        r = d.take(key, 1000000, 1000000, 1)
-        took = time.monotonic() - t0
-        seen.append(r)
-        assert r["source"] in ("redis", "open"), r
-        if (r["source"] == "redis" and new is not None
-                and rig.node(new).client().exists(redis_key("tb:", key))):
-            return took, named_at, seen
-        time.sleep(0.02)
-    raise AssertionError("did not follow in %ss: %r" % (deadline_s, seen[-3:]))
 
 
 # Decisions through the sentinels land on the primary, limits hold, and a
