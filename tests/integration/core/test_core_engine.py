@@ -15,7 +15,7 @@ commandstats) and in the client (stats module_calls, `engine`).
 import pytest
 
 from tbtest.core import info_commandstats, redis_key
-from tbtest.redismod import ENGINES, ModRedis, dump, module_path
+from tbtest.redismod import ENGINES, dump, module_path
 
 FEW = 0.000001  # a refill rate that adds no token during a test
 MOD_CMDS = sorted(c for c, _ in ENGINES.values())
@@ -24,14 +24,6 @@ ALGO_CMDS = [("token-bucket", "tbucket.bucket"), ("gcra", "tbucket.gcra"),
              ("sliding-window", "tbucket.swindow"),
              ("fixed-window", "tbucket.fwindow"),
              ("sliding-log", "tbucket.slog")]
-
-
-@pytest.fixture
-def mod_redis(tmp_path):
-    """A redis-server that loads the module."""
-    r = ModRedis(tmp_path / "mod", module_path()).start()
-    yield r
-    r.stop()
 
 
 def calls(srv):

@@ -24,7 +24,7 @@ import pytest
 
 from tbtest.core import info_commandstats, keyslot, redis_key
 from tbtest.ha import ClusterRig, SentinelRig, bounded, follow, kill9
-from tbtest.redismod import ModRedis, module_path
+from tbtest.redismod import module_path
 
 COOLDOWN_MS = 300
 MOD = "tbucket.bucket"
@@ -354,52 +354,51 @@ def test_ha_013_07(mixed_cluster, drivers):
 # on exactly across the switch, and `engine` says script; after MODULE
 # LOAD the open connection stays on the scripts, a new one (after CLIENT
 # KILL) finds the module again.
-def test_ha_013_08(tmp_path, drivers):
-    srv = ModRedis(tmp_path / "redis", module_path(),
-                   extra=["enable-module-command yes"]).start()
-    try:
-        r = srv.client()
-        d = drivers(srv.url, engine="auto", pool=1)
-        exact(takes(d, "u", 12, 3), 12)
-        assert engine(d) == ("module", 0)
-        mc = d.stats()["module_calls"]
-        assert mc >= 2
-        assert r.execute_command("MODULE", "UNLOAD", "tbucket") == b"OK"
-        before = calls(srv)
-        exact(takes(d, "u", 12, 4), 12, 3)
-        after = calls(srv)
-        assert grew(before, after, "evalsha") == 4, after
-        st = d.stats()
-        assert st["fallback_open"] == st["redis_errors"] == 0, st
-        assert engine(d) == ("script", 0)
-        after_switch = st["module_calls"]
-        assert r.execute_command("MODULE", "LOAD", srv.module) == b"OK"
-        assert calls(srv).get(MOD, 0) == 0
-        exact(takes(d, "u", 12, 1), 12, 7)
-        assert d.stats()["module_calls"] == after_switch
-        r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME",
-                          "yes")
-        # At most one decision per pooled connection meets the dead one.
-        first = d.take("u", 12, FEW, 1)
-        spent = 8 + (first["source"] == "redis")
-        before = calls(srv)
-        exact(takes(d, "u", 12, 3), 12, spent)
-        after = calls(srv)
-        # The decision that opened the new connection may still go as a
-        # script (chosen before its setup said); the next ones do not.
-        assert grew(before, after, MOD) + grew(before, after, "evalsha") \
-            == 3, after
-        assert grew(before, after, MOD) >= 2, after
-        before = calls(srv)
-        exact(takes(d, "u", 12, 2), 12, spent + 3)
-        assert grew(before, calls(srv), MOD) == 2
-        assert engine(d) == ("module", 0)
-        # Decisions the scripts made are not module calls (tb.h: "of
-        # redis_calls, those made to the Redis module instead of a
-        # script"), the one that met "unknown command" first included:
-        # the count is the module's calls before the unload and after the
-        # load.
-        st = d.stats()
-        assert st["module_calls"] == mc + calls(srv)[MOD], (mc, st)
-    finally:
-        srv.stop()
+def test_ha_013_08(mod_servers, drivers):
+    # Through the fixture: stopped by PID, and its log checked for
+    # sanitizer reports and crashes.
+    srv = mod_servers("redis", module=module_path(),
+                      extra=["enable-module-command yes"]).start()
+    r = srv.client()
+    d = drivers(srv.url, engine="auto", pool=1)
+    exact(takes(d, "u", 12, 3), 12)
+    assert engine(d) == ("module", 0)
+    mc = d.stats()["module_calls"]
+    assert mc >= 2
+    assert r.execute_command("MODULE", "UNLOAD", "tbucket") == b"OK"
+    before = calls(srv)
+    exact(takes(d, "u", 12, 4), 12, 3)
+    after = calls(srv)
+    assert grew(before, after, "evalsha") == 4, after
+    st = d.stats()
+    assert st["fallback_open"] == st["redis_errors"] == 0, st
+    assert engine(d) == ("script", 0)
+    after_switch = st["module_calls"]
+    assert r.execute_command("MODULE", "LOAD", srv.module) == b"OK"
+    assert calls(srv).get(MOD, 0) == 0
+    exact(takes(d, "u", 12, 1), 12, 7)
+    assert d.stats()["module_calls"] == after_switch
+    r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME",
+                      "yes")
+    # At most one decision per pooled connection meets the dead one.
+    first = d.take("u", 12, FEW, 1)
+    spent = 8 + (first["source"] == "redis")
+    before = calls(srv)
+    exact(takes(d, "u", 12, 3), 12, spent)
+    after = calls(srv)
+    # The decision that opened the new connection may still go as a
+    # script (chosen before its setup said); the next ones do not.
+    assert grew(before, after, MOD) + grew(before, after, "evalsha") \
+        == 3, after
+    assert grew(before, after, MOD) >= 2, after
+    before = calls(srv)
+    exact(takes(d, "u", 12, 2), 12, spent + 3)
+    assert grew(before, calls(srv), MOD) == 2
+    assert engine(d) == ("module", 0)
+    # Decisions the scripts made are not module calls (tb.h: "of
+    # redis_calls, those made to the Redis module instead of a
+    # script"), the one that met "unknown command" first included:
+    # the count is the module's calls before the unload and after the
+    # load.
+    st = d.stats()
+    assert st["module_calls"] == mc + calls(srv)[MOD], (mc, st)

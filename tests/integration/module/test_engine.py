@@ -7,7 +7,7 @@ server without it). Which engine answered is read from Redis's own
 INFO commandstats: tbucket.bucket calls against EVALSHA/EVAL calls."""
 import pytest
 
-from tbtest.apache import http_get, metric
+from tbtest.apache import http_get, metric, metric_sum
 from tbtest.redismod import engine_calls as calls
 
 
@@ -91,6 +91,7 @@ def test_module_170_03(apache_factory, mod_redis, plain_redis):
     assert run_key(a, "auto", 6) == [200] * 5 + [429]
     m, s = calls(mod_redis)
     assert m == 5 and s == 1
+    assert engine_metric(a, mod_redis, policy="open", engine="module") == 1
     b = server(apache_factory, plain_redis.url, "auto")
     assert run_key(b, "auto", 6) == [200] * 5 + [429]
     assert calls(plain_redis) == (0, 6)
@@ -115,6 +116,7 @@ def test_module_170_04(apache_factory, plain_redis, policy, want):
     text = http_get(a.url("/tbucket-status")).text
     assert metric(text, "tbucket_decisions_total",
                   outcome="fallback-" + policy) == 6
+    assert metric_sum(text, "tbucket_breaker_opens_total") >= 1, text
     a.assert_log_clean(allowed=("TB00105",))
 
 

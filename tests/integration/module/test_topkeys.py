@@ -476,7 +476,11 @@ def test_module_161_06(apache_factory, redis_server):
     page = http_get(a.url("/tbucket-status?view=html")).text
     assert "<code>&lt;Location /shadow&gt;</code>" in page
     a.graceful()
-    http_get(a.url("/free/ok.txt"))
+    # The .htaccess limit applies (1 1/h; a fresh bucket: the client's
+    # IP bucket is shared with /shadow's), yet makes no rule.
+    redis_server.client().flushall()
+    assert [http_get(a.url("/free/ok.txt")).status_code
+            for _ in range(2)] == [200, 429]
     series = check_exposition(http_get(a.url("/tbucket-status")).text)
     assert rule("<Location /shadow>", "shadow-rejected") == 3
     assert {dict(l)["rule"] for (n, l) in series
@@ -572,7 +576,8 @@ def test_module_162_02(apache_factory, redis_server):
     assert "[tbucket:notice]" in refusal_lines(a)[0]
     a.stop()
     a.start(conf(redis_server, "TBucketRefusalLog info", limit="1 1/h"))
-    http_get(a.url("/limited/ok.txt"), {"X-API-Key": "n1"})
+    assert http_get(a.url("/limited/ok.txt"),
+                    {"X-API-Key": "n1"}).status_code == 429
     assert len(refusal_lines(a)) == 1
 
     # Redis gone, policy closed: 429s, and no line.

@@ -110,6 +110,7 @@ def test_redismod_004_02(mod_servers):
     primary = mod_servers("primary", module=module_path(),
                           extra=["repl-diskless-sync-delay 0"]).start()
     keys = lasting(primary.client(), trace(primary.client(), 12, steps=60))
+    assert len(keys) > 10, keys
     replica = mod_servers("replica", module=None,
                           extra=["replicaof 127.0.0.1 %d"
                                  % primary.port]).start()

@@ -316,6 +316,9 @@ def test_shim_300_16(redis_server, progs, tmp_path):
     try:
         c = socket.create_connection(("127.0.0.1", port), timeout=5)
         time.sleep(0.3)
+        # Still running, held in the shim's refusal: the exit below is
+        # the signal's doing.
+        assert srv.proc.poll() is None
         os.kill(srv.proc.pid, signal.SIGTERM)
         try:
             srv.proc.wait(timeout=5)
