@@ -589,29 +589,13 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
 }
 
 /* The name of the limit that decided d: the binding bucket's route,
- * NULL for the main bucket, or "concurrency" when the key's slots did;
- * *len its length when known (0: not). */
-static const char *binding_name(const tbucket_dir_conf *dc,
-                                const tbucket_decision *d, size_t *len)
+ * NULL for the main bucket, or "concurrency" when the key's slots did. */
+static const char *binding_name(const tbucket_decision *d)
 {
-    const tb_take_t *b;
-    const tbucket_route *rt;
-
-    *len = 0;
     if (!d->q.ntakes || d->by_conc) {
-        *len = sizeof("concurrency") - 1;
         return "concurrency";
     }
-    b = &d->takes[d->res.binding];
-    if (!b->route) {
-        return NULL;
-    }
-    /* build_takes puts the routes after the main bucket, in order. */
-    rt = dc->routes && d->res.binding <= dc->routes->nelts
-         ? &APR_ARRAY_IDX(dc->routes, d->res.binding - 1, tbucket_route)
-         : NULL;
-    *len = rt && rt->name == b->route ? rt->name_len : 0;
-    return b->route;
+    return d->takes[d->res.binding].route;
 }
 
 /* Count d for the status page: under its rule by outcome, and under its
@@ -637,7 +621,7 @@ static void count_key(request_rec *r, const tbucket_dir_conf *dc,
     it.key_len = d->q.key_len;
     it.ip = d->q.prefix == sc->ip_prefix;
     it.vhost = (uint32_t)sc->vhost_slot;
-    it.limit = binding_name(dc, d, &it.limit_len);
+    it.limit = binding_name(d);
     tbucket_count_key(&it, !d->res.allowed
                            && o != TBUCKET_OUT_SHADOW_REJECTED,
                       r->request_time);
@@ -687,15 +671,15 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
  * every backslash of a message: nothing a client sends can end the field
  * or forge another one. The closed policy's refusals (Redis could not
  * decide) are not the client's doing and are not logged here. */
-static void log_refusal(request_rec *r, const tbucket_dir_conf *dc,
-                        const tbucket_srv_conf *sc, const tbucket_decision *d)
+static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
+                        const tbucket_decision *d)
 {
     static const int level[TBUCKET_REFUSAL_LOGS] = {
         0, APLOG_NOTICE, APLOG_INFO, APLOG_DEBUG
     };
-    char key[TB_KEY_RAW_MAX + 1], quoted[3 * TB_KEY_RAW_MAX + 8];
+    char key[TB_TOPK_KEY_LEN], quoted[3 * TB_TOPK_KEY_LEN];
     const char *limit;
-    size_t i, n, q = 0, len;
+    size_t i, n, q = 0;
 
     if (sc->refusal_log <= TBUCKET_REFUSAL_LOG_OFF
         || sc->refusal_log >= TBUCKET_REFUSAL_LOGS
@@ -707,11 +691,9 @@ static void log_refusal(request_rec *r, const tbucket_dir_conf *dc,
         && !APLOG_R_IS_LEVEL(r, level[sc->refusal_log])) {
         return;
     }
-    if (d->q.prefix == sc->ip_prefix) {
-        memcpy(quoted, "ip:", 3);
-        q = 3;
-    }
-    n = tb_key_sanitize(d->q.key, d->q.key_len, key);
+    /* The key as the status page shows it. */
+    n = tb_key_show(d->q.key, d->q.key_len, d->q.prefix == sc->ip_prefix,
+                    key);
     for (i = 0; i < n; i++) {
         if (key[i] == '"' || key[i] == '\\' || key[i] == '%') {
             q += apr_snprintf(quoted + q, 4, "%%%02X", (unsigned)key[i]);
@@ -721,7 +703,7 @@ static void log_refusal(request_rec *r, const tbucket_dir_conf *dc,
         }
     }
     quoted[q] = '\0';
-    limit = binding_name(dc, d, &len);
+    limit = binding_name(d);
     ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r, TBLOGNO(00160)
                   "refused client=%s key=\"%s\" limit=\"%s\" vhost=\"%s\" "
                   "retry_after=%" APR_INT64_T_FMT, r->useragent_ip, quoted,
@@ -745,7 +727,7 @@ static int refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
                        "capacity\",\"cost\":%.0f,\"capacity\":%.0f}\n",
                        dc->cost, d->res.limit));
     }
-    log_refusal(r, dc, sc, d);
+    log_refusal(r, sc, d);
     apr_table_setn(r->err_headers_out, "Retry-After",
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, d->retry_s));
     /* While the server is crowded, a refused client gives its worker

@@ -287,8 +287,8 @@ typedef struct tbucket_srv_conf {
     int shed_retry_s;
     /* TBucketRefusalLog, a tbucket_refusal_log. */
     int refusal_log;
-    /* TBucketTopKeys K (0: Off), read in the main server's record only;
-     * -1 unset (TBUCKET_DEFAULT_TOP_K). */
+    /* TBucketTopKeys K (0: Off; TBUCKET_DEFAULT_TOP_K unless set), read
+     * in the main server's record only. */
     int top_k;
     /* TLS: the tls_* options of the TBucketRedis line (they go with its
      * URL, never inherited apart from it) and the context made from
@@ -310,7 +310,6 @@ typedef struct tbucket_srv_conf {
 
 typedef struct tbucket_route {
     const char *name;
-    size_t name_len;                  /* strlen(name).                  */
     tb_limit_t limit;
 } tbucket_route;
 

@@ -678,7 +678,6 @@ static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
                             "routes per scope", MAX_ROUTES);
     }
     rt.name = apr_pstrdup(cmd->pool, name);
-    rt.name_len = strlen(name);
     APR_ARRAY_PUSH(dc->routes, tbucket_route) = rt;
     return NULL;
 }
@@ -831,9 +830,8 @@ static const char *set_priority(cmd_parms *cmd, void *dcv, const char *arg)
 static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *word, *value;
+    const char *word, *value, *msg;
     int pct[TBUCKET_PRIOS] = { 0 }, i, seen = 0;
-    char err[128];
     int64_t n;
 
     (void)dummy;
@@ -856,11 +854,9 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
                                 "P a percentage of busy workers 1..100, or "
                                 "Off)", word);
         }
-        if (tb_parse_int(value, 1, 100, &n, err, sizeof(err)) != TB_OK) {
-            return bad_value(cmd, name, value,
-                             apr_pstrcat(cmd->temp_pool, err,
-                                         " (a percentage of busy workers, "
-                                         "1..100)", NULL));
+        if ((msg = int_value(cmd, name, value, 1, 100, &n))) {
+            return apr_pstrcat(cmd->pool, msg, " (a percentage of busy "
+                               "workers, 1..100)", NULL);
         }
         pct[p] = (int)n;
         seen = 1;

@@ -34,7 +34,7 @@ void *tbucket_create_srv_conf(apr_pool_t *p, server_rec *s)
     sc->ipv6_bits = TB_DEFAULT_IPV6_BITS;
     sc->shed_retry_s = 1;
     sc->refusal_log = TBUCKET_REFUSAL_LOG_INFO;
-    sc->top_k = -1;
+    sc->top_k = TBUCKET_DEFAULT_TOP_K;   /* GLOBAL_ONLY: never unset */
     sc->vhost_slot = -1;
     sc->client_slot = -1;
     return sc;

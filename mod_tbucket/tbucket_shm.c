@@ -171,7 +171,7 @@ static int top_k_of(server_rec *s)
     const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                       &tbucket_module);
 
-    return sc->top_k < 0 ? TBUCKET_DEFAULT_TOP_K : sc->top_k;
+    return sc->top_k;
 }
 
 /* The segment made by an earlier load keeps its heavy hitters: say so

@@ -572,15 +572,16 @@ static void html_ranking(request_rec *r, const tbucket_metrics *t,
                : "decisions");
     for (i = 0; i < n; i++) {
         const char *vhost = tbucket_vhost_of(t, e[i].vhost);
-        tbucket_labels l = tbucket_labels_with(NULL, "vhost", vhost);
 
-        l = tbucket_labels_with(&l, "limit", e[i].limit);
-        l = tbucket_labels_with(&l, "key", e[i].key);
         ap_rprintf(r, "<tr><td class=\"n\">%d</td><td class=\"k\"><code>%s"
                    "</code></td><td><code>%s</code></td><td>%s</td>", i + 1,
                    h(r, e[i].key), h(r, vhost), h(r, e[i].limit));
-        if (by_refusals && w->minutes == 1) {
-            html_value(r, f, sample_find(f, "", &l), 1);
+        if (by_refusals && w->minutes == 1 && f
+            && i < f->samples->nelts) {
+            /* collect_keys added one sample per row of this ranking, in
+             * its order: row i is sample i. */
+            html_value(r, f, &APR_ARRAY_IDX(f->samples, i, tbucket_sample),
+                       1);
         }
         else {
             ap_rprintf(r, "<td class=\"n\">%s</td>",

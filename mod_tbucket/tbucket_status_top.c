@@ -34,7 +34,7 @@ static int shown_k(tb_topk_t *table)
 {
     const tbucket_srv_conf *sc = ap_get_module_config(
         ap_server_conf->module_config, &tbucket_module);
-    int k = sc->top_k < 0 ? TBUCKET_DEFAULT_TOP_K : sc->top_k;
+    int k = sc->top_k;
 
     return k < tb_topk_k(table) ? k : tb_topk_k(table);
 }

@@ -254,6 +254,12 @@ size_t tb_ip_key_addr(int family, const void *addr, int v6_bits, char *out,
  * gives 0 and an empty out too. */
 size_t tb_key_sanitize(const char *key, size_t len, char *out);
 
+/* The key as operators see it, on the status page, in tbucket top and in
+ * the refusal log line alike: its sanitised form, after "ip:" for a
+ * client keyed by its address (ip != 0), into out (TB_TOPK_KEY_LEN
+ * bytes). Returns its length. */
+size_t tb_key_show(const char *key, size_t len, int ip, char *out);
+
 /* Build "<prefix>{<sanitised key>}" or, with a route name,
  * "<prefix>{<sanitised key>}:route:<name>" into out (TB_KEY_BUF bytes).
  * Returns the length, or 0 on a bad prefix or name. */

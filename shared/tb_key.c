@@ -25,6 +25,17 @@ static int safe_byte(unsigned char c)
     return c >= 0x21 && c <= 0x7e && c != '{' && c != '}';
 }
 
+size_t tb_key_show(const char *key, size_t len, int ip, char *out)
+{
+    size_t at = 0;
+
+    if (ip) {
+        memcpy(out, "ip:", 3);
+        at = 3;
+    }
+    return at + tb_key_sanitize(key, len, out + at);
+}
+
 size_t tb_key_sanitize(const char *key, size_t len, char *out)
 {
     static const char hex[] = "0123456789abcdef";

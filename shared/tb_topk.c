@@ -691,19 +691,20 @@ static void scratch_carve(const tb_topk_t *t, int minutes, void *mem,
  * client keyed by address, into out (TB_TOPK_KEY_LEN bytes). */
 static void shown_key(const merged_t *r, char *out)
 {
-    size_t klen = META_KLEN(r->meta), at = 0;
+    size_t klen = META_KLEN(r->meta);
+    int ip = (r->meta >> 48 & FLAG_IP) != 0;
 
-    if (r->meta >> 48 & FLAG_IP) {
-        memcpy(out, "ip:", 3);
-        at = 3;
-    }
     klen = klen <= TB_KEY_RAW_MAX ? klen : TB_KEY_RAW_MAX;
     if (r->meta >> 48 & FLAG_LONG) {
+        /* Stored already in its shown (hashed) form. */
+        size_t at = ip ? 3 : 0;
+
+        memcpy(out, "ip:", at);
         memcpy(out + at, r->kw, klen);
         out[at + klen] = '\0';
     }
     else {
-        tb_key_sanitize((const char *)r->kw, klen, out + at);
+        tb_key_show((const char *)r->kw, klen, ip, out);
     }
 }
 
