@@ -99,7 +99,7 @@ RM_CFLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L -Ishared -Iredismod \
 RM_SRC = $(wildcard redismod/*.c)
 RM_OBJ = $(patsubst redismod/%.c,$(BUILD)/redismod/%.o,$(RM_SRC))
 RM_TWINS = algo/tb_bucket algo/tb_gcra algo/tb_fwindow algo/tb_swindow \
-           algo/tb_slog base/tb_cnum
+           algo/tb_slog algo/tb_algo base/tb_cnum base/tb_names
 RM_CORE_OBJ = $(patsubst %,$(BUILD)/shared/%.o,$(RM_TWINS))
 RM_SO = $(BUILD)/tbucket_redis.so
 REDIS_MODDIR ?= /usr/lib/redis/modules

@@ -28,14 +28,11 @@
  * without leaving int64. */
 #define WINDOW_MAX 4611686018427387904.0
 
-static const char *const command_names[TB_ALGO_COUNT] = {
-    "tbucket.bucket", "tbucket.gcra", "tbucket.swindow", "tbucket.fwindow",
-    "tbucket.slog"
-};
-
+/* The names the client calls (algo/tb_algo.c), so the two cannot drift. */
 const char *tbucket_command_name(tb_algo_t algo)
 {
-    return (unsigned)algo < TB_ALGO_COUNT ? command_names[algo] : "tbucket";
+    return (unsigned)algo < TB_ALGO_COUNT ? tb_algo_module_commands[algo]
+                                          : "tbucket";
 }
 
 /* ---- Numbers ------------------------------------------------------------ */
