@@ -94,11 +94,6 @@ tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
     return sc;
 }
 
-static int pid_alive(uint32_t tag)
-{
-    return kill((pid_t)tag, 0) == 0 || errno == EPERM;
-}
-
 static int mpm_value(int code, int dflt)
 {
     int v = 0;
@@ -118,7 +113,7 @@ int tbucket_local_setup(apr_pool_t *pconf, server_rec *main_s)
     /* Owners that died while no parent was watching (a parent that was
      * restarted by a signal reaps its children, but not those of a
      * generation it never saw exit). */
-    tbucket_shm_local_reap(0, pid_alive);
+    tbucket_shm_local_reap(0, tb_inflight_pid_alive);
     for (i = 0; scopes && i < scopes->nelts; i++) {
         tbucket_local_scope *sc = APR_ARRAY_IDX(scopes, i,
                                                 tbucket_local_scope *);

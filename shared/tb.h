@@ -540,6 +540,9 @@ uint32_t tb_inflight_count(const tb_inflight_t *t);
 uint32_t tb_inflight_reap(tb_inflight_t *t, uint32_t tag);
 /* Free every place whose owner alive() says is gone; the number freed. */
 uint32_t tb_inflight_reap_dead(tb_inflight_t *t, tb_inflight_alive_fn alive);
+/* The alive() of tags that are process ids, for every host: kill(pid, 0)
+ * succeeds or fails with EPERM. errno is left as it was. */
+int tb_inflight_pid_alive(uint32_t tag);
 
 /* ==== Heavy hitters ================================================== */
 

@@ -17,6 +17,8 @@
  * anyone frees its words (that place stays taken until the new process
  * exits too).
  */
+#include <errno.h>
+#include <signal.h>
 #include <string.h>
 
 #include "tb_int.h"
@@ -133,6 +135,17 @@ uint32_t tb_inflight_reap(tb_inflight_t *t, uint32_t tag)
         }
     }
     return n;
+}
+
+int tb_inflight_pid_alive(uint32_t tag)
+{
+    int saved = errno, alive;
+
+    /* EPERM: it runs, under another user. A zombie still counts until
+     * its parent reaps it. */
+    alive = kill((pid_t)tag, 0) == 0 || errno == EPERM;
+    errno = saved;
+    return alive;
 }
 
 uint32_t tb_inflight_reap_dead(tb_inflight_t *t, tb_inflight_alive_fn alive)

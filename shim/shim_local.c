@@ -115,17 +115,6 @@ int shim_local_start(const shim_conf_t *conf, char *err, size_t errlen)
     return TB_OK;
 }
 
-/* tb_inflight's question about an owner: does process `tag` still run?
- * EPERM means it does, under another user. errno is the caller's. */
-static int local_alive(uint32_t tag)
-{
-    int saved = errno, alive;
-
-    alive = kill((pid_t)tag, 0) == 0 || errno == EPERM;
-    errno = saved;
-    return alive;
-}
-
 /* 1 when this caller may search the table for dead owners now: the
  * first to move next_reap_ms past now wins, across processes. */
 static int may_reap(local_head_t *h)
@@ -158,7 +147,7 @@ int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p)
      * finds the table full, and then at most once every SHIM_REAP_MS. */
     i = tb_inflight_take(lr->table, lr->n, tag, NULL);
     if (i == TB_INFLIGHT_FULL && may_reap(lr->head)) {
-        i = tb_inflight_take(lr->table, lr->n, tag, local_alive);
+        i = tb_inflight_take(lr->table, lr->n, tag, tb_inflight_pid_alive);
     }
     if (i < 0) {
         return 0;
