@@ -474,13 +474,19 @@ def test_module_151_03(apache_factory):
     for _ in range(5):
         s = socket.create_connection(("127.0.0.1", a.port))
         s.sendall(b"GET /ok.txt HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert b"200 OK" in s.recv(4096)
+        first = s.recv(4096)
+        assert b"200 OK" in first
+        assert b"Connection: close" not in first, first
         socks.append(s)
     try:
         time.sleep(0.01)
         # 5 of 10 workers hold a kept-alive connection (were they busy,
         # low's 30% would shed); only the asking one is busy.
         assert http_get(a.url("/low/ok.txt")).status_code == 200
+        # They were kept alive all along: each answers a second request.
+        for s in socks:
+            s.sendall(b"GET /ok.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"200 OK" in s.recv(4096)
     finally:
         for s in socks:
             s.close()
