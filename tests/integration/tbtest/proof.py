@@ -130,7 +130,13 @@ function request()
     counter = counter + 1
     k = key .. "-" .. tid .. "-" .. counter
   end
-  return wrk.format("GET", path, {["X-API-Key"] = k, ["Host"] = "x"})
+  -- wrk.format with a table of its own drops the command line's -H
+  -- headers (Connection: close among them), so they are copied in
+  local h = {}
+  for name, value in pairs(wrk.headers) do h[name] = value end
+  h["X-API-Key"] = k
+  h["Host"] = "x"
+  return wrk.format("GET", path, h)
 end
 """
 
