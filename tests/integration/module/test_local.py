@@ -243,7 +243,7 @@ def test_module_150_03(apache_factory):
                         "limit": 1, "retry_after": 7}
     ex.shutdown()
     assert [f.result() for f in futs] == [200]
-    log = open(a.access_log).read()
+    log = a.access_text(until=lambda t: " 200 allowed " in t)
     assert re.search(r" 503 shed /cgi-bin/conc.cgi ", log)
     assert re.search(r" 200 allowed /cgi-bin/conc.cgi ", log)
     a.assert_log_clean()

@@ -99,12 +99,6 @@ def test_module_003_04(apache_factory, redis_server):
     r = http_get(a.url("/app/small/x.php"), {"X-API-Key": "rj"})
     assert r.status_code == 429
     assert r.json()["error"] == "rate limited"
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        with open(a.access_log) as f:
-            log = f.read()
-        if "429 rejected" in log:
-            break
-        time.sleep(0.05)
+    log = a.access_text(until=lambda t: "429 rejected" in t)
     assert "429 rejected /app/small/x.php" in log
     a.assert_log_clean()

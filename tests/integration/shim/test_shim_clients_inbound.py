@@ -137,8 +137,8 @@ def test_shim_320_02(redis_server, progs, tmp_path, action):
                                  in_rule(a.port, action, capacity, rate))
         a.start("KeepAlive Off\n")
         s, probes, took = flood(progs, a.port)
-        with open(a.access_log) as f:
-            seen = [l.split() for l in f]
+        seen = [l.split() for l in a.access_text(
+            until=lambda t: t.count(" 200 ") >= s["served"]).splitlines()]
         a.assert_log_clean()
     finally:
         a.cleanup()

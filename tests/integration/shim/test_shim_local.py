@@ -493,8 +493,8 @@ def test_shim_500_12(tmp_path):
                     break
                 assert time.monotonic() < deadline, answer
                 time.sleep(0.02)
-        with open(a.access_log) as f:
-            seen = [line.split() for line in f]
+        seen = [line.split() for line in a.access_text(
+            until=lambda t: t.count(" 200 ") >= 6).splitlines()]
         a.assert_log_clean()
     finally:
         close_all(socks)

@@ -345,6 +345,22 @@ class Apache(TempRoot):
         except FileNotFoundError:
             return ""
 
+    def access_text(self, until=None, timeout=5.0):
+        """The access log's text; with until, read again (bounded) until
+        until(text) holds. log_transaction writes a request's line after
+        its response has gone, so a client can hold its answer before
+        the line exists, more so under a sanitizer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with open(self.access_log, errors="replace") as f:
+                    text = f.read()
+            except FileNotFoundError:
+                text = ""
+            if until is None or until(text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.02)
+
     def mark_log(self):
         """Later log checks only look at lines written after this."""
         self.log_mark = len(self.read_log())
