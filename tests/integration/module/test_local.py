@@ -164,9 +164,16 @@ def held(a, path, n):
     return waited(*hold(a, path, n))
 
 
+@contextlib.contextmanager
 def busy(a, state, n, secs=3):
-    """hold_busy() as a with-block (waited())."""
-    return waited(*hold_busy(a, state, n, secs))
+    """hold_busy() as a with-block (waited()); on leaving, also until the
+    server has let the held workers go (they may still be logging), so
+    that what follows starts from an idle server: the status request
+    itself is the one busy worker."""
+    with waited(*hold_busy(a, state, n, secs)) as futs:
+        yield futs
+    assert wait_until(lambda: metric(status(a), "tbucket_workers_busy") <= 1,
+                      timeout=10), status(a)
 
 
 def server(apache_factory, servers, mpm="prefork", dirs=False):
