@@ -164,7 +164,7 @@ def test_module_conc_01(apache_factory, redis_server):
     assert (st["taken"], st["refused"], st["released"]) == (4, 4, 4)
     assert (st["in_flight"], st["release-failed"]) == (0, 0)
     assert (st["concurrency"], st["rate"]) == (4, 0)
-    log = a.access_text(until=lambda t: t.count(" 200 allowed ") >= 4)
+    log = a.access_text(until=lambda t: t.count("/cgi-bin/slow.cgi") >= 8)
     assert log.count("429 rejected /cgi-bin/slow.cgi") == 4
     a.assert_log_clean()
 

@@ -74,7 +74,9 @@ def window(apaches, key, per_replica=None):
     shared limit (no per_replica), allowed counts what Redis allowed:
     a request the failure policy answered (a Redis call past its timeout
     on a stalled machine; open by default) is not the shared limit's, and
-    fallbacks() bounds how many there may be."""
+    there may be at most 1% of those (the main server's Redis timeout is
+    1 s, so only a stalled machine gets there; a breaker that opened
+    would answer far more)."""
     recs = []
     per = []
     best = 0
@@ -92,21 +94,12 @@ def window(apaches, key, per_replica=None):
     bad = [r for r in recs if r[1] not in (200, 429)]
     assert not bad, bad[:5]
     if not per_replica:
+        fallback = [r[2] for r in recs if r[2].startswith("fallback-")]
+        assert len(fallback) <= 0.01 * len(recs), (
+            key, len(fallback), len(recs), set(fallback),
+            [a.read_log()[-1500:] for a in apaches])
         best = ideal([r[0] for r in recs], CAP, RATE)
     return allowed, t, len(recs), per, best
-
-
-def fallbacks(apaches, key, total):
-    """Assert that the failure policy answered at most 1% of a shared-limit
-    run (the main server's Redis timeout is 1 s: only a stalled machine
-    gets there; a breaker that opened would answer far more)."""
-    decided = {}
-    for a in apaches:
-        for r in read_timed(a, key):
-            decided[r[2]] = decided.get(r[2], 0) + 1
-    n = sum(v for k, v in decided.items() if k.startswith("fallback-"))
-    assert n <= 0.01 * total, (key, decided,
-                               [a.read_log()[-1500:] for a in apaches])
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +165,6 @@ def test_proof_001_01(n, rows, redis_server, apache_factory,
         assert total > (2 if fe == "naive_rr" else 3) * allowed, (
             fe, total, allowed)
         if fe.startswith("redis"):
-            fallbacks(apaches, key, total)
             assert allowed <= upper, (fe, allowed, upper)
             assert allowed >= 0.98 * best, (fe, allowed, best)
         else:
@@ -222,7 +214,6 @@ def test_proof_001_02(mpm, rows, redis_server, apache_factory):
                  "%.3f" % (allowed / predicted), best,
                  "%.3f" % (allowed / max(best, 1)), "pids=%d" % len(pids)])
     assert total > 3 * allowed
-    fallbacks([a], key, total)
     assert allowed <= upper, (allowed, upper)
     assert allowed >= 0.98 * best, (allowed, best)
     if mpm == "prefork":

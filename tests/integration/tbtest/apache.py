@@ -330,36 +330,31 @@ class Apache(TempRoot):
 
     # ---- logs ----------------------------------------------------------
 
-    def read_log(self):
+    @staticmethod
+    def _text(path):
         try:
-            with open(self.error_log, errors="replace") as f:
+            with open(path, errors="replace") as f:
                 return f.read()
         except FileNotFoundError:
             return ""
 
+    def read_log(self):
+        return self._text(self.error_log)
+
     def read_stderr(self):
-        try:
-            with open(os.path.join(self.root, "logs", "stderr.log"),
-                      errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
+        return self._text(os.path.join(self.root, "logs", "stderr.log"))
 
     def access_text(self, until=None, timeout=5.0):
         """The access log's text; with until, read again (bounded) until
         until(text) holds. log_transaction writes a request's line after
         its response has gone, so a client can hold its answer before
         the line exists, more so under a sanitizer."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with open(self.access_log, errors="replace") as f:
-                    text = f.read()
-            except FileNotFoundError:
-                text = ""
-            if until is None or until(text) or time.monotonic() > deadline:
-                return text
-            time.sleep(0.02)
+        def ready():
+            text = self._text(self.access_log)
+            return (text,) if until is None or until(text) else None
+
+        got = wait_until(ready, timeout=timeout)
+        return got[0] if got else self._text(self.access_log)
 
     def mark_log(self):
         """Later log checks only look at lines written after this."""
