@@ -143,7 +143,6 @@ def part_core(a, rd, tool, sha):
 def parse_callgrind(path):
     """Self cost (first event, Ir) by (object, function), and the total."""
     names = {"ob": {}, "fn": {}}
-    ob = fn = None
     self_cost = {}
     total = 0
     skip_next = False

@@ -15,7 +15,7 @@ commandstats) and in the client (stats module_calls, `engine`).
 import pytest
 
 from tbtest.core import info_commandstats, redis_key
-from tbtest.redismod import ENGINES, dump, module_path
+from tbtest.redismod import ENGINES, dump
 
 FEW = 0.000001  # a refill rate that adds no token during a test
 MOD_CMDS = sorted(c for c, _ in ENGINES.values())

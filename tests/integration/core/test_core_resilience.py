@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tbtest.core import wait_until
+from tbtest.env import wait_until
 
 MARGIN_US = 50000  # What "a small margin" over a timeout may be.
 

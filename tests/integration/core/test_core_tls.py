@@ -15,8 +15,8 @@ import os
 import subprocess
 import time
 
-from tbtest.core import Driver, wait_until
-from tbtest.env import Redis, free_port, wait_port
+from tbtest.core import Driver
+from tbtest.env import Redis, free_port, wait_port, wait_until
 from tbtest.ha import MASTER, REDIS_CLI, bounded, cluster_port
 from tbtest.tls import TlsRedis
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tbtest.env import ROOT
-from tbtest.core import pct, redis_key, wait_until
+from tbtest.env import wait_until
+from tbtest.core import pct, redis_key
 from tbtest.proof import RESULTS
 
 PREFIX = "hz:"

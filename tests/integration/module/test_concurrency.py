@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tbtest.apache import PHP_CGI, http_get, metric
-from tbtest.env import free_port, require
+from tbtest.env import free_port, require, wait_until
 
 SLOW_CGI = r"""#!/bin/sh
 # slow.cgi?SECONDS: answers after sleeping that long (at most 10 s).
@@ -96,13 +96,6 @@ def parallel(jobs):
         return [f.result() for f in futs]
 
 
-def wait_until(pred, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(step)
-    return True
 
 
 def slots(a, **labels):

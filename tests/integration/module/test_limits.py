@@ -1,6 +1,5 @@
 """test_limits.py -- what a client sees: 429, Retry-After, headers, body,
 costs, tenants, route buckets, shadow mode, hostile keys."""
-import json
 import socket
 
 from tbtest.apache import http_get, limited_conf, tokens

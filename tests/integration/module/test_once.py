@@ -1,7 +1,6 @@
 """test_once.py -- a request is counted exactly once through PHP (php-cgi via
 mod_actions, an internal redirect), CGI, sub-requests and ErrorDocument, and
 the application sees TBUCKET_* under their own names."""
-import time
 
 from tbtest.apache import PHP_CGI, http_get, tokens
 from tbtest.env import require

@@ -12,9 +12,7 @@ Debian's promtool comes only with the prometheus server package, which
 would start a server listening on every interface), the refusal lines are
 fed to Debian's fail2ban-regex, and `tbucket top` is driven in tmux.
 """
-import html
 import http.client
-import json
 import os
 import random
 import re

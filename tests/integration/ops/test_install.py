@@ -11,8 +11,6 @@ import os
 import stat
 import subprocess
 
-import pytest
-
 from tbtest.apache import run_apache2
 from tbtest.env import BUILD, ROOT, require
 

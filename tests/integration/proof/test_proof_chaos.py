@@ -18,8 +18,6 @@ then Redis comes back. Checked for every policy:
 Per-fault figures go to $TB_BUILD/results/chaos.tsv.
 """
 import math
-import os
-import signal
 import time
 
 import pytest

@@ -20,7 +20,6 @@ Figures go to $TB_BUILD/results/replicas.tsv.
 Then several wrk processes with one key against a single Apache, event
 and prefork MPMs: the same bounds.
 """
-import os
 
 import pytest
 

@@ -8,9 +8,8 @@ closes its end, then closes it (close() is what gives the slot back). The
 slot set is read in Redis: "<prefix>in:<rule>:{<key>}:conc"."""
 import socket
 import sys
-import time
 
-from tbtest.env import free_port
+from tbtest.env import free_port, wait_until
 from tbtest.shim import (Proc, assert_strict_refusal, in_rule, shim_env,
                          write_conf)
 
@@ -60,13 +59,6 @@ def connect(port):
     return data.decode(errors="replace").split("\r\n")[0] or "closed", None
 
 
-def wait_until(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # N=2: two connections are served and held; the third is closed by the

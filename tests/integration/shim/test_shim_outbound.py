@@ -1,13 +1,11 @@
 """test_shim_outbound.py -- outbound rules: connect() limited by a shared
 bucket, with real programs (a C client, curl, php-cgi) under LD_PRELOAD."""
-import os
-import subprocess
 import time
 
 import pytest
 
 from tbtest.shim import (CURL, PHP_CGI, Proc, bucket, cli, errs, out_rule,
-                         outbound, plain_env, redis_clients, require, run,
+                         outbound, plain_env, require, run,
                          shim_env, write_conf)
 
 

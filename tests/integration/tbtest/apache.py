@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tbtest.env import (BUILD, ROOT, TempRoot, child_pids, free_port,
-                         require, wait_port)
+                         require, wait_port, wait_until)
 
 APACHE = "/usr/sbin/apache2"
 APACHE2_SH = os.path.join(ROOT, "scripts", "apache2.sh")
@@ -477,12 +477,3 @@ def metric_sum(text, name):
     return total
 
 
-def wait_until(check, timeout=3.0, step=0.02):
-    """check()'s first true value within timeout seconds, else its last:
-    for effects that follow a response (log_transaction's work)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(step)

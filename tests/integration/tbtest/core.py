@@ -265,14 +265,6 @@ def script_calls(r):
     return s.get("evalsha", 0) + s.get("eval", 0)
 
 
-def wait_until(pred, timeout, step=0.02):
-    """Poll pred() until true or timeout seconds; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(step)
 
 
 def check_after(r, keys, buckets, verdict, vid):

@@ -99,6 +99,18 @@ def wait_port(port, timeout=10.0, host="127.0.0.1"):
     return False
 
 
+def wait_until(check, timeout=5.0, step=0.02):
+    """check()'s first true value within timeout seconds, else its last:
+    for effects that follow a response (log_transaction's work, counters
+    counted once Redis has answered, a process that has yet to exit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(step)
+
+
 def stop_pid(proc, sig=signal.SIGTERM, timeout=10.0):
     """Stop a process we started, by PID; SIGKILL if it will not go."""
     if proc is None or proc.poll() is not None:

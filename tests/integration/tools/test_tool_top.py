@@ -8,7 +8,6 @@ module/test_topkeys.py (in a terminal, under tmux).
 """
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
