@@ -432,8 +432,8 @@ def floor_mpm(a, rd, tmp, so, floor_so, mpm, acpu, wcpu, have_perf):
         if mpm == "event":
             variants.append(("lease", mod, "/l/ok.txt"))
             pairs.append(("lease", "bare"))
-            # module / bare: the standing 0.85 (an earlier round's 0.75
-            # read "met" here while the product's target was missed).
+            # module / bare: the product's standing 0.85, not an earlier
+            # round's 0.75, so a run between the two reads MISSED.
             targets = {("module", "floor"): 1.10, ("module", "bare"): 0.85,
                        ("lease", "bare"): 0.95, ("rmodule", "module"): 1.0}
             # The pool sweep; the default size is the module variant.
