@@ -112,6 +112,13 @@ void tbucket_decode_bucket(const tbucket_arg_t *tokens,
     }
 }
 
+double tbucket_decode_ban(const tbucket_arg_t *ban)
+{
+    double v;
+
+    return stored_number(ban, &v) ? v : -1;
+}
+
 void tbucket_decode_gcra(const tbucket_arg_t *tat, tb_gcra_t *g)
 {
     double t;
@@ -277,6 +284,38 @@ static int parse_buckets(const char *name, const tbucket_arg_t *a,
     return TB_OK;
 }
 
+/* 'rules': two per bucket, held ("1" or "0") and the ban in whole ms;
+ * the script fails (ERR bad rules) on a count or a ban it cannot use. */
+static int parse_rules(const char *name, const tbucket_arg_t *a, int extra,
+                       tbucket_call_t *c, char *err, size_t errlen)
+{
+    int i;
+
+    if (extra != 2 * c->n) {
+        snprintf(err, errlen, "ERR bad rules");
+        return TB_ERR;
+    }
+    for (i = 0; i < c->n; i++) {
+        double ban;
+
+        if (!arg_is(&a[2 * i], "0") && !arg_is(&a[2 * i], "1")) {
+            FAIL("bucket %d: held is 0 or 1", i);
+        }
+        if (!number_arg(&a[2 * i + 1], &ban) || !(ban >= 0)) {
+            snprintf(err, errlen, "ERR bad rules");
+            return TB_ERR;
+        }
+        if (ban != floor(ban) || ban > (double)TB_MAX_BAN_MS) {
+            FAIL("bucket %d: a ban is whole ms, 0 .. %lld", i,
+                 (long long)TB_MAX_BAN_MS);
+        }
+        c->hold |= arg_is(&a[2 * i], "1") ? 1u << i : 0;
+        c->ban_ms[i] = ban;
+    }
+    c->rules = 1;
+    return TB_OK;
+}
+
 /* The optional arguments after the buckets: `extra` of them at a[0..].
  * 'settle' (token bucket, GCRA); the token bucket's lease size and what
  * it gives back. The script ignores arguments past those; we refuse
@@ -301,6 +340,9 @@ static int parse_mode(const char *name, const tbucket_arg_t *a, int extra,
     if (c->algo != TB_ALGO_TOKEN_BUCKET) {
         FAIL("%d argument(s) after the buckets' (it takes %s)", extra,
              settle_ok ? "'settle' or nothing" : "nothing");
+    }
+    if (arg_is(&a[0], "rules")) {
+        return parse_rules(name, a + 1, extra - 1, c, err, errlen);
     }
     /* The lease: refused with the script's own message. */
     if (extra > 2 || c->n != 1 || !number_arg(&a[0], &c->want)
@@ -446,13 +488,26 @@ static void window_in(const tbucket_call_t *c, const tbucket_state_t *in,
     }
 }
 
+/* A settled bucket's TTL: the refill from its level, or what is left of
+ * a ban when longer (a settlement never ends a ban early). */
+static int64_t settle_ttl_ms(const tb_limit_t *lim, const tb_bucket_t *b,
+                             const tbucket_state_t *in, int64_t now_ms)
+{
+    int64_t ttl = tb_bucket_refill_ttl_ms(lim, b->tokens);
+
+    if (in->ban_until >= 0 && in->ban_until - (double)now_ms > (double)ttl) {
+        ttl = (int64_t)(in->ban_until - (double)now_ms);
+    }
+    return ttl;
+}
+
 /* The twin of c's algorithm on costs `cost`: the verdict, and in o the new
  * states and their TTLs (not yet which are stored). */
 static int run_twin(const tbucket_call_t *c, const tbucket_state_t *in,
                     const double *cost, int64_t now_ms, tbucket_nth_fn *nth,
                     void *nth_ctx, tb_verdict_t *v, tbucket_outcome_t *o)
 {
-    tb_bucket_t b[TB_MAX_BUCKETS];
+    tb_bucket_t b[TB_MAX_BUCKETS] = { { 0, 0, 0 } };
     tb_gcra_t g[TB_MAX_BUCKETS], gout[TB_MAX_BUCKETS];
     tb_window_t w[TB_MAX_BUCKETS], wout[TB_MAX_BUCKETS];
     int i, rc = TB_ERR, n = c->n;
@@ -462,12 +517,13 @@ static int run_twin(const tbucket_call_t *c, const tbucket_state_t *in,
         for (i = 0; i < n; i++) {
             b[i] = in[i].bucket;
         }
-        rc = c->settle ? tb_bucket_settle(b, c->lim, cost, n, now_ms, b, v)
-                       : tb_bucket_take(b, c->lim, cost, n, now_ms, b, v);
+        rc = tb__bucket_run(&(tb__twin_args_t){ c->lim, cost, n, now_ms,
+                                                c->settle, c->hold },
+                            b, b, v);
         for (i = 0; i < n && rc == TB_OK; i++) {
             o->st[i].bucket = b[i];
             o->ttl_ms[i] = c->settle
-                           ? tb_bucket_refill_ttl_ms(&c->lim[i], b[i].tokens)
+                           ? settle_ttl_ms(&c->lim[i], &b[i], &in[i], now_ms)
                            : tb_bucket_ttl_ms(&c->lim[i]);
         }
         break;
@@ -569,6 +625,52 @@ static int refused_remaining(const tbucket_call_t *c,
     return TB_OK;
 }
 
+/* 'rules': 1 when a bucket is banned at now_ms; o then holds the
+ * script's early refusal (the longest ban binds, its time left the
+ * wait, nothing stored). */
+static int rules_banned(const tbucket_call_t *c, const tbucket_state_t *in,
+                        int64_t now_ms, tbucket_outcome_t *o)
+{
+    double left = 0;
+    int i;
+
+    for (i = 0; i < c->n; i++) {
+        if (in[i].ban_until > (double)now_ms) {
+            o->banned |= 1u << i;
+            if (in[i].ban_until - (double)now_ms > left) {
+                left = in[i].ban_until - (double)now_ms;
+                o->v.binding = i;
+            }
+        }
+    }
+    if (!o->banned) {
+        return 0;
+    }
+    o->v.allowed = 0;
+    o->v.remaining = 0;
+    o->v.retry_ms = (int64_t)left;
+    return 1;
+}
+
+/* 'rules', after a refusal: each bucket that itself lacked its cost (as
+ * refilled in o->st) and has a ban is banned; the longest ban is the
+ * wait, unless waiting can never help. */
+static void rules_ban(const tbucket_call_t *c, tbucket_outcome_t *o)
+{
+    int i;
+
+    for (i = 0; i < c->n; i++) {
+        if (c->ban_ms[i] > 0 && c->cost[i] <= c->lim[i].capacity
+            && o->st[i].bucket.tokens < c->cost[i]) {
+            o->ban_set |= 1u << i;
+            if (o->v.retry_ms != -1 && c->ban_ms[i] > (double)o->v.retry_ms) {
+                o->v.retry_ms = (int64_t)c->ban_ms[i];
+                o->v.binding = i;
+            }
+        }
+    }
+}
+
 int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
                    int64_t now_ms, int conc_full, tbucket_nth_fn *nth,
                    void *nth_ctx, tbucket_outcome_t *o)
@@ -581,6 +683,9 @@ int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
     memset(o, 0, sizeof(*o));
     memset(&held, 0, sizeof(held));
     tb__fold_init(&v);
+    if (c->rules && rules_banned(c, in, now_ms, o)) {
+        return TB_OK;
+    }
     if (c->n > 0) {
         rc = c->lease ? run_lease(c, in, now_ms, &v, &held, o)
                       : run_twin(c, in, c->cost, now_ms, nth, nth_ctx, &v, o);
@@ -606,10 +711,15 @@ int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
         }
         o->granted = 0;
     }
+    if (c->rules && !v.allowed) {
+        /* The buckets' own refusal: o->st holds them refilled. */
+        rules_ban(c, o);
+    }
     for (i = 0; i < c->n; i++) {
         if (c->settle
             || (c->algo == TB_ALGO_SLIDING_LOG ? allowed && c->cost[i] > 0
-                                               : allowed)) {
+                                               : allowed
+                                                 && !(c->hold & (1u << i)))) {
             o->store[i] = 1;
         }
         else if (c->lease && c->back > 0) {

@@ -23,9 +23,9 @@
 /* KEYS of one call: TB_MAX_BUCKETS buckets and the slot set. */
 #define TBUCKET_MAX_KEYS (TB_MAX_BUCKETS + 1)
 /* The longest command: name, numkeys, the keys, the clock, three numbers
- * per bucket, two optional ones (lease size and give-back) and the four
- * concurrency arguments. */
-#define TBUCKET_MAX_ARGS (2 + TBUCKET_MAX_KEYS + 1 + 3 * TB_MAX_BUCKETS + 2 + 4)
+ * per bucket, the optional ones ('rules' and two per bucket, more than
+ * the lease's two) and the four concurrency arguments. */
+#define TBUCKET_MAX_ARGS (2 + TBUCKET_MAX_KEYS + 1 + 5 * TB_MAX_BUCKETS + 1 + 4)
 /* The longest slot id accepted (the client's are under TB_SLOT_ID_LEN). */
 #define TBUCKET_MAX_SLOT_ID 512
 /* The largest clock, in ms, a caller may inject (2^53: every whole number
@@ -60,6 +60,12 @@ typedef struct tbucket_call {
     double want;                  /* The lease size, tokens.              */
     double back;                  /* Tokens of an expired lease given
                                    * back before the decision, >= 0.      */
+    int rules;                    /* 'rules' (token bucket): TBucketRule's
+                                   * buckets, held and banning.           */
+    unsigned hold;                /* Bit i: bucket i is checked, not
+                                   * charged.                             */
+    double ban_ms[TB_MAX_BUCKETS];/* A refusal by bucket i bans it this
+                                   * long (ms, whole, 0: never).          */
     int conc;                     /* 'conc' N ttl id were given.          */
     double conc_limit;            /* N: slots in flight at most.          */
     int64_t conc_ttl_ms;          /* A slot's life, 1 ..
@@ -99,6 +105,9 @@ typedef struct tbucket_state {
     tb_gcra_t gcra;       /* GCRA: the string's TAT.                      */
     tb_window_t window;   /* Windows: hash fields w, n or w, cur, prev.   */
     double count;         /* Sliding log: members left after the trim.    */
+    double ban_until;     /* Token bucket, 'rules' and 'settle': the hash
+                           * field ban (ms of the clock), -1 when absent
+                           * or not a number.                             */
 } tbucket_state_t;
 
 /* Decode a key's fields, each NULL (p NULL) when missing, as the scripts
@@ -108,6 +117,9 @@ typedef struct tbucket_state {
  * holds them, and the twins' arithmetic is defined on finite numbers. */
 void tbucket_decode_bucket(const tbucket_arg_t *tokens,
                            const tbucket_arg_t *ts, tb_bucket_t *b);
+/* The ban field as tonumber() reads it: -1 when missing or not a finite
+ * number. */
+double tbucket_decode_ban(const tbucket_arg_t *ban);
 void tbucket_decode_gcra(const tbucket_arg_t *tat, tb_gcra_t *g);
 /* prev is NULL for the fixed window, which does not read it. */
 void tbucket_decode_window(const tbucket_arg_t *w, const tbucket_arg_t *cur,
@@ -126,6 +138,11 @@ typedef struct tbucket_outcome {
                                  * log: append cost[i] members).         */
     tbucket_state_t st[TB_MAX_BUCKETS];
     int64_t ttl_ms[TB_MAX_BUCKETS];
+    /* 'rules': the banned buckets that refused (bit i), and those this
+     * call bans: bucket i's field ban becomes now + c->ban_ms[i], its TTL
+     * at least that long. */
+    unsigned banned;
+    unsigned ban_set;
 } tbucket_outcome_t;
 
 /* The decision of call c on the states in[] at now_ms, the slot set full

@@ -162,7 +162,7 @@ static void expire_at(RedisModuleCtx *ctx, RedisModuleString *name,
     RedisModule_Replicate(ctx, "PEXPIREAT", "sl", name, (long long)at);
 }
 
-/* HSET name f0 v0 f1 v1 [f2 v2] with numbers formatted as the script's.
+/* HSET name f0 v0 [f1 v1 [f2 v2]] with numbers formatted as the script's.
  * Field names are strings made once (fields_make), and the values made
  * here are handed to the replication by reference: allocation was a
  * quarter of Redis's time in a call (perf, one hot key). */
@@ -179,7 +179,12 @@ static void hash_put(RedisModuleCtx *ctx, RedisModuleString *name,
         len = tb__fmt_num(buf, sizeof(buf), val[i]);
         s[i] = RedisModule_CreateString(ctx, buf, len);
     }
-    if (nf == 2) {
+    if (nf == 1) {
+        RedisModule_HashSet(key, REDISMODULE_HASH_NONE, field[0], s[0],
+                            NULL);
+        RedisModule_Replicate(ctx, "HSET", "sss", name, field[0], s[0]);
+    }
+    else if (nf == 2) {
         RedisModule_HashSet(key, REDISMODULE_HASH_NONE, field[0], s[0],
                             field[1], s[1], NULL);
         RedisModule_Replicate(ctx, "HSET", "sssss", name, field[0], s[0],
@@ -395,22 +400,22 @@ static void hash_get(RedisModuleKey *key, RedisModuleString *const *field,
 
 /* The scripts' hash fields, as strings made once at load (fields_make)
  * and kept for the module's life. */
-static RedisModuleString *bucket_fields[2];
+static RedisModuleString *bucket_fields[3];  /* tokens, ts, ban */
 static RedisModuleString *fwindow_fields[2];
 static RedisModuleString *swindow_fields[3];
 
 static void fields_make(void)
 {
-    static const char *const names[7] = { "tokens", "ts", "w", "n", "w",
-                                          "cur", "prev" };
-    RedisModuleString **out[7] = {
-        &bucket_fields[0], &bucket_fields[1], &fwindow_fields[0],
-        &fwindow_fields[1], &swindow_fields[0], &swindow_fields[1],
-        &swindow_fields[2]
+    static const char *const names[8] = { "tokens", "ts", "ban", "w", "n",
+                                          "w", "cur", "prev" };
+    RedisModuleString **out[8] = {
+        &bucket_fields[0], &bucket_fields[1], &bucket_fields[2],
+        &fwindow_fields[0], &fwindow_fields[1], &swindow_fields[0],
+        &swindow_fields[1], &swindow_fields[2]
     };
     int i;
 
-    for (i = 0; i < 7; i++) {
+    for (i = 0; i < 8; i++) {
         *out[i] = RedisModule_CreateString(NULL, names[i], strlen(names[i]));
     }
 }
@@ -428,10 +433,15 @@ static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
     int j;
 
     memset(st, 0, sizeof(*st));
+    st->ban_until = -1;
     switch (c->algo) {
     case TB_ALGO_TOKEN_BUCKET:
-        hash_get(key, bucket_fields, 2, s, a);
+        /* 'rules' and 'settle' read the ban too, as the script does. */
+        hash_get(key, bucket_fields, c->rules || c->settle ? 3 : 2, s, a);
         tbucket_decode_bucket(&a[0], &a[1], &st->bucket);
+        if (c->rules || c->settle) {
+            st->ban_until = tbucket_decode_ban(&a[2]);
+        }
         break;
     case TB_ALGO_GCRA:
         a[0].p = NULL;
@@ -537,19 +547,47 @@ static void take_slot(const tbucket_call_t *c, tbucket_keys_t *k,
     }
 }
 
+/* 'rules': each bucket the call bans gets the field ban, now + its ban,
+ * and a TTL at least that long, as the script sets them. */
+static void write_bans(const tbucket_call_t *c, tbucket_keys_t *k,
+                       const tbucket_outcome_t *o, int64_t now_ms,
+                       mstime_t clock_ms)
+{
+    int i;
+
+    for (i = 0; i < c->n; i++) {
+        double until = (double)now_ms + c->ban_ms[i];
+
+        if (!(o->ban_set & (1u << i))) {
+            continue;
+        }
+        hash_put(k->ctx, k->name[i], k->key[i], &bucket_fields[2], &until,
+                 1);
+        if (RedisModule_GetExpire(k->key[i]) < (mstime_t)c->ban_ms[i]) {
+            expire_at(k->ctx, k->name[i], k->key[i],
+                      clock_ms + (mstime_t)c->ban_ms[i]);
+        }
+    }
+}
+
 static void reply(RedisModuleCtx *ctx, const tbucket_call_t *c,
                   const tbucket_outcome_t *o, long long held)
 {
-    RedisModule_ReplyWithArray(ctx, c->conc ? 6 : (c->lease ? 5 : 4));
+    RedisModule_ReplyWithArray(ctx, c->rules ? 8
+                                    : c->conc ? 6 : (c->lease ? 5 : 4));
     RedisModule_ReplyWithLongLong(ctx, o->v.allowed);
     RedisModule_ReplyWithLongLong(ctx, o->v.remaining);
     RedisModule_ReplyWithLongLong(ctx, o->v.retry_ms);
     RedisModule_ReplyWithLongLong(ctx, o->v.binding);
-    if (c->lease || c->conc) {
+    if (c->lease || c->conc || c->rules) {
         RedisModule_ReplyWithLongLong(ctx, c->lease ? o->granted : 0);
     }
-    if (c->conc) {
+    if (c->conc || c->rules) {
         RedisModule_ReplyWithLongLong(ctx, held);
+    }
+    if (c->rules) {
+        RedisModule_ReplyWithLongLong(ctx, o->banned);
+        RedisModule_ReplyWithLongLong(ctx, o->ban_set);
     }
 }
 
@@ -573,6 +611,40 @@ static int key_positions(RedisModuleCtx *ctx, RedisModuleString **argv,
         RedisModule_KeyAtPos(ctx, 2 + i);
     }
     return REDISMODULE_OK;
+}
+
+/* The slot set's members after the prune of those expired at now_ms. */
+static long long slots_held(const tbucket_call_t *c, tbucket_keys_t *k,
+                            int64_t now_ms)
+{
+    RedisModuleKey *set = k->key[c->n];
+
+    if (RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_ZSET) {
+        zset_trim(k->ctx, k->name[c->n], set, (double)now_ms);
+    }
+    return RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_ZSET
+           ? (long long)RedisModule_ValueLength(set) : 0;
+}
+
+/* 1, with the error reply in err, when a state to store would need a TTL
+ * PEXPIRE refuses from a script: the script fails there (after its
+ * HSET); we fail before writing anything. Only a window stored under a
+ * far smaller limit gets here, until that key expires. */
+static int ttl_refused(const tbucket_call_t *c, const tbucket_outcome_t *o,
+                       char *err, size_t errlen)
+{
+    int i;
+
+    for (i = 0; i < c->n; i++) {
+        if (o->store[i] && !((double)o->ttl_ms[i] < TBUCKET_MAX_TTL_MS)) {
+            snprintf(err, errlen, "ERR %s: bucket %d: its TTL would be "
+                     "%lld ms, more than PEXPIRE takes from a script",
+                     tbucket_command_name(c->algo), i,
+                     (long long)o->ttl_ms[i]);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* One tbucket.<algo> call: parse, open and check every key, read, decide,
@@ -619,13 +691,7 @@ static int command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     clock_ms = RedisModule_Milliseconds();
     now_ms = c.has_now ? c.now_ms : clock_ms;
     if (c.conc) {
-        RedisModuleKey *set = k.key[c.n];
-
-        if (RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_ZSET) {
-            zset_trim(ctx, k.name[c.n], set, (double)now_ms);
-        }
-        held = RedisModule_KeyType(set) == REDISMODULE_KEYTYPE_ZSET
-               ? (long long)RedisModule_ValueLength(set) : 0;
+        held = slots_held(&c, &k, now_ms);
         conc_full = (double)held >= c.conc_limit;
     }
     for (i = 0; i < c.n; i++) {
@@ -638,22 +704,17 @@ static int command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
                  tbucket_command_name(algo));
         return RedisModule_ReplyWithError(ctx, err);
     }
-    for (i = 0; i < c.n; i++) {
-        if (o.store[i] && !((double)o.ttl_ms[i] < TBUCKET_MAX_TTL_MS)) {
-            /* The script's PEXPIRE fails here (after its HSET); we fail
-             * before writing anything. Only a window stored under a far
-             * smaller limit gets here, until that key expires. */
-            keys_close(&k);
-            snprintf(err, sizeof(err), "ERR %s: bucket %d: its TTL would "
-                     "be %lld ms, more than PEXPIRE takes from a script",
-                     tbucket_command_name(algo), i, (long long)o.ttl_ms[i]);
-            return RedisModule_ReplyWithError(ctx, err);
-        }
+    if (ttl_refused(&c, &o, err, sizeof(err))) {
+        keys_close(&k);
+        return RedisModule_ReplyWithError(ctx, err);
     }
     for (i = 0; i < c.n; i++) {
         if (o.store[i]) {
             write_state(&c, &k, i, &o, now_ms, clock_ms);
         }
+    }
+    if (o.ban_set) {
+        write_bans(&c, &k, &o, now_ms, clock_ms);
     }
     if (c.conc && o.v.allowed) {
         take_slot(&c, &k, now_ms, clock_ms);

@@ -108,8 +108,13 @@ size_t tb_fmt_double(char *buf, size_t len, double v);
 
 /* ==== Limits and the token bucket ==================================== */
 
-/* The most buckets one decision may take: a main bucket plus routes. */
-#define TB_MAX_BUCKETS 8
+/* The most buckets one decision may take: a main bucket, routes and
+ * rules (a host's own bounds are lower: the module allows 7 routes and
+ * 8 rules). Bit i of a result's masks is bucket i. */
+#define TB_MAX_BUCKETS 16
+
+/* The longest ban a rule may set (30 days, in ms). */
+#define TB_MAX_BAN_MS 2592000000LL
 
 /* Largest capacity and cost accepted anywhere (tokens). Keeps every
  * intermediate value of the arithmetic exact in a double. */
@@ -276,6 +281,12 @@ size_t tb_key_build(const char *prefix, const char *key, size_t len,
  * hash). */
 size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
                           int shard, const char *route, char *out);
+
+/* The bucket of rule `rule` (tb_name_valid) for the client key `key`:
+ * "<prefix>{<sanitised key>}:rule:<rule>" into out (TB_KEY_BUF bytes).
+ * Returns the length, or 0 on a bad prefix or name. */
+size_t tb_key_build_rule(const char *prefix, const char *key, size_t len,
+                         const char *rule, char *out);
 
 /* The Redis Cluster hash slot of a key, 0..16383: CRC16 (XMODEM) of the
  * hash tag -- the bytes between the first '{' and the first '}' after
@@ -784,11 +795,32 @@ void tb_options_init(tb_options_t *o);
 /* ==== The client: one decision ======================================= */
 
 /* One bucket of a request: a limit, the tokens to take and an optional
- * route name ("<prefix>{key}:route:<name>"). */
+ * route name ("<prefix>{key}:route:<name>").
+ *
+ * A rule's bucket (the module's TBucketRule) has a client key of its own:
+ * key (key_len bytes, untrusted, sanitised as the request's key is) and
+ * the rule's name in route make it "<prefix>{<key>}:rule:<name>", so a
+ * request may count against several clients at once (its address, the
+ * user it names, everyone), all or nothing. Only the token bucket takes
+ * rule buckets, never with shards. Such a bucket may also be:
+ *  - held (hold 1): the request needs cost tokens in it but takes none;
+ *    the host charges them later with tb_client_charge(), once it knows
+ *    the request should count (a failed login);
+ *  - banning (ban_ms > 0): when it refuses, its key is banned by its rule
+ *    for ban_ms, and until then every decision that has the bucket is
+ *    refused at once, touching nothing. The ban lives in the bucket's
+ *    hash (field `ban`, Redis's clock in ms), so every host sees it, and
+ *    in an index (tb_client_bans). Bans are checked for every rule
+ *    bucket, banning or not, so a ban made by hand holds too. */
 typedef struct tb_take {
     tb_limit_t limit;
     double cost;
-    const char *route; /* NULL for the main bucket. */
+    const char *route; /* NULL for the main bucket; the rule's name when
+                        * key is set (tb_name_valid).                */
+    const char *key;   /* NULL: the request's key. Else a rule's.    */
+    size_t key_len;
+    int hold;          /* 1: must hold cost, charged later.          */
+    int64_t ban_ms;    /* 0, or 1 .. TB_MAX_BAN_MS.                  */
 } tb_take_t;
 
 /* The most tokens one lease may ask for, and a lease's default ttl. */
@@ -924,6 +956,12 @@ typedef struct tb_result {
                           * N, retry_ms TB_CONCURRENCY_RETRY_MS.  With
                           * no takes, remaining is N - in_flight.     */
     tb_slot_t slot;      /* The slot taken, kind TB_SLOT_NONE if none. */
+    /* Rule buckets (tb_take_t.key): bit i for takes[i]. */
+    unsigned banned;     /* Keys under a ban, which refused the request
+                          * (binding the longest, retry_ms its time
+                          * left). Nothing was charged or written.     */
+    unsigned bans_set;   /* Keys this decision banned (retry_ms the
+                          * longest ban when one was set).            */
 } tb_result_t;
 
 typedef struct tb_client {
@@ -994,6 +1032,52 @@ int tb_client_settle(tb_client_t *c, const tb_request_t *req, double cost,
 int tb_client_give_back(tb_client_t *c, const char *rkey,
                         const tb_limit_t *lim, double tokens,
                         tb_result_t *res);
+
+/* ==== Rules: charges after the response, bans ======================= */
+
+/* Charge every bucket of req its cost now: req's takes are rule buckets
+ * (tb_take_t.key), typically the held ones of an allowed decision whose
+ * response says the request counts (a failed login). Taken without a
+ * check, into debt down to -capacity, like a settlement
+ * (tb_client_settle): later decisions wait the debt out. Token bucket;
+ * hold and ban_ms are not read. One script call per Cluster slot the
+ * keys lie in. TB_OK when every bucket was charged (res as
+ * tb_client_settle's), TB_ERR when some could not be (res->source
+ * TB_SRC_ERROR, res->err why). No failure policy applies. Thread-safe. */
+int tb_client_charge(tb_client_t *c, const tb_request_t *req,
+                     tb_result_t *res);
+
+/* The index of bans under a prefix is the sorted set "<prefix>bans"
+ * (members the banned buckets' full keys, scores the bans' ends in ms of
+ * Redis's clock), which no client key can name: theirs start with
+ * "<prefix>{". It lives as long as its latest ban. */
+#define TB_BANS_SUFFIX "bans"
+
+/* An active ban, as tb_client_bans() lists it. */
+typedef struct tb_ban {
+    char rule[TB_NAME_MAX + 1];    /* The rule that set it.             */
+    char key[TB_KEY_RAW_MAX + 2];  /* The client key as stored: the
+                                    * sanitised form (tb_key_sanitize). */
+    int64_t left_ms;               /* Time left, > 0.                   */
+} tb_ban_t;
+
+/* The active bans under prefix, at most max of them, longest-lived last,
+ * into out; *n their number. Reads the index, not the keyspace: one call
+ * for the index and one per ban (a ban lifted by tb_client_unban, or
+ * expired, is left out). TB_OK, or TB_ERR with c->err and c->errstr. */
+int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
+                   int max, int *n);
+
+/* Ban client key `key` (len bytes) by rule `rule` under prefix for ban_ms
+ * (1 .. TB_MAX_BAN_MS) from now, as a refusal by a rule with ban= does
+ * (a longer ban already there is kept), and list it. TB_OK or TB_ERR. */
+int tb_client_ban(tb_client_t *c, const char *prefix, const char *rule,
+                  const char *key, size_t len, int64_t ban_ms);
+
+/* Lift that ban: *found (may be NULL) is 1 when there was one. The
+ * bucket itself is left as it is. TB_OK or TB_ERR. */
+int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
+                    const char *key, size_t len, int *found);
 
 /* ==== Concurrency limits ============================================= */
 

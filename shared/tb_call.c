@@ -13,21 +13,6 @@
 
 #include "tb_int.h"
 
-static int take_valid(const tb_take_t *t)
-{
-    return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0
-           && t->cost <= TB_MAX_CAPACITY
-           && (!t->route || tb_name_valid(t->route));
-}
-
-/* May the sliding log take this? Its work and memory grow with capacity,
- * and it stores one member per whole unit of cost. */
-static int slog_take_valid(const tb_take_t *t)
-{
-    return t->limit.capacity <= TB_SLOG_MAX_CAPACITY
-           && t->cost == floor(t->cost);
-}
-
 /* Append the algorithm's key suffix, if it fits. */
 static int add_suffix(char *key, tb_algo_t algo)
 {
@@ -41,6 +26,52 @@ static int add_suffix(char *key, tb_algo_t algo)
     return 1;
 }
 
+static int take_valid(const tb_take_t *t)
+{
+    return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0
+           && t->cost <= TB_MAX_CAPACITY
+           && (!t->route || tb_name_valid(t->route))
+           && (t->hold == 0 || t->hold == 1)
+           && t->ban_ms >= 0 && t->ban_ms <= TB_MAX_BAN_MS
+           && (t->key || (!t->key_len && !t->hold && !t->ban_ms));
+}
+
+int tb__call_rules(const tb_request_t *q)
+{
+    int i;
+
+    for (i = 0; i < q->ntakes && q->takes; i++) {
+        if (q->takes[i].key) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The full Redis key of take t of q: a rule's own, or the request key's
+ * (of the shard), with the algorithm's suffix. 0 when it cannot be. */
+static int take_key(const tb_request_t *q, const tb_take_t *t, int shard,
+                    char *out)
+{
+    if (t->key) {
+        /* Rules are token buckets of their own key, never split. */
+        return q->algo == TB_ALGO_TOKEN_BUCKET && shard < 0
+               && tb_key_build_rule(q->prefix, t->key, t->key_len, t->route,
+                                    out);
+    }
+    return tb_key_build_shard(q->prefix, q->key, q->key_len, shard,
+                              t->route, out)
+           && add_suffix(out, q->algo);
+}
+
+/* May the sliding log take this? Its work and memory grow with capacity,
+ * and it stores one member per whole unit of cost. */
+static int slog_take_valid(const tb_take_t *t)
+{
+    return t->limit.capacity <= TB_SLOG_MAX_CAPACITY
+           && t->cost == floor(t->cost);
+}
+
 int tb__lease_shape(const tb_request_t *q)
 {
     const tb_take_t *t;
@@ -51,7 +82,7 @@ int tb__lease_shape(const tb_request_t *q)
         return 0;
     }
     t = &q->takes[0];
-    return t->cost >= 1 && t->cost == floor(t->cost)
+    return !t->key && t->cost >= 1 && t->cost == floor(t->cost)
            && q->lease >= t->cost && q->lease <= TB_MAX_LEASE
            && q->lease == floor(q->lease);
 }
@@ -124,10 +155,7 @@ int tb__call_prepare(const tb_request_t *q, tb_take_t *takes,
             takes[i].limit.capacity /= q->shards;
             takes[i].limit.rate_per_sec /= q->shards;
         }
-        if (!take_valid(&takes[i])
-            || !tb_key_build_shard(q->prefix, q->key, q->key_len, shard,
-                                   takes[i].route, keys[i])
-            || !add_suffix(keys[i], q->algo)
+        if (!take_valid(&takes[i]) || !take_key(q, &takes[i], shard, keys[i])
             || (q->algo == TB_ALGO_SLIDING_LOG
                 && !slog_take_valid(&takes[i]))) {
             return 0;
@@ -186,6 +214,15 @@ int tb__call_argv(const tb_request_t *q, tb__call_t *k)
     if (k->what == TB__CALL_SETTLE) {
         arg(k, "settle", 6);
     }
+    else if (tb__call_rules(q)) {
+        /* Per bucket: held (checked, charged later), and its ban. */
+        arg(k, "rules", 5);
+        for (i = 0; i < n; i++) {
+            arg(k, k->takes[i].hold ? "1" : "0", 1);
+            arg_num(k, 6 + 3 * TB_MAX_BUCKETS + i,
+                    (double)k->takes[i].ban_ms);
+        }
+    }
     else if (q->lease > 0) {
         /* The lease: the script's optional arguments after the buckets. */
         arg_num(k, 2 + 3 * n, q->lease);
@@ -231,6 +268,13 @@ void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
         if (res->granted > q->lease) {
             res->granted = (int64_t)q->lease;
         }
+    }
+    if (tb__call_rules(q)) {
+        /* Bits past the buckets are no bucket's. */
+        unsigned all = n >= 32 ? ~0u : (1u << n) - 1;
+
+        res->banned = (unsigned)rep->v[6] & all;
+        res->bans_set = (unsigned)rep->v[7] & all;
     }
     if (q->concurrency) {
         /* Slots held may pass N after N was lowered, never below 0. */

@@ -294,7 +294,7 @@ void tb_client_after_fork(tb_client_t *c)
     pthread_mutex_init(&c->priv->bmu, NULL);
 }
 
-static void set_error(tb_client_t *c, const tb__error_t *e)
+void tb__client_error(tb_client_t *c, const tb__error_t *e)
 {
     /* Racy across threads by nature; it is for diagnostics only. The
      * last byte is never anything but NUL, so a host that prints errstr
@@ -320,31 +320,36 @@ static void policy_of(struct tb_client_priv *p, tb_monotime_us now,
 }
 
 /* Answer k's decision of q by the declared policy when Redis did not
- * (err says why). */
-static void answer(tb_client_t *c, const tb_request_t *q, const tb__call_t *k,
-                   int err, tb_monotime_us now, tb_result_t *res)
+ * (err says why). A rule's held bucket is charged only by a later
+ * tb_client_charge(), which needs Redis: the fallback charges it
+ * nothing, and bans are Redis's alone. */
+void tb__client_answer(tb_client_t *c, const tb_request_t *q,
+                       const tb__call_t *k, int err, tb_monotime_us now,
+                       tb_result_t *res)
 {
     struct tb_client_priv *p = c->priv;
     tb__policy_t pol;
     tb__fallback_t f;
     const char *kp[TB_MAX_BUCKETS];
+    tb_take_t takes[TB_MAX_BUCKETS];
     int i;
 
     policy_of(p, now, &pol);
     for (i = 0; i < q->ntakes; i++) {
         kp[i] = k->keys[i];
+        takes[i] = k->takes[i];
+        if (takes[i].hold) {
+            takes[i].cost = 0;
+        }
     }
     f.keys = kp;
-    f.takes = k->takes;
+    f.takes = takes;
     f.n = q->ntakes;
     f.conc = k->conc;
     f.err = err;
     f.now = now;
     tb__policy_answer(&pol, &f, res);
 }
-
-static int key_command(tb_client_t *c, const char *rkey, const tb__cmd_t *cmd,
-                       redisReply **r, tb__error_t *e);
 
 /* ---- Concurrency slots ----------------------------------------------- */
 
@@ -380,7 +385,7 @@ int tb_client_release(tb_client_t *c, const tb_request_t *q,
     p = c->priv;
     if (!tb__call_conc(q, key, &conc)) {
         tb__set_error(&e, TB_ERR_ARG, "release: bad prefix");
-        set_error(c, &e);
+        tb__client_error(c, &e);
         return TB_ERR;
     }
     if (slot->kind == TB_SLOT_LOCAL) {
@@ -397,7 +402,7 @@ int tb_client_release(tb_client_t *c, const tb_request_t *q,
     if (st == TB_BREAKER_OPEN) {
         /* Not worth a timeout: the slot expires on its own. */
         tb__set_error(&e, TB_ERR_BREAKER, "release: breaker open");
-        set_error(c, &e);
+        tb__client_error(c, &e);
         return TB_ERR;
     }
     argv[0] = "ZREM";
@@ -406,8 +411,8 @@ int tb_client_release(tb_client_t *c, const tb_request_t *q,
     argvlen[1] = strlen(key);
     argv[2] = slot->id;
     argvlen[2] = strlen(slot->id);
-    if (key_command(c, key, &cmd, &r, &e) != TB_OK) {
-        set_error(c, &e);
+    if (tb__client_command(c, key, &cmd, &r, &e) != TB_OK) {
+        tb__client_error(c, &e);
         return TB_ERR;
     }
     tb__reply_free(r);
@@ -429,20 +434,11 @@ static int breaker_allows(struct tb_client_priv *p, tb_monotime_us now)
     return allow;
 }
 
-/* One script call's round trip. */
-typedef struct trip {
-    const char *key;           /* One of the call's keys: its node in a
-                                * cluster.                            */
-    tb_monotime_us start;      /* The decision's clock.               */
-    tb_monotime_us end;        /* Out: the clock after the call.      */
-    tb__script_reply_t rep;    /* Out: the reply, on TB_OK.           */
-    tb__error_t e;             /* Out: why none, on TB_ERR.           */
-} trip_t;
 
 /* Tell the breaker how a call went, under its lock, and count a change
  * between closed and open in res and the counters. */
 static void breaker_report(struct tb_client_priv *p, int rc,
-                           const trip_t *t, tb_result_t *res)
+                           const tb__trip_t *t, tb_result_t *res)
 {
     int changed = 0;
 
@@ -464,8 +460,8 @@ static void breaker_report(struct tb_client_priv *p, int rc,
 /* k's script call, to the pool or to t->key's cluster node, counted and
  * reported to the breaker. Sets res->redis_us and res->breaker_change.
  * TB_OK with t->rep, or TB_ERR with t->e; t->end either way. */
-static int script_call(tb_client_t *c, const tb__call_t *k, trip_t *t,
-                       tb_result_t *res)
+int tb__client_script(tb_client_t *c, const tb__call_t *k, tb__trip_t *t,
+                      tb_result_t *res)
 {
     struct tb_client_priv *p = c->priv;
     tb__redis_call_t rc;
@@ -486,7 +482,7 @@ static int script_call(tb_client_t *c, const tb__call_t *k, trip_t *t,
     if (ok != TB_OK) {
         tb_stats_add(&p->stats->redis_errors, 1);
         tb_stats_add(&p->stats->errors[t->e.err], 1);
-        set_error(c, &t->e);
+        tb__client_error(c, &t->e);
     }
     return ok;
 }
@@ -499,7 +495,7 @@ static int run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
     tb__call_t k;
     char ckey[TB_KEY_BUF], slot_id[TB_SLOT_ID_LEN] = "";
     tb__conc_t conc;
-    trip_t t;
+    tb__trip_t t;
 
     memset(res, 0, sizeof(*res));
     if (!c || !c->priv || !q || !tb__call_prepare(q, k.takes, k.keys)
@@ -520,7 +516,13 @@ static int run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
     t.start = tb_clock_now_us();
 
     if (!breaker_allows(p, t.start)) {
-        answer(c, q, &k, TB_ERR_BREAKER, t.start, res);
+        tb__client_answer(c, q, &k, TB_ERR_BREAKER, t.start, res);
+        goto count;
+    }
+    if (p->cluster && tb__call_rules(q)
+        && !tb__rules_one_slot(q, &k, q->concurrency ? ckey : NULL)) {
+        /* Rule buckets in several Cluster slots: a call per slot. */
+        tb__rules_slots(c, q, &k, &t, res);
         goto count;
     }
     tb__call_argv(q, &k);
@@ -528,11 +530,14 @@ static int run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
     t.e.err = TB_ERR_NONE;
     t.e.shared = 0;
     t.e.errstr[0] = '\0';
-    if (script_call(c, &k, &t, res) != TB_OK) {
-        answer(c, q, &k, t.e.err, t.end, res);
+    if (tb__client_script(c, &k, &t, res) != TB_OK) {
+        tb__client_answer(c, q, &k, t.e.err, t.end, res);
         goto count;
     }
     tb__call_result(&t.rep, q, k.takes, slot_id, res);
+    if (res->bans_set) {
+        tb__rules_index(c, q, &k, res->bans_set);
+    }
 
 count:
     tb_stats_add(res->allowed ? &p->stats->allowed : &p->stats->rejected, 1);
@@ -611,10 +616,10 @@ static int settle_none(tb_result_t *res, int err)
 
 /* One 'settle' call of q's script over k's takes, whose costs are the
  * differences to settle. */
-static int settle_call(tb_client_t *c, const tb_request_t *q, tb__call_t *k,
-                       tb_result_t *res)
+int tb__client_settle_call(tb_client_t *c, const tb_request_t *q,
+                           tb__call_t *k, tb_result_t *res)
 {
-    trip_t t;
+    tb__trip_t t;
 
     t.start = tb_clock_now_us();
     if (!breaker_allows(c->priv, t.start)) {
@@ -628,7 +633,7 @@ static int settle_call(tb_client_t *c, const tb_request_t *q, tb__call_t *k,
     t.e.err = TB_ERR_NONE;
     t.e.shared = 0;
     t.e.errstr[0] = '\0';
-    if (script_call(c, k, &t, res) != TB_OK) {
+    if (tb__client_script(c, k, &t, res) != TB_OK) {
         return settle_none(res, t.e.err);
     }
     res->allowed = t.rep.v[0] == 1;
@@ -672,7 +677,7 @@ int tb_client_settle(tb_client_t *c, const tb_request_t *q, double cost,
     if (!changes) {
         return settle_none(res, 0);
     }
-    return settle_call(c, &plain, &k, res);
+    return tb__client_settle_call(c, &plain, &k, res);
 }
 
 int tb_client_give_back(tb_client_t *c, const char *rkey,
@@ -700,14 +705,11 @@ int tb_client_give_back(tb_client_t *c, const char *rkey,
     q.takes = k.takes;
     q.ntakes = 1;
     q.algo = TB_ALGO_TOKEN_BUCKET;
-    return settle_call(c, &q, &k, res);
+    return tb__client_settle_call(c, &q, &k, res);
 }
 
-/* A tool's command about one key: to the pool, or to the key's node.
- * TB_OK with *r (the caller's to tb__reply_free), or TB_ERR with *e and
- * *r NULL. */
-static int key_command(tb_client_t *c, const char *rkey, const tb__cmd_t *cmd,
-                       redisReply **r, tb__error_t *e)
+int tb__client_command(tb_client_t *c, const char *rkey,
+                       const tb__cmd_t *cmd, redisReply **r, tb__error_t *e)
 {
     tb__redis_call_t k;
     int rc;
@@ -738,7 +740,7 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
     }
     argvlen[1] = pl[1] = strlen(rkey);
     memset(b, 0, sizeof(*b));
-    if (key_command(c, rkey, &hmget, &r, &e) != TB_OK) {
+    if (tb__client_command(c, rkey, &hmget, &r, &e) != TB_OK) {
         goto err;
     }
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2
@@ -749,14 +751,14 @@ int tb_client_inspect(tb_client_t *c, const char *rkey, tb_bucket_t *b,
         b->ts_ms = strtoll(r->element[1]->str, NULL, 10);
     }
     tb__reply_free(r);
-    if (key_command(c, rkey, &pttl, &r, &e) != TB_OK) {
+    if (tb__client_command(c, rkey, &pttl, &r, &e) != TB_OK) {
         goto err;
     }
     *ttl_ms = r->type == REDIS_REPLY_INTEGER ? r->integer : -2;
     tb__reply_free(r);
     return TB_OK;
 err:
-    set_error(c, &e);
+    tb__client_error(c, &e);
     return TB_ERR;
 }
 
@@ -772,12 +774,17 @@ int tb_client_reset(tb_client_t *c, const char *rkey)
         return TB_ERR;
     }
     argvlen[1] = strlen(rkey);
-    if (key_command(c, rkey, &cmd, &r, &e) != TB_OK) {
-        set_error(c, &e);
+    if (tb__client_command(c, rkey, &cmd, &r, &e) != TB_OK) {
+        tb__client_error(c, &e);
         return TB_ERR;
     }
     tb__reply_free(r);
     return TB_OK;
+}
+
+int tb__client_cluster(const tb_client_t *c)
+{
+    return c->priv->cluster != NULL;
 }
 
 tb_breaker_state_t tb_client_breaker_state(tb_client_t *c)

@@ -154,11 +154,16 @@ void tb__policy_release(const tb__policy_t *pol, const tb__conc_t *conc,
 enum { TB__CALL_DECIDE = 0, TB__CALL_SETTLE = 1 };
 
 /* Room for the formatted numbers (numkeys, now, 3 per bucket, the lease
- * and what it gives back, the concurrency limit and ttl) and the
- * arguments of one call (EVALSHA, digest, numkeys, the keys and the slot
- * set, the clock, 3 per bucket, 2 for the lease, 4 for concurrency). */
-#define TB__CALL_NUMS (6 + TB_MAX_BUCKETS * 3)
-#define TB__CALL_ARGS (3 + TB_MAX_BUCKETS * 4 + 8)
+ * and what it gives back, the concurrency limit and ttl, a rule's ban per
+ * bucket) and the arguments of one call (EVALSHA, digest, numkeys, the
+ * keys and the slot set, the clock, 3 per bucket, 2 for the lease or
+ * 'rules' and 2 per bucket, 4 for concurrency). */
+#define TB__CALL_NUMS (6 + TB_MAX_BUCKETS * 4)
+#define TB__CALL_ARGS (4 + TB_MAX_BUCKETS * 6 + 8)
+
+/* 1 when q has a rule's bucket (tb_take_t.key): its call is in the
+ * token-bucket script's 'rules' mode. */
+int tb__call_rules(const tb_request_t *q);
 
 /* Check q and fill takes (with the shard's limits) and the full Redis
  * key of every bucket. 0 when the request is malformed. */
@@ -193,6 +198,58 @@ int tb__call_argv(const tb_request_t *q, tb__call_t *k);
 void tb__call_result(const tb__script_reply_t *rep, const tb_request_t *q,
                      const tb_take_t *takes, const char *slot_id,
                      tb_result_t *res);
+
+/* ---- The client's calls, for the files beside it (tb_client.c) ---- */
+
+/* One script call's round trip. */
+typedef struct tb__trip {
+    const char *key;           /* One of the call's keys: its node in a
+                                * cluster.                            */
+    tb_monotime_us start;      /* The decision's clock.               */
+    tb_monotime_us end;        /* Out: the clock after the call.      */
+    tb__script_reply_t rep;    /* Out: the reply, on TB_OK.           */
+    tb__error_t e;             /* Out: why none, on TB_ERR.           */
+} tb__trip_t;
+
+/* k's script call (argv built), to the pool or to t->key's cluster node,
+ * counted and reported to the breaker; sets res->redis_us and
+ * res->breaker_change. TB_OK with t->rep, or TB_ERR with t->e. */
+int tb__client_script(tb_client_t *c, const tb__call_t *k, tb__trip_t *t,
+                      tb_result_t *res);
+/* Fill *res by the failure policy for k's decision of q. */
+void tb__client_answer(tb_client_t *c, const tb_request_t *q,
+                       const tb__call_t *k, int err, tb_monotime_us now,
+                       tb_result_t *res);
+/* A tool's command about one key: to the pool, or to the key's node.
+ * TB_OK with *r (the caller's to tb__reply_free), or TB_ERR with *e and
+ * *r NULL. */
+int tb__client_command(tb_client_t *c, const char *rkey,
+                       const tb__cmd_t *cmd, redisReply **r, tb__error_t *e);
+/* Copy e into c's err and errstr (for the host's diagnostics). */
+void tb__client_error(tb_client_t *c, const tb__error_t *e);
+/* 1 when c speaks to a Redis Cluster. */
+int tb__client_cluster(const tb_client_t *c);
+/* One 'settle' call of q's script over k's takes (prepared), whose costs
+ * are the differences to settle; fills *res as tb_client_settle. */
+int tb__client_settle_call(tb_client_t *c, const tb_request_t *q,
+                           tb__call_t *k, tb_result_t *res);
+
+/* ---- Rule buckets beyond one call (tb_rules.c) --------------------- */
+
+/* 1 when every key of k (prepared for q) and ckey (the slot set's, or
+ * NULL) lie in one Cluster slot: one call decides. */
+int tb__rules_one_slot(const tb_request_t *q, const tb__call_t *k,
+                       const char *ckey);
+/* Decide q, whose keys lie in several slots, by one call per slot, with
+ * a refund of what the others took when one refuses, or by the policy
+ * when one fails. k is prepared (k->conc, k->slot_id set), t->start is
+ * the decision's clock. */
+void tb__rules_slots(tb_client_t *c, const tb_request_t *q, tb__call_t *k,
+                     tb__trip_t *t, tb_result_t *res);
+/* Add the bans a decision of q set (bit i: k->keys[i]) to the index of
+ * q's prefix. Best effort: a failure leaves the bans, unlisted. */
+void tb__rules_index(tb_client_t *c, const tb_request_t *q,
+                     const tb__call_t *k, unsigned bans);
 
 
 #endif /* TB_INT_H */

@@ -110,12 +110,42 @@ size_t tb_key_build(const char *prefix, const char *key, size_t len,
     return tb_key_build_shard(prefix, key, len, -1, route, out);
 }
 
-/* The shard sits inside the braces, after a space: its own hash tag, and
- * a byte no raw client key holds, so "<key> s<i>" is read back one way
- * only and no client key can spell it. */
+/* What follows the braces: ":route:<name>" or ":rule:<name>". Distinct
+ * words, so a route and a rule of the same name never share a bucket. */
+typedef struct suffix {
+    const char *sep;
+    const char *name;
+} suffix_t;
+
+static size_t build(const char *prefix, const char *key, size_t len,
+                    int shard, const suffix_t *sfx, char *out);
+
 size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
                           int shard, const char *route, char *out)
 {
+    suffix_t sfx = { ":route:", route };
+
+    return build(prefix, key, len, shard, &sfx, out);
+}
+
+size_t tb_key_build_rule(const char *prefix, const char *key, size_t len,
+                         const char *rule, char *out)
+{
+    suffix_t sfx = { ":rule:", rule };
+
+    if (!rule) {
+        return 0;
+    }
+    return build(prefix, key, len, -1, &sfx, out);
+}
+
+/* The shard sits inside the braces, after a space: its own hash tag, and
+ * a byte no raw client key holds, so "<key> s<i>" is read back one way
+ * only and no client key can spell it. */
+static size_t build(const char *prefix, const char *key, size_t len,
+                    int shard, const suffix_t *sfx, char *out)
+{
+    const char *route = sfx->name;
     size_t n, p;
 
     if (!tb_prefix_valid(prefix) || (route && !tb_name_valid(route))
@@ -140,10 +170,10 @@ size_t tb_key_build_shard(const char *prefix, const char *key, size_t len,
     }
     out[p++] = '}';
     if (route) {
-        size_t r = strlen(route);
+        size_t r = strlen(route), sl = strlen(sfx->sep);
 
-        memcpy(out + p, ":route:", 7);
-        p += 7;
+        memcpy(out + p, sfx->sep, sl);
+        p += sl;
         memcpy(out + p, route, r);
         p += r;
     }

@@ -575,6 +575,7 @@ static int cmd_take(const tool_t *t)
                         "allowed\n", t->cost, t->limit.capacity);
         return EXIT_DATAERR;
     }
+    memset(&take, 0, sizeof(take));
     take.limit = t->limit;
     take.cost = t->cost;
     take.route = t->route;

@@ -189,7 +189,17 @@ typedef struct tb__twin_args {
     int n;
     int64_t now_ms;
     int settle;
+    unsigned hold;        /* Token bucket, 'rules' mode: bit i set when
+                           * bucket i must hold its cost but is not
+                           * charged (TBucketRule count=).           */
 } tb__twin_args_t;
+
+/* tb_bucket_take() with all of a's arguments: tb_bucket.lua's 'rules'
+ * mode when a->hold is not 0 (bans are the caller's: they need the key's
+ * fields and TTL). On refusal out[i] holds bucket i refilled, so bucket i
+ * refused when its cost fits its capacity but not out[i].tokens. */
+int tb__bucket_run(const tb__twin_args_t *a, const tb_bucket_t *in,
+                   tb_bucket_t *out, tb_verdict_t *v);
 
 /* Arguments every twin checks, as tb_bucket_take() does. */
 static inline int tb__algo_args_ok(const tb_limit_t *lim, const double *cost,

@@ -82,10 +82,11 @@ static void refill(const tb_bucket_t *in, const tb_limit_t *l,
 
 /* The steps of tb_bucket.lua over a->n buckets: a->settle selects its
  * 'settle' mode, where the cost is the difference to settle and every
- * bucket keeps its new level, within -capacity .. capacity. TB_ERR for
- * bad arguments of that mode. */
-static int bucket_run(const tb__twin_args_t *a, const tb_bucket_t *in,
-                      tb_bucket_t *out, tb_verdict_t *v)
+ * bucket keeps its new level, within -capacity .. capacity; a->hold
+ * selects its 'rules' mode's buckets that are checked, not charged.
+ * TB_ERR for bad arguments of that mode. */
+int tb__bucket_run(const tb__twin_args_t *a, const tb_bucket_t *in,
+                   tb_bucket_t *out, tb_verdict_t *v)
 {
     const tb_limit_t *lim = a->lim;
     const double *cost = a->cost;
@@ -124,7 +125,7 @@ static int bucket_run(const tb__twin_args_t *a, const tb_bucket_t *in,
         tb__fold_wait(v, i, wait);
     }
     for (i = 0; i < a->n; i++) {
-        if (v->allowed && !a->settle) {
+        if (v->allowed && !a->settle && !(a->hold & (1u << i))) {
             out[i].tokens = out[i].tokens - cost[i];
         }
         tb__fold_left(v, i, out[i].tokens);
@@ -136,7 +137,7 @@ int tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms,
                    tb_bucket_t *out, tb_verdict_t *v)
 {
-    return bucket_run(&(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+    return tb__bucket_run(&(tb__twin_args_t){ lim, cost, n, now_ms, 0, 0 },
                       in, out, v);
 }
 
@@ -201,7 +202,7 @@ int tb_bucket_settle(const tb_bucket_t *in, const tb_limit_t *lim,
                      const double *delta, int n, int64_t now_ms,
                      tb_bucket_t *out, tb_verdict_t *v)
 {
-    return bucket_run(&(tb__twin_args_t){ lim, delta, n, now_ms, 1 },
+    return tb__bucket_run(&(tb__twin_args_t){ lim, delta, n, now_ms, 1, 0 },
                       in, out, v);
 }
 

@@ -24,6 +24,21 @@
 --           g = min(floor(tokens), want) (at least cost), not cost; g is a
 --           5th reply element (0 if refused). C twin: tb_bucket_lease();
 --           vectors: tests/vectors/lease.tsv.
+--           'rules': the buckets of several rules (TBucketRule), each
+--           maybe of another client key, decided together. 2n numbers
+--           follow, for bucket i: hold_i, 1 when the bucket must hold its
+--           cost but is not charged now (the host charges it later by
+--           'settle', once the response's status is known), else 0; and
+--           ban_i, the ms a refusal by bucket i bans its key (0: none).
+--           A bucket's hash may hold a field `ban`, the clock in ms until
+--           which its key is banned: a banned bucket refuses the request
+--           at once, retry_ms the ban's time left, and nothing is
+--           written. When buckets refuse, each with a ban_i gets its
+--           `ban` field and a TTL that outlives it, and retry_ms is the
+--           longest ban. The reply then has 8 elements: the four, 0 (no
+--           grant), the slots held (0 without a concurrency limit), the
+--           banned buckets (bit i-1 for bucket i) and those this call
+--           banned.
 -- ARGV[3+3n]  optional after want: back, unspent tokens of an expired
 --           lease of the same bucket, added (up to capacity) after the
 --           refill and before the decision. A refused call that gave
@@ -41,15 +56,33 @@
 
 local level = {}
 local stamp = {}
+local ban_until = {}
 -- The optional arguments end at nargv: the concurrency ones follow.
 local mode = nil
 if nargv >= 2 + 3 * n then mode = ARGV[2 + 3 * n] end
 local settle = mode == 'settle'
+local rules = mode == 'rules'
 local want = nil
 local back = 0
 local grant = 0
+local hold = {}
+local ban_ms = {}
+local waits = {}
+local banned = 0
+local ban_left = 0
 
-if mode ~= nil and not settle then
+if rules then
+  if nargv ~= 2 + 5 * n then
+    return redis.error_reply('ERR bad rules')
+  end
+  for i = 1, n do
+    hold[i] = ARGV[1 + 3 * n + 2 * i] == '1'
+    ban_ms[i] = tonumber(ARGV[2 + 3 * n + 2 * i])
+    if ban_ms[i] == nil or not (ban_ms[i] >= 0) then
+      return redis.error_reply('ERR bad rules')
+    end
+  end
+elseif mode ~= nil and not settle then
   want = tonumber(mode)
   if nargv >= 3 + 3 * n then back = tonumber(ARGV[3 + 3 * n]) end
   if n ~= 1 or want == nil or back == nil or not (back >= 0) then
@@ -59,7 +92,20 @@ end
 
 for i = 1, n do
   local cap, rate, cost = args(i)
-  local st = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  local st
+  if rules or settle then
+    st = redis.call('HMGET', KEYS[i], 'tokens', 'ts', 'ban')
+    ban_until[i] = tonumber(st[3])
+    if rules and ban_until[i] ~= nil and ban_until[i] > now then
+      banned = banned + 2 ^ (i - 1)
+      if ban_until[i] - now > ban_left then
+        ban_left = ban_until[i] - now
+        binding = i - 1
+      end
+    end
+  else
+    st = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
+  end
   local tokens = tonumber(st[1])
   local ts = tonumber(st[2])
   if tokens == nil or ts == nil then
@@ -103,7 +149,14 @@ for i = 1, n do
   end
   level[i] = tokens
   stamp[i] = ts
-  fold_wait(i, wait)
+  waits[i] = wait
+  if banned == 0 then fold_wait(i, wait) end
+end
+
+-- A banned key is refused before any bucket counts: nothing is written.
+if banned > 0 then
+  allowed = 0
+  return {0, 0, ban_left, binding, 0, conc_held, banned, 0}
 end
 
 -- An allowed lease takes the grant instead of the cost.
@@ -116,7 +169,7 @@ if want ~= nil and allowed == 1 then
 elseif allowed == 1 and not settle then
   for i = 1, n do
     local _, _, cost = args(i)
-    level[i] = level[i] - cost
+    if not hold[i] then level[i] = level[i] - cost end
   end
 end
 
@@ -131,8 +184,12 @@ for i = 1, n do
   local ttl = nil
   if settle or (allowed == 0 and back > 0) then
     ttl = math.ceil((cap - level[i]) / rate * 1000) + 1000
-  elseif allowed == 1 then
+  elseif allowed == 1 and not hold[i] then
     ttl = math.ceil(cap / rate * 1000) + 1000
+  end
+  -- A settlement never ends a ban early.
+  if settle and ban_until[i] ~= nil and ban_until[i] - now > ttl then
+    ttl = ban_until[i] - now
   end
   if ttl ~= nil then
     redis.call('HSET', KEYS[i], 'tokens', level[i], 'ts', stamp[i])
@@ -140,6 +197,30 @@ for i = 1, n do
   end
 end
 
+if rules then
+  -- Each bucket that refused bans its key for its rule's time.
+  local newban = 0
+  if allowed == 0 then
+    for i = 1, n do
+      if ban_ms[i] > 0 and waits[i] > 0 then
+        redis.call('HSET', KEYS[i], 'ban', now + ban_ms[i])
+        if redis.call('PTTL', KEYS[i]) < ban_ms[i] then
+          redis.call('PEXPIRE', KEYS[i], ban_ms[i])
+        end
+        newban = newban + 2 ^ (i - 1)
+        if retry ~= -1 and ban_ms[i] > retry then
+          retry = ban_ms[i]
+          binding = i - 1
+        end
+      end
+    end
+  end
+  local reply = finish({allowed, remaining, retry, binding, 0})
+  reply[6] = conc_held
+  reply[7] = 0
+  reply[8] = newban
+  return reply
+end
 if want ~= nil then
   return finish({allowed, remaining, retry, binding, grant})
 end

@@ -40,7 +40,7 @@ int tb_fwindow_take(const tb_window_t *in, const tb_limit_t *lim,
                     tb_window_t *out, tb_verdict_t *v)
 {
     return tb__window_take(fwindow_step,
-                           &(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+                           &(tb__twin_args_t){ lim, cost, n, now_ms, 0, 0 },
                            in, out, v);
 }
 

@@ -93,7 +93,7 @@ int tb_gcra_take(const tb_gcra_t *in, const tb_limit_t *lim,
                  const double *cost, int n, int64_t now_ms, tb_gcra_t *out,
                  tb_verdict_t *v)
 {
-    return gcra_run(&(tb__twin_args_t){ lim, cost, n, now_ms, 0 },
+    return gcra_run(&(tb__twin_args_t){ lim, cost, n, now_ms, 0, 0 },
                     in, out, v, NULL);
 }
 
@@ -101,7 +101,7 @@ int tb_gcra_settle(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *delta, int n, int64_t now_ms,
                    tb_gcra_t *out, tb_verdict_t *v)
 {
-    return gcra_run(&(tb__twin_args_t){ lim, delta, n, now_ms, 1 },
+    return gcra_run(&(tb__twin_args_t){ lim, delta, n, now_ms, 1, 0 },
                     in, out, v, NULL);
 }
 
@@ -109,7 +109,7 @@ int tb_gcra_ttl_ms(const tb_gcra_t *in, const tb_limit_t *lim,
                    const double *cost, int n, int64_t now_ms, int settle,
                    int64_t *ttl_ms)
 {
-    tb__twin_args_t a = { lim, cost, n, now_ms, settle };
+    tb__twin_args_t a = { lim, cost, n, now_ms, settle, 0 };
     tb_gcra_t out[TB_MAX_BUCKETS];
     tb_verdict_t v;
 

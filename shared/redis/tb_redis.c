@@ -24,20 +24,21 @@
 
 #include "redis/tb_redis_int.h"
 
-/* A script's reply: an array of 4 to 6 integers. */
+/* A script's reply: an array of 4 to 8 integers. */
 static int parse_reply(const redisReply *r, tb__script_reply_t *out,
                        tb__error_t *e)
 {
     size_t i;
 
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 || r->elements > 6) {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 || r->elements > 8) {
         tb__set_error(e, TB_ERR_PROTOCOL,
-                      "script reply is not an array of 4 to 6 (type %d)",
+                      "script reply is not an array of 4 to 8 (type %d)",
                       r->type);
         return TB_ERR;
     }
-    out->v[4] = 0;
-    out->v[5] = 0;
+    for (i = 4; i < 8; i++) {
+        out->v[i] = 0;
+    }
     for (i = 0; i < r->elements; i++) {
         if (r->element[i]->type != REDIS_REPLY_INTEGER) {
             tb__set_error(e, TB_ERR_PROTOCOL,

@@ -287,7 +287,7 @@ int tb__pool_call(tb__pool_t *p, int asking, const tb__cmd_t *cmd,
 /* A script's reply: 4 to 6 integers (what they mean is the caller's;
  * missing ones read 0). */
 typedef struct tb__script_reply {
-    int64_t v[6];
+    int64_t v[8];
 } tb__script_reply_t;
 
 /* Redis's error kinds a cluster client acts on. */

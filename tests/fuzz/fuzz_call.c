@@ -168,7 +168,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (byte(&r) & 1) {
         q.now_ms = &now;
     }
-    in = malloc(sizeof(*in) * (size_t)(n ? n : 1));
+    in = calloc((size_t)(n ? n : 1), sizeof(*in));
     for (i = 0; i < n; i++) {
         in[i].route = routes[byte(&r) % 5];
         in[i].limit.capacity = number(&r);

@@ -318,6 +318,7 @@ static void test_client_decide_bad_arguments(void **state)
 
     (void)state;
     c = unreachable(TB_POLICY_OPEN, 5, 1000, &st);
+    memset(t, 0, sizeof(t));
     for (k = 0; k <= TB_MAX_BUCKETS; k++) {
         t[k].limit.capacity = 10;
         t[k].limit.rate_per_sec = 1;
@@ -468,9 +469,7 @@ static void test_client_policy_local_own_table(void **state)
  * for the script is built before Redis is found unreachable.) */
 static void test_client_decide_max_buckets(void **state)
 {
-    static const char *routes[TB_MAX_BUCKETS] = {
-        NULL, "r1", "r2", "r3", "r4", "r5", "r6", "r7",
-    };
+    char routes[TB_MAX_BUCKETS][8];
     tb_stats_t st;
     tb_client_t *c;
     tb_take_t t[TB_MAX_BUCKETS];
@@ -479,11 +478,13 @@ static void test_client_decide_max_buckets(void **state)
 
     (void)state;
     c = unreachable(TB_POLICY_LOCAL, 1000, 1000, &st);
+    memset(t, 0, sizeof(t));
     for (k = 0; k < TB_MAX_BUCKETS; k++) {
         t[k].limit.capacity = k == 0 ? 1 : 10;
         t[k].limit.rate_per_sec = 0.001;
         t[k].cost = 1;
-        t[k].route = routes[k];
+        snprintf(routes[k], sizeof(routes[k]), "r%d", k);
+        t[k].route = k == 0 ? NULL : routes[k];
     }
     assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, TB_MAX_BUCKETS,
                                       &res), TB_ERR);
@@ -493,7 +494,8 @@ static void test_client_decide_max_buckets(void **state)
     assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, 1, &res),
                      TB_ERR);
     assert_int_equal(res.allowed, 0);
-    assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t + 7, 1, &res),
+    assert_int_equal(tb_client_decide(c, "tb:", "max", 3,
+                                      t + TB_MAX_BUCKETS - 1, 1, &res),
                      TB_ERR);
     assert_int_equal(res.allowed, 1);
     tb_client_free(c);

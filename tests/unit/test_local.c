@@ -58,6 +58,7 @@ static int local_take(tb_local_t *t, const char *const *keys,
     tb_take_t takes[TB_MAX_BUCKETS + 1];
     int i;
 
+    memset(takes, 0, sizeof(takes));
     for (i = 0; lim && cost && i < n && i <= TB_MAX_BUCKETS; i++) {
         takes[i].limit = lim[i];
         takes[i].cost = cost[i];

@@ -53,6 +53,7 @@
  *       number for `release`, -1 when no slot was taken), slot_kind=,
  *       slot_id=, in_flight=, refused_by= and then what take prints.
  *   release HANDLE    tb_client_release() of that slot: rc= err=
+ *   rules, charge, ban, unban, bans: rule buckets (driver_rules.h)
  *   key KEY [ROUTE]   the Redis key the client uses, hex-encoded
  *   slot KEY          tb_key_slot() of the raw bytes of KEY
  *   stats             every counter of tb_stats_t (module_calls: the
@@ -84,7 +85,7 @@
 #include "driver_common.h"
 #include "tb.h"
 
-#define MAX_ARGS (2 + 4 * TB_MAX_BUCKETS + 2)
+#define MAX_ARGS (4 + 7 * TB_MAX_BUCKETS)
 
 static const char *prefix = "tb:";
 
@@ -292,6 +293,8 @@ static void cmd_conc(tb_client_t *c, char **av, int ac, int with_now)
            limit_kind_name(r.refused_by));
     print_result(rc, &r, 0);
 }
+
+#include "driver_rules.h"
 
 static void cmd_release(tb_client_t *c, char **av, int ac)
 {
@@ -639,6 +642,21 @@ int main(int argc, char **argv)
         }
         else if (strcmp(av[0], "conc_at") == 0) {
             cmd_conc(c, av + 1, ac - 1, 1);
+        }
+        else if (strcmp(av[0], "rules") == 0) {
+            cmd_rules(c, av + 1, ac - 1);
+        }
+        else if (strcmp(av[0], "charge") == 0) {
+            cmd_charge(c, av + 1, ac - 1);
+        }
+        else if (strcmp(av[0], "ban") == 0) {
+            cmd_ban(c, av + 1, ac - 1, 0);
+        }
+        else if (strcmp(av[0], "unban") == 0) {
+            cmd_ban(c, av + 1, ac - 1, 1);
+        }
+        else if (strcmp(av[0], "bans") == 0) {
+            cmd_bans(c, av + 1, ac - 1);
         }
         else if (strcmp(av[0], "engine") == 0) {
             int mixed;

@@ -305,3 +305,59 @@ def test_redismod_002_04(mod_redis, algo):
                 r.execute_command(ENGINES[algo][0], 1, *keys,
                                   *(big + ["1"]))
     assert float(r.hget("{m}:b0", "w")) == 1700000000000 // 4
+
+
+def random_rules_call(rnd, now):
+    """A 'rules' call (TBucketRule's buckets, held and banning) or a
+    settlement of the same keys, as the client makes them."""
+    n = rnd.choice([1, 2, 3, 4])
+    sfx = ["b%d" % rnd.randrange(4) for _ in range(n)]
+    sfx = list(dict.fromkeys(sfx))
+    n = len(sfx)
+    settle = rnd.random() < 0.25
+    argv = [str(now)]
+    for _ in range(n):
+        cap, rate = rnd.choice([1, 2, 3, 5]), rnd.choice([0.5, 1, 2, 10])
+        cost = rnd.choice([1, 1, 2, cap + 1]) if not settle \
+            else rnd.choice([1, 2, 3])
+        argv += [num(cap), num(rate), num(cost)]
+    if settle:
+        return sfx, argv + ["settle"]
+    argv.append("rules")
+    for _ in range(n):
+        argv += [rnd.choice(["0", "0", "1"]),
+                 str(rnd.choice([0, 0, 300, 1500, 7000]))]
+    if rnd.random() < 0.3:
+        sfx.append("conc")
+        argv += ["conc", str(rnd.choice([1, 2])), "2000",
+                 "id%d" % rnd.randrange(3)]
+    return sfx, argv
+
+
+# TBucketRule's 'rules' mode: a random trace of held and banning buckets,
+# settlements (the charge of held ones, which never end a ban early) and
+# concurrency slots: mixed, script-only and module-only lanes answer the
+# same (8 elements: the banned and newly banned buckets too) and store
+# the same bytes (the ban field included) with the same expiry times.
+def test_redismod_002_07(mod_redis):
+    r = mod_redis.client()
+    rnd = random.Random(31)
+    lanes = Lanes(r, "token_bucket", ["mixed", "script", "module"])
+    now = 1_700_000_000_000
+    every = ["b%d" % i for i in range(4)] + ["conc"]
+    bans = refused_banned = 0
+    for step in range(400):
+        now += rnd.choice([0, 1, 10, 99, 250, 1000, 4000, -300])
+        sfx, argv = random_rules_call(rnd, now)
+        release = ("conc", "id%d" % rnd.randrange(3)) \
+            if rnd.random() < 0.2 else None
+        got = lanes.step({"mixed": rnd.choice(["script", "module"]),
+                          "script": "script", "module": "module"}, sfx,
+                         argv, release)
+        assert got[0] == got[1] == got[2], (step, sfx, argv, got)
+        if "rules" in argv:
+            assert len(got[0]) == 8, got
+            bans += got[0][7] != 0
+            refused_banned += got[0][6] != 0
+        lanes.compare(every, (step, argv))
+    assert bans > 10 and refused_banned > 10, (bans, refused_banned)

@@ -39,10 +39,12 @@ def bad_calls(cmd):
            ["2", "{h}:a", "{h}:b", "", "10", "1", "1"],
            ["01", "{h}:k", "", "10", "1", "1"],
            ["9223372036854775808", "{h}:k"],
-           ["10"] + ["{h}:%d" % i for i in range(10)] + [""] + ["5", "1", "1"]
-           * 10,
-           ["9"] + ["{h}:%d" % i for i in range(9)] + [""] + ["5", "1", "1"]
-           * 9,
+           # More keys than TB_MAX_BUCKETS (16) buckets and a slot set,
+           # and one bucket too many without a slot set.
+           ["18"] + ["{h}:%d" % i for i in range(18)] + [""]
+           + ["5", "1", "1"] * 18,
+           ["17"] + ["{h}:%d" % i for i in range(17)] + [""]
+           + ["5", "1", "1"] * 17,
            ok + ["junk", "more", "args"],
            ["1", "{h}:k"] + [""] * 1000]
     for i in range(2, 6):
@@ -82,6 +84,14 @@ def bad_calls(cmd):
             out.append(ok + lease)
         out.append(["2", "{h}:a", "{h}:b", "", "10", "1", "1", "10", "1",
                     "1", "5"])
+        # 'rules' (TBucketRule): two arguments per bucket, held 0 or 1,
+        # a ban in whole ms up to 30 days.
+        for rules in (["rules"], ["rules", "0"], ["rules", "0", "0", "0"],
+                      ["rules", "2", "0"], ["rules", "x", "0"],
+                      ["rules", "1", "-1"], ["rules", "1", "1.5"],
+                      ["rules", "0", "nan"], ["rules", "0", "2592000001"],
+                      ["rules", "0", "x"]):
+            out.append(ok + rules)
     if cmd == "tbucket.slog":
         out.append(["1", "{h}:k", "", "10", "1", "1.5"])
         out.append(["1", "{h}:k", "", "100001", "1000", "1"])
