@@ -17,6 +17,13 @@ php-cli php-pgsql nginx strace locales fail2ban tmux"
 PKGS="$PKGS php8.2-common php8.2-cli php8.2-opcache libxml2 libpcre2-8-0 \
 zlib1g libsodium23 libargon2-1 libicu72 liblzma5 libstdc++6 libmagic1 \
 libapparmor1 libacl1 libsystemd0 libcap2 libgcrypt20 libzstd1 liblz4-1"
+# The WordPress rig of the tests (tests/integration/tbtest/wordpress.py):
+# Debian's WordPress on a MariaDB of the test's own, through PHP's mysqli.
+# wordpress depends on "libapache2-mod-php | php": naming php, which
+# php-cgi satisfies, keeps apt from picking mod_php, whose postinst
+# switches the system's Apache to prefork (the rig unpacks its own, as
+# scripts/fetch-php.sh does).
+PKGS="$PKGS php wordpress mariadb-server php8.2-mysql"
 # Extra packages for one target (make fuzz: clang libclang-rt-14-dev).
 PKGS="$PKGS $*"
 

@@ -213,10 +213,13 @@ class PhpFpm(TempRoot):
 
     MODULES = ("proxy", "proxy_fcgi")
 
-    def __init__(self, children=8, cpus=None):
+    def __init__(self, children=8, cpus=None, env=None):
         self.bin = os.path.join(php_root(), PHP_FPM)
         self.children = children
         self.cpus = cpus
+        # More environment for the master and its workers (tbtest/
+        # wordpress.py gives PHP_INI_SCAN_DIR, for the CLI's extensions).
+        self.env = dict(env or {})
         self.root = tempfile.mkdtemp(prefix="tbfpm-", dir="/tmp")
         os.chmod(self.root, 0o755)
         self.sock = os.path.join(self.root, "php-fpm.sock")
@@ -239,6 +242,7 @@ class PhpFpm(TempRoot):
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)   # no systemd to tell
         env.pop("LD_PRELOAD", None)
+        env.update(self.env)
         pin = ["taskset", "-c", self.cpus] if self.cpus else []
         self.out = open(os.path.join(self.root, "stderr.log"), "ab")
         self.proc = subprocess.Popen(
