@@ -95,6 +95,7 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
         return HTTP_INTERNAL_SERVER_ERROR;
     }
     tbucket_rules_setup(main_s);
+    tbucket_named_rules_setup(main_s);
     tbucket_lease_setup(pconf, main_s);
     return OK;
 }
@@ -106,6 +107,7 @@ static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
     (void)ptemp;
     tbucket_local_pre_config(pconf);
     tbucket_rules_pre_config(pconf);
+    tbucket_named_rules_pre_config(pconf);
     return OK;
 }
 
@@ -151,6 +153,9 @@ static void set_env(request_rec *r, const tbucket_req *rq)
     if (rq->remaining) {
         apr_table_setn(r->subprocess_env, "TBUCKET_REMAINING",
                        rq->remaining);
+    }
+    if (rq->rule) {
+        apr_table_setn(r->subprocess_env, "TBUCKET_RULE", rq->rule);
     }
 }
 
@@ -276,7 +281,10 @@ static tbucket_outcome outcome_of(const tb_result_t *res, int shadow)
     if (res->allowed) {
         return TBUCKET_OUT_ALLOWED;
     }
-    return shadow ? TBUCKET_OUT_SHADOW_REJECTED : TBUCKET_OUT_REJECTED;
+    if (shadow) {
+        return TBUCKET_OUT_SHADOW_REJECTED;
+    }
+    return res->banned ? TBUCKET_OUT_BANNED : TBUCKET_OUT_REJECTED;
 }
 
 static apr_int64_t ceil_div(double a, double b)
@@ -524,7 +532,7 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
     }
     rq = chain_record(root);
     rq->outcome = TBUCKET_OUT_ALLOWED;
-    if (!dc->limit_set && dc->concurrency <= 0) {
+    if (!dc->limit_set && dc->concurrency <= 0 && !dc->nrules) {
         set_env(r, rq);
         tbucket_count(sc, TBUCKET_OUT_ALLOWED, 0);
     }
@@ -535,6 +543,9 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
  * buckets, what answered and how a refusal is told. */
 typedef struct tbucket_decision {
     tb_take_t takes[TB_MAX_BUCKETS];
+    const tbucket_named_rule *which[TB_MAX_BUCKETS]; /* Each take's
+                                       * TBucketRule, NULL for the main
+                                       * bucket and routes.             */
     tb_request_t q;
     tb_result_t res;
     apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
@@ -559,11 +570,19 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     }
     key = request_key(r, dc, sc, &prefix);
     memset(&d->q, 0, sizeof(d->q));
+    memset(d->which, 0, sizeof(d->which));
     d->q.prefix = prefix;
     d->q.key = key;
     d->q.key_len = strlen(key);
     d->q.takes = d->takes;
     d->q.ntakes = dc->limit_set ? build_takes(dc, key, d->takes) : 0;
+    if (dc->nrules) {
+        d->q.ntakes = tbucket_rules_takes(r, dc, sc, d->takes, d->which,
+                                          d->q.ntakes);
+        if (!d->q.ntakes && dc->concurrency <= 0) {
+            return 0;
+        }
+    }
     d->q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
     decide(dc, sc, &d->q, &d->res);
     if (res->err == TB_ERR_ARG) {
@@ -586,6 +605,33 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
         d->retry_s = d->retry_s < 1 ? 1 : d->retry_s;
     }
     return 1;
+}
+
+/* The TBucketRule that bound a refusal of d, or NULL. */
+static const tbucket_named_rule *refusing_rule(const tbucket_decision *d)
+{
+    if (d->res.allowed || d->by_conc || !d->q.ntakes
+        || d->res.binding < 0 || d->res.binding >= d->q.ntakes) {
+        return NULL;
+    }
+    return d->which[d->res.binding];
+}
+
+/* The key d's refusal is about, as the status page and the log show it:
+ * the refusing rule's key, else the request's (ip: it is the client's
+ * address under the IP prefix). */
+static size_t shown_key(const tbucket_srv_conf *sc, const tbucket_decision *d,
+                        char *out)
+{
+    const tbucket_named_rule *ru = refusing_rule(d);
+
+    if (ru) {
+        const tb_take_t *t = &d->takes[d->res.binding];
+
+        return tb_key_show(t->key, t->key_len, 0, out);
+    }
+    return tb_key_show(d->q.key, d->q.key_len, d->q.prefix == sc->ip_prefix,
+                       out);
 }
 
 /* The name of the limit that decided d: the binding bucket's route,
@@ -620,6 +666,12 @@ static void count_key(request_rec *r, const tbucket_dir_conf *dc,
     it.key = d->q.key;
     it.key_len = d->q.key_len;
     it.ip = d->q.prefix == sc->ip_prefix;
+    if (refusing_rule(d)) {
+        /* A rule's refusal is about the rule's key (the user name). */
+        it.key = d->takes[d->res.binding].key;
+        it.key_len = d->takes[d->res.binding].key_len;
+        it.ip = 0;
+    }
     it.vhost = (uint32_t)sc->vhost_slot;
     it.limit = binding_name(d);
     tbucket_count_key(&it, !d->res.allowed
@@ -650,6 +702,15 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     rq->decided = 1;
     rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res);
     rq->outcome = outcome_of(res, dc->shadow == 1);
+    if (refusing_rule(d)) {
+        rq->rule = refusing_rule(d)->name;
+    }
+    if (dc->nrules) {
+        tbucket_rules_count(&d->q, d->which, res);
+        if (res->allowed && res->source == TB_SRC_REDIS) {
+            rq->charge = tbucket_rules_hold(root, sc, &d->q, d->which);
+        }
+    }
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT, left);
     set_env(r, rq);
     if (d->q.ntakes) {
@@ -692,8 +753,7 @@ static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
         return;
     }
     /* The key as the status page shows it. */
-    n = tb_key_show(d->q.key, d->q.key_len, d->q.prefix == sc->ip_prefix,
-                    key);
+    n = shown_key(sc, d, key);
     for (i = 0; i < n; i++) {
         if (key[i] == '"' || key[i] == '\\' || key[i] == '%') {
             q += apr_snprintf(quoted + q, 4, "%%%02X", (unsigned)key[i]);
@@ -706,9 +766,12 @@ static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
     limit = binding_name(d);
     ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r, TBLOGNO(00160)
                   "refused client=%s key=\"%s\" limit=\"%s\" vhost=\"%s\" "
-                  "retry_after=%" APR_INT64_T_FMT, r->useragent_ip, quoted,
-                  limit ? limit : "default",
-                  sc->vhost_name ? sc->vhost_name : "-", d->retry_s);
+                  "retry_after=%" APR_INT64_T_FMT "%s%s%s", r->useragent_ip,
+                  quoted, limit ? limit : "default",
+                  sc->vhost_name ? sc->vhost_name : "-", d->retry_s,
+                  refusing_rule(d) ? " rule=" : "",
+                  refusing_rule(d) ? refusing_rule(d)->name : "",
+                  d->res.banned ? " banned" : "");
 }
 
 /* Answer r, which the shared limit refused: 403 for a cost that never
@@ -747,6 +810,14 @@ static int refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00112)
                   "rate limited %s (%s), retry after %" APR_INT64_T_FMT " s",
                   r->uri, tbucket_outcome_names[rq->outcome], d->retry_s);
+    if (rq->rule) {
+        /* Rule names are [A-Za-z0-9_-]: nothing to escape. */
+        return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
+                       "{\"error\":\"%s\",\"rule\":\"%s\","
+                       "\"retry_after\":%" APR_INT64_T_FMT "}\n",
+                       d->res.banned ? "banned" : "rate limited", rq->rule,
+                       d->retry_s));
+    }
     return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
                    "{\"error\":\"rate limited\",\"retry_after\":%"
                    APR_INT64_T_FMT "}\n", d->retry_s));
@@ -794,7 +865,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
         && (rc = protect_locally(r, dc, sc, root)) != DECLINED) {
         return rc;
     }
-    if (!dc->limit_set && dc->concurrency <= 0) {
+    if (!dc->limit_set && dc->concurrency <= 0 && !dc->nrules) {
         return DECLINED;
     }
     return limit_shared(r, dc, sc, root);
@@ -812,7 +883,7 @@ static int check_access(request_rec *r)
                                                       &tbucket_module);
 
     if (dc->enable != 1 || r->main || r->prev || dc->key_late
-        || ap_satisfies(r) == SATISFY_ANY) {
+        || dc->rules_late || ap_satisfies(r) == SATISFY_ANY) {
         return DECLINED;
     }
     return limit_request(r, dc, r);
@@ -864,6 +935,7 @@ static void register_hooks(apr_pool_t *p)
     ap_hook_handler(tbucket_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     tbucket_settle_register();
     tbucket_local_register();
+    tbucket_rules_register();
 }
 
 AP_DECLARE_MODULE(tbucket) = {

@@ -27,7 +27,7 @@
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
-#define MAX_ROUTES (TB_MAX_BUCKETS - 1)
+#define MAX_ROUTES 7                  /* Route buckets of one scope.    */
 /* TBucketTopKeys: keys shown per ranking by default. */
 #define TBUCKET_DEFAULT_TOP_K 20
 
@@ -42,6 +42,8 @@ typedef enum {
     TBUCKET_OUT_SHED,                 /* Refused by local protection:
                                        * shed by priority, or a local
                                        * concurrency limit (503).       */
+    TBUCKET_OUT_BANNED,               /* Refused at once: a TBucketRule
+                                       * has banned the key (429).      */
     TBUCKET_OUTCOMES
 } tbucket_outcome;
 
@@ -100,6 +102,53 @@ typedef enum {
 } tbucket_refusal_log;
 
 extern const char *const tbucket_refusal_log_names[TBUCKET_REFUSAL_LOGS];
+
+/* ---- Rules: TBucketRule ------------------------------------------ */
+
+/* Rules one scope may hold, after the merge with the outer ones. */
+#define TBUCKET_MAX_RULES 8
+/* The statuses count= may name: 100 .. 599, a bit each. */
+#define TBUCKET_STATUS_BITS 500
+
+/* TBucketRule NAME KEY CAPACITY RATE [cost=N] [count=...] [ban=D]: one
+ * more limit of a scope, keyed by its own expression (an address, a user
+ * name from the form, everyone), decided with the scope's other limits
+ * in the same call. Made by the directive in the configuration pool;
+ * read-only after. An "Off" rule only removes an outer rule of its name
+ * in the merge. */
+typedef struct tbucket_named_rule {
+    const char *name;                 /* [A-Za-z0-9_-], 1..32 bytes.   */
+    int off;                          /* TBucketRule NAME Off.          */
+    const ap_expr_info_t *key;
+    unsigned int key_addr:1;          /* Exactly %{REMOTE_ADDR}: keyed
+                                       * by the client's network, as
+                                       * TBucketKey's default is.       */
+    unsigned int key_late:1;          /* Needs authentication or another
+                                       * module: decided in fixups.     */
+    unsigned int key_form:1;          /* Reads %{FORM:...}.             */
+    tb_limit_t limit;
+    double cost;                      /* cost=, default 1.              */
+    int counted;                      /* count= given: held before the
+                                       * handler, charged by status.   */
+    unsigned char count[(TBUCKET_STATUS_BITS + 7) / 8];
+    int64_t ban_ms;                   /* ban=, 0: none.                 */
+    int slot;                         /* Its counters in the segment
+                                       * (by name), -1 before
+                                       * post_config or when none.     */
+} tbucket_named_rule;
+
+/* What happens to a TBucketRule, in the metrics' label order. */
+typedef enum {
+    TBUCKET_RULE_APPLIED = 0,         /* Decisions it was part of.      */
+    TBUCKET_RULE_REFUSED,             /* Refusals it bound (no ban).    */
+    TBUCKET_RULE_BANNED,              /* Refusals while its ban held.   */
+    TBUCKET_RULE_BANS,                /* Bans it set.                   */
+    TBUCKET_RULE_CHARGED,             /* count= charges after the
+                                       * response.                      */
+    TBUCKET_RULE_EVENTS
+} tbucket_rule_event;
+
+extern const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS];
 
 /* ---- Shared memory slots (the segment is private to tbucket_shm.c) -- */
 
@@ -372,6 +421,15 @@ typedef struct tbucket_dir_conf {
     int local_state;
     int nlocal;
     const tbucket_local_scope *local[TBUCKET_MAX_LOCAL];
+    /* TBucketRule: this scope's rules after the merge, outer first, an
+     * inner rule of a name replacing the outer one; "Off" rules are kept
+     * until the merge applies them. rules_late: a rule's key needs the
+     * request's user or another module's variables. form_limit:
+     * TBucketFormLimit, -1 unset. */
+    int nrules;
+    const tbucket_named_rule *rules[TBUCKET_MAX_RULES];
+    int rules_late;
+    apr_off_t form_limit;
 } tbucket_dir_conf;
 
 typedef struct tbucket_settle tbucket_settle;
@@ -380,12 +438,18 @@ typedef struct tbucket_settle tbucket_settle;
  * request_config of the chain's root so that later requests of the chain
  * (internal redirects, ErrorDocument) copy it instead of counting again,
  * and so that the chain's real cost can be settled after the response. */
+typedef struct tbucket_charge tbucket_charge;
+
 typedef struct tbucket_req {
     int decided;                      /* The shared limit decided; when
                                        * 0 only local protection ran.   */
     tbucket_outcome outcome;
     const char *remaining;            /* TBUCKET_REMAINING, as text.    */
+    const char *rule;                 /* TBUCKET_RULE: the TBucketRule
+                                       * that refused, or NULL.         */
     tbucket_settle *settle;           /* tbucket_settle.c's, or NULL.   */
+    tbucket_charge *charge;           /* tbucket_rules.c's count=
+                                       * charge, or NULL.               */
 } tbucket_req;
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
@@ -427,6 +491,23 @@ const char *tbucket_section_name(cmd_parms *cmd,
 
 /* pre_config: start a new list of rules. */
 void tbucket_rules_pre_config(apr_pool_t *pconf);
+
+/* Helpers of the directive handlers, for the files that have some:
+ * "DIRECTIVE: bad WHAT 'VALUE': WHY" from cmd->pool; a whole number in
+ * min..max; CAPACITY RATE as a checked limit; the start of a quote
+ * inside %{NAME:arg} (httpd's scanner cannot take it), or NULL; 1 when
+ * an expression names what only authentication or another module sets
+ * (REMOTE_USER, AUTH_TYPE, %{ENV:..}, %{reqenv:..}, %{note:..}), so that
+ * it is decided in fixups. */
+const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
+                              const char *value, const char *why);
+const char *tbucket_int_value(cmd_parms *cmd, const char *what,
+                              const char *arg, int64_t min, int64_t max,
+                              int64_t *n);
+const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
+                                const char *rate, tb_limit_t *lim);
+const char *tbucket_quote_in_var_arg(const char *arg);
+int tbucket_key_is_late(const char *expr);
 
 /* post_config (parent): give each rule of the configuration its record
  * in the segment (by name, so a rule a restart keeps keeps its counts);
@@ -532,6 +613,14 @@ void tbucket_count_rule(int slot, tbucket_outcome o);
  * tbucket_rule_view from p, the current configuration's rules. */
 apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p);
 
+/* The same for TBucketRule names: the record of the rule called name
+ * (its slot, or -1), a count of one of its events, and the views (an
+ * array of tbucket_rule_view whose outcome[] holds the events in
+ * tbucket_rule_event order). */
+int tbucket_shm_named_slot(const char *name);
+void tbucket_count_named(int slot, tbucket_rule_event e);
+apr_array_header_t *tbucket_shm_named_views(apr_pool_t *p);
+
 /* The lease table in the segment, or NULL. */
 tb_lease_t *tbucket_lease_table(void);
 
@@ -626,6 +715,56 @@ tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc);
 /* post_config (parent): have the lease table drained into Redis when
  * this configuration ends (a stop or a restart, graceful or not). */
 void tbucket_lease_setup(apr_pool_t *pconf, server_rec *main_s);
+
+/* ---- tbucket_rules.c ------------------------------------------------ */
+
+/* TBucketRule's and TBucketFormLimit's handlers (tbucket_config.c's
+ * table names them). */
+const char *tbucket_set_rule(cmd_parms *cmd, void *dcv, const char *args);
+const char *tbucket_set_form_limit(cmd_parms *cmd, void *dcv,
+                                   const char *arg);
+
+/* The merge of two scopes' rules into m (tbucket_merge_dir_conf). */
+void tbucket_rules_merge(tbucket_dir_conf *m, const tbucket_dir_conf *base,
+                         const tbucket_dir_conf *add);
+
+/* post_config (parent): each rule's counters in the segment. */
+void tbucket_named_rules_setup(server_rec *main_s);
+
+/* pre_config: start a new list of rules. */
+void tbucket_named_rules_pre_config(apr_pool_t *pconf);
+
+/* Append to takes (from n, at most TB_MAX_BUCKETS) a bucket for every
+ * rule of dc whose key is not empty for r, into which[] the rule of each
+ * (same index). Returns the new count. */
+int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
+                        const tbucket_srv_conf *sc, tb_take_t *takes,
+                        const tbucket_named_rule **which, int n);
+
+/* After an allowed decision of root's chain: when some of its rule
+ * buckets are held (count=), keep what charging them needs and add the
+ * filter that charges them once the response's status is known. */
+tbucket_charge *tbucket_rules_hold(request_rec *root,
+                                   tbucket_srv_conf *sc,
+                                   const tb_request_t *q,
+                                   const tbucket_named_rule *const *which);
+
+/* Count a decision's rules for the status page (applied, refused,
+ * banned, bans set). */
+void tbucket_rules_count(const tb_request_t *q,
+                         const tbucket_named_rule *const *which,
+                         const tb_result_t *res);
+
+/* The hooks of rules (the FORM expression function, the charge filter). */
+void tbucket_rules_register(void);
+
+/* ---- tbucket_form.c ------------------------------------------------- */
+
+/* %{FORM:field} for ap_expr: the field of r's urlencoded body, read once
+ * per request (at most dc->form_limit bytes, kept for the handler), ""
+ * when absent, TBUCKET_FORM_UNREADABLE when it cannot be read. */
+#define TBUCKET_FORM_UNREADABLE "#form?"
+void tbucket_form_register(void);
 
 /* ---- tbucket_settle.c ----------------------------------------------- */
 

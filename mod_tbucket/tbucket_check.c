@@ -7,7 +7,7 @@
  * cannot work is refused: a client configuration the core would refuse,
  * a lease with route buckets or another algorithm, shards too small to
  * keep one token and a valid rate each, a concurrency limit with shards
- * or a lease. What works but is likely a mistake draws one warning each:
+ * or a lease, TBucketRule with another algorithm or with shards. What works but is likely a mistake draws one warning each:
  * a cost that never fits its bucket, TBucketEnable without a limit,
  * TBucketShed where nothing is enabled, more local scopes or
  * route buckets than a request can take, a lease smaller than the cost,
@@ -63,9 +63,9 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                                                       &tbucket_module);
 
     if (dc->enable == 1 && !dc->limit_set && dc->concurrency <= 0
-        && dc->nlocal <= 0 && !sc->shed_min) {
+        && dc->nlocal <= 0 && !sc->shed_min && !dc->nrules) {
         warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
-                  "TBucketLimit, TBucketConcurrency, "
+                  "TBucketLimit, TBucketRule, TBucketConcurrency, "
                   "TBucketLocalConcurrency or TBucketShed in %s: requests "
                   "there are not limited", where));
     }
@@ -174,6 +174,18 @@ static const char *refuse_scope(apr_pool_t *p, const char *where,
         return apr_psprintf(p, "TBucketConcurrency in %s: a key's slots are "
                             "one set, and TBucketShards %d splits the key",
                             where, k);
+    }
+    if (dc->nrules && dc->algo > 0) {
+        return apr_psprintf(p, "TBucketRule %s in %s: rules are token "
+                            "buckets, decided with the scope's limit, and "
+                            "TBucketAlgorithm %s applies there",
+                            dc->rules[0]->name, where,
+                            tb_algo_name((tb_algo_t)dc->algo));
+    }
+    if (dc->nrules && k > 1) {
+        return apr_psprintf(p, "TBucketRule %s in %s: a rule's key is its "
+                            "own, never split, and TBucketShards %d "
+                            "applies there", dc->rules[0]->name, where, k);
     }
     if (k == 1) {
         return NULL;

@@ -127,8 +127,8 @@ static const char *redact_raw(apr_pool_t *p, const char *url)
                        "***", at, NULL);
 }
 
-static const char *bad_value(cmd_parms *cmd, const char *what,
-                             const char *value, const char *why)
+const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
+                              const char *value, const char *why)
 {
     return apr_psprintf(cmd->pool, "%s: bad %s '%s': %s", cmd->cmd->name,
                         what, value, why);
@@ -136,14 +136,14 @@ static const char *bad_value(cmd_parms *cmd, const char *what,
 
 /* arg as a whole number in min..max into *n; else the message that
  * names what (bad_value). */
-static const char *int_value(cmd_parms *cmd, const char *what,
-                             const char *arg, int64_t min, int64_t max,
-                             int64_t *n)
+const char *tbucket_int_value(cmd_parms *cmd, const char *what,
+                              const char *arg, int64_t min, int64_t max,
+                              int64_t *n)
 {
     char err[128];
 
     if (tb_parse_int(arg, min, max, n, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, what, arg, err);
+        return tbucket_bad_value(cmd, what, arg, err);
     }
     return NULL;
 }
@@ -158,7 +158,7 @@ static const char *int_or_off(cmd_parms *cmd, const char *what,
     if (!strcasecmp(arg, "off")) {
         return NULL;
     }
-    msg = int_value(cmd, what, arg, 1, max, n);
+    msg = tbucket_int_value(cmd, what, arg, 1, max, n);
     return msg ? apr_pstrcat(cmd->pool, msg, " (or Off)", NULL) : NULL;
 }
 
@@ -182,10 +182,10 @@ static const char *parse_ms(cmd_parms *cmd, const char *what,
     char err[128];
 
     if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, what, value, err);
+        return tbucket_bad_value(cmd, what, value, err);
     }
     if (ms < 1 || ms > 60000) {
-        return bad_value(cmd, what, value, "must be 1ms..60s");
+        return tbucket_bad_value(cmd, what, value, "must be 1ms..60s");
     }
     *out = (int)ms;
     return NULL;
@@ -269,10 +269,10 @@ static const char *scalar_store(cmd_parms *cmd, const tbucket_scalar *d,
     if (d->names) {
         n = tb_name_index(d->names, (int)d->max, arg, 1);
         if (n < 0) {
-            return bad_value(cmd, d->what, arg, d->expect);
+            return tbucket_bad_value(cmd, d->what, arg, d->expect);
         }
     }
-    else if ((msg = int_value(cmd, d->what, arg, d->min, d->max, &n))) {
+    else if ((msg = tbucket_int_value(cmd, d->what, arg, d->min, d->max, &n))) {
         return msg;
     }
     *(int *)((char *)rec + d->off) = (int)n;
@@ -321,7 +321,7 @@ static int tls_option(cmd_parms *cmd, tbucket_srv_conf *sc, const char *name,
     if (file) {
         *file = *value ? ap_server_root_relative(cmd->pool, value) : NULL;
         if (!*file) {
-            *msg = bad_value(cmd, name, value, "not a file name");
+            *msg = tbucket_bad_value(cmd, name, value, "not a file name");
         }
         return 1;
     }
@@ -331,7 +331,7 @@ static int tls_option(cmd_parms *cmd, tbucket_srv_conf *sc, const char *name,
     }
     if (!strcmp(name, "tls_verify")) {
         if (strcasecmp(value, "on") && strcasecmp(value, "off")) {
-            *msg = bad_value(cmd, name, value, "must be on or off");
+            *msg = tbucket_bad_value(cmd, name, value, "must be on or off");
         }
         t->no_verify = !strcasecmp(value, "off");
         return 1;
@@ -388,7 +388,7 @@ static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
                                                   : &sc->connect_timeout_ms);
     }
     if (!strcmp(name, "pool")) {
-        if ((msg = int_value(cmd, "pool", value, 1, 1024, &n))) {
+        if ((msg = tbucket_int_value(cmd, "pool", value, 1, 1024, &n))) {
             return msg;
         }
         sc->pool_size = (int)n;
@@ -398,7 +398,7 @@ static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
     if (!strcmp(name, "engine")) {
         if ((e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, value, 1))
             < 0) {
-            return bad_value(cmd, "engine", value,
+            return tbucket_bad_value(cmd, "engine", value,
                              "expected auto, script or module");
         }
         sc->engine = e;
@@ -423,7 +423,7 @@ static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
                "TBucketRedis redis://127.0.0.1:6379 timeout=50";
     }
     if (tb_url_parse(url, &addr, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "URL", redact_raw(cmd->temp_pool, url), err);
+        return tbucket_bad_value(cmd, "URL", redact_raw(cmd->temp_pool, url), err);
     }
     sc->url = apr_pstrdup(cmd->pool, url);
     sc->set |= TBUCKET_SET_URL;
@@ -468,7 +468,7 @@ static const char *set_breaker(cmd_parms *cmd, void *dummy,
         const char *name = split_opt(cmd->temp_pool, word, &value);
 
         if (name && !strcmp(name, "threshold")) {
-            const char *msg = int_value(cmd, "threshold", value, 1,
+            const char *msg = tbucket_int_value(cmd, "threshold", value, 1,
                                         1000000, &n);
 
             if (msg) {
@@ -479,10 +479,10 @@ static const char *set_breaker(cmd_parms *cmd, void *dummy,
         }
         else if (name && !strcmp(name, "cooldown")) {
             if (tb_parse_duration_ms(value, &n, err, sizeof(err)) != TB_OK) {
-                return bad_value(cmd, "cooldown", value, err);
+                return tbucket_bad_value(cmd, "cooldown", value, err);
             }
             if (n < 1) {
-                return bad_value(cmd, "cooldown", value, "must be > 0");
+                return tbucket_bad_value(cmd, "cooldown", value, "must be > 0");
             }
             sc->breaker_cooldown_ms = n;
             sc->set |= TBUCKET_SET_COOLDOWN;
@@ -509,7 +509,7 @@ static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
     (void)dummy;
     /* Room is kept for the "ip:" of fallback keys. */
     if (!tb_prefix_valid(arg) || strlen(arg) > TB_PREFIX_MAX - 3) {
-        return bad_value(cmd, "prefix", arg,
+        return tbucket_bad_value(cmd, "prefix", arg,
                          "1..61 printable characters without spaces or "
                          "braces");
     }
@@ -519,11 +519,11 @@ static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
     return NULL;
 }
 
-static const char *parse_limit(cmd_parms *cmd, const char *cap,
-                               const char *rate, tb_limit_t *lim)
+const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
+                                const char *rate, tb_limit_t *lim)
 {
     int64_t n;
-    const char *msg = int_value(cmd, "capacity", cap, 1,
+    const char *msg = tbucket_int_value(cmd, "capacity", cap, 1,
                                 (int64_t)TB_MAX_CAPACITY, &n);
     char err[128];
 
@@ -532,10 +532,10 @@ static const char *parse_limit(cmd_parms *cmd, const char *cap,
     }
     lim->capacity = (double)n;
     if (tb_parse_rate(rate, &lim->rate_per_sec, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "rate", rate, err);
+        return tbucket_bad_value(cmd, "rate", rate, err);
     }
     if (tb_limit_check(lim, err, sizeof(err)) != TB_OK) {
-        return bad_value(cmd, "limit",
+        return tbucket_bad_value(cmd, "limit",
                          apr_pstrcat(cmd->temp_pool, cap, " ", rate, NULL),
                          err);
     }
@@ -546,7 +546,7 @@ static const char *parse_limit(cmd_parms *cmd, const char *cap,
  * on a quote inside the argument of %{NAME:arg}, taking `apache2 -t` down
  * without naming the line. Refuse that form ourselves, with the directive
  * named, before the scanner sees it. */
-static const char *quote_in_var_arg(const char *arg)
+const char *tbucket_quote_in_var_arg(const char *arg)
 {
     const char *p = arg;
 
@@ -572,7 +572,7 @@ static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
     tbucket_dir_conf *dc = dcv;
     const char *err = NULL;
 
-    if (quote_in_var_arg(arg)) {
+    if (tbucket_quote_in_var_arg(arg)) {
         return apr_psprintf(cmd->pool, "TBucketKey: cannot parse "
                             "expression '%s': a quote inside %%{NAME:arg} "
                             "(httpd's expression scanner cannot take it)",
@@ -587,8 +587,7 @@ static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
                             "expression '%s': %s", arg,
                             err ? err : "unknown error");
     }
-    dc->key_late = ap_strcasestr(arg, "REMOTE_USER") != NULL
-                   || ap_strcasestr(arg, "AUTH_TYPE") != NULL;
+    dc->key_late = tbucket_key_is_late(arg);
     dc->key_is_addr = !strcasecmp(arg, "%{REMOTE_ADDR}")
                       || !strcasecmp(arg, "%{CONN_REMOTE_ADDR}");
     dc->key_set = 1;
@@ -599,7 +598,7 @@ static const char *set_limit(cmd_parms *cmd, void *dcv, const char *cap,
                              const char *rate)
 {
     tbucket_dir_conf *dc = dcv;
-    const char *msg = parse_limit(cmd, cap, rate, &dc->limit);
+    const char *msg = tbucket_parse_limit(cmd, cap, rate, &dc->limit);
 
     if (!msg) {
         dc->limit_set = 1;
@@ -612,7 +611,7 @@ static const char *set_cost(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
     int64_t n;
-    const char *msg = int_value(cmd, "cost", arg, 0,
+    const char *msg = tbucket_int_value(cmd, "cost", arg, 0,
                                 (int64_t)TB_MAX_CAPACITY, &n);
 
     if (msg) {
@@ -633,7 +632,7 @@ static const char *set_tenant(cmd_parms *cmd, void *dcv, const char *key,
     if (!*key) {
         return "TBucketTenant: the tenant key must not be empty";
     }
-    if ((msg = parse_limit(cmd, cap, rate, lim))) {
+    if ((msg = tbucket_parse_limit(cmd, cap, rate, lim))) {
         return msg;
     }
     if (!dc->tenants) {
@@ -657,10 +656,10 @@ static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
     int i;
 
     if (!tb_name_valid(name)) {
-        return bad_value(cmd, "route name", name,
+        return tbucket_bad_value(cmd, "route name", name,
                          "use 1..64 of A-Z a-z 0-9 _ . -");
     }
-    if ((msg = parse_limit(cmd, cap, rate, &rt.limit))) {
+    if ((msg = tbucket_parse_limit(cmd, cap, rate, &rt.limit))) {
         return msg;
     }
     if (!dc->routes) {
@@ -720,7 +719,7 @@ static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
         return *args ? apr_psprintf(cmd->pool, "%s: Off takes no options",
                                     cmd->cmd->name) : NULL;
     }
-    if ((msg = int_value(cmd, f->what, n_arg, 1, f->max_n, &v))) {
+    if ((msg = tbucket_int_value(cmd, f->what, n_arg, 1, f->max_n, &v))) {
         return msg;
     }
     *n = (int)v;
@@ -733,10 +732,10 @@ static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
                                 word);
         }
         if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
-            return bad_value(cmd, "ttl", value, err);
+            return tbucket_bad_value(cmd, "ttl", value, err);
         }
         if (ms < 1 || ms > f->max_ttl_ms) {
-            return bad_value(cmd, "ttl", value, f->ttl_why);
+            return tbucket_bad_value(cmd, "ttl", value, f->ttl_why);
         }
         *ttl_ms = (int)ms;
     }
@@ -769,7 +768,7 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
         }
     }
     if (!*arg || *p || p - arg > 64) {
-        return bad_value(cmd, "header name", arg,
+        return tbucket_bad_value(cmd, "header name", arg,
                          "expected a response header name of 1..64 "
                          "letters, digits or !#$%&'*+-.^_`|~, or Off");
     }
@@ -854,7 +853,7 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
                                 "P a percentage of busy workers 1..100, or "
                                 "Off)", word);
         }
-        if ((msg = int_value(cmd, name, value, 1, 100, &n))) {
+        if ((msg = tbucket_int_value(cmd, name, value, 1, 100, &n))) {
             return apr_pstrcat(cmd->pool, msg, " (a percentage of busy "
                                "workers, 1..100)", NULL);
         }
@@ -919,6 +918,15 @@ const command_rec tbucket_cmds[] = {
                   "Client key expression, e.g. \"%{HTTP:X-API-Key}\""),
     AP_INIT_TAKE2("TBucketLimit", set_limit, NULL, DIR_SCOPE,
                   "Capacity and rate, e.g. 100 10/s"),
+    AP_INIT_RAW_ARGS("TBucketRule", tbucket_set_rule, NULL, DIR_SCOPE,
+                     "One more limit with a key of its own, decided with "
+                     "the scope's others: NAME KEY CAPACITY RATE "
+                     "[cost=N] [count=STATUS,...] [ban=DURATION], e.g. "
+                     "user \"%{FORM:log}\" 5 1/m count=200 ban=15m; "
+                     "NAME Off removes an outer rule"),
+    AP_INIT_TAKE1("TBucketFormLimit", tbucket_set_form_limit, NULL,
+                  DIR_SCOPE, "Bytes of a form body %{FORM:field} reads at "
+                  "most, e.g. 8192 (the default)"),
     AP_INIT_TAKE1("TBucketCost", set_cost, NULL, DIR_SCOPE,
                   "Tokens per request in this scope, e.g. 10"),
     AP_INIT_TAKE3("TBucketTenant", set_tenant, NULL, DIR_SCOPE,

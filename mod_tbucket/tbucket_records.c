@@ -112,6 +112,7 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->concurrency = -1;
     dc->priority = -1;
     dc->local_state = -1;
+    dc->form_limit = -1;
     return dc;
 }
 
@@ -236,5 +237,6 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->priority = add->priority < outer ? add->priority : outer;
     }
     merge_local(m, base, add);
+    tbucket_rules_merge(m, base, add);
     return m;
 }

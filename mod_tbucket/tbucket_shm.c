@@ -56,7 +56,7 @@
 APLOG_USE_MODULE(tbucket);
 
 #define SHM_USERDATA_KEY "mod_tbucket_shm"
-#define SHM_MAGIC 0x74627535u         /* "tbu5": local scopes.          */
+#define SHM_MAGIC 0x74627536u         /* "tbu6": TBucketRule records.   */
 #define MAX_VHOSTS 256                /* Slots; the last one is "other". */
 #define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
                                        * and policy.                    */
@@ -76,7 +76,9 @@ APLOG_USE_MODULE(tbucket);
 #define MAX_RULES 256                 /* Rule records, all generations. */
 
 /* A rule's record: found by name at every configuration load, so a rule
- * that a restart keeps keeps its counts. */
+ * that a restart keeps keeps its counts. The same records count the
+ * sections that set TBucketLimit (by outcome) and each TBucketRule name
+ * (by tbucket_rule_event), in two arrays. */
 typedef struct tbucket_rule_rec {
     char name[TBUCKET_NAME_LEN];
     uint64_t generation;              /* Last load that had the rule.   */
@@ -131,8 +133,9 @@ typedef struct tbucket_shm {
     uint64_t top_off;                 /* The heavy hitters, 0: none.    */
     uint64_t top_bytes;
     uint32_t nrules;                  /* Rule records in use.           */
-    uint32_t pad3;
+    uint32_t nnamed;                  /* TBucketRule records in use.    */
     tbucket_rule_rec rules[MAX_RULES];
+    tbucket_rule_rec named[MAX_RULES];
 } tbucket_shm;
 
 /* This parent's segment, or NULL before the first post_config. Set in
@@ -142,7 +145,11 @@ static tbucket_shm *shm_seg = NULL;
 
 const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
     "allowed", "rejected", "shadow-rejected", "fallback-open",
-    "fallback-closed", "fallback-local", "shed"
+    "fallback-closed", "fallback-local", "shed", "banned"
+};
+
+const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS] = {
+    "applied", "refused", "banned", "ban", "charged"
 };
 
 const char *const tbucket_priority_names[TBUCKET_PRIOS] = {
@@ -777,37 +784,50 @@ void tbucket_shm_busy_put(apr_time_t now, uint32_t busy)
 
 /* ---- Rules ------------------------------------------------------------ */
 
-int tbucket_shm_rule_slot(const char *name)
+/* The record called name in recs (*n in use), made or found: its slot,
+ * or -1 when all are taken by names of the current configuration. */
+static int rec_slot(tbucket_shm *seg, tbucket_rule_rec *recs, uint32_t *n,
+                    const char *name)
 {
-    tbucket_shm *seg = shm_seg;
     tbucket_rule_rec *r = NULL;
     uint32_t i;
 
-    if (!seg) {
-        return -1;
-    }
-    for (i = 0; i < seg->nrules && !r; i++) {
-        if (!strcmp(seg->rules[i].name, name)) {
-            r = &seg->rules[i];
+    for (i = 0; i < *n && !r; i++) {
+        if (!strcmp(recs[i].name, name)) {
+            r = &recs[i];
         }
     }
     /* A record no configuration has used since the last load may take a
      * new name, and starts again from 0. */
-    for (i = 0; i < seg->nrules && !r && seg->nrules == MAX_RULES; i++) {
-        if (seg->rules[i].generation + 1 < seg->generation) {
-            r = &seg->rules[i];
+    for (i = 0; i < *n && !r && *n == MAX_RULES; i++) {
+        if (recs[i].generation + 1 < seg->generation) {
+            r = &recs[i];
             memset(r->outcome, 0, sizeof(r->outcome));
         }
     }
-    if (!r && seg->nrules < MAX_RULES) {
-        r = &seg->rules[seg->nrules++];
+    if (!r && *n < MAX_RULES) {
+        r = &recs[(*n)++];
     }
     if (!r) {
         return -1;
     }
     apr_cpystrn(r->name, name, sizeof(r->name));
     r->generation = seg->generation;
-    return (int)(r - seg->rules);
+    return (int)(r - recs);
+}
+
+int tbucket_shm_rule_slot(const char *name)
+{
+    return shm_seg ? rec_slot(shm_seg, shm_seg->rules, &shm_seg->nrules,
+                              name)
+                   : -1;
+}
+
+int tbucket_shm_named_slot(const char *name)
+{
+    return shm_seg ? rec_slot(shm_seg, shm_seg->named, &shm_seg->nnamed,
+                              name)
+                   : -1;
 }
 
 void tbucket_count_rule(int slot, tbucket_outcome o)
@@ -818,14 +838,26 @@ void tbucket_count_rule(int slot, tbucket_outcome o)
     }
 }
 
-apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p)
+void tbucket_count_named(int slot, tbucket_rule_event e)
+{
+    if (shm_seg && slot >= 0 && (uint32_t)slot < shm_seg->nnamed
+        && e < TBUCKET_RULE_EVENTS) {
+        tb_stats_add(&shm_seg->named[slot].outcome[e], 1);
+    }
+}
+
+/* The current configuration's records of recs, with n counters each, as
+ * views from p. */
+static apr_array_header_t *rec_views(apr_pool_t *p,
+                                     const tbucket_rule_rec *recs,
+                                     uint32_t nrecs, int n)
 {
     apr_array_header_t *a = apr_array_make(p, 8, sizeof(tbucket_rule_view));
     uint32_t i;
     int o;
 
-    for (i = 0; shm_seg && i < shm_seg->nrules; i++) {
-        const tbucket_rule_rec *r = &shm_seg->rules[i];
+    for (i = 0; shm_seg && i < nrecs; i++) {
+        const tbucket_rule_rec *r = &recs[i];
         tbucket_rule_view *v;
 
         if (r->generation != shm_seg->generation) {
@@ -833,9 +865,24 @@ apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p)
         }
         v = apr_array_push(a);
         v->name = apr_pstrdup(p, r->name);
-        for (o = 0; o < TBUCKET_OUTCOMES; o++) {
+        memset(v->outcome, 0, sizeof(v->outcome));
+        for (o = 0; o < n; o++) {
             v->outcome[o] = tb_stats_get(&r->outcome[o]);
         }
     }
     return a;
+}
+
+apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p)
+{
+    return shm_seg ? rec_views(p, shm_seg->rules, shm_seg->nrules,
+                               TBUCKET_OUTCOMES)
+                   : apr_array_make(p, 1, sizeof(tbucket_rule_view));
+}
+
+apr_array_header_t *tbucket_shm_named_views(apr_pool_t *p)
+{
+    return shm_seg ? rec_views(p, shm_seg->named, shm_seg->nnamed,
+                               TBUCKET_RULE_EVENTS)
+                   : apr_array_make(p, 1, sizeof(tbucket_rule_view));
 }

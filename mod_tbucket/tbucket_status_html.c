@@ -671,6 +671,36 @@ static void html_rules(request_rec *r, const tbucket_metrics *t)
              "no rule</td></tr></table>", r);
 }
 
+/* Each TBucketRule's events side by side, in tbucket_rule_event_names
+ * order, as collect_named_rules writes them. */
+static void html_named_rules(request_rec *r, const tbucket_metrics *t)
+{
+    const tbucket_family *f = fam_find(t, "tbucket_rule_events_total");
+    const char *row = NULL;
+    int i, e;
+
+    ap_rputs("<h2>TBucketRule</h2><table><tr><th>rule</th>", r);
+    for (e = 0; e < TBUCKET_RULE_EVENTS; e++) {
+        ap_rprintf(r, "<th class=\"n\">%s</th>",
+                   h(r, tbucket_rule_event_names[e]));
+    }
+    ap_rputs("</tr>", r);
+    for (i = 0; f && i < f->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
+                                                 tbucket_sample);
+        const char *rule = label_get(&s->labels, "rule");
+
+        if (!row || strcmp(row, rule)) {
+            ap_rprintf(r, "%s<tr><td><code>%s</code></td>", row ? "</tr>"
+                       : "", h(r, rule));
+            row = rule;
+        }
+        html_value(r, f, s, 1);
+    }
+    ap_rputs(row ? "</tr></table>" : "<tr><td colspan=\"6\" class=\"zero\">"
+             "no TBucketRule</td></tr></table>", r);
+}
+
 /* Every sample, as the text view lists them, folded away by default. */
 static void html_all(request_rec *r, const tbucket_metrics *t)
 {
@@ -732,6 +762,7 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     html_vhosts(r, t);
     html_top(r, t);
     html_rules(r, t);
+    html_named_rules(r, t);
     html_local(r, t);
     html_clients(r, t);
     ap_rputs("<h2>Local fallback table</h2><table class=\"kv\">", r);

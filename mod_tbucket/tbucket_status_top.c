@@ -1,5 +1,5 @@
 /* tbucket_status_top.c -- who is limited, on the status page: the top
- * keys and the rules' decisions.
+ * keys, the rules' decisions and each TBucketRule's events.
  *
  * The top keys are read once per page from the segment's heavy hitters
  * (tb_topk_t, tbucket_shm.c; the figures' promises are in shared/tb.h),
@@ -154,10 +154,37 @@ static void collect_rules(tbucket_metrics *t)
     }
 }
 
+/* Each TBucketRule name's events: decisions it was part of, refusals it
+ * bound (under its ban or not), bans set, count= charges. */
+static void collect_named_rules(tbucket_metrics *t)
+{
+    apr_array_header_t *views = tbucket_shm_named_views(t->p);
+    tbucket_family *f = tbucket_family_add(t, "tbucket_rule_events_total",
+                                           "counter", "What happened to "
+                                           "each TBucketRule (by NAME): "
+                                           "applied, refused, banned "
+                                           "(refused under its ban), ban "
+                                           "(bans set), charged (count= "
+                                           "charges after the response).");
+    int i, e;
+
+    for (i = 0; i < views->nelts; i++) {
+        const tbucket_rule_view *v = &APR_ARRAY_IDX(views, i,
+                                                    tbucket_rule_view);
+        tbucket_labels r = tbucket_labels_with(NULL, "rule", v->name), l;
+
+        for (e = 0; e < TBUCKET_RULE_EVENTS; e++) {
+            l = tbucket_labels_with(&r, "event", tbucket_rule_event_names[e]);
+            tbucket_sample_add(f, "", &l, v->outcome[e]);
+        }
+    }
+}
+
 void tbucket_collect_top(tbucket_metrics *t, apr_time_t now)
 {
     collect_keys(t, now);
     collect_rules(t);
+    collect_named_rules(t);
 }
 
 /* ---- The JSON view's "top" ------------------------------------------- */

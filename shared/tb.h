@@ -818,6 +818,8 @@ typedef struct tb_take {
     const char *route; /* NULL for the main bucket; the rule's name when
                         * key is set (tb_name_valid).                */
     const char *key;   /* NULL: the request's key. Else a rule's.    */
+    const char *prefix; /* A rule's: its key prefix, NULL for the
+                        * request's (tb_prefix_valid).                */
     size_t key_len;
     int hold;          /* 1: must hold cost, charged later.          */
     int64_t ban_ms;    /* 0, or 1 .. TB_MAX_BAN_MS.                  */

@@ -33,7 +33,8 @@ static int take_valid(const tb_take_t *t)
            && (!t->route || tb_name_valid(t->route))
            && (t->hold == 0 || t->hold == 1)
            && t->ban_ms >= 0 && t->ban_ms <= TB_MAX_BAN_MS
-           && (t->key || (!t->key_len && !t->hold && !t->ban_ms));
+           && (t->key || (!t->key_len && !t->hold && !t->ban_ms
+                          && !t->prefix));
 }
 
 int tb__call_rules(const tb_request_t *q)
@@ -56,8 +57,8 @@ static int take_key(const tb_request_t *q, const tb_take_t *t, int shard,
     if (t->key) {
         /* Rules are token buckets of their own key, never split. */
         return q->algo == TB_ALGO_TOKEN_BUCKET && shard < 0
-               && tb_key_build_rule(q->prefix, t->key, t->key_len, t->route,
-                                    out);
+               && tb_key_build_rule(t->prefix ? t->prefix : q->prefix,
+                                    t->key, t->key_len, t->route, out);
     }
     return tb_key_build_shard(q->prefix, q->key, q->key_len, shard,
                               t->route, out)

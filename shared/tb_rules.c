@@ -423,22 +423,21 @@ static int index_add(tb_client_t *c, const char *prefix,
 void tb__rules_index(tb_client_t *c, const tb_request_t *q,
                      const tb__call_t *k, unsigned bans)
 {
-    const char *pairs[2 * TB_MAX_BUCKETS];
-    char ms[TB_MAX_BUCKETS][24];
+    const char *pairs[2];
+    char ms[24];
     tb__error_t e = { 0, 0, "" };
-    int i, n = 0;
+    int i;
 
+    /* One update per ban: each rule bucket may have a prefix of its
+     * own, and bans are rare (one per refusal that bans). */
     for (i = 0; i < q->ntakes; i++) {
         if (bans & (1u << i)) {
-            snprintf(ms[n], sizeof(ms[n]), "%lld",
-                     (long long)k->takes[i].ban_ms);
-            pairs[2 * n] = k->keys[i];
-            pairs[2 * n + 1] = ms[n];
-            n++;
+            snprintf(ms, sizeof(ms), "%lld", (long long)k->takes[i].ban_ms);
+            pairs[0] = k->keys[i];
+            pairs[1] = ms;
+            index_add(c, k->takes[i].prefix ? k->takes[i].prefix
+                                            : q->prefix, pairs, 1, &e);
         }
-    }
-    if (n) {
-        index_add(c, q->prefix, pairs, n, &e);
     }
 }
 

@@ -13,6 +13,9 @@
  *   tbucket inspect KEY [--capacity N --rate R [--cost C]] [--route NAME]
  *   tbucket reset KEY [--route NAME]
  *   tbucket top URL [--once] [--interval DURATION]
+ *   tbucket bans
+ *   tbucket ban RULE KEY DURATION
+ *   tbucket unban RULE KEY
  *
  * Common options: --url URL (redis://[user:password@]host[:port][/db],
  * rediss://... for TLS, unix:/path, redis-sentinel://... or
@@ -65,6 +68,15 @@
  * server is shown with its control characters replaced, so a key cannot
  * drive the terminal.
  *
+ * `bans` lists the bans the module's TBucketRule ban= set (or `ban` made),
+ * one line each: rule, key and seconds left, from the index Redis keeps
+ * beside them ("<prefix>bans"), not a scan of the keyspace. `ban` bans
+ * KEY by RULE for DURATION (30s, 15m, 1h, 1d; at most 30d) on every
+ * replica, as a refusal would; `unban` lifts such a ban (exit 0 whether
+ * or not there was one; it says which). KEY is the rule's key as the
+ * module computes it (an address, a user name), RULE the TBucketRule
+ * NAME; --prefix is the module's TBucketPrefix.
+ *
  * `inspect` reads the stored state without changing it (HMGET and PTTL)
  * and, given the limit, refills it to now with the pure tb_bucket_take()
  * arithmetic the module's script shares. "Now" is this host's wall clock
@@ -107,6 +119,7 @@ typedef enum { POLICY_FAIL = 0, POLICY_OPEN, POLICY_CLOSED } tool_policy_t;
 typedef struct tool {
     const char *cmd;
     const char *key;
+    const char *arg2, *arg3;   /* ban RULE KEY DURATION: KEY, DURATION. */
     char url[URL_MAX];
     char prefix[TB_PREFIX_MAX + 1];
     char rule_key[TB_KEY_RAW_MAX + 1];
@@ -139,6 +152,7 @@ static void usage(FILE *f)
           " [--route NAME]\n"
           "       tbucket reset KEY [--route NAME]\n"
           "       tbucket top URL [--once] [--interval DURATION]\n"
+          "       tbucket bans | ban RULE KEY DURATION | unban RULE KEY\n"
           "options: --url URL  --config FILE  --prefix STRING (rl:)\n"
           "         --timeout DURATION (1s)  --rule [in:|out:]NAME\n"
           "         --algorithm NAME (token-bucket)\n"
@@ -437,6 +451,31 @@ static int set_option(tool_t *t, int c, const char *arg)
     }
 }
 
+/* The words after the command each command takes: KEY for most, none
+ * for bans, RULE KEY [DURATION] for unban and ban. */
+static int check_positionals(const tool_t *t)
+{
+    int want = 1, n = !!t->key + !!t->arg2 + !!t->arg3;
+
+    if (strcmp(t->cmd, "bans") == 0) {
+        want = 0;
+    }
+    else if (strcmp(t->cmd, "ban") == 0) {
+        want = 3;
+    }
+    else if (strcmp(t->cmd, "unban") == 0) {
+        want = 2;
+    }
+    if (n > want || (want > 1 && n != want)) {
+        return usage_error(want == 3 ? "ban takes RULE KEY DURATION"
+                           : want == 2 ? "unban takes RULE KEY"
+                           : "unexpected argument",
+                           n > want ? (t->arg3 ? t->arg3 : t->arg2
+                                       ? t->arg2 : t->key) : NULL);
+    }
+    return 0;
+}
+
 static int parse_args(tool_t *t, int argc, char **argv)
 {
     const char *env;
@@ -459,6 +498,12 @@ static int parse_args(tool_t *t, int argc, char **argv)
             }
             else if (!t->key) {
                 t->key = argv[optind];
+            }
+            else if (!t->arg2) {
+                t->arg2 = argv[optind];
+            }
+            else if (!t->arg3) {
+                t->arg3 = argv[optind];
             }
             else {
                 return usage_error("unexpected argument", argv[optind]);
@@ -491,6 +536,12 @@ static int parse_args(tool_t *t, int argc, char **argv)
     }
     if (!t->key && t->rule_key[0]) {
         t->key = t->rule_key;
+    }
+    if ((rc = check_positionals(t)) != 0) {
+        return rc;
+    }
+    if (strcmp(t->cmd, "bans") == 0) {
+        return 0;
     }
     if (!t->key || !*t->key) {
         return usage_error(strcmp(t->cmd, "top") == 0
@@ -738,6 +789,104 @@ static int cmd_reset(const tool_t *t)
     if (!t->quiet) {
         printf("reset %s\n", rkey);
     }
+    return 0;
+}
+
+/* ---- bans ------------------------------------------------------------ */
+
+/* A ban's DURATION: a whole number of s, m, h or d, 1s .. 30d. */
+static int parse_ban_ms(const char *s, int64_t *ms)
+{
+    static const char units[] = "smhd";
+    static const int64_t unit_ms[] = { 1000, 60000, 3600000, 86400000 };
+    const char *u;
+    char *end;
+    long long n;
+
+    if (!isdigit((unsigned char)s[0])) {
+        return -1;
+    }
+    errno = 0;
+    n = strtoll(s, &end, 10);
+    if (errno || !*end || end[1] || !(u = strchr(units, *end)) || n < 1
+        || n > TB_MAX_BAN_MS / unit_ms[u - units]) {
+        return -1;
+    }
+    *ms = n * unit_ms[u - units];
+    return 0;
+}
+
+static int cmd_ban(const tool_t *t, int lift)
+{
+    tb_client_t *c;
+    int64_t ms = 0;
+    int found = 0, rc;
+
+    if (!lift && parse_ban_ms(t->arg3, &ms) != 0) {
+        return usage_error("bad DURATION (30s, 15m, 1h, 1d; 1s to 30d)",
+                           t->arg3);
+    }
+    if (!tb_name_valid(t->key)) {
+        return usage_error("bad RULE", t->key);
+    }
+    if (!(c = connect_client(t, TB_POLICY_OPEN))) {
+        return EXIT_USAGE;
+    }
+    rc = lift ? tb_client_unban(c, t->prefix, t->key, t->arg2,
+                                strlen(t->arg2), &found)
+              : tb_client_ban(c, t->prefix, t->key, t->arg2,
+                              strlen(t->arg2), ms);
+    if (rc != TB_OK) {
+        redis_error(t, c->errstr, "");
+        tb_client_free(c);
+        return EXIT_UNAVAILABLE;
+    }
+    tb_client_free(c);
+    if (!t->quiet) {
+        if (lift) {
+            printf("%s %s: %s\n", t->key, t->arg2,
+                   found ? "unbanned" : "was not banned");
+        }
+        else {
+            printf("%s %s: banned for %llds\n", t->key, t->arg2,
+                   (long long)(ms / 1000));
+        }
+    }
+    return 0;
+}
+
+#define BANS_MAX 10000
+
+static int cmd_bans(const tool_t *t)
+{
+    tb_ban_t *b = calloc(BANS_MAX, sizeof(*b));
+    tb_client_t *c;
+    int i, n = 0;
+
+    if (!b) {
+        fprintf(stderr, "tbucket: out of memory\n");
+        return EXIT_UNAVAILABLE;
+    }
+    if (!(c = connect_client(t, TB_POLICY_OPEN))) {
+        free(b);
+        return EXIT_USAGE;
+    }
+    if (tb_client_bans(c, t->prefix, b, BANS_MAX, &n) != TB_OK) {
+        redis_error(t, c->errstr, "");
+        tb_client_free(c);
+        free(b);
+        return EXIT_UNAVAILABLE;
+    }
+    tb_client_free(c);
+    if (!t->quiet) {
+        printf("%-32s %-40s %s\n", "RULE", "KEY", "SECONDS LEFT");
+    }
+    for (i = 0; i < n; i++) {
+        /* Stored keys are sanitised: printable, no spaces. */
+        printf("%-32s %-40s %lld\n", b[i].rule, b[i].key,
+               (long long)((b[i].left_ms + 999) / 1000));
+    }
+    free(b);
     return 0;
 }
 
@@ -1517,6 +1666,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(t.cmd, "top") == 0) {
         return cmd_top(&t);
+    }
+    if (strcmp(t.cmd, "bans") == 0) {
+        return cmd_bans(&t);
+    }
+    if (strcmp(t.cmd, "ban") == 0 || strcmp(t.cmd, "unban") == 0) {
+        return cmd_ban(&t, t.cmd[0] == 'u');
     }
     return usage_error("unknown command", t.cmd);
 }
