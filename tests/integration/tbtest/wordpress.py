@@ -217,9 +217,11 @@ echo $id, "\n";
 SALT_NAMES = ("AUTH_KEY", "SECURE_AUTH_KEY", "LOGGED_IN_KEY", "NONCE_KEY",
               "AUTH_SALT", "SECURE_AUTH_SALT", "LOGGED_IN_SALT", "NONCE_SALT")
 
-Response = namedtuple("Response", "status location cookies text")
+Response = namedtuple("Response", "status location cookies text headers",
+                      defaults=({},))
 Response.__doc__ = """One HTTP answer: status, Location header (or None),
-cookies set ({name: value}), body as text."""
+cookies set ({name: value}), body as text, headers ({lower-case name:
+value})."""
 
 
 def require_stack():
@@ -381,7 +383,8 @@ def request(apache, method, path, body=None, headers=None,
             c.load(line)
             cookies.update({k: m.value for k, m in c.items()})
         return Response(r.status, r.getheader("Location"), cookies,
-                        data.decode("utf-8", "replace"))
+                        data.decode("utf-8", "replace"),
+                        {k.lower(): v for k, v in r.getheaders()})
     finally:
         conn.close()
 

@@ -1,0 +1,183 @@
+"""test_wordpress_rules.py -- a real legacy login no one here wrote, under
+brute force and credential stuffing: Debian's WordPress 6.1 on MariaDB
+behind two prefork Apache replicas sharing one Redis (tbtest/wordpress.py),
+protected by the rules the issue asks a site to be able to write:
+
+    <Location "/wp-login.php">
+        TBucketEnable On
+        TBucketRule ip   "%{REMOTE_ADDR}" 20 1/m count=200 ban=1h
+        TBucketRule user "%{FORM:log}"     5 1/m count=200 ban=15m
+        TBucketRule all  "all"           100 10/s
+    </Location>
+
+WordPress answers a failed login with 200 and a good one with 302, so
+count=200 counts failures; WordPress itself is not changed. Checked: how
+many attempts reach PHP (capacity + rate x T at most, across both
+replicas), the bans on both replicas, a real user on another address
+logging in throughout (never charged), and every login body reaching
+WordPress intact. The figures are written to $TB_RESULTS/login_flood.tsv
+(docs/benchmarks.md quotes them).
+"""
+import os
+import time
+
+import pytest
+
+from tbtest.proof import RESULTS
+from tbtest.wordpress import WordPress, login_body, require_stack
+
+RULES = """<Location "/wp-login.php">
+    TBucketEnable On
+    TBucketRule ip   "%{REMOTE_ADDR}" 20 1/m count=200 ban=1h
+    TBucketRule user "%{FORM:log}"     5 1/m count=200 ban=15m
+    TBucketRule all  "all"           100 10/s
+</Location>"""
+
+REAL_SOURCE = "127.0.0.200"
+
+
+@pytest.fixture(scope="module")
+def wp():
+    require_stack()
+    w = WordPress()
+    try:
+        yield w.start()
+    finally:
+        w.cleanup()
+
+
+def protect(wp, redis, prefix):
+    wp.configure(server="TBucketRedis %s timeout=1000\nTBucketPrefix %s\n"
+                        "TBucketRefusalLog notice" % (redis.url, prefix),
+                 vhost=RULES)
+
+
+COLUMNS = ("attempts", "addresses", "reached_php", "bound", "seconds",
+           "real_user_302")
+
+
+def record(name, **figures):
+    """One row of $TB_RESULTS/login_flood.tsv (written fresh by the first
+    scenario of a run)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, "login_flood.tsv")
+    mode = "w" if name == "brute-force" else "a"
+    with open(path, mode) as f:
+        if mode == "w":
+            f.write("scenario\t%s\n" % "\t".join(COLUMNS))
+        f.write("%s\t%s\n" % (name, "\t".join(str(figures[k])
+                                              for k in COLUMNS)))
+
+
+def bound(cap, rate_per_min, t0):
+    """capacity + rate x T: the most a bucket can admit since t0."""
+    return cap + rate_per_min * (time.monotonic() - t0) / 60.0 + 1
+
+
+def real_user_logs_in(wp, replica):
+    name, password = wp.user
+    assert wp.login(replica, name, password, REAL_SOURCE) == 302
+
+
+# Brute force from one address: first on one user (the user rule stops
+# it at 5, and bans the name on both replicas), then on many user names
+# (the address rule stops it at 20, and bans the address for everything).
+# At most capacity + rate x T attempts of each kind reach WordPress; the
+# real user, on another address, logs in throughout and is never charged.
+def test_module_191_01(wp, redis_server):
+    protect(wp, redis_server, "wb:")
+    r = redis_server.client()
+    name, password = wp.user
+    attacker, victim = "127.0.0.10", wp.admin[0]
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    statuses = []
+    for i in range(30):
+        statuses.append(wp.login(i % 2, victim, "guess%d" % i, attacker))
+        if i % 10 == 0:
+            real_user_logs_in(wp, 1 - i % 2)
+    reached = [e for e in wp.post_log()[before:]
+               if e["remote_addr"] == attacker]
+    assert len(reached) <= bound(5, 1, t0), len(reached)
+    assert statuses[:5] == [200] * 5 and set(statuses[6:]) == {429}, \
+        statuses
+    for replica in (0, 1):
+        res = wp.post_login(replica, victim, wp.admin[1], "127.0.0.11")
+        assert res.status == 429 and '"banned"' in res.text, res.text
+        assert 850 < int(res.headers["retry-after"]) <= 900
+    user_phase = len(reached)
+    # Spraying other names from the same address: the address rule.
+    sprayed = [wp.login(i % 2, "user%d" % i, "pw", attacker)
+               for i in range(40)]
+    reached = [e for e in wp.post_log()[before:]
+               if e["remote_addr"] == attacker]
+    assert len(reached) - user_phase <= bound(20, 1, t0) - user_phase + 1
+    assert sprayed.count(200) == 20 - user_phase, sprayed
+    assert set(sprayed[20 - user_phase + 1:]) == {429}
+    for replica in (0, 1):
+        res = wp.post_login(replica, name, password, attacker)
+        assert res.status == 429 and '"rule":"ip"' in res.text
+        assert 3500 < int(res.headers["retry-after"]) <= 3600
+    real_user_logs_in(wp, 0)
+    # The real user's successes were never charged.
+    assert r.hget(b"wb:{%s}:rule:ip" % REAL_SOURCE.encode(),
+                  "tokens") is None
+    assert r.hget(b"wb:{alice}:rule:user", "tokens") is None
+    record("brute-force", attempts=70, addresses=1,
+           reached_php=len(reached), bound=round(bound(20, 1, t0), 1),
+           seconds=round(time.monotonic() - t0, 2), real_user_302=4)
+
+
+# Credential stuffing from 50 loopback addresses, two tries each, against
+# one user name: the user rule stops it at 5 whatever the address; no
+# address is banned (each stayed under 20); the real user logs in
+# throughout; refused posts never reach PHP.
+def test_module_191_02(wp, redis_server):
+    protect(wp, redis_server, "ws:")
+    victim = wp.admin[0]
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    statuses = []
+    for k in range(2):
+        for i in range(50):
+            src = "127.0.1.%d" % (i + 1)
+            statuses.append(wp.login(i % 2, victim, "leak%d-%d" % (k, i),
+                                     src))
+            if i % 10 == 0:
+                real_user_logs_in(wp, i % 2)
+    stuffed = [e for e in wp.post_log()[before:]
+               if e["remote_addr"].startswith("127.0.1.")]
+    assert len(stuffed) <= bound(5, 1, t0), len(stuffed)
+    assert statuses.count(200) == len(stuffed)
+    assert statuses.count(429) == 100 - len(stuffed)
+    # No address is banned: a fresh user from any of them gets in.
+    name, password = wp.user
+    assert wp.login(0, name, password, "127.0.1.7") == 302
+    record("credential-stuffing", attempts=100, addresses=50,
+           reached_php=len(stuffed), bound=round(bound(5, 1, t0), 1),
+           seconds=round(time.monotonic() - t0, 2), real_user_302=10)
+
+
+# Every post that was let through reaches WordPress byte for byte, with
+# its source address; the refused ones never do; the log says which rule
+# refused each and which address it was.
+def test_module_191_03(wp, redis_server):
+    protect(wp, redis_server, "wi:")
+    name, password = wp.user
+    before = len(wp.post_log())
+    sent = []
+    for i in range(8):
+        pw = password if i % 4 == 3 else "bad%d" % i
+        st = wp.login(i % 2, name, pw, "127.0.2.%d" % (i + 1))
+        sent.append((login_body(name, pw), st))
+    got = wp.post_log()[before:]
+    let_through = [s for s in sent if s[1] != 429]
+    assert [e["body"] for e in got] == [s[0] for s in let_through]
+    # alice's 302s were not charged: of her 6 failures, 5 passed.
+    assert [s[1] for s in sent] == [200, 200, 200, 302, 200, 200, 429,
+                                    429], [s[1] for s in sent]
+    logs = "".join(a.read_log() for a in wp.replicas)
+    assert 'TB00160: refused client=127.0.2.7 key="alice" limit="user"' \
+        in logs, logs[-2000:]
+    for a in wp.replicas:
+        a.assert_log_clean(allowed=("TB00160",))
