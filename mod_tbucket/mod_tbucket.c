@@ -722,25 +722,50 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     return rq;
 }
 
+/* d's key as the status page shows it, for a log line: sanitised, so
+ * it holds no control byte or space; its '"', '\\' and '%' are written
+ * %22, %5C and %25, since httpd doubles every backslash of a message:
+ * nothing a client sends can end the field or forge another one. */
+static const char *quoted_key(request_rec *r, const tbucket_srv_conf *sc,
+                              const tbucket_decision *d)
+{
+    char key[TB_TOPK_KEY_LEN], *quoted = apr_palloc(r->pool,
+                                                     3 * TB_TOPK_KEY_LEN);
+    size_t i, n = shown_key(sc, d, key), q = 0;
+
+    for (i = 0; i < n; i++) {
+        if (key[i] == '"' || key[i] == '\\' || key[i] == '%') {
+            q += apr_snprintf(quoted + q, 4, "%%%02X", (unsigned)key[i]);
+        }
+        else {
+            quoted[q++] = key[i];
+        }
+    }
+    quoted[q] = '\0';
+    return quoted;
+}
+
 /* The refusal line (TB00160), at TBucketRefusalLog's level, for tools
  * such as fail2ban: a stable format, documented in docs/reference.txt,
  * whose values are the client's address (r->useragent_ip: the real
- * client behind a trusted proxy, with mod_remoteip), the key as the
- * status page shows it, quoted, the limit, the virtual host and the
- * wait. The key is sanitised, so it holds no control byte or space; its
- * '"', '\\' and '%' are written %22, %5C and %25, since httpd doubles
- * every backslash of a message: nothing a client sends can end the field
- * or forge another one. The closed policy's refusals (Redis could not
- * decide) are not the client's doing and are not logged here. */
+ * client behind a trusted proxy, with mod_remoteip), the network its
+ * limit counts (net=: the address, or an IPv6 client's TBucketIPv6Prefix
+ * network, which a client rotating addresses inside it shares, so a
+ * ban must be of the network), the key as the status page shows it,
+ * quoted, the limit, the virtual host and the wait, then the refusing
+ * TBucketRule and whether its ban refused. The failure policy's
+ * refusals (Redis could not decide) are not the client's doing: the
+ * local policy's are logged as TB00163, which the fail2ban filter does
+ * not match, and the closed policy's not at all. */
 static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
                         const tbucket_decision *d)
 {
     static const int level[TBUCKET_REFUSAL_LOGS] = {
         0, APLOG_NOTICE, APLOG_INFO, APLOG_DEBUG
     };
-    char key[TB_TOPK_KEY_LEN], quoted[3 * TB_TOPK_KEY_LEN];
-    const char *limit;
-    size_t i, n, q = 0;
+    const char *limit = binding_name(d), *ip = r->useragent_ip;
+    const tbucket_named_rule *ru = refusing_rule(d);
+    char net[TB_IP_KEY_LEN];
 
     if (sc->refusal_log <= TBUCKET_REFUSAL_LOG_OFF
         || sc->refusal_log >= TBUCKET_REFUSAL_LOGS
@@ -752,25 +777,23 @@ static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
         && !APLOG_R_IS_LEVEL(r, level[sc->refusal_log])) {
         return;
     }
-    /* The key as the status page shows it. */
-    n = shown_key(sc, d, key);
-    for (i = 0; i < n; i++) {
-        if (key[i] == '"' || key[i] == '\\' || key[i] == '%') {
-            q += apr_snprintf(quoted + q, 4, "%%%02X", (unsigned)key[i]);
-        }
-        else {
-            quoted[q++] = key[i];
-        }
+    if (d->res.source == TB_SRC_LOCAL) {
+        ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r,
+                      TBLOGNO(00163) "fallback refused client=%s key=\"%s\" "
+                      "(Redis could not decide: the local failure policy's "
+                      "share of the limit, not the client's own doing)", ip,
+                      quoted_key(r, sc, d));
+        return;
     }
-    quoted[q] = '\0';
-    limit = binding_name(d);
+    if (!ip || !tb_ip_key(ip, sc->ipv6_bits, net, sizeof(net))) {
+        apr_cpystrn(net, ip ? ip : "-", sizeof(net));
+    }
     ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r, TBLOGNO(00160)
-                  "refused client=%s key=\"%s\" limit=\"%s\" vhost=\"%s\" "
-                  "retry_after=%" APR_INT64_T_FMT "%s%s%s", r->useragent_ip,
-                  quoted, limit ? limit : "default",
+                  "refused client=%s net=%s key=\"%s\" limit=\"%s\" "
+                  "vhost=\"%s\" retry_after=%" APR_INT64_T_FMT "%s%s%s", ip,
+                  net, quoted_key(r, sc, d), limit ? limit : "default",
                   sc->vhost_name ? sc->vhost_name : "-", d->retry_s,
-                  refusing_rule(d) ? " rule=" : "",
-                  refusing_rule(d) ? refusing_rule(d)->name : "",
+                  ru ? " rule=" : "", ru ? ru->name : "",
                   d->res.banned ? " banned" : "");
 }
 

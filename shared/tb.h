@@ -262,7 +262,9 @@ size_t tb_key_sanitize(const char *key, size_t len, char *out);
 /* The key as operators see it, on the status page, in tbucket top and in
  * the refusal log line alike: its sanitised form, after "ip:" for a
  * client keyed by its address (ip != 0), into out (TB_TOPK_KEY_LEN
- * bytes). Returns its length. */
+ * bytes). A key that is no address but starts with "ip:" or "key:" is
+ * shown after "key:" ("key:ip:10.0.0.1"), so the two kinds never look
+ * alike. Returns its length. */
 size_t tb_key_show(const char *key, size_t len, int ip, char *out);
 
 /* Build "<prefix>{<sanitised key>}" or, with a route name,
@@ -588,9 +590,10 @@ int tb_inflight_pid_alive(uint32_t tag);
 
 #define TB_TOPK_MAX_K 1000                /* k at most.                  */
 #define TB_TOPK_SLOTS 16                  /* Minutes kept.               */
-/* The key as shown: its sanitised form (tb_key_sanitize), after "ip:"
- * for a client keyed by its address; NUL included. */
-#define TB_TOPK_KEY_LEN (TB_KEY_RAW_MAX + 4)
+/* The key as shown (tb_key_show): its sanitised form (tb_key_sanitize),
+ * after "ip:" for a client keyed by its address, or "key:" for another
+ * that starts like one; NUL included. */
+#define TB_TOPK_KEY_LEN (TB_KEY_RAW_MAX + 5)
 
 typedef struct tb_topk tb_topk_t;
 

@@ -27,13 +27,24 @@ static int safe_byte(unsigned char c)
 
 size_t tb_key_show(const char *key, size_t len, int ip, char *out)
 {
-    size_t at = 0;
+    size_t at = 0, n;
 
     if (ip) {
         memcpy(out, "ip:", 3);
         at = 3;
     }
-    return at + tb_key_sanitize(key, len, out + at);
+    n = tb_key_sanitize(key, len, out + at);
+    /* A key that is not an address but reads like one ("ip:10.0.0.1",
+     * sent as a header) or like this escape is shown after "key:", so
+     * no client can pose as another client's address, or as another
+     * escaped key, wherever keys are shown. */
+    if (!ip && ((n >= 3 && !memcmp(out, "ip:", 3))
+                || (n >= 4 && !memcmp(out, "key:", 4)))) {
+        memmove(out + 4, out, n + 1);
+        memcpy(out, "key:", 4);
+        at = 4;
+    }
+    return at + n;
 }
 
 size_t tb_key_sanitize(const char *key, size_t len, char *out)

@@ -391,7 +391,8 @@ def test_module_180_07(apache_factory, redis_server):
     st, h, text = request(a, "/cgi-bin/login.cgi", headers={"X-User": "mo"})
     assert '"error":"banned"' in text and h["x-ratelimit-remaining"] == "0"
     log = a.read_log()
-    assert 'key="mo" limit="tight"' in log and "rule=tight" in log
+    assert 'net=127.0.0.1 key="mo" limit="tight"' in log
+    assert "rule=tight" in log
     assert "rule=tight banned" in log
     wait_until(lambda: " 429 banned tight " in open(
         os.path.join(a.root, "logs", "rules.log")).read())

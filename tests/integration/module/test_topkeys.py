@@ -526,13 +526,14 @@ def test_module_162_01(apache_factory, redis_server):
                        "127.0.0.5": 4, "127.0.0.6": 1}
     lines = refusal_lines(a)
     assert len(lines) == 7
-    fmt = re.compile(r'TB00160: refused client=(\S+) key="ip:(\S+)" '
+    fmt = re.compile(r'TB00160: refused client=(\S+) net=(\S+) '
+                     r'key="ip:(\S+)" '
                      r'limit="default" vhost="[^"]+" retry_after=(\d+)'
                      r'(?:, referer: .*)?$')
     for ln in lines:
         m = fmt.search(ln)
-        assert m and m.group(1) == m.group(2), ln
-        assert 3500 <= int(m.group(3)) <= 3600, ln
+        assert m and m.group(1) == m.group(2) == m.group(3), ln
+        assert 3500 <= int(m.group(4)) <= 3600, ln
         assert "[client %s:" % m.group(1) in ln
     ips = fail2ban_ips(a.error_log)
     assert sorted(ips) == sorted(ip for ip, n in refused.items()
@@ -553,7 +554,8 @@ def test_module_162_02(apache_factory, redis_server):
             for _ in range(2)] == [200, 429]
     c.close()
     (line,) = refusal_lines(a)
-    assert 'client=127.0.0.7 key="k%5C%22q%2541" limit="default"' in line
+    assert 'client=127.0.0.7 net=127.0.0.7 key="k%5C%22q%2541" ' \
+        'limit="default"' in line
     assert fail2ban_ips(a.error_log) == ["127.0.0.7"]
 
     a.stop()

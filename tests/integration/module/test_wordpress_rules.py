@@ -177,7 +177,7 @@ def test_module_191_03(wp, redis_server):
     assert [s[1] for s in sent] == [200, 200, 200, 302, 200, 200, 429,
                                     429], [s[1] for s in sent]
     logs = "".join(a.read_log() for a in wp.replicas)
-    assert 'TB00160: refused client=127.0.2.7 key="alice" limit="user"' \
-        in logs, logs[-2000:]
+    assert 'TB00160: refused client=127.0.2.7 net=127.0.2.7 key="alice" ' \
+        'limit="user"' in logs, logs[-2000:]
     for a in wp.replicas:
         a.assert_log_clean(allowed=("TB00160",))
