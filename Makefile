@@ -126,7 +126,8 @@ TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
 # replay_main.c instead of libFuzzer, so gcc suffices; always ASan + UBSan,
 # as the fuzz targets are. The core is compiled once for all of them.
 REPLAY_TARGETS = url key parse call $(if $(wildcard shim/shim_conf.c),shimconf) \
-                 $(if $(wildcard redismod/tbucket_call.c),rmcall)
+                 $(if $(wildcard redismod/tbucket_call.c),rmcall) \
+                 $(if $(wildcard mod_tbucket/tbucket_form_parse.c),form)
 REPLAY_BIN = $(patsubst %,$(BUILD)/fuzz/replay_%,$(REPLAY_TARGETS))
 REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=all -D_GNU_SOURCE -Ishared -Ishim \
@@ -269,12 +270,21 @@ $(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
 $(BUILD)/fuzz/replay_shimconf: $(REPLAY_DIR)/shim_conf.o
 $(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_DIR)/shim_conf.o
 $(BUILD)/fuzz/replay_shimconf: REPLAY_LIBS = -lconfig -ldl
+$(REPLAY_DIR)/%.o: mod_tbucket/%.c $(wildcard mod_tbucket/*_parse.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -Imod_tbucket -c $< -o $@
+
+$(BUILD)/fuzz/replay_form: $(REPLAY_DIR)/tbucket_form_parse.o
+$(BUILD)/fuzz/replay_form: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_form_parse.o
+$(REPLAY_DIR)/fuzz_form.o: REPLAY_CFLAGS += -Imod_tbucket
+$(REPLAY_DIR)/fuzz_form.o: mod_tbucket/tbucket_form_parse.h
 $(BUILD)/fuzz/replay_rmcall: $(REPLAY_DIR)/tbucket_call.o
 $(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_call.o
 $(REPLAY_DIR)/fuzz_rmcall.o: REPLAY_CFLAGS += -Iredismod
 $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 # Kept between builds (make would delete them as intermediate files).
 .SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o $(REPLAY_DIR)/tbucket_call.o \
+    $(REPLAY_DIR)/tbucket_form_parse.o \
     $(patsubst %,$(REPLAY_DIR)/fuzz_%.o,$(REPLAY_TARGETS))
 
 # The algorithm unit tests share their vector reader.

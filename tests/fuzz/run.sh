@@ -6,7 +6,8 @@
 #
 # Targets (tests/fuzz/fuzz_<name>.c): url, key, parse, call, shimconf (when
 # shim/shim_conf.c exists), rmcall (redismod/tbucket_call.c, the Redis
-# module's command parser) and any module target added later. Each is
+# module's command parser), form (mod_tbucket/tbucket_form_parse.c, the
+# module's reader of login forms) and any target added later. Each is
 # built with clang -fsanitize=fuzzer,address,undefined over the core
 # sources, seeded from tests/fuzz/corpus/<name>/ (kept in git: seeds and
 # every regression input), and grows a scratch corpus under
@@ -18,7 +19,7 @@ set -eu
 BUILD=${1:-build}
 SECS=${2:-25}
 [ $# -ge 2 ] && shift 2 || shift $#
-TARGETS=${*:-"url key parse call shimconf rmcall"}
+TARGETS=${*:-"url key parse call shimconf rmcall form"}
 CLANG=${CLANG:-clang}
 FUZZ=$BUILD/fuzz
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all"
@@ -62,6 +63,9 @@ for t in $TARGETS; do
     rmcall)
         # tbucket_redis.so's parser and decision, without Redis.
         build rmcall "redismod/tbucket_call.c -Iredismod" "" ;;
+    form)
+        # The module's form reader (%{FORM:field}), without Apache.
+        build form "mod_tbucket/tbucket_form_parse.c -Imod_tbucket" "" ;;
     *)
         build "$t" "" "" ;;
     esac

@@ -26,6 +26,7 @@ TARGETS = {
     "call": [],
     "shimconf": ["shim/shim_conf.c"],
     "rmcall": ["redismod/tbucket_call.c"],
+    "form": ["mod_tbucket/tbucket_form_parse.c"],
 }
 
 
