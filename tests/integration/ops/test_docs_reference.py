@@ -5,7 +5,9 @@ the names the code accepts -- the module's AP_INIT_* directive table, the
 settings the shim's loader compares against, the tool's long options,
 commands and exit codes -- and require the two sets to be equal, so a new
 directive without documentation (or documentation of a removed one) fails.
-They also render the pages and check groff has nothing to say.
+They also render the pages and check groff has nothing to say. The same
+holds for the status page: the metric families a live Apache serves and
+the table of docs/status-page.md list the same names with the same types.
 """
 import glob
 import importlib.util
@@ -15,6 +17,7 @@ import subprocess
 
 import pytest
 
+from tbtest.apache import http_get
 from tbtest.env import ROOT
 
 REF = os.path.join(ROOT, "docs", "reference.txt")
@@ -176,3 +179,50 @@ def test_docs_001_07_man_pages_render(tmp_path):
                 assert b[1].name.replace("-", "") in flat.replace("-", ""), \
                     "%s: %s missing from the rendered page" % (path,
                                                                b[1].name)
+
+
+def status_doc_metrics():
+    """{family: type} from the table under '## Metrics' in
+    docs/status-page.md: every backquoted tbucket_ name of a row's first
+    cell (a row may name several families of one type)."""
+    text = read("docs/status-page.md")
+    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`tbucket_"):
+            continue
+        for name in re.findall(r"`(tbucket_\w+)`", cells[0]):
+            out[name] = cells[1]
+    return out
+
+
+# Every metric family the status page serves (its # TYPE lines, from a
+# live Apache with the module, a Redis and a limit) is in the table of
+# docs/status-page.md with its type, and the table lists no other.
+def test_docs_001_08_status_metrics(apache_factory, redis_server):
+    a = apache_factory()
+    a.start("""
+TBucketRedis %s timeout=500
+TBucketShed low=50
+<Location /limited>
+    TBucketEnable On
+    TBucketLimit 5 1/s
+    TBucketLocalConcurrency 4
+</Location>
+<Location /tbucket-status>
+    SetHandler tbucket-status
+</Location>
+""" % redis_server.url)
+    assert http_get(a.url("/limited/ok.txt")).status_code == 200
+    page = http_get(a.url("/tbucket-status")).text
+    code = dict(re.findall(r"^# TYPE (tbucket_\w+) (\w+)$", page, re.M))
+    assert "tbucket_decisions_total" in code, page[:500]
+    docs = status_doc_metrics()
+    assert set(code) == set(docs), (
+        "metrics served but not in docs/status-page.md: %s; documented but "
+        "not served: %s" % (sorted(set(code) - set(docs)) or "-",
+                            sorted(set(docs) - set(code)) or "-"))
+    wrong = {n: (code[n], docs[n]) for n in code if code[n] != docs[n]}
+    assert not wrong, "types served vs documented: %s" % wrong
+    a.assert_log_clean()

@@ -35,6 +35,8 @@ MOD_PKG = "libapache2-mod-tbucket"
 TOOLS_PKG = "tbucket-tools"
 REDIS_PKG = "redis-tbucket"
 REDIS_MODULE = "usr/lib/redis/modules/tbucket_redis.so"
+# The file an admin's redis.conf includes, by a pattern, to load it.
+REDIS_LOAD = "usr/share/redis-tbucket/redis-tbucket.conf"
 # The dependency dh_apache2 adds: the module ABI of httpd 2.4.
 APACHE_API = "apache2-api-20120211"
 
@@ -60,6 +62,7 @@ def expected_files():
         REDIS_PKG: {
             # Executable: Redis 7 loads no module file without an x bit.
             REDIS_MODULE: 0o755,
+            REDIS_LOAD: 0o644,
             doc_redis + "README.md": 0o644,
             doc_redis + "changelog.Debian": 0o644,
             doc_redis + "copyright": 0o644,
@@ -224,6 +227,8 @@ def test_deb_001_03_depends_and_scripts(debs):
     assert "libc6" in red and "hiredis" not in red, red
     assert "redis-server" in deb_field(debs[REDIS_PKG], "Enhances")
     assert deb_control_file(debs[REDIS_PKG], "postinst") is None
+    # Removal warns about a redis.conf that still loads the module.
+    assert "tbucket_redis" in deb_control_file(debs[REDIS_PKG], "postrm")
     postinst = deb_control_file(debs[MOD_PKG], "postinst") or ""
     assert "enmod" not in postinst
     prerm = deb_control_file(debs[MOD_PKG], "prerm")
@@ -232,6 +237,7 @@ def test_deb_001_03_depends_and_scripts(debs):
     assert postrm and '"$1" = "purge"' in postrm, postrm
     assert re.search(r"apache2_invoke dismod", postrm), postrm
     assert re.search(r"for conf in tbucket\b", postrm), postrm
+    assert "<IfModule tbucket_module>" in postrm, postrm
 
 
 # dpkg-buildflags' hardening reached compiler and linker: full RELRO
@@ -513,5 +519,121 @@ def test_deb_002_01_install_enable_remove_purge(debs):
         for pkg in (MOD_PKG, TOOLS_PKG):
             p = r.run("dpkg-query -W -f='${Status}' %s" % pkg, check=False)
             assert p.returncode != 0 or "not-installed" in p.stdout, p.stdout
+    finally:
+        r.cleanup()
+
+
+# Runs inside the throwaway root: redis-server with the configuration
+# file $1 and the overrides that keep it on a unix socket under /tmp, in
+# the foreground; prints MODULE LIST and shuts it down. Exits 1,
+# printing its log, when it does not answer PING within 10 s (an aborted
+# start leaves its socket file behind: the socket alone proves nothing).
+REDIS_START = r"""
+conf=$1 sock=/tmp/redis.sock log=/tmp/redis.log
+rm -f "$sock" "$log"
+redis-server "$conf" --port 0 --unixsocket "$sock" --daemonize no \
+    --supervised no --pidfile /tmp/redis.pid --logfile "$log" --dir /tmp \
+    --save '' --appendonly no &
+pid=$!
+up() { [ "$(redis-cli -s "$sock" ping 2>/dev/null)" = PONG ]; }
+i=0
+while ! up && [ $i -lt 100 ] && kill -0 $pid 2>/dev/null; do
+    sleep 0.1; i=$((i + 1))
+done
+if ! up; then
+    kill $pid 2>/dev/null; wait $pid; rc=$?
+    cat "$log"; echo "redis-server exited $rc"
+    exit 1
+fi
+echo "modules: $(redis-cli -s "$sock" MODULE LIST | tr '\n' ' ')"
+redis-cli -s "$sock" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+wait $pid || true
+"""
+
+
+def redis_in_root(r, conf):
+    """redis-server in the throwaway root with conf: (started?, output)."""
+    p = r.run("set -- %s\n%s" % (conf, REDIS_START), check=False)
+    return p.returncode == 0, p.stdout + p.stderr
+
+
+# The Redis left behind by redis-tbucket's removal still starts: a
+# redis.conf that loads the module by including the package's file by
+# its pattern (as operations.md says) loads it while the package is
+# installed and starts without it after remove and purge; a file that
+# loads it with a loadmodule line of its own stops Redis from starting
+# (the trap), and remove and purge name that file, and only that one, in
+# a warning.
+def test_deb_002_02_redis_removal(debs):
+    r = ThrowawayRoot(os.path.dirname(debs[REDIS_PKG]))
+    try:
+        so = "/" + REDIS_MODULE
+        r.run("dpkg -i /mnt/%s" % os.path.basename(debs[REDIS_PKG]))
+        r.run("echo 'include /usr/share/redis-tbucket/*.conf'"
+              " >> /etc/redis/redis.conf")
+        r.run("echo 'loadmodule %s' > /etc/redis/direct.conf" % so)
+        for conf in ("/etc/redis/redis.conf", "/etc/redis/direct.conf"):
+            ok, out = redis_in_root(r, conf)
+            assert ok and "tbucket" in out, out
+
+        p = r.run("dpkg -r %s" % REDIS_PKG)
+        assert "WARNING: /etc/redis/direct.conf still loads" in p.stderr, \
+            p.stderr
+        assert "redis.conf still" not in p.stderr, p.stderr
+        assert not any(r.present([so, "/" + REDIS_LOAD]).values())
+        ok, out = redis_in_root(r, "/etc/redis/redis.conf")
+        assert ok and "tbucket" not in out, out
+        ok, out = redis_in_root(r, "/etc/redis/direct.conf")
+        assert not ok and "Can't load module" in out, out
+
+        p = r.run("dpkg --purge %s" % REDIS_PKG)
+        assert "WARNING: /etc/redis/direct.conf still loads" in p.stderr
+        ok, out = redis_in_root(r, "/etc/redis/redis.conf")
+        assert ok and "tbucket" not in out, out
+    finally:
+        r.cleanup()
+
+
+# The Apache left behind by libapache2-mod-tbucket's removal still
+# passes apache2ctl -t with the packaged example site enabled (its
+# TBucket* lines inside <IfModule tbucket_module>; the certificates it
+# names made for the test); a site using TBucket* outside <IfModule>
+# makes removal print a warning naming the file, and apache2ctl -t
+# passes again once that site is disabled.
+def test_deb_002_03_apache_removal(debs):
+    r = ThrowawayRoot(os.path.dirname(debs[MOD_PKG]))
+    try:
+        r.run("dpkg -i /mnt/%s" % os.path.basename(debs[MOD_PKG]))
+        example = "/usr/share/doc/%s/examples/tbucket-vhost.conf.example" \
+            % MOD_PKG
+        r.run("a2enmod -q tbucket ssl"
+              " && cp %s /etc/apache2/sites-available/api.conf"
+              " && printf '<VirtualHost *:8080>\\n    TBucketEnable On\\n"
+              "    TBucketLimit 10 1/s\\n</VirtualHost>\\n'"
+              " > /etc/apache2/sites-available/bare.conf"
+              " && openssl req -x509 -newkey rsa:2048 -nodes -days 2"
+              " -subj /CN=api.example.com"
+              " -keyout /etc/ssl/private/api.example.com.key"
+              " -out /etc/ssl/certs/api.example.com.pem 2>/dev/null"
+              " && a2ensite -q api bare" % example)
+        p = r.run("apache2ctl -t 2>&1")
+        assert "Syntax OK" in p.stdout, p.stdout
+
+        p = r.run("dpkg -r %s" % MOD_PKG)
+        ours = p.stderr.partition("%s: WARNING: without mod_tbucket, "
+                                  "apache2ctl -t fails" % MOD_PKG)[2]
+        assert "sites-enabled/bare.conf" in ours, p.stderr
+        assert "Invalid command 'TBucketEnable'" in ours, p.stderr
+        assert "<IfModule tbucket_module>" in ours, p.stderr
+        assert "api.conf" not in ours, p.stderr
+        assert r.run("apache2ctl -t", check=False).returncode != 0
+
+        r.run("a2dissite -q bare")
+        p = r.run("apache2ctl -t 2>&1")
+        assert "Syntax OK" in p.stdout, p.stdout
+        p = r.run("dpkg --purge %s" % MOD_PKG)
+        assert "WARNING" not in p.stderr, p.stderr
+        p = r.run("apache2ctl -t 2>&1")
+        assert "Syntax OK" in p.stdout, p.stdout
     finally:
         r.cleanup()
