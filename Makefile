@@ -360,6 +360,7 @@ bench:
 	-$(MAKE) all $(BENCH_FLOOR_SO)
 	$(PYTHON) bench/run.py --build $(abspath $(BUILD)) $(BENCH_ARGS)
 	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
+	$(PYTHON) bench/rules_bench.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/overload.py --build $(abspath $(BUILD))
 
