@@ -304,7 +304,14 @@ static void add_limit_headers(request_rec *r, const tbucket_dir_conf *dc,
 {
     int mode = dc->headers == -1 ? TBUCKET_HDR_LEGACY : dc->headers;
     const tb_take_t *b = &takes[res->binding];
-    apr_int64_t cap = (apr_int64_t)b->limit.capacity;
+    /* While the local failure policy decides, it decides on this
+     * server's share of the bucket: the headers describe that one. */
+    double share = res->source == TB_SRC_LOCAL && res->limit > 0
+                   && res->limit < b->limit.capacity
+                   ? res->limit / b->limit.capacity : 1;
+    tb_limit_t lim = { b->limit.capacity * share,
+                       b->limit.rate_per_sec * share };
+    apr_int64_t cap = (apr_int64_t)lim.capacity;
     apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
     apr_int64_t t;
 
@@ -322,12 +329,12 @@ static void add_limit_headers(request_rec *r, const tbucket_dir_conf *dc,
 
         /* t: seconds until the bucket is full again, or the wait. */
         t = retry_s > 0 ? retry_s
-                        : ceil_div((double)(cap - left), b->limit.rate_per_sec);
+                        : ceil_div((double)(cap - left), lim.rate_per_sec);
         apr_table_setn(r->err_headers_out, "RateLimit-Policy",
                        apr_psprintf(r->pool, "\"%s\";q=%" APR_INT64_T_FMT
                                     ";w=%" APR_INT64_T_FMT, name, cap,
-                                    ceil_div(b->limit.capacity,
-                                             b->limit.rate_per_sec)));
+                                    ceil_div(lim.capacity,
+                                             lim.rate_per_sec)));
         apr_table_setn(r->err_headers_out, "RateLimit",
                        apr_psprintf(r->pool, "\"%s\";r=%" APR_INT64_T_FMT
                                     ";t=%" APR_INT64_T_FMT, name, left, t));

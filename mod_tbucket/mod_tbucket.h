@@ -257,6 +257,10 @@ typedef struct tbucket_failure {
 typedef struct tbucket_client_stats {
     char redis[TBUCKET_NAME_LEN];     /* Redacted URL: no password.     */
     char policy[16];                  /* "open", "closed" or "local".   */
+    char servers[TBUCKET_NAME_LEN];   /* Where it is configured: the
+                                       * servers (main, virtual hosts)
+                                       * that use it, comma-separated,
+                                       * cut with "..." when long.      */
     tb_stats_t stats;                 /* The core's counters, shared by
                                        * every child's client.          */
     tbucket_failure_slot failure;     /* The last failure that opened a

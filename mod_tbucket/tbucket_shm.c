@@ -314,6 +314,29 @@ static int client_slot(tbucket_shm *seg, const char *redis,
     return (int)i;
 }
 
+/* Add a server's name to the list of where a Redis configuration is
+ * configured, once; "..." when the list is full. */
+static void add_server(tbucket_client_stats *cs, const char *name)
+{
+    size_t len = strlen(cs->servers), n = strlen(name);
+    const char *p = cs->servers;
+
+    while ((p = strstr(p, name)) != NULL) {
+        if ((p == cs->servers || p[-1] == ' ') && (p[n] == ',' || !p[n])) {
+            return;
+        }
+        p += n;
+    }
+    if (len + n + 2 < sizeof(cs->servers)) {
+        apr_snprintf(cs->servers + len, sizeof(cs->servers) - len, "%s%s",
+                     len ? ", " : "", name);
+    }
+    else if (len + 4 < sizeof(cs->servers)
+             && strcmp(cs->servers + len - 3, "...")) {
+        apr_cpystrn(cs->servers + len, ", ...", sizeof(cs->servers) - len);
+    }
+}
+
 static const char *vhost_name(apr_pool_t *p, const server_rec *s)
 {
     apr_port_t port = s->port;
@@ -335,6 +358,7 @@ static const char *vhost_name(apr_pool_t *p, const server_rec *s)
 int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
 {
     tbucket_shm *seg = shm_attach(pconf, s);
+    uint32_t i;
 
     (void)plog;
     if (!seg) {
@@ -342,6 +366,9 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
     }
     shm_seg = seg;
     seg->generation++;
+    for (i = 0; i < seg->nclients; i++) {
+        seg->clients[i].servers[0] = '\0';
+    }
     for (; s; s = s->next) {
         tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                     &tbucket_module);
@@ -361,6 +388,8 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
         }
         sc->client_slot = client_slot(seg, redacted,
                                       tb_policy_name((tb_policy_t)sc->policy));
+        add_server(&seg->clients[sc->client_slot],
+                   s->is_virtual ? sc->vhost_name : "main server");
     }
     return OK;
 }

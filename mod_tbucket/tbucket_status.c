@@ -369,7 +369,9 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
                    "How the answering process's connections ask Redis: "
                    "engine=\"module\" (tbucket_redis.so) or \"script\" "
                    "(EVALSHA), \"unknown\" before a connection says, "
-                   "\"mixed\" for a cluster whose nodes differ; always 1.");
+                   "\"mixed\" for a cluster whose nodes differ, "
+                   "\"failing\" while its last call failed or its "
+                   "breaker is open; always 1.");
     for (i = 0; i < list->nelts; i++) {
         tbucket_client *c = APR_ARRAY_IDX(list, i, tbucket_client *);
         const tbucket_labels *l = &cl[c->slot - seg->clients];
@@ -383,12 +385,33 @@ static void collect_process(tbucket_metrics *t, const tbucket_shm_view *seg,
         {
             tb_engine_t e = tb_client_engine(c->tb, &mixed);
             tbucket_labels el = tbucket_labels_with(
-                l, "engine", mixed ? "mixed"
+                l, "engine", tb_client_failing(c->tb) ? "failing"
+                             : mixed ? "mixed"
                              : e == TB_ENGINE_AUTO ? "unknown"
                                                    : tb_engine_names[e]);
 
             tbucket_sample_add(f[4], "", &el, 1);
         }
+    }
+}
+
+/* Where each Redis configuration is configured: the servers that use
+ * it, so that two entries for one Redis say why they are two. */
+static void collect_info(tbucket_metrics *t, const tbucket_shm_view *seg,
+                         const tbucket_labels *cl)
+{
+    tbucket_family *f = tbucket_family_add(t, "tbucket_redis_info", "gauge",
+                   "One per Redis configuration (URL and failure policy; "
+                   "every server with the same ones shares it): servers "
+                   "names where it is configured (main server, virtual "
+                   "hosts); always 1.");
+    uint32_t i;
+
+    for (i = 0; i < seg->nclients; i++) {
+        tbucket_labels l = tbucket_labels_with(&cl[i], "servers",
+                                               seg->clients[i].servers);
+
+        tbucket_sample_add(f, "", &l, 1);
     }
 }
 
@@ -433,6 +456,7 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
         cl[i] = tbucket_labels_with(NULL, "redis", seg->clients[i].redis);
         cl[i] = tbucket_labels_with(&cl[i], "policy", seg->clients[i].policy);
     }
+    collect_info(t, seg, cl);
     collect_stats(t, seg, cl, calls, (int)(sizeof(calls) / sizeof(calls[0])));
     collect_errors(t, seg, cl);
     collect_last_failure(t, seg, cl);

@@ -423,8 +423,8 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
     static const fig_def process[] = {
         { "breaker opened", "tbucket_breaker_opens_total", "" },
         { "breaker closed", "tbucket_breaker_closes_total", "" },
-        { "decided without Redis (open)", "tbucket_breaker_skips_total",
-          "" },
+        { "decided without asking Redis (breaker open)",
+          "tbucket_breaker_skips_total", "" },
         { "pool size", "tbucket_pool_size", "" },
         { "connections open", "tbucket_pool_connections_open", "" },
         { "connections in use", "tbucket_pool_connections_in_use", "" }
@@ -442,9 +442,22 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
           "_sum" }
     };
 
-    ap_rprintf(r, "<h2>Redis <code>%s</code> &middot; policy %s</h2>"
-               "<div class=\"card\">",
-               h(r, label_get(cl, "redis")), h(r, label_get(cl, "policy")));
+    const tbucket_family *info = fam_find(t, "tbucket_redis_info");
+    const tbucket_sample *where = NULL;
+    int i;
+
+    for (i = 0; info && i < info->samples->nelts && !where; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(info->samples, i,
+                                                 tbucket_sample);
+
+        if (labels_include(&s->labels, cl)) {
+            where = s;
+        }
+    }
+    ap_rprintf(r, "<h2>Redis <code>%s</code></h2><div class=\"card\">"
+               "<p>failure policy <b>%s</b> &middot; configured in %s</p>",
+               h(r, label_get(cl, "redis")), h(r, label_get(cl, "policy")),
+               where ? h(r, label_get(&where->labels, "servers")) : "-");
     html_last_failure(r, t, cl);
     ap_rputs("<div class=\"grid\"><div>"
              "<h3>Breaker and pool (answering process)</h3>"

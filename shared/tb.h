@@ -934,7 +934,9 @@ typedef struct tb_result {
     int64_t remaining;   /* Tokens left in the binding bucket.         */
     int64_t retry_ms;    /* 0 if allowed, -1 if cost > capacity.       */
     double limit;        /* Capacity of the binding bucket (of the
-                          * shard, for a split key).                   */
+                          * shard, for a split key; this server's
+                          * share, capacity/replicas, when the local
+                          * policy decided).                           */
     int binding;         /* Index into the request's takes.            */
     tb_source_t source;
     int err;             /* TB_ERR_* of the Redis call, or TB_ERR_NONE.*/
@@ -1151,6 +1153,10 @@ void tb_client_pool_usage(tb_client_t *c, int *size, int *open,
  * while none has said, and for a cluster whose nodes differ (*mixed is
  * then 1). */
 tb_engine_t tb_client_engine(tb_client_t *c, int *mixed);
+
+/* 1 when the client's last call to Redis failed or its breaker is open:
+ * whatever engine its connections last used, none answers now. */
+int tb_client_failing(tb_client_t *c);
 
 #ifdef __cplusplus
 }

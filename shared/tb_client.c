@@ -50,6 +50,7 @@ struct tb_client_priv {
      * sequence is atomic across threads. */
     char slot_tag[17];
     uint64_t slot_seq;
+    int last_failed;       /* The last script call failed (atomic). */
 };
 
 void tb_options_init(tb_options_t *o)
@@ -476,6 +477,7 @@ int tb__client_script(tb_client_t *c, const tb__call_t *k, tb__trip_t *t,
     ok = p->cluster ? tb__cluster_call(p->cluster, t->key, &rc, &t->e)
                     : tb__redis_call(&p->pool, &rc, &t->e);
     t->end = tb_clock_now_us();
+    __atomic_store_n(&p->last_failed, ok != TB_OK, __ATOMIC_RELAXED);
     res->redis_us = t->end - t->start;
     tb_stats_latency(p->stats, res->redis_us);
     breaker_report(p, ok, t, res);
@@ -780,6 +782,13 @@ int tb_client_reset(tb_client_t *c, const char *rkey)
     }
     tb__reply_free(r);
     return TB_OK;
+}
+
+int tb_client_failing(tb_client_t *c)
+{
+    return c && c->priv
+           && (__atomic_load_n(&c->priv->last_failed, __ATOMIC_RELAXED)
+               || tb_client_breaker_state(c) == TB_BREAKER_OPEN);
 }
 
 int tb__client_cluster(const tb_client_t *c)

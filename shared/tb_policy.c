@@ -113,7 +113,8 @@ static void local_answer(const tb__policy_t *pol, const tb__fallback_t *f,
         res->limit = conc ? conc->limit : 0;
     }
     else {
-        res->limit = f->takes[v.binding].limit.capacity;
+        /* The bucket that decided: this server's share of the limit. */
+        res->limit = f->takes[v.binding].limit.capacity / pol->replicas;
     }
 }
 
