@@ -105,7 +105,13 @@ RM_SO = $(BUILD)/tbucket_redis.so
 REDIS_MODDIR ?= /usr/lib/redis/modules
 
 # ---- tools ---------------------------------------------------------------
+# tools/ (tools/README.md): the tbucket command, one file per job. It reads
+# shim configurations with the shim's own loader, built from shim/ as
+# libtbshimconf.a so that both accept the same files.
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket)
+TOOL_SRC = $(wildcard tools/*.c)
+TOOL_OBJ = $(patsubst tools/%.c,$(BUILD)/tools/%.o,$(TOOL_SRC))
+SHIMCONF_LIB = $(BUILD)/libtbshimconf.a
 
 # ---- test programs: every program tests/integration runs, built here ----
 # Sources in tests/integration/progs/, programs in $(BUILD)/progs/.
@@ -204,11 +210,16 @@ install-redismod: $(RM_SO)
 	$(INSTALL) -d "$(DESTDIR)$(REDIS_MODDIR)"
 	$(INSTALL) -m 755 $(RM_SO) "$(DESTDIR)$(REDIS_MODDIR)/tbucket_redis.so"
 
-# The tool reads shim configs with the shim's own loader.
-$(BUILD)/tbucket: tools/tbucket.c $(BUILD)/shim/shim_conf.o $(LIBTB) \
-    shared/tb.h shim/tb_shim.h
+$(BUILD)/tools/%.o: tools/%.c tools/tbucket_tool.h shared/tb.h shim/tb_shim.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(SHIMCONF_LIB): $(BUILD)/shim/shim_conf.o
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tbucket: $(TOOL_OBJ) $(SHIMCONF_LIB) $(LIBTB)
+	$(CC) -o $@ $(TOOL_OBJ) $(SHIMCONF_LIB) $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
 $(TPROG_DRIVERS): $(TPROG)/%: $(TPROG_SRC)/%.c $(LIBTB)
 	@mkdir -p $(dir $@)

@@ -104,16 +104,24 @@ def test_docs_001_03_shim_rule_settings():
 
 
 # The tool's long options, commands and exit codes are documented.
+# The options are tools/tbucket_args.c's table (and --help), the commands
+# tools/tbucket.c's table, the exit codes tools/tbucket_tool.h's.
 def test_docs_001_04_tool():
-    src = read("tools/tbucket.c")
-    opts = set(re.findall(r'\{\s*"([a-z-]+)",\s*(?:no|required|optional)'
-                          r'_argument', src))
+    args = read("tools/tbucket_args.c")
+    opts = set(re.findall(r'^\s*\{ "([a-z-]+)", K_[A-Z_]+,', args, re.M))
+    assert len(opts) >= 20, "no option table read in tbucket_args.c"
+    opts.add("help")
     docs = set(GEN.entries(PAGES, "option"))
     assert opts == docs, diff_message("tbucket options", opts, docs)
-    cmds = set(re.findall(r'strcmp\(t\.cmd,\s*"(\w+)"\)', src))
+    cmds = set(re.findall(r'^\s*\{ "(\w+)", tool_cmd_\w+ \}',
+                          read("tools/tbucket.c"), re.M))
+    assert len(cmds) >= 7, "no command table read in tools/tbucket.c"
     docs = set(GEN.entries(PAGES, "command"))
     assert cmds == docs, diff_message("tbucket commands", cmds, docs)
-    codes = set(re.findall(r"#define EXIT_\w+ (\d+)", src)) | {"0"}
+    codes = set(re.findall(r"#define EXIT_\w+ (\d+)",
+                           read("tools/tbucket_tool.h")))
+    assert len(codes) >= 5, "no exit codes read in tools/tbucket_tool.h"
+    codes.add("0")
     docs = set(GEN.entries(PAGES, "exit"))
     assert codes == docs, diff_message("tbucket exit codes", codes, docs)
 
