@@ -132,7 +132,7 @@ TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
 # replay_main.c instead of libFuzzer, so gcc suffices; always ASan + UBSan,
 # as the fuzz targets are. The core is compiled once for all of them.
 REPLAY_TARGETS = url key parse call $(if $(wildcard shim/shim_conf.c),shimconf) \
-                 $(if $(wildcard redismod/tbucket_call.c),rmcall) \
+                 $(if $(wildcard redismod/rm_command.c),rmcall) \
                  $(if $(wildcard mod_tbucket/tbucket_form_parse.c),form)
 REPLAY_BIN = $(patsubst %,$(BUILD)/fuzz/replay_%,$(REPLAY_TARGETS))
 REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -289,12 +289,12 @@ $(BUILD)/fuzz/replay_form: $(REPLAY_DIR)/tbucket_form_parse.o
 $(BUILD)/fuzz/replay_form: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_form_parse.o
 $(REPLAY_DIR)/fuzz_form.o: REPLAY_CFLAGS += -Imod_tbucket
 $(REPLAY_DIR)/fuzz_form.o: mod_tbucket/tbucket_form_parse.h
-$(BUILD)/fuzz/replay_rmcall: $(REPLAY_DIR)/tbucket_call.o
-$(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_call.o
+$(BUILD)/fuzz/replay_rmcall: $(REPLAY_DIR)/rm_command.o
+$(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/rm_command.o
 $(REPLAY_DIR)/fuzz_rmcall.o: REPLAY_CFLAGS += -Iredismod
 $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 # Kept between builds (make would delete them as intermediate files).
-.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o $(REPLAY_DIR)/tbucket_call.o \
+.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o $(REPLAY_DIR)/rm_command.o \
     $(REPLAY_DIR)/tbucket_form_parse.o \
     $(patsubst %,$(REPLAY_DIR)/fuzz_%.o,$(REPLAY_TARGETS))
 

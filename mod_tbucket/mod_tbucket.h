@@ -511,6 +511,19 @@ const char *tbucket_int_value(cmd_parms *cmd, const char *what,
 const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
                                 const char *rate, tb_limit_t *lim);
 const char *tbucket_quote_in_var_arg(const char *arg);
+/* "name=value" into name (returned, from p) and *value; NULL when there
+ * is no '='. A duration for what into *out, in ms, 1 ms .. 60 s. */
+const char *tbucket_split_opt(apr_pool_t *p, const char *word,
+                              const char **value);
+const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
+                             const char *value, int *out);
+
+/* ---- tbucket_config_redis.c ------------------------------------------ */
+
+/* TBucketRedis and TBucketBreaker. */
+const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args);
+const char *tbucket_set_breaker(cmd_parms *cmd, void *dummy,
+                                const char *args);
 int tbucket_key_is_late(const char *expr);
 
 /* post_config (parent): give each rule of the configuration its record

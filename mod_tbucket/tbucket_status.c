@@ -466,6 +466,75 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
     collect_process(t, seg, cl);
 }
 
+/* TBucketShed's thresholds of every server that sets them. */
+static void collect_thresholds(tbucket_metrics *t,
+                               const tbucket_shm_view *seg)
+{
+    tbucket_family *f = tbucket_family_add(t,
+        "tbucket_shed_threshold_percent", "gauge", "TBucketShed: the busy "
+        "share, in percent, at which a priority is shed (levels never shed "
+        "are not listed).");
+    tbucket_labels l, vh;
+    server_rec *s;
+    int k;
+
+    for (s = ap_server_conf; s; s = s->next) {
+        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                    &tbucket_module);
+
+        if (sc->vhost_slot < 0 || (uint32_t)sc->vhost_slot >= seg->nvhosts
+            || !sc->shed_min
+            || (s != ap_server_conf && !(sc->set & TBUCKET_SET_SHED))) {
+            continue;
+        }
+        vh = tbucket_labels_with(NULL, "vhost",
+                                 seg->vhosts[sc->vhost_slot].name);
+        for (k = 0; k < TBUCKET_PRIOS; k++) {
+            if (sc->shed_pct[k]) {
+                l = tbucket_labels_with(&vh, "priority",
+                                        tbucket_priority_names[k]);
+                tbucket_sample_add(f, "", &l, (uint64_t)sc->shed_pct[k]);
+            }
+        }
+    }
+}
+
+/* Each local scope's places: in flight, its limit, taken and refused. */
+static void collect_scopes(tbucket_metrics *t)
+{
+    static const char *const names[4] = {
+        "tbucket_local_in_flight", "tbucket_local_limit",
+        "tbucket_local_taken_total", "tbucket_local_refused_total"
+    };
+    static const char *const types[4] = {
+        "gauge", "gauge", "counter", "counter"
+    };
+    static const char *const helps[4] = {
+        "Requests of a local scope in flight now, all children.",
+        "TBucketLocalConcurrency of a local scope.",
+        "Places taken in a local scope.",
+        "Requests a local scope refused: no place left."
+    };
+    apr_array_header_t *views = tbucket_shm_local_views(t->p);
+    tbucket_family *fl[4];
+    tbucket_labels l;
+    int i, k;
+
+    for (k = 0; k < 4; k++) {
+        fl[k] = tbucket_family_add(t, names[k], types[k], helps[k]);
+    }
+    for (i = 0; i < views->nelts; i++) {
+        const tbucket_local_view *v = &APR_ARRAY_IDX(views, i,
+                                                     tbucket_local_view);
+
+        l = tbucket_labels_with(NULL, "scope", v->name);
+        tbucket_sample_add(fl[0], "", &l, v->in_flight);
+        tbucket_sample_add(fl[1], "", &l, v->limit);
+        tbucket_sample_add(fl[2], "", &l, v->taken);
+        tbucket_sample_add(fl[3], "", &l, v->refused);
+    }
+}
+
 /* Local protection: the busy share as shedding reads it, each server's
  * thresholds, what was shed or refused, and each local scope's places. */
 static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
@@ -480,12 +549,7 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
           "left, by their priority.", "priority", tbucket_priority_names,
           TBUCKET_PRIOS, VHOST_FIELD(local_refused) }
     };
-    apr_array_header_t *views = tbucket_shm_local_views(t->p);
-    tbucket_family *f;
-    tbucket_labels l, vh;
-    uint32_t busy, workers, i;
-    server_rec *s;
-    int k;
+    uint32_t busy, workers;
 
     tbucket_local_busy(apr_time_now(), &busy, &workers);
     tbucket_family_single(t, "tbucket_workers_busy", "gauge",
@@ -496,59 +560,9 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
     tbucket_family_single(t, "tbucket_workers_max", "gauge",
                           "Workers the server runs at most "
                           "(MaxRequestWorkers).", workers);
-    f = tbucket_family_add(t, "tbucket_shed_threshold_percent", "gauge",
-                           "TBucketShed: the busy share, in percent, at "
-                           "which a priority is shed (levels never shed "
-                           "are not listed).");
-    for (s = ap_server_conf; s; s = s->next) {
-        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
-                                                    &tbucket_module);
-
-        if (sc->vhost_slot < 0 || (uint32_t)sc->vhost_slot >= seg->nvhosts
-            || !sc->shed_min || (s != ap_server_conf && !(sc->set & TBUCKET_SET_SHED))) {
-            continue;
-        }
-        vh = tbucket_labels_with(NULL, "vhost",
-                                 seg->vhosts[sc->vhost_slot].name);
-        for (k = 0; k < TBUCKET_PRIOS; k++) {
-            if (sc->shed_pct[k]) {
-                l = tbucket_labels_with(&vh, "priority",
-                                        tbucket_priority_names[k]);
-                tbucket_sample_add(f, "", &l, (uint64_t)sc->shed_pct[k]);
-            }
-        }
-    }
+    collect_thresholds(t, seg);
     collect_vhost_arrays(t, seg, refusals, 2);
-    {
-        static const char *const names[4] = {
-            "tbucket_local_in_flight", "tbucket_local_limit",
-            "tbucket_local_taken_total", "tbucket_local_refused_total"
-        };
-        static const char *const types[4] = {
-            "gauge", "gauge", "counter", "counter"
-        };
-        static const char *const helps[4] = {
-            "Requests of a local scope in flight now, all children.",
-            "TBucketLocalConcurrency of a local scope.",
-            "Places taken in a local scope.",
-            "Requests a local scope refused: no place left."
-        };
-        tbucket_family *fl[4];
-
-        for (k = 0; k < 4; k++) {
-            fl[k] = tbucket_family_add(t, names[k], types[k], helps[k]);
-        }
-        for (i = 0; i < (uint32_t)views->nelts; i++) {
-            const tbucket_local_view *v =
-                &APR_ARRAY_IDX(views, i, tbucket_local_view);
-
-            l = tbucket_labels_with(NULL, "scope", v->name);
-            tbucket_sample_add(fl[0], "", &l, v->in_flight);
-            tbucket_sample_add(fl[1], "", &l, v->limit);
-            tbucket_sample_add(fl[2], "", &l, v->taken);
-            tbucket_sample_add(fl[3], "", &l, v->refused);
-        }
-    }
+    collect_scopes(t);
 }
 
 /* Every figure of the page, in the Prometheus output order, at now.

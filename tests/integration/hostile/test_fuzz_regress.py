@@ -25,7 +25,7 @@ TARGETS = {
     "parse": [],
     "call": [],
     "shimconf": ["shim/shim_conf.c"],
-    "rmcall": ["redismod/tbucket_call.c"],
+    "rmcall": ["redismod/rm_command.c"],
     "form": ["mod_tbucket/tbucket_form_parse.c"],
 }
 
