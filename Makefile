@@ -125,7 +125,7 @@ TPROG_DRIVERS = $(TPROG)/tb_driver $(TPROG)/tb_algo_driver $(TPROG)/tb_batch
 # preloaded into, which are not sanitizer builds: plain in every build.
 # tb_cli2 is a copy of tb_cli, since a "$program" key must differ by name.
 TPROG_PLAIN = $(TPROG)/tb_srv $(TPROG)/tb_cli $(TPROG)/closer \
-              $(TPROG)/connect_loop $(TPROG)/prefork_srv
+              $(TPROG)/connect_loop $(TPROG)/prefork_srv $(TPROG)/thread_srv
 TPROG_LIBS = $(TPROG)/libctor.so $(TPROG)/libfakeconnect.so
 TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
 # Replays of the fuzz corpus: each tests/fuzz/fuzz_<name>.c linked with

@@ -40,9 +40,11 @@
  *
  * Concurrency slots: an inbound rule with `concurrency = N` takes a slot
  * in the same decision as its bucket. shim_hold() leaves it with
- * shim_slots.c until the program closes the connection; the close()
- * wrapper then hands it to shim_release(), one Redis call. A slot held
- * by a process that dies expires by its ttl. A local place
+ * shim_slots.c until the program closes the connection (or refuses the
+ * connection when there is no room to keep it); the close() wrapper then
+ * hands it to shim_release(), one Redis call, and shim_reclaim_gone()
+ * gives back early what a connection whose peer has gone still holds. A
+ * slot held by a process that dies expires by its ttl. A local place
  * (`local_concurrency`, shim_local.c) is held and given back the same
  * way, beside the slot, without a Redis call.
  *
@@ -54,6 +56,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -91,6 +94,9 @@ static int shim_nfds;
 static pid_t shim_pid;
 static int shim_warned_redis;
 static int shim_warned_slots;
+/* Connections this process refused because it had no room to keep what
+ * they held (shim_hold()); a forked child starts at 0. Written at exit. */
+static unsigned long shim_refused_untracked;
 
 static tb_client_t *shim_client_get(void)
 {
@@ -111,9 +117,26 @@ static void shim_atfork_child(void)
     shim_in_core = 0;
     shim_nfds = 0;
     shim_pid = getpid();
+    shim_refused_untracked = 0;
     shim_slots_after_fork();
     if (c != NULL) {
         tb_client_after_fork(c);
+    }
+}
+
+/* The exit handler: how many connections this process refused for want
+ * of room in its table, when there were any; a program's only trace of
+ * them beside the first one's warning. */
+static void report_at_exit(void)
+{
+    unsigned long n = __atomic_load_n(&shim_refused_untracked,
+                                      __ATOMIC_RELAXED);
+
+    if (n > 0) {
+        shim_warn("%lu connections refused: no room to keep their "
+                  "concurrency slot or place (a table of %zu connections, "
+                  "sized from RLIMIT_NOFILE at start)", n,
+                  shim_slots_size());
     }
 }
 
@@ -123,6 +146,10 @@ void shim_core_start(tb_client_t *c, tb_policy_t policy)
     shim_pid = getpid();
     __atomic_store_n(&shim_client, c, __ATOMIC_RELEASE);
     pthread_atfork(NULL, NULL, shim_atfork_child);
+    if (shim_slots_size() > 0 && atexit(report_at_exit) != 0) {
+        shim_warn("cannot register the exit handler; connections refused "
+                  "for want of room are not counted at exit");
+    }
 }
 
 int shim_core_pid_matches(void)
@@ -264,6 +291,7 @@ pid_t shim_core_adopt_pid(void)
         /* A child made without fork() (raw clone): no atfork ran. */
         shim_pid = pid;
         shim_nfds = 0;
+        shim_refused_untracked = 0;
         shim_slots_after_fork();
         c = shim_client_get();
         if (c != NULL) {
@@ -370,12 +398,14 @@ int shim_give_back(const char *rkey, const tb_limit_t *lim, double tokens,
     return rc;
 }
 
-/* A slot or place that cannot be tracked (an fd past SHIM_SLOT_FDS,
- * SHIM_MAX_HELD held already, a $peer key too long to keep) is given
- * back at once: that connection is not counted, and the first such case
- * is reported. */
-void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
-               const tb_slot_t *slot, const shim_place_t *place)
+/* A slot or place that cannot be tracked (an fd past SHIM_SLOT_FDS, the
+ * table of held connections full, a $peer key too long to keep) is given
+ * back at once and the caller refuses the connection: letting it through
+ * uncounted would lift the limit for everyone once the table is full.
+ * The first such case is reported, and every one counted for the line
+ * written at exit. */
+int shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
+              const tb_slot_t *slot, const shim_place_t *place)
 {
     shim_held_t h;
     int kept = -1;
@@ -393,14 +423,29 @@ void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
         kept = shim_slots_hold(&h);
     }
     if (kept == 0) {
-        return;
+        return 0;
     }
+    __atomic_add_fetch(&shim_refused_untracked, 1, __ATOMIC_RELAXED);
     if (!__atomic_exchange_n(&shim_warned_slots, 1, __ATOMIC_RELAXED)) {
-        shim_warn("rule \"%s\": cannot track the concurrency slot or "
-                  "place of fd %d (at most %d, fds below %d); such "
-                  "connections are not counted (further cases are not "
-                  "reported)", r->name, cfd, SHIM_MAX_HELD, SHIM_SLOT_FDS);
+        shim_warn("rule \"%s\": no room to keep the concurrency slot or "
+                  "place of fd %d (a table of %zu connections, sized from "
+                  "RLIMIT_NOFILE at start); such connections are refused, "
+                  "and counted at exit (further cases are not reported)",
+                  r->name, cfd, shim_slots_size());
     }
     snprintf(h.peer, sizeof(h.peer), "%.*s", (int)klen, key);
     shim_release(&h);
+    return -1;
+}
+
+int shim_reclaim_gone(const shim_rule_t *r, const char *key, size_t klen,
+                      int same_key, uint32_t epoch)
+{
+    shim_held_t h;
+
+    if (!shim_slots_reclaim(r, key, klen, same_key, epoch, &h)) {
+        return 0;
+    }
+    shim_release(&h);
+    return 1;
 }
