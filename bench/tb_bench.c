@@ -1,31 +1,16 @@
 /* tb_bench.c -- the core alone: N threads calling tb_client_decide().
  *
- * Each thread decides in a loop against the Redis it is given, for a fixed
- * number of decisions or a fixed time, whichever ends first, through one
- * shared client whose pool has one connection per thread (so no thread
- * waits for a connection: the figure is the core plus one round trip, the
- * same shape as redis-benchmark with as many connections). It prints one
- * line of key=value pairs for bench/run.py.
+ *   tb_bench -u URL [-t THREADS] [-n DECISIONS] [-d SECONDS]
+ *            [-k one|thread|distinct] [-c CAPACITY] [-r RATE_PER_SEC]
+ *            [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] [-A TLS_CA_FILE]
+ *            [-p POOL] [-E auto|script|module]
  *
- * Keys: `one` (every thread on one bucket, as redis-benchmark with a fixed
- * key), `thread` (one bucket per thread) or `distinct` (a new bucket per
- * decision). The limit defaults to one nothing reaches, so every decision
- * is an allowed one that writes the bucket.
- *
- * Under callgrind, run it with -t 1: the measured loop is the function
- * bench_loop(), so `--toggle-collect=bench_loop` counts the decisions and
- * nothing of the start-up, the connect or the warm-up.
- *
- * Usage: tb_bench -u URL [-t THREADS] [-n DECISIONS] [-d SECONDS]
- *                 [-k one|thread|distinct] [-c CAPACITY] [-r RATE_PER_SEC]
- *                 [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] [-A TLS_CA_FILE]
- *                 [-p POOL]
- *
- * -A is the CA file of a rediss:// URL (tls_ca), for the TLS figures; -p
- * a pool smaller than the threads, so that decisions share writes and
- * reads (batches) as under a threaded MPM. The command timeout defaults
- * to 5000 ms.
- */
+ * Each thread decides in a loop, for a count or a time, through one shared
+ * client whose pool has a connection per thread (-p fewer, to batch as a
+ * threaded MPM does); keys are one bucket, one per thread or a new one per
+ * decision; the limit is one nothing reaches. It prints one key=value line
+ * for bench/run.py. Under callgrind, run -t 1 with
+ * --toggle-collect=bench_loop: only the decisions are counted. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

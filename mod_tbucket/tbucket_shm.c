@@ -1,46 +1,15 @@
 /* tbucket_shm.c -- mod_tbucket's shared memory segment.
  *
- * One anonymous shared memory segment per parent process holds everything
- * that must be the same whichever child answers: the decision and lease
- * counters of every virtual host, the core's counters (tb_stats_t) of
- * every distinct Redis configuration, the table of local buckets (and
- * concurrency slot counts) behind the `local` failure policy and the
- * table of token leases, the count of lease tokens given back, and local
- * protection's records: one in-flight table (tb_inflight_t) per local
- * scope, carved from a fixed pool, and the busy-worker count last read
- * from the scoreboard; the decisions of each rule (a section that sets
- * TBucketLimit), and the heavy hitters behind the status page's top keys
- * (tb_topk_t, TBucketTopKeys). The
- * segment is made in the first real post_config and hangs off the process
- * pool, so a graceful restart keeps it: counters do not go backwards, and
- * children of the old generation that are still finishing requests keep
- * writing to valid memory. The heavy-hitter region is sized by the
- * TBucketTopKeys of that first configuration and kept as it is by every
- * restart that keeps the segment: a later configuration may show fewer
- * keys or turn counting off, and a larger K takes a stop and a start.
- *
- * This file is the only one that sees the segment's layout. Other files
- * reach it through functions: tbucket_shm_setup (post_config), the slot
- * of a server's client (child_init), the counting functions and the two
- * tables (request path), and a read-only view (status page). Nothing here
- * renders or logs figures; the status page does.
- *
- * Each Redis configuration's slot also keeps the failure that last opened
- * a breaker (kind, reason text, time), written only on that transition.
- * The segment has no lock of its own and a process-shared mutex would
- * need attaching in every child and could be left held by a child
- * killed in the middle, so the record is a seqlock: the writer makes
- * seq odd, copies, then makes it even; a reader copies and keeps the
- * copy only if seq was even and unchanged across it, and retries a
- * bounded number of times otherwise. Every field is copied with 8-byte
- * atomic loads and stores, so readers and writers never race in the C
- * sense either. Two children can open their breakers at once, so
- * writers also take a lock word (the time they took it): the loser
- * drops its record, and a lock held for FAILURE_STALE_US, far longer
- * than the copy of a few hundred bytes takes, is taken over, since its
- * holder died in the middle (prefork children exit from the SIGTERM
- * handler).
- */
+ * One anonymous segment per parent holds what must be the same whichever
+ * child answers: every virtual host's counters, each Redis configuration's
+ * core counters and last failure, the local-policy and lease tables, local
+ * protection's records (an in-flight table per local scope, the busy
+ * count), the rules' records and the top keys. It is made in the first
+ * post_config and hangs off the process pool, so a graceful restart keeps
+ * it: counters never go backwards and an old generation's children keep
+ * writing to valid memory. Only this file sees the layout; others reach it
+ * through functions. The last-failure record is a seqlock (docs/design.md,
+ * "File notes", says why). */
 #include "apr_shm.h"
 #include "apr_strings.h"
 

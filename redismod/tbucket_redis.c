@@ -3,38 +3,15 @@
  *
  *   redis-server --loadmodule /usr/lib/redis/modules/tbucket_redis.so
  *
- * One command per script, taking exactly the script's KEYS and ARGV with
- * EVAL's numkeys and answering exactly the script's reply, so a client
- * swaps "EVALSHA <sha> numkeys ..." for "tbucket.<algo> numkeys ...":
- *
- *   tbucket.bucket  numkeys key... clock cap rate cost... [settle | want [back]]
- *                   [conc N ttl id]               (shared/algo/tb_bucket.lua)
- *   tbucket.gcra    numkeys key... clock cap rate cost... [settle]
- *                   [conc N ttl id]                 (shared/algo/tb_gcra.lua)
- *   tbucket.swindow numkeys key... clock cap rate cost... [conc N ttl id]
- *   tbucket.fwindow numkeys key... clock cap rate cost... [conc N ttl id]
- *   tbucket.slog    numkeys key... clock cap rate cost... [conc N ttl id]
- *
- * KEYS are the buckets, then, with 'conc', the slot set; clock is "" for
- * Redis's own (ms) or whole ms (tests). The reply is {allowed, remaining,
- * retry_ms, binding}, {.., granted} for a lease, and {.., granted or 0,
- * slots held} with 'conc' (shared/algo/tb_prelude.lua describes them). A
- * slot is released with ZREM <slot set> <id>, as for the scripts: there
- * is no tbucket.release, so that a slot taken by the module is released
- * the same way on a server where the module is gone.
- *
- * The decision is the core's: rm_command.c parses the arguments, decodes
- * the stored fields and runs the C twins; this file reads the keys, writes
- * back what the outcome says, and replies. The keys hold what the scripts
- * write, byte for byte (numbers as Redis formats a Lua number, "%.17g";
- * the same fields, members and TTLs), so a bucket started by one engine
- * goes on under the other. Effects are replicated, never the command,
- * which reads the clock: HSET, SET .. PXAT, ZADD, ZREMRANGEBYSCORE and
- * PEXPIREAT with the absolute expiry set on the primary, so replicas and
- * an AOF replay hold its values and TTLs and need no module. Every key is
- * opened and type-checked before anything is written: a WRONGTYPE key
- * leaves the call without effect. Key positions come from numkeys through
- * the getkeys API, so Cluster routes and refuses CROSSSLOT as for EVAL.
+ * One command per script (tbucket.bucket, .gcra, .swindow, .fwindow,
+ * .slog), taking exactly the script's KEYS and ARGV with EVAL's numkeys
+ * and answering exactly its reply, so a client swaps "EVALSHA <sha>" for
+ * "tbucket.<algo>". rm_command.c parses and decides with the core's C
+ * twins; this file opens and type-checks every key before writing, reads
+ * the state, writes back what the outcome says, byte for byte as the
+ * scripts do, and replicates effects (never the command, which reads the
+ * clock). Key positions come from numkeys, so Cluster refuses CROSSSLOT as
+ * for EVAL. redismod/README.md and docs/design.md give the argument forms.
  */
 #include <math.h>
 #include <stdio.h>

@@ -1,56 +1,17 @@
 /* shim_core.c -- calling the core safely from inside someone else's
  * process: the re-entrancy guard, SIGPIPE, fork, the Redis sockets of
- * our own, and the calls the shim makes (decide, hold, release, and
- * the give-back of a drained lease).
+ * our own, and the calls the shim makes (decide, hold, release, and the
+ * give-back of a drained lease).
  *
- * The wrappers (tb_shim.c) never call libtb themselves: shim_decide(),
- * shim_release() and shim_give_back() (shim_lease.c's drain at exit)
- * each wrap one core call in the same steps.
- *
- *  - Re-entrancy: the core opens and closes its Redis sockets itself
- *    (tb_conn.c), so its connect() and close() -- and the connect() of
- *    getaddrinfo() resolving a Redis host -- land in our wrappers. A
- *    thread-local guard is raised for the whole call; a guarded wrapper
- *    goes straight to the real function, and a guarded connect() records
- *    the fd as one of ours (and marks it close-on-exec, so a
- *    fork-and-exec child does not inherit our Redis socket). The
- *    wrappers never count or delay such an fd.
- *  - Cancellation is held off for the call, so that a cancelled thread
- *    cannot leave a core lock taken.
- *  - SIGPIPE: the core's own writes cannot raise it: tb_conn.c sends
- *    with send(MSG_NOSIGNAL), and TLS records go out through tb_tls.c's
- *    socket BIO, which sends with MSG_NOSIGNAL too (and no close_notify
- *    is ever written). What can is name resolution: a core call may
- *    (re)connect, and for a Redis host given by name getaddrinfo() runs
- *    inside it. glibc's resolver sends a query over TCP (after a
- *    truncated answer, or under `options use-vc`) with writev(2), which
- *    raises SIGPIPE when the name server has closed that connection, and
- *    the NSS modules nsswitch.conf loads are no code of ours. A SIGPIPE
- *    kills a host that does not ignore it, so it is blocked for this
- *    thread around each core call and one raised there is consumed.
- *  - Fork: a pthread_atfork child handler only resets flags and the lock
- *    and calls tb_client_after_fork(); a pid check before each call
- *    catches children made without fork() (raw clone).
- *  - Daemons that close every fd: the core is created with verify_fd
- *    (shim_conf.c), so before each use it checks that a connection's fd
- *    is still the socket it opened (same device and inode); if the
- *    program closed it or put a file or a socket of its own on the
- *    number, the core forgets the connection without writing to or
- *    closing that fd, and reconnects.
- *
- * Concurrency slots: an inbound rule with `concurrency = N` takes a slot
- * in the same decision as its bucket. shim_hold() leaves it with
- * shim_slots.c until the program closes the connection (or refuses the
- * connection when there is no room to keep it); the close() wrapper then
- * hands it to shim_release(), one Redis call, and shim_reclaim_gone()
- * gives back early what a connection whose peer has gone still holds. A
- * slot held by a process that dies expires by its ttl. A local place
- * (`local_concurrency`, shim_local.c) is held and given back the same
- * way, beside the slot, without a Redis call.
- *
- * Nothing here allocates. The core's failures are reported once each,
- * on stderr; the failure policy itself is the core's.
- */
+ * The wrappers (tb_shim.c) never call libtb themselves: each core call
+ * goes through here with a thread-local guard raised (the core's own
+ * connect() and close() then pass straight through, and its sockets are
+ * marked close-on-exec), cancellation held off, SIGPIPE blocked (name
+ * resolution inside a core call can raise it), a fork check, and the core
+ * told to verify its fds (a daemon may close them all). Concurrency slots
+ * and local places are held with shim_slots.c until the program closes
+ * the connection. Nothing here allocates; docs/design.md ("Inside the
+ * shim", "File notes") has the details. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>

@@ -2,39 +2,14 @@
  * inbound rule open at once across the processes of one host program,
  * counted in shared memory, with no Redis call.
  *
- * At initialisation, before the program can fork, one anonymous
- * MAP_SHARED mapping is made, holding a tb_inflight table
- * (shared/tb_inflight.c) of N places for each inbound rule that sets
- * local_concurrency. The children of a forking daemon inherit the mapping
- * and so share the tables: the cap belongs to the program (an Apache
- * prefork parent and all its children), not to one process. Processes
- * started separately -- another instance of the program, or a program
- * the host exec()s -- map their own tables and each have their own N.
- *
- * A connection takes a place when it is accepted, tagged with the
- * accepting process's id, and gives it back when that process closes the
- * fd; shim_slots.c keeps which fd holds which place, and a forked child
- * holds none (its fds are copies). A process that dies holding places
- * (kill -9) leaves its words in the table and nothing else: when a taker
- * finds the table full it asks, for each owner, whether that process
- * still runs (kill(pid, 0)) and frees the places of those that do not. A
- * zombie still runs for kill(), so a dead child's places come back once
- * its parent has reaped it. Asking costs one system call per run of
- * places one process holds, about 0.3 us each (measured on a 2 vCPU
- * Debian 12 VM): with 256 prefork children that is some 80 us per refused
- * connection, so a table is searched for dead owners at most once every
- * SHIM_REAP_MS, by whichever process first finds it full.
- *
- * Left out: fairness (a refused connection is not queued), owners whose
- * process id is reused before their places are freed (those places stay
- * taken until the new process exits too), and connections closed by a
- * path the close() wrapper does not see (fclose() of an fdopen()ed
- * socket, close_range()): their place stays taken until the same fd
- * number is accepted again under a rule, or the process exits.
- *
- * Every call here is lock-free and allocates nothing; the tables are
- * written only with atomic operations.
- */
+ * One anonymous MAP_SHARED mapping, made before the program can fork,
+ * holds a tb_inflight table of N places per rule, so the cap belongs to
+ * the program and all its forked children. A connection takes a place
+ * when accepted (tagged with the process id) and gives it back when that
+ * process closes it; places of a process that died are found and freed,
+ * at most once every SHIM_REAP_MS, by whichever process finds the table
+ * full. Lock-free, no allocation; docs/design.md ("File notes") says what
+ * is left out. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>

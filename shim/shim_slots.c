@@ -1,36 +1,15 @@
 /* shim_slots.c -- which accepted connections hold a concurrency slot or
  * a local place.
  *
- * The close() wrapper runs for every fd the program closes, files and
- * pipes included, so the common answer -- "this fd holds nothing" -- is
- * one bit of a static bitmap indexed by fd number (128 KiB for 2^20 fds,
- * in zero pages until something is held). What fds hold -- a Redis slot,
- * a local place (shim_local.c) or both -- lives in a table with open
- * addressing on the fd number, linear probing and backward-shift
- * deletion, under one mutex taken only when an entry is held, given back
- * or reclaimed. Beside each entry a 32-bit tag (its rule and a hash of
- * its key, 0 when free) lets shim_slots_reclaim() find a key's entries by
- * reading 4 bytes per entry rather than the whole entry.
- *
- * The table is made once, at initialisation, with one entry per
- * descriptor the process may then have open (RLIMIT_NOFILE's soft
- * limit): a connection is an fd, so the table has room for every
- * connection the process can hold. It is a private anonymous mapping,
- * touched only as entries are used, so a limit of 2^20 costs address
- * space, not memory. A program that raises its own limit later (nginx's
- * worker_rlimit_nofile, a JVM) can hold more connections than the table:
- * those are refused (the rule's action), never let through uncounted, and
- * shim_core.c counts them.
- *
- * A slot or place belongs to the process that accepted the connection. A
- * forked child starts with none: its fds are copies, and the parent gives
- * them back when it closes its own copy. So a server that accepts in one
- * process and hands the connection to a child it forks (inetd style)
- * gives them back as soon as the parent closes its copy; servers that
- * handle a connection where they accepted it -- threads, event loops,
- * pre-forked children that accept themselves -- hold them for the
- * connection's life.
- */
+ * close() runs for every fd, so "this fd holds nothing" is one bit of a
+ * static bitmap; what an fd holds lives in a table with open addressing on
+ * the fd number, under one mutex taken only when an entry is held, given
+ * back or reclaimed, with a 32-bit tag per entry so a key's entries are
+ * found by reading 4 bytes each. The table is sized at start from
+ * RLIMIT_NOFILE's soft limit (a connection is an fd), a private mapping
+ * touched only as used; a connection with no room is refused, never let
+ * through uncounted. A slot belongs to the accepting process: a forked
+ * child holds none. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>

@@ -4,127 +4,16 @@
  *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
  *       legacy-daemon
  *
- * The shim puts the shared Redis token buckets of libtb in front of a
- * program that cannot be changed. Inbound rules limit the connections a
- * program accepts (matched on the local port, optionally the local
- * address); outbound rules limit the connections it opens (matched on the
- * destination address and port). Every decision is one core call: the
- * bucket, Redis, breaker and failure policy all live in the core, none of
- * it in the shim, which holds only what running inside someone else's
- * process needs:
- *
- *  - this file: the exported wrappers (the only symbols the .so exports,
- *    tb_shim.map), what each does when a bucket refuses, and
- *    initialisation;
- *  - shim_core.c: every call into the core, made safe for the host (the
- *    re-entrancy guard, SIGPIPE, fork, the Redis sockets of our own);
- *  - shim_match.c: which rule applies to an address;
- *  - shim_slots.c: which accepted connections hold a concurrency slot
- *    or a local place;
- *  - shim_local.c: the local places of `local_concurrency`, in memory
- *    shared with the program's forked children;
- *  - shim_lease.c: the lease table of `lease = N`, shared the same way,
- *    and its drain when the program ends;
- *  - shim_conf.c: the config file, read once into rule tables.
- *
- * This file owns:
- *
- *  - Resolution: dlsym(RTLD_NEXT) into real_* pointers, refusing our own
- *    wrapper; if a lookup fails we fall back to the raw system call rather
- *    than abort the host.
- *  - Initialisation: from a constructor and from the first wrapper call,
- *    through one pthread_once. The state turns INITIALISING before any
- *    work, and the thread-local guard is held, so a connect() made while
- *    loading the config (DNS) passes straight through.
- *  - The guard check: each wrapper reads the thread-local guard first and,
- *    when the shim's own work is under way on this thread (a core call,
- *    initialisation), goes straight to the real function.
- *  - Never exit the host: a problem is one line on stderr, written with
- *    real_write, and the calls go through. The one exception is a bad
- *    config under `strict = true` (or TBUCKET_STRICT=1), where the program
- *    is refused at start (exit status 78, EX_CONFIG) before main() runs.
- *  - errno is preserved across the shim's own work, and no wrapper
- *    allocates.
- *
- * An inbound rule with `concurrency = N` also takes a slot for each
- * connection it lets through (in the same decision as its bucket) and
- * gives it back when the program closes the connection: close() looks up
- * one bit per fd (shim_slots.c) and costs nothing more for an fd that
- * holds no slot; for one that does, it makes one Redis call and then
- * closes the fd (see close() below for that order).
- *
- * An inbound rule with `local_concurrency = N` takes one of N places
- * shared by the program's processes (shim_local.c) before anything else,
- * so that a connection it refuses costs no Redis call; a place taken is
- * given back when the rule's Redis decision then refuses, or when the
- * program closes the connection, just before the real close.
- *
- * A connection whose slot or place cannot be kept (the process's table,
- * sized from its descriptor limit at start, is full) is refused like one
- * over the limit, and counted: the first is reported on stderr, and the
- * count in one line when the process exits. When a new connection finds
- * the limit full and one this process holds for the same key has lost
- * its peer (the client closed it after reading the answer, the program
- * has not yet), that one counts as gone and the decision is asked again
- * (shim_slots_reclaim(), which also bounds it).
- *
- * A rule with `lease = N` takes tokens from its bucket N at a time (at
- * most; the core sizes each lease by the key's traffic) and its
- * processes spend them without a Redis call, from a table shared with
- * the program's forked children (shim_lease.c); the first process gives
- * back what is left when it exits.
- *
- * Behaviour when a bucket refuses:
- *  - inbound `close`: the accepted connection is closed and the wrapper
- *    accepts again, so the program sees nothing. On a blocking listener it
- *    keeps waiting like accept() does. On a non-blocking listener it keeps
- *    accepting until the real accept() says EAGAIN (the backlog is
- *    drained), so an edge-triggered event loop is not left with queued
- *    connections and no new edge; after SHIM_MAX_REJECTS refusals in one
- *    call it returns -1/EAGAIN to bound the time of one call.
- *  - inbound `http429`: reads what has arrived of the request (never
- *    waiting for more, so that idle connections cannot stall an event
- *    loop) so that the close sends no reset, writes "HTTP/1.1 429 Too
- *    Many Requests" with Retry-After and Connection: close, closes, and
- *    goes on as for `close`. A refusal by local_concurrency, or for want
- *    of room to keep a slot, says "503 Service Unavailable" with
- *    Retry-After: 1 instead: this server is full, the client is not over
- *    its limit.
- *  - outbound `fail`: connect() returns -1 with the rule's errno
- *    (ECONNREFUSED by default).
- *  - outbound `wait`: sleeps the retry-after and asks again while the
- *    total stays within max_wait_ms; fails at once (rule errno) when the
- *    next wait would overrun it or waiting cannot help.
- *  - outbound on a non-blocking socket: on_limit decides, as for a
- *    blocking one (`nonblocking = "wait"`, the default). Nearly every
- *    client a legacy service uses -- curl, PHP streams and PDO, libpq,
- *    Python with a timeout -- makes its socket non-blocking only to time
- *    the connect, and a rule that says `wait` must wait for them. An event
- *    loop (nginx, HAProxy, Node) must never sleep: its config says
- *    `nonblocking = "fail"`, and a refusal on a non-blocking socket then
- *    returns -1 at once with the rule's nonblock_errno (EAGAIN by
- *    default), whatever on_limit says. Either way the Redis round trip
- *    itself is bounded by timeout_ms, and nothing hangs.
- *
- * The shim does not guess whether the caller is an event loop; the
- * program's config says so. Measured by bench/evloop_probe.py: "the fd
- * is already in an epoll set" holds at connect() only for nginx (HAProxy,
- * Node and asyncio register after EINPROGRESS) and costs a /proc scan of
- * 0.1-0.5 ms per connect; "this thread has waited in epoll" is nearly
- * free but also holds in an Apache prefork child with two Listen lines,
- * which runs mod_proxy or PHP in that very thread and must wait, and not
- * yet at a Node program's first connect.
- *
- * Libraries opened with RTLD_DEEPBIND (PHP opens every extension so:
- * pdo_pgsql, pgsql, curl) bind connect() to libc before our wrapper; the
- * dlopen() wrapper drops that flag while outbound rules are loaded, so
- * their connections are limited too (see dlopen() below).
- *
- * Not covered: programs that make system calls directly (static or Go
- * binaries), UDP "connections" (only SOCK_STREAM sockets are limited), and
- * connect() calls made by another thread while this one is initialising
- * (they pass through unlimited).
- */
+ * Inbound rules limit the connections a program accepts, outbound rules
+ * those it opens; every decision is one core call (shim_core.c). This
+ * file owns the exported wrappers (the only symbols the .so exports,
+ * tb_shim.map), what each does when a bucket refuses (close, http429 or
+ * 503 without waiting on the client, fail or wait for outbound), the
+ * resolution of real_* symbols, and initialisation through one
+ * pthread_once. It never exits its host (one line on stderr and the call
+ * goes through, but for a bad config under `strict`), preserves errno and
+ * never allocates. shim/README.md names the other files; docs/design.md
+ * ("Inside the shim", "File notes") has the behaviour in full. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
