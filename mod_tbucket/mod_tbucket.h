@@ -190,8 +190,7 @@ typedef struct tbucket_local_view {
  * tbucket_shm_note_failure and tbucket_shm_failure_get. */
 typedef struct tbucket_failure_slot {
     uint64_t seq;                     /* Odd while a writer copies.     */
-    uint64_t lock_us;                 /* 0 free, else the apr_time_now()
-                                       * at which a writer took it.     */
+    tb_shlock_t lock;                 /* Held by the one writer.        */
     uint64_t kind;                    /* TB_ERR_* of the failed call.   */
     uint64_t time_us;                 /* apr_time_t when the breaker
                                        * opened; 0: never.              */

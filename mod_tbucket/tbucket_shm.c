@@ -27,19 +27,18 @@
  *
  * Each Redis configuration's slot also keeps the failure that last opened
  * a breaker (kind, reason text, time), written only on that transition.
- * The segment has no lock of its own and a process-shared mutex would
- * need attaching in every child and could be left held by a child
- * killed in the middle, so the record is a seqlock: the writer makes
- * seq odd, copies, then makes it even; a reader copies and keeps the
- * copy only if seq was even and unchanged across it, and retries a
- * bounded number of times otherwise. Every field is copied with 8-byte
- * atomic loads and stores, so readers and writers never race in the C
- * sense either. Two children can open their breakers at once, so
- * writers also take a lock word (the time they took it): the loser
- * drops its record, and a lock held for FAILURE_STALE_US, far longer
- * than the copy of a few hundred bytes takes, is taken over, since its
- * holder died in the middle (prefork children exit from the SIGTERM
- * handler).
+ * Readers (the status page) take no lock, so the record is a seqlock:
+ * the writer makes seq odd, copies, then makes it even; a reader copies
+ * and keeps the copy only if seq was even and unchanged across it, and
+ * retries a bounded number of times otherwise. Every field is copied
+ * with 8-byte atomic loads and stores, so readers and writers never race
+ * in the C sense either. Two children can open their breakers at once,
+ * so writers take the slot's lock (tb_shlock_t, a robust mutex made with
+ * the segment) without waiting: the loser drops its record. A writer
+ * that died in the middle (prefork children exit from the SIGTERM
+ * handler) hands the lock to the next one, which writes the whole record
+ * again; a writer that is only slow keeps it, since a second writer
+ * copying beside it would let a reader take a mix of two records.
  */
 #include "apr_shm.h"
 #include "apr_strings.h"
@@ -62,9 +61,6 @@ APLOG_USE_MODULE(tbucket);
                                        * and policy.                    */
 #define LOCAL_ENTRIES 16384           /* Buckets in the local table.    */
 #define LEASE_ENTRIES 4096            /* Leases held at once.           */
-#define FAILURE_STALE_US 1000000      /* A failure writer's lock older
-                                       * than this, in microseconds, is
-                                       * a dead writer's.               */
 #define FAILURE_READ_TRIES 1000       /* Reads of a record being written
                                        * before giving up.              */
 #define MAX_LOCAL_SCOPES 256          /* Scope records, all generations.*/
@@ -203,6 +199,7 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     apr_status_t rv;
     tbucket_shm *seg;
     char key[64];
+    int i;
 
     /* Keyed by the layout's size and the tables' (their entries are the
      * core's): a graceful restart onto a module built with another
@@ -239,6 +236,12 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     }
     seg = apr_shm_baseaddr_get(shm);
     memset(seg, 0, size);
+    /* The locks are made here, once, with the segment: a restart that
+     * finds the segment above leaves them alone, since a child of the
+     * old generation may hold one. */
+    for (i = 0; i < MAX_CLIENTS; i++) {
+        tb_shlock_init(&seg->clients[i].failure.lock);
+    }
     seg->magic = SHM_MAGIC;
     seg->local_entries = LOCAL_ENTRIES;
     seg->local_off = local_offset();
@@ -462,24 +465,19 @@ void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
 {
     tbucket_failure_slot *f;
     uint64_t words[TBUCKET_REASON_LEN / 8];
-    uint64_t held, seq;
+    uint64_t seq;
     char *w = (char *)words;
     apr_size_t i;
+    int rc;
 
     if (!cs || now <= 0) {
         return;
     }
     f = &cs->failure;
-    /* A lock taken less than FAILURE_STALE_US ago is a live writer's;
-     * an older one, or one from the future (the clock went back), is
-     * taken over. */
-    held = __atomic_load_n(&f->lock_us, __ATOMIC_RELAXED);
-    if (held && (uint64_t)now >= held
-        && (uint64_t)now - held < FAILURE_STALE_US) {
-        return;
-    }
-    if (!__atomic_compare_exchange_n(&f->lock_us, &held, (uint64_t)now, 0,
-                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+    /* Busy: another child is writing the same news. Recovered: a writer
+     * died in the middle, and this one writes every field again. */
+    rc = tb_shlock_try(&f->lock);
+    if (rc != TB_OK && rc != TB_SHLOCK_RECOVERED) {
         return;
     }
     memset(words, 0, sizeof(words));
@@ -499,7 +497,7 @@ void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
         __atomic_store_n(&f->reason[i], words[i], __ATOMIC_RELAXED);
     }
     __atomic_store_n(&f->seq, seq + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&f->lock_us, 0, __ATOMIC_RELEASE);
+    tb_shlock_release(&f->lock);
 }
 
 int tbucket_shm_failure_get(const tbucket_client_stats *cs,
