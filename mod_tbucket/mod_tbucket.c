@@ -11,7 +11,8 @@
  * their records in tbucket_records.c, the checks across scopes in
  * tbucket_check.c, each child's clients in tbucket_client.c, the shared
  * memory segment in tbucket_shm.c, leases and settlements in
- * tbucket_lease.c and tbucket_settle.c, the status page in
+ * tbucket_lease.c and tbucket_settle.c, giving concurrency limits back
+ * at the end of a response in tbucket_release.c, the status page in
  * tbucket_status.c, tbucket_status_html.c and tbucket_metrics.c. The
  * directives' manual is docs/reference.txt.
  *
@@ -34,12 +35,11 @@
  * and priority, never per key: neither counts them.
  *
  * A concurrency limit (TBucketConcurrency) takes a slot in the same call
- * and gives it back once, when the chain's first request's pool is
- * destroyed: that pool is shared by the chain's internal redirects, and
- * httpd destroys it once, after the response is written (the EOR bucket),
- * whatever the end: success, error status, ErrorDocument, an aborted
- * client or a handler that timed out. log_transaction would run at the
- * same moment, but a pool cleanup cannot be skipped or run twice. A
+ * and gives it back once, when the chain's final response ends: when its
+ * EOS passes the output filters, before the last bytes leave, so that a
+ * client sending its next request at once finds the slot free; or, when
+ * no EOS comes (an aborted client, a handler that failed midway), when
+ * the chain's first request's pool is destroyed (tbucket_release.c). A
  * refusal by concurrency gets 429, Retry-After: 1 and
  * {"error":"too many concurrent requests","limit":N}.
  */
@@ -66,9 +66,9 @@
 static apr_uint64_t shard_seed;
 static volatile apr_uint32_t shard_seq;
 
-/* A concurrency slot held by a request chain, released by a cleanup on
- * the chain's first request's pool. The request is copied: the release
- * needs its prefix, key and ttl after the request's own data is gone. */
+/* A concurrency slot held by a request chain, released when its response
+ * ends (tbucket_release.c). The request is copied: the release needs its
+ * prefix, key and ttl after the request's own data is gone. */
 typedef struct tbucket_held {
     tbucket_srv_conf *sc;
     tb_request_t q;
@@ -364,10 +364,9 @@ static int respond(request_rec *r, int status, const char *body)
 
 /* ---- Concurrency slots ------------------------------------------------ */
 
-/* Give the chain's slot back: a pre-cleanup of the first request's
- * pool, which httpd destroys once, after the response is written (when
- * the EOR bucket goes), however the chain ended. A child on its way out
- * leaves the slot to expire. */
+/* Give the chain's slot back (one ZREM), once, at the end of its
+ * response (tbucket_release_at_end). A child on its way out leaves the
+ * slot to expire. */
 static apr_status_t release_slot(void *data)
 {
     tbucket_held *h = data;
@@ -389,9 +388,11 @@ static apr_status_t release_slot(void *data)
     return APR_SUCCESS;
 }
 
-/* Keep the slot a decision took until the chain ends. */
-static void hold_slot(request_rec *root, tbucket_srv_conf *sc,
-                      const tb_request_t *q, const tb_slot_t *slot)
+/* Keep the slot a decision of r took until r's chain, whose first
+ * request is root, ends. */
+static void hold_slot(request_rec *r, request_rec *root,
+                      tbucket_srv_conf *sc, const tb_request_t *q,
+                      const tb_slot_t *slot)
 {
     tbucket_held *h = apr_pcalloc(root->pool, sizeof(*h));
 
@@ -401,11 +402,7 @@ static void hold_slot(request_rec *root, tbucket_srv_conf *sc,
     h->q.key_len = q->key_len;
     h->q.concurrency_ttl_ms = q->concurrency_ttl_ms;
     h->slot = *slot;
-    /* A pre-cleanup: it runs first when the pool is destroyed, before
-     * the cleanups other modules registered later (mod_cgid's waits up
-     * to 10 ms for the script's process to be gone), so the slot is free
-     * by the time the client can send its next request. */
-    apr_pool_pre_cleanup_register(root->pool, h, release_slot);
+    tbucket_release_at_end(r, root, release_slot, h);
     tbucket_count_slot(sc, TBUCKET_SLOT_TAKEN);
 }
 
@@ -698,7 +695,7 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
 
     if (res->slot.kind != TB_SLOT_NONE) {
-        hold_slot(root, sc, &d->q, &res->slot);
+        hold_slot(r, root, sc, &d->q, &res->slot);
     }
     /* A sharded key's figure is an estimate (decide): never above the
      * capacity. */
@@ -966,6 +963,7 @@ static void register_hooks(apr_pool_t *p)
     tbucket_settle_register();
     tbucket_local_register();
     tbucket_rules_register();
+    tbucket_release_register();
 }
 
 AP_DECLARE_MODULE(tbucket) = {

@@ -239,8 +239,7 @@ typedef struct tbucket_local_view {
  * tbucket_shm_note_failure and tbucket_shm_failure_get. */
 typedef struct tbucket_failure_slot {
     uint64_t seq;                     /* Odd while a writer copies.     */
-    uint64_t lock_us;                 /* 0 free, else the apr_time_now()
-                                       * at which a writer took it.     */
+    tb_shlock_t lock;                 /* Held by the one writer.        */
     uint64_t kind;                    /* TB_ERR_* of the failed call.   */
     uint64_t time_us;                 /* apr_time_t when the breaker
                                        * opened; 0: never.              */
@@ -726,6 +725,24 @@ void tbucket_local_refusing(request_rec *root);
 
 /* The effective priority of a merged scope. */
 tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc);
+
+/* ---- tbucket_release.c ---------------------------------------------- */
+
+/* Gives back what a chain holds; data as given to tbucket_release_at_end.
+ * Runs on the request's thread, or from a prefork child's signal handler
+ * as it exits (tbucket_child_exiting() then says so). */
+typedef apr_status_t (*tbucket_release_fn)(void *data);
+
+/* Register the output filter that gives back at the end of a response. */
+void tbucket_release_register(void);
+
+/* Have fn(data) run once for the chain of r, whose first request is root:
+ * when the EOS of the chain's final response passes the output filters,
+ * before the response's last bytes go to the connection, or at the latest
+ * when root's pool is destroyed. data lives at least as long as root's
+ * pool. */
+void tbucket_release_at_end(request_rec *r, request_rec *root,
+                            tbucket_release_fn fn, void *data);
 
 /* ---- tbucket_lease.c ------------------------------------------------ */
 

@@ -28,15 +28,13 @@
  * Local concurrency (TBucketLocalConcurrency N). At most N requests of a
  * scope in flight on this server, every child and thread together: each
  * scope has a table of N places in the segment (tb_inflight_t), and a
- * request takes one place in every scope it is in, or none. The place is
- * given back when the response's end (EOS) passes a protocol-level
- * output filter, which internal redirects keep: the application is done
- * then, and the client may already be sending its next request, which
- * must find the place free. A pre-cleanup of the chain's first request's
- * pool gives back whatever the filter did not see, since httpd destroys
- * that pool once however the chain ends (error, aborted client, and a
- * prefork child told to exit, whose pools are destroyed from the signal
- * handler: the give is one compare-and-swap, async-signal-safe). A child killed outright gives nothing back; the
+ * request takes one place in every scope it is in, or none. The places
+ * are given back when the chain's response ends, before its last bytes
+ * leave (tbucket_release.c: when its EOS passes the output filters, or
+ * when the chain's first request's pool goes if no EOS came: an error,
+ * an aborted client, a prefork child told to exit, whose pools are
+ * destroyed from the signal handler; the give is one compare-and-swap,
+ * async-signal-safe). A child killed outright gives nothing back; the
  * parent frees its places when it reaps it (the child_status hook), and
  * every configuration load frees those of owners that no longer exist.
  * Scopes are found by name at each load, so a graceful restart keeps the
@@ -51,7 +49,6 @@
 #include "httpd.h"
 #include "http_config.h"
 #include "http_log.h"
-#include "util_filter.h"
 #include "ap_mpm.h"
 #include "scoreboard.h"
 
@@ -148,15 +145,9 @@ static void child_status(server_rec *s, pid_t pid, ap_generation_t gen,
     }
 }
 
-static ap_filter_rec_t *places_filter;
-
-static apr_status_t places_out(ap_filter_t *f, apr_bucket_brigade *bb);
-
 void tbucket_local_register(void)
 {
     ap_hook_child_status(child_status, NULL, NULL, APR_HOOK_MIDDLE);
-    places_filter = ap_register_output_filter("TBUCKET_PLACES", places_out,
-                                              NULL, AP_FTYPE_PROTOCOL);
 }
 
 /* ---- Shedding --------------------------------------------------------- */
@@ -273,7 +264,7 @@ tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc)
 
 /* ---- Local concurrency ------------------------------------------------ */
 
-/* The places a chain holds, given back with its first request's pool. */
+/* The places a chain holds, given back when its response ends. */
 typedef struct tbucket_places {
     int n;
     tb_inflight_t *table[TBUCKET_MAX_LOCAL];
@@ -291,23 +282,6 @@ static apr_status_t give_places(void *data)
     }
     h->n = 0;
     return APR_SUCCESS;
-}
-
-/* The response is complete when EOS passes: the places go back before
- * the last bytes reach the client. */
-static apr_status_t places_out(ap_filter_t *f, apr_bucket_brigade *bb)
-{
-    apr_bucket *b;
-
-    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
-         b = APR_BUCKET_NEXT(b)) {
-        if (APR_BUCKET_IS_EOS(b)) {
-            give_places(f->ctx);
-            ap_remove_output_filter(f);
-            break;
-        }
-    }
-    return ap_pass_brigade(f->next, bb);
 }
 
 const tbucket_local_scope *tbucket_local_take(request_rec *r,
@@ -343,12 +317,8 @@ const tbucket_local_scope *tbucket_local_take(request_rec *r,
         h->n++;
         tbucket_count_local(sc->slot, 0);
     }
-    /* A pre-cleanup, run before other modules' cleanups of the pool
-     * (mod_cgid's waits for the script's process): the places are free
-     * by the time the client can send its next request. */
-    apr_pool_pre_cleanup_register(root->pool, h, give_places);
     if (h->n) {
-        ap_add_output_filter_handle(places_filter, h, r, r->connection);
+        tbucket_release_at_end(r, root, give_places, h);
     }
     return NULL;
 }

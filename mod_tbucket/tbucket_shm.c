@@ -8,8 +8,9 @@
  * post_config and hangs off the process pool, so a graceful restart keeps
  * it: counters never go backwards and an old generation's children keep
  * writing to valid memory. Only this file sees the layout; others reach it
- * through functions. The last-failure record is a seqlock (docs/design.md,
- * "File notes", says why). */
+ * through functions. The last-failure record is a seqlock whose writers
+ * take the slot's robust mutex without waiting (docs/design.md, "File
+ * notes", says why). */
 #include "apr_shm.h"
 #include "apr_strings.h"
 
@@ -31,9 +32,6 @@ APLOG_USE_MODULE(tbucket);
                                        * and policy.                    */
 #define LOCAL_ENTRIES 16384           /* Buckets in the local table.    */
 #define LEASE_ENTRIES 4096            /* Leases held at once.           */
-#define FAILURE_STALE_US 1000000      /* A failure writer's lock older
-                                       * than this, in microseconds, is
-                                       * a dead writer's.               */
 #define FAILURE_READ_TRIES 1000       /* Reads of a record being written
                                        * before giving up.              */
 #define MAX_LOCAL_SCOPES 256          /* Scope records, all generations.*/
@@ -179,6 +177,7 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     apr_status_t rv;
     tbucket_shm *seg;
     char key[64];
+    int i;
 
     /* Keyed by the layout's size and the tables' (their entries are the
      * core's): a graceful restart onto a module built with another
@@ -215,6 +214,12 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     }
     seg = apr_shm_baseaddr_get(shm);
     memset(seg, 0, size);
+    /* The locks are made here, once, with the segment: a restart that
+     * finds the segment above leaves them alone, since a child of the
+     * old generation may hold one. */
+    for (i = 0; i < MAX_CLIENTS; i++) {
+        tb_shlock_init(&seg->clients[i].failure.lock);
+    }
     seg->magic = SHM_MAGIC;
     seg->local_entries = LOCAL_ENTRIES;
     seg->local_off = local_offset();
@@ -467,24 +472,19 @@ void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
 {
     tbucket_failure_slot *f;
     uint64_t words[TBUCKET_REASON_LEN / 8];
-    uint64_t held, seq;
+    uint64_t seq;
     char *w = (char *)words;
     apr_size_t i;
+    int rc;
 
     if (!cs || now <= 0) {
         return;
     }
     f = &cs->failure;
-    /* A lock taken less than FAILURE_STALE_US ago is a live writer's;
-     * an older one, or one from the future (the clock went back), is
-     * taken over. */
-    held = __atomic_load_n(&f->lock_us, __ATOMIC_RELAXED);
-    if (held && (uint64_t)now >= held
-        && (uint64_t)now - held < FAILURE_STALE_US) {
-        return;
-    }
-    if (!__atomic_compare_exchange_n(&f->lock_us, &held, (uint64_t)now, 0,
-                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+    /* Busy: another child is writing the same news. Recovered: a writer
+     * died in the middle, and this one writes every field again. */
+    rc = tb_shlock_try(&f->lock);
+    if (rc != TB_OK && rc != TB_SHLOCK_RECOVERED) {
         return;
     }
     memset(words, 0, sizeof(words));
@@ -504,7 +504,7 @@ void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
         __atomic_store_n(&f->reason[i], words[i], __ATOMIC_RELAXED);
     }
     __atomic_store_n(&f->seq, seq + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&f->lock_us, 0, __ATOMIC_RELEASE);
+    tb_shlock_release(&f->lock);
 }
 
 int tbucket_shm_failure_get(const tbucket_client_stats *cs,

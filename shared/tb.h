@@ -399,20 +399,55 @@ typedef struct tb_stats {
 void tb_stats_add(uint64_t *counter, uint64_t n);
 uint64_t tb_stats_get(const uint64_t *counter);
 
+/* ==== Locks in shared memory ========================================= */
+
+/* The lock of a table that threads and forked processes share (tb_local,
+ * tb_lease and tb_topk inside their blocks; a host's own records): a
+ * process-shared robust mutex (tb_shlock.c), opaque here so that this
+ * header needs no <pthread.h>. Waiters sleep until the holder releases
+ * it, however long the holder is descheduled or stopped; a holder that
+ * dies holding it (killed, or exiting from a signal handler) hands it to
+ * the next taker with TB_SHLOCK_RECOVERED, since what it guarded may be
+ * half written: that taker repairs the data before its release. The
+ * lock must be in memory every user maps at the same offset of the same
+ * object (MAP_SHARED, inherited by fork), initialised once, by whoever
+ * makes that memory, before anyone else uses it, and never again while
+ * it lives: a process may hold it. */
+typedef struct tb_shlock {
+    uint64_t opaque[8];                 /* A pthread_mutex_t, 8-aligned. */
+} tb_shlock_t;
+
+#define TB_SHLOCK_RECOVERED 1   /* Held, from a holder that died.        */
+#define TB_SHLOCK_BUSY 2        /* tb_shlock_try: another holder has it. */
+
+/* Make l a free lock. TB_OK, or TB_ERR when the system has no robust
+ * process-shared mutexes. */
+int tb_shlock_init(tb_shlock_t *l);
+/* Take l, waiting as long as its holder holds it. TB_OK, or
+ * TB_SHLOCK_RECOVERED (held, see above); TB_ERR when l cannot be taken
+ * (never initialised), and it is then not held. */
+int tb_shlock_take(tb_shlock_t *l);
+/* tb_shlock_take without the wait: TB_SHLOCK_BUSY when another holder
+ * has l. */
+int tb_shlock_try(tb_shlock_t *l);
+/* Release l, held by the calling thread. */
+void tb_shlock_release(tb_shlock_t *l);
+
 /* ==== Tables in caller memory: local buckets and leases ============== */
 
 /* A fixed-size table of local buckets for the `local` failure policy. It
  * never grows: when a key's probe window is full the least recently used
  * entry is evicted. The storage is one contiguous, pointer-free block that
  * the caller may supply (for example shared memory inherited by forked
- * children); a spin lock inside it serialises access across threads and
- * processes. */
+ * children); a lock inside it (tb_shlock_t) serialises access across
+ * threads and processes. */
 typedef struct tb_local tb_local_t;
 
 /* Bytes needed for a table of `entries` entries (rounded up to a power of
  * two, at least 64). */
 size_t tb_local_size(size_t entries);
-/* Initialise a table in caller memory of tb_local_size(entries) bytes. */
+/* Initialise a table in caller memory of tb_local_size(entries) bytes,
+ * its lock included: once, before anyone uses it (tb_shlock_t). */
 tb_local_t *tb_local_init(void *mem, size_t entries);
 /* Entries in use, for metrics. */
 size_t tb_local_used(tb_local_t *t);
@@ -563,8 +598,8 @@ int tb_inflight_pid_alive(uint32_t tag);
  * decisions over the last minute and the last fifteen, in a fixed block
  * of caller memory (tb_topk.c). Same storage rules as the tables above:
  * one pointer-free block that the caller may place in memory shared by
- * forked processes, a spin lock per minute that a dead holder cannot
- * wedge, no allocation.
+ * forked processes, a lock per minute (tb_shlock_t) that a dead holder
+ * cannot wedge, no allocation.
  *
  * Each minute has a slot, a ring of TB_TOPK_SLOTS; a slot holds two
  * Space-Saving sketches (Metwally, Agrawal and El Abbadi, 2005) of m =
@@ -600,7 +635,8 @@ typedef struct tb_topk tb_topk_t;
 /* Bytes for a block of k (1 .. TB_TOPK_MAX_K), 0 otherwise. */
 size_t tb_topk_size(int k);
 /* Initialise a block of tb_topk_size(k) bytes at mem (8-byte aligned):
- * every slot empty. NULL on bad arguments. */
+ * every slot empty, its locks free; once, before anyone uses it
+ * (tb_shlock_t). NULL on bad arguments. */
 tb_topk_t *tb_topk_init(void *mem, int k);
 /* The block's k and m (counters per sketch), 0 for NULL. */
 int tb_topk_k(const tb_topk_t *t);

@@ -13,11 +13,17 @@
  * buckets (which then start full, as a missing Redis key does).
  *
  * Entries are identified by 16 bytes of SHA-256 of the full Redis key, so
- * hostile keys cannot collide with another client's entry. A spin lock in
- * the block serialises threads and processes; it is held for a hash look-up
- * and a few multiplications. A process that died holding it would wedge
- * the others, so a waiter takes the lock over from a holder that has held
- * it for TB_SHLOCK_STEAL_US (tb_shlock.c).
+ * hostile keys cannot collide with another client's entry. A lock in the
+ * block (tb_shlock_t) serialises threads and processes; it is held for a
+ * hash look-up and a few multiplications. A holder that dies holding it
+ * hands it to the next taker, which repairs the table first (repair()):
+ * every write to an entry happens between mark() and unmark(), so the
+ * entries a dead holder may have half written are the ones still marked,
+ * and those are dropped, as an eviction drops an entry. What dropping
+ * costs: a local bucket starts full again, a slot count forgets the
+ * slots it counted (up to one limit more is admitted until they would
+ * have expired, two windows at most), a lease loses its unspent tokens
+ * (never given back; the shared bucket refills them) and its traffic.
  *
  * A lease table is the same block with larger entries (lease_entry_t):
  * besides the unspent tokens and their expiry, each keeps the bucket's
@@ -39,7 +45,7 @@ typedef struct entry_head {
     unsigned char id[16];
     int64_t used_ms;  /* Last use, for LRU eviction.  */
     uint32_t inuse;
-    uint32_t pad;
+    uint32_t writing; /* 1 while a holder writes the entry (mark()). */
 } entry_head_t;
 
 /* A local bucket: tokens at ts_ms. A concurrency count keeps the slots
@@ -71,7 +77,8 @@ typedef struct lease_entry {
 
 struct tb_local {
     uint32_t magic;
-    uint32_t lock;
+    uint32_t pad;
+    tb_shlock_t lock;
     uint64_t mask;   /* Entries - 1; entries is a power of two. */
     uint64_t used;
     uint64_t esize;  /* Bytes per entry, a multiple of 8.       */
@@ -104,6 +111,9 @@ static tb_local_t *table_init(void *mem, size_t entries, size_t esize,
         return NULL;
     }
     memset(t, 0, table_size(entries, esize));
+    if (tb_shlock_init(&t->lock) != TB_OK) {
+        return NULL;
+    }
     t->mask = n - 1;
     t->esize = esize;
     t->magic = magic;
@@ -125,19 +135,61 @@ tb_local_t *tb_local_init(void *mem, size_t entries)
     return table_init(mem, entries, sizeof(local_entry_t), LOCAL_MAGIC);
 }
 
-/* The table's lock (tb_shlock.c): a holder that died is taken over, and
- * the table, all of whose updates are one field or one entry at a time,
- * is used as it is. */
-static uint32_t lock(tb_local_t *t)
+/* An entry about to be written, and written: a holder that dies between
+ * the two leaves it marked. The fences keep the compiler from moving the
+ * entry's stores across the marks: a process dies between two
+ * instructions, and the kernel's release of its robust mutexes orders
+ * every store it made before the next taker's. */
+static void mark(entry_head_t *e)
 {
-    int stolen;
-
-    return tb__shlock_take(&t->lock, &stolen);
+    __atomic_store_n(&e->writing, 1, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
 }
 
-static void unlock(tb_local_t *t, uint32_t mine)
+static void unmark(entry_head_t *e)
 {
-    tb__shlock_release(&t->lock, mine);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    __atomic_store_n(&e->writing, 0, __ATOMIC_RELAXED);
+}
+
+/* The table after its last holder died holding the lock: entries still
+ * marked are dropped, and the count of entries in use, which that holder
+ * may have moved without its entry, is counted again. The header's other
+ * fields are written once by table_init, or in one atomic add (epoch).
+ * One pass over every entry, once per holder that died. */
+static void repair(tb_local_t *t)
+{
+    uint64_t i, used = 0;
+
+    for (i = 0; i <= t->mask; i++) {
+        entry_head_t *e = entry_at(t, i);
+
+        if (e->writing) {
+            e->inuse = 0;
+            e->writing = 0;
+        }
+        used += e->inuse != 0;
+    }
+    __atomic_store_n(&t->used, used, __ATOMIC_RELAXED);
+}
+
+/* Take the table's lock (tb_shlock.c), repairing the table when its last
+ * holder died holding it. TB_OK, or TB_ERR when the lock cannot be taken
+ * (memory never initialised): the caller then does nothing. */
+static int lock(tb_local_t *t)
+{
+    int rc = tb_shlock_take(&t->lock);
+
+    if (rc == TB_SHLOCK_RECOVERED) {
+        repair(t);
+        return TB_OK;
+    }
+    return rc;
+}
+
+static void unlock(tb_local_t *t)
+{
+    tb_shlock_release(&t->lock);
 }
 
 /* The identity of the entry of a full Redis key: its SHA-256, of which
@@ -200,7 +252,6 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
                   const tb_take_t *takes, int n, int replicas,
                   int64_t now_ms, tb_verdict_t *v)
 {
-    uint32_t lk;
     tb_bucket_t st[TB_MAX_BUCKETS];
     tb_limit_t div[TB_MAX_BUCKETS];
     double cost[TB_MAX_BUCKETS];
@@ -231,11 +282,14 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
         }
         div[i].rate_per_sec = takes[i].limit.rate_per_sec / replicas;
     }
-    lk = lock(t);
+    if (lock(t) != TB_OK) {
+        return TB_ERR;
+    }
     for (i = 0; i < n; i++) {
         int found;
 
         ent[i] = (local_entry_t *)slot(t, id[i], &found);
+        mark(&ent[i]->h);
         st[i].exists = found;
         st[i].tokens = found ? ent[i]->tokens : 0;
         st[i].ts_ms = found ? ent[i]->ts_ms : 0;
@@ -249,13 +303,14 @@ int tb_local_take(tb_local_t *t, const char *const *keys,
         ent[i]->h.used_ms = now_ms;
     }
     rc = tb_bucket_take(st, div, cost, n, now_ms, st, v);
-    if (rc == TB_OK) {
-        for (i = 0; i < n; i++) {
+    for (i = 0; i < n; i++) {
+        if (rc == TB_OK) {
             ent[i]->tokens = st[i].tokens;
             ent[i]->ts_ms = st[i].ts_ms;
         }
+        unmark(&ent[i]->h);
     }
-    unlock(t, lk);
+    unlock(t);
     return rc;
 }
 
@@ -292,7 +347,6 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
                        int64_t window_ms, int64_t now_ms, int64_t *window,
                        int64_t *held)
 {
-    uint32_t lk;
     unsigned char id[32];
     local_entry_t *e;
     int64_t w, n;
@@ -304,8 +358,11 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
         return -1;
     }
     w = now_ms / window_ms;
-    lk = lock(t);
+    if (lock(t) != TB_OK) {
+        return -1;
+    }
     e = (local_entry_t *)slot(t, id, &found);
+    mark(&e->h);
     if (!found) {
         memcpy(e->h.id, id, 16);
         e->h.inuse = 1;
@@ -323,7 +380,8 @@ int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
     }
     *window = e->ts_ms;
     *held = n;
-    unlock(t, lk);
+    unmark(&e->h);
+    unlock(t);
     return taken;
 }
 
@@ -331,17 +389,16 @@ void tb_local_conc_release(tb_local_t *t, const char *key,
                            int64_t window_ms, int64_t window,
                            int64_t now_ms)
 {
-    uint32_t lk;
     unsigned char id[32];
     local_entry_t *e;
 
     if (!t || t->magic != LOCAL_MAGIC || !key || window_ms < 1
-        || now_ms < 0 || key_id(key, id) != TB_OK) {
+        || now_ms < 0 || key_id(key, id) != TB_OK || lock(t) != TB_OK) {
         return;
     }
-    lk = lock(t);
     e = (local_entry_t *)find(t, id);
     if (e) {
+        mark(&e->h);
         conc_roll(e, now_ms / window_ms);
         if (window == e->ts_ms && e->tokens >= 1) {
             e->tokens -= 1;
@@ -349,8 +406,9 @@ void tb_local_conc_release(tb_local_t *t, const char *key,
         else if (window == e->ts_ms - 1 && e->prev > 0) {
             e->prev--;
         }
+        unmark(&e->h);
     }
-    unlock(t, lk);
+    unlock(t);
 }
 
 /* ---- The lease table -------------------------------------------------
@@ -393,25 +451,26 @@ static void count_traffic(lease_entry_t *e, double cost, int64_t now_ms)
 int tb_lease_spend(tb_lease_t *t, const char *key, double cost,
                    int64_t now_ms, double *left)
 {
-    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     int hit = 0;
 
     if (!lease_table(t) || !key || !left || !(cost >= 0)
-        || cost > TB_MAX_CAPACITY || key_id(key, id) != TB_OK) {
+        || cost > TB_MAX_CAPACITY || key_id(key, id) != TB_OK
+        || lock(t) != TB_OK) {
         return -1;
     }
-    lk = lock(t);
     e = (lease_entry_t *)find(t, id);
     if (e && now_ms < e->expires_ms && e->tokens >= cost) {
+        mark(&e->h);
         e->tokens -= cost;
         e->h.used_ms = now_ms;
         count_traffic(e, cost, now_ms);
         *left = e->tokens;
         hit = 1;
+        unmark(&e->h);
     }
-    unlock(t, lk);
+    unlock(t);
     return hit;
 }
 
@@ -443,7 +502,6 @@ static void entry_claim(lease_entry_t *e, const unsigned char id[16],
 int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
                   double max, int64_t now_ms, tb_lease_plan_t *plan)
 {
-    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     double want;
@@ -451,11 +509,11 @@ int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
 
     if (!lease_table(t) || !info_valid(in) || !plan || !(cost >= 0)
         || !(max >= cost) || max > TB_MAX_LEASE
-        || key_id(in->key, id) != TB_OK) {
+        || key_id(in->key, id) != TB_OK || lock(t) != TB_OK) {
         return TB_ERR;
     }
-    lk = lock(t);
     e = (lease_entry_t *)slot(t, id, &found);
+    mark(&e->h);
     entry_claim(e, id, in, found, now_ms);
     count_traffic(e, cost, now_ms);
     plan->back = 0;
@@ -465,7 +523,8 @@ int tb_lease_plan(tb_lease_t *t, const tb_lease_info_t *in, double cost,
     }
     plan->epoch = t->epoch;
     want = floor(e->recent);
-    unlock(t, lk);
+    unmark(&e->h);
+    unlock(t);
     if (want > max) {
         want = max;
     }
@@ -477,18 +536,18 @@ int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
                    const tb_lease_plan_t *plan, double tokens,
                    int64_t now_ms)
 {
-    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     int found, kept = 0;
 
     if (!lease_table(t) || !info_valid(in) || !plan || !(tokens >= 0)
-        || tokens > TB_MAX_CAPACITY || key_id(in->key, id) != TB_OK) {
+        || tokens > TB_MAX_CAPACITY || key_id(in->key, id) != TB_OK
+        || lock(t) != TB_OK) {
         return -1;
     }
-    lk = lock(t);
     if (t->epoch == plan->epoch) {
         e = (lease_entry_t *)slot(t, id, &found);
+        mark(&e->h);
         entry_claim(e, id, in, found, now_ms);
         if (now_ms < e->expires_ms) {
             /* Another child refilled too: keep both grants. */
@@ -500,32 +559,34 @@ int tb_lease_store(tb_lease_t *t, const tb_lease_info_t *in,
         if (now_ms + in->ttl_ms > e->expires_ms) {
             e->expires_ms = now_ms + in->ttl_ms;
         }
+        unmark(&e->h);
         kept = 1;
     }
-    unlock(t, lk);
+    unlock(t);
     return kept;
 }
 
 int tb_lease_credit(tb_lease_t *t, const char *key, double tokens,
                     int64_t now_ms)
 {
-    uint32_t lk;
     unsigned char id[32];
     lease_entry_t *e;
     int kept = 0;
 
     if (!lease_table(t) || !key || !(tokens >= 0)
-        || tokens > TB_MAX_CAPACITY || key_id(key, id) != TB_OK) {
+        || tokens > TB_MAX_CAPACITY || key_id(key, id) != TB_OK
+        || lock(t) != TB_OK) {
         return -1;
     }
-    lk = lock(t);
     e = (lease_entry_t *)find(t, id);
     if (e && now_ms < e->expires_ms) {
+        mark(&e->h);
         e->tokens += tokens;
         e->h.used_ms = now_ms;
+        unmark(&e->h);
         kept = 1;
     }
-    unlock(t, lk);
+    unlock(t);
     return kept;
 }
 
@@ -537,31 +598,33 @@ uint64_t tb_lease_epoch(tb_lease_t *t)
 
 size_t tb_lease_drain(tb_lease_t *t, tb_lease_give_fn give, void *arg)
 {
-    uint32_t lk;
     size_t n = 0;
     uint64_t i;
 
-    if (!lease_table(t)) {
+    if (!lease_table(t) || lock(t) != TB_OK) {
         return 0;
     }
-    lk = lock(t);
     __atomic_add_fetch(&t->epoch, 1, __ATOMIC_RELEASE);
-    unlock(t, lk);
+    unlock(t);
     /* One entry at a time, so give() (a Redis call) never runs under the
      * lock that every child's requests take. */
     for (i = 0; i <= t->mask; i++) {
         lease_entry_t copy, *e;
         tb_lease_info_t info;
 
-        lk = lock(t);
+        if (lock(t) != TB_OK) {
+            break;
+        }
         e = (lease_entry_t *)entry_at(t, i);
         copy.h.inuse = e->h.inuse;
         if (e->h.inuse) {
+            /* One store drops it: nothing to mark (repair() counts the
+             * entries in use again). */
             memcpy(&copy, e, sizeof(copy));
             e->h.inuse = 0;
             t->used--;
         }
-        unlock(t, lk);
+        unlock(t);
         if (!copy.h.inuse || !(copy.tokens > 0)) {
             continue;
         }

@@ -22,14 +22,14 @@
  * 4 KB for k = 20. Readers (tb_topk_read) lock each slot of a window
  * only to copy it, then merge the copies in caller scratch memory.
  *
- * The lock is a word in the slot (tb_shlock.c, as in tb_local.c): a
- * holder that has held it for TB_SHLOCK_STEAL_US, far longer than any
- * critical section here takes, is presumed dead and the lock taken
- * over. The holder may have died in the middle of an update, so the
- * taker empties the slot: a minute of figures is lost, never the table. Every index read back
- * from the block is checked against its bounds before use, so even two
- * writers racing after a takeover (a holder that was only descheduled)
- * can only miscount.
+ * The lock is in the slot (tb_shlock_t, as in tb_local.c). A holder that
+ * dies holding it hands it to the next taker, writer or reader, with
+ * TB_SHLOCK_RECOVERED; the holder may have died in the middle of an
+ * update (a heap half sifted, an index entry without its counter), so
+ * the taker empties the slot: a minute of figures is lost, never the
+ * table. Every index read back from the block is also checked against
+ * its bounds before use, so that a slot written wrong in some other way
+ * can only miscount, never send a write out of the block.
  *
  * Left out: weights (a decision counts one, whatever its cost), keys by
  * any other identity than key, virtual host and limit, and decay within
@@ -86,8 +86,7 @@ typedef struct sketch {
 
 /* A minute's slot; its counters, heaps and indexes follow it. */
 typedef struct slot {
-    uint32_t lock;
-    uint32_t pad;
+    tb_shlock_t lock;
     int64_t minute;                     /* Minutes since the epoch; -1
                                          * never used.                   */
     sketch_t sk[2];
@@ -211,7 +210,9 @@ tb_topk_t *tb_topk_init(void *mem, int k)
     for (i = 0; i < TB_TOPK_SLOTS; i++) {
         slot_t *s = slot_at(t, i);
 
-        s->lock = 0;
+        if (tb_shlock_init(&s->lock) != TB_OK) {
+            return NULL;
+        }
         slot_reset(t, s, -1);
     }
     t->magic = TOPK_MAGIC;
@@ -233,17 +234,18 @@ int tb_topk_counters(const tb_topk_t *t)
     return valid(t) ? (int)t->m : 0;
 }
 
-/* The slot's lock (tb_shlock.c): its holder's value, with *stolen 1 when
- * it was taken over from a holder presumed dead (the slot may then be
- * half updated, and is emptied). */
-static inline uint32_t lock(slot_t *s, int *stolen)
+/* Take the slot's lock (tb_shlock.c): TB_OK, or TB_SHLOCK_RECOVERED when
+ * its last holder died holding it (the slot may be half updated: the
+ * caller empties it), or TB_ERR when the lock cannot be taken (memory
+ * never initialised) and the caller leaves the slot alone. */
+static inline int lock(slot_t *s)
 {
-    return tb__shlock_take(&s->lock, stolen);
+    return tb_shlock_take(&s->lock);
 }
 
-static inline void unlock(slot_t *s, uint32_t mine)
+static inline void unlock(slot_t *s)
 {
-    tb__shlock_release(&s->lock, mine);
+    tb_shlock_release(&s->lock);
 }
 
 /* ---- One sketch -------------------------------------------------------
@@ -463,8 +465,8 @@ NOTE_STEP void count(const tb_topk_t *t, slot_t *s, int w,
             sift_up(heap, c, e->heap_pos);
         }
     }
-    /* heap_pos < n keeps a heap that raced after a take-over in bounds;
-     * nothing else is needed for that. */
+    /* heap_pos < n keeps a heap written wrong in bounds; nothing else is
+     * needed for that. */
     if (e->heap_pos < n && e->count > 1) {
         sift_down(heap, c, n, e->heap_pos);
     }
@@ -600,8 +602,7 @@ void tb_topk_note(tb_topk_t *t, const tb_topk_item_t *item, int refused,
     probe_t p;
     int64_t minute;
     slot_t *s;
-    uint32_t lk;
-    int stolen;
+    int rc;
 
     if (!valid(t) || !item || (!item->key && item->key_len)) {
         return;
@@ -609,15 +610,18 @@ void tb_topk_note(tb_topk_t *t, const tb_topk_item_t *item, int refused,
     make_probe(&p, item, buf);
     minute = current_minute(t, now_ms);
     s = slot_at(t, minute);
-    lk = lock(s, &stolen);
-    if (stolen || s->minute != minute) {
+    rc = lock(s);
+    if (rc == TB_ERR) {
+        return;
+    }
+    if (rc == TB_SHLOCK_RECOVERED || s->minute != minute) {
         slot_reset(t, s, minute);
     }
     count(t, s, DECISIONS, &p, refused, now_ms);
     if (refused) {
         count_refusal(t, s, &p, now_ms);
     }
-    unlock(s, lk);
+    unlock(s);
 }
 
 /* ---- Reading ---------------------------------------------------------- */
@@ -754,15 +758,17 @@ static int merge_slot(const tb_topk_t *t, slot_t *s, int64_t from,
                       int64_t to, scratch_t *sc, uint64_t events[2],
                       uint64_t fmin[2])
 {
-    uint32_t n[2], i, lk;
-    int w, stolen;
+    uint32_t n[2], i;
+    int w, rc = lock(s);
 
-    lk = lock(s, &stolen);
-    if (stolen) {
+    if (rc == TB_ERR) {
+        return 0;
+    }
+    if (rc == TB_SHLOCK_RECOVERED) {
         slot_reset(t, s, -1);
     }
     if (s->minute < from || s->minute > to) {
-        unlock(s, lk);
+        unlock(s);
         return 0;
     }
     for (w = 0; w < 2; w++) {
@@ -774,7 +780,7 @@ static int merge_slot(const tb_topk_t *t, slot_t *s, int64_t from,
         fmin[w] = n[w] == t->m && heap[0] < t->m ? c[heap[0]].count : 0;
         memcpy(sc->copy + (size_t)w * t->m, c, n[w] * sizeof(counter_t));
     }
-    unlock(s, lk);
+    unlock(s);
     for (w = 0; w < 2; w++) {
         for (i = 0; i < n[w]; i++) {
             const counter_t *c = &sc->copy[(size_t)w * t->m + i];
