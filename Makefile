@@ -46,7 +46,9 @@ endif
 # $(BUILD)/shared/algo/tb_script.c.
 CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
 CORE_SRC = $(wildcard shared/*.c shared/*/*.c)
-CORE_HDR = shared/tb.h $(wildcard shared/*_int.h shared/*/*.h)
+# The public header is tb.h and the tables' part it includes.
+TB_PUBLIC = shared/tb.h shared/tb_tables.h
+CORE_HDR = $(TB_PUBLIC) $(wildcard shared/*_int.h shared/*/*.h)
 TB_SCRIPT_C = $(BUILD)/shared/algo/tb_script.c
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
            $(TB_SCRIPT_C:.c=.o)
@@ -178,14 +180,14 @@ $(LIBTB): $(CORE_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mod_tbucket/%.o: mod_tbucket/%.c shared/tb.h $(wildcard mod_tbucket/*.h)
+$(BUILD)/mod_tbucket/%.o: mod_tbucket/%.c $(TB_PUBLIC) $(wildcard mod_tbucket/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(MOD_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
 $(MOD_SO): $(MOD_OBJ) $(LIBTB)
 	$(CC) -shared -o $@ $(MOD_OBJ) $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/shim/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
+$(BUILD)/shim/%.o: shim/%.c $(TB_PUBLIC) $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(SHIM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
@@ -194,7 +196,7 @@ $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	    -Wl,--version-script=shim/tb_shim.map -Wl,--exclude-libs,ALL \
 	    -lconfig -ldl $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) shared/tb.h \
+$(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) $(TB_PUBLIC) \
     shared/algo/tb_algo_int.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(RM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
@@ -210,7 +212,7 @@ install-redismod: $(RM_SO)
 	$(INSTALL) -d "$(DESTDIR)$(REDIS_MODDIR)"
 	$(INSTALL) -m 755 $(RM_SO) "$(DESTDIR)$(REDIS_MODDIR)/tbucket_redis.so"
 
-$(BUILD)/tools/%.o: tools/%.c tools/tbucket_tool.h shared/tb.h shim/tb_shim.h
+$(BUILD)/tools/%.o: tools/%.c tools/tbucket_tool.h $(TB_PUBLIC) shim/tb_shim.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
@@ -262,15 +264,15 @@ $(REPLAY_DIR)/shared/algo/tb_script.o: $(TB_SCRIPT_C) $(CORE_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: tests/fuzz/%.c tests/fuzz/fuzz_common.h shared/tb.h
+$(REPLAY_DIR)/%.o: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(TB_PUBLIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
+$(REPLAY_DIR)/%.o: shim/%.c $(TB_PUBLIC) $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: redismod/%.c shared/tb.h $(wildcard redismod/*.h)
+$(REPLAY_DIR)/%.o: redismod/%.c $(TB_PUBLIC) $(wildcard redismod/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -Iredismod -c $< -o $@
 

@@ -800,6 +800,50 @@ void tbucket_rules_register(void);
 #define TBUCKET_FORM_UNREADABLE "#form?"
 void tbucket_form_register(void);
 
+/* ---- tbucket_answer.c ------------------------------------------------ */
+
+/* One decision of the shared limit in the making: the request, its
+ * buckets, what answered and how a refusal is told. */
+typedef struct tbucket_decision {
+    tb_take_t takes[TB_MAX_BUCKETS];
+    const tbucket_named_rule *which[TB_MAX_BUCKETS]; /* Each take's
+                                       * TBucketRule, NULL for the main
+                                       * bucket and routes.             */
+    tb_request_t q;
+    tb_result_t res;
+    apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
+                                       * 0 when allowed or the cost can
+                                       * never fit.                     */
+    int cost_exceeded;                /* Refused for good: 403.         */
+    int by_conc;                      /* Refused by TBucketConcurrency. */
+} tbucket_decision;
+
+/* The limit headers of d's binding bucket (TBucketHeaders), in
+ * err_headers_out; retry_s the Retry-After of a refusal, or 0. */
+void tbucket_limit_headers(request_rec *r, const tbucket_dir_conf *dc,
+                           const tb_take_t *takes, const tb_result_t *res,
+                           apr_int64_t retry_s);
+
+/* Answer r here with status and a small JSON body, unless an
+ * ErrorDocument is set for the status (httpd's error path serves it). */
+int tbucket_respond(request_rec *r, int status, const char *body);
+
+/* The TBucketRule that bound a refusal of d, or NULL; the name of the
+ * limit that decided d (a route's or rule's, NULL for the main bucket,
+ * "concurrency"); d's key as operators see it, into out
+ * (TB_TOPK_KEY_LEN bytes), the refusing rule's when a rule refused. */
+const tbucket_named_rule *tbucket_refusing_rule(const tbucket_decision *d);
+const char *tbucket_binding_name(const tbucket_decision *d);
+size_t tbucket_shown_key(const tbucket_srv_conf *sc,
+                         const tbucket_decision *d, char *out);
+
+/* Answer r, which the shared limit refused (d, recorded in rq): 403 for
+ * a cost that never fits, else 429 with Retry-After and the refusal
+ * line. */
+int tbucket_refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
+                          const tbucket_srv_conf *sc, const tbucket_req *rq,
+                          const tbucket_decision *d);
+
 /* ---- tbucket_settle.c ----------------------------------------------- */
 
 /* Record what settling the chain's real cost needs after a decision of

@@ -1,44 +1,13 @@
-/* tbucket_local.c -- local protection: shedding by priority and local
- * concurrency limits, decided on this server without Redis.
+/* tbucket_local.c -- local protection: shedding by priority
+ * (TBucketShed) and local concurrency limits (TBucketLocalConcurrency),
+ * decided on this server without Redis.
  *
  * The shared limit decides per client; this file protects the server
  * itself from a flood made of many clients, each within its own limit.
- * Two mechanisms, both decided before any Redis call, so they cost no
- * round trip and work with Redis down under every failure policy:
- *
- * Shedding (TBucketShed). A request of priority P is refused with 503
- * when the share of the server's workers busy with a request has reached
- * P's threshold. Busy is read from the scoreboard, which every MPM keeps
- * per worker: under prefork a worker is a child process, under worker
- * and event a thread. A worker counts while it reads a request, runs its
- * handler, writes its response or logs it (SERVER_BUSY_READ, _WRITE,
- * _LOG, _DNS, and SERVER_GRACEFUL for an old generation's worker
- * finishing one). It does not count while it waits for the next request
- * on a kept-alive connection (SERVER_BUSY_KEEPALIVE, prefork and worker;
- * event parks those connections without a thread) or lingers over a
- * closing one (SERVER_CLOSING). Workers busy answering a request that
- * local protection refused are subtracted: under a flood every worker is
- * always answering someone, and counting the refusals would shed
- * everything once shedding began, instead of keeping the server at its
- * threshold. The share's denominator is MaxRequestWorkers. The count is
- * kept in the shared segment and read again by whichever request finds
- * it more than a millisecond old, so a flood of sheds scans the
- * scoreboard about a thousand times a second, not once per request.
- *
- * Local concurrency (TBucketLocalConcurrency N). At most N requests of a
- * scope in flight on this server, every child and thread together: each
- * scope has a table of N places in the segment (tb_inflight_t), and a
- * request takes one place in every scope it is in, or none. The places
- * are given back when the chain's response ends, before its last bytes
- * leave (tbucket_release.c: when its EOS passes the output filters, or
- * when the chain's first request's pool goes if no EOS came: an error,
- * an aborted client, a prefork child told to exit, whose pools are
- * destroyed from the signal handler; the give is one compare-and-swap,
- * async-signal-safe). A child killed outright gives nothing back; the
- * parent frees its places when it reaps it (the child_status hook), and
- * every configuration load frees those of owners that no longer exist.
- * Scopes are found by name at each load, so a graceful restart keeps the
- * places that the old generation's requests still hold.
+ * Both are decided before any Redis call, so they cost no round trip and
+ * work with Redis down under every failure policy. How busy is counted
+ * and how places come back (tbucket_release.c, the child_status hook,
+ * each configuration load): docs/design.md, "File notes".
  */
 #include "apr_strings.h"
 

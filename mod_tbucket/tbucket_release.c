@@ -3,37 +3,11 @@
  * TBucketLocalConcurrency places) before the response's last byte leaves
  * the server, exactly once.
  *
- * A client that sends its next request as soon as it has read the whole
- * answer must find its slot free, even when that request reaches another
- * worker at once. The response is complete when its EOS bucket passes the
- * output filters, so a filter gives back when it sees EOS, before it
- * passes the brigade on: the bytes that travel with the EOS, the final
- * chunk that the CHUNK filter writes after it, and the EOR bucket that
- * ends the request (the flush of a kept-alive connection) all come
- * later. The filter is a protocol filter added to the request that took
- * the slot: httpd moves the protocol filters to the request that replaces
- * it (ap_internal_redirect: PHP through Action, an ErrorDocument,
- * mod_rewrite's [PT]) and keeps them for its own error responses, so the
- * filter sees the EOS of the chain's final response. It comes after
- * HTTP_HEADER, which passes the EOS of a response without a body (HEAD,
- * 204, 304) on with the headers. A sub-request's EOS never reaches it:
- * httpd's SUBREQ_CORE filter drops it.
- *
- * What the filter never sees (a chain that ends without an EOS: an
- * aborted connection, a handler that failed after its first bytes, a
- * prefork child exiting from its signal handler) is given back by a
- * pre-cleanup of the chain's first request's pool, which httpd destroys
- * once, after the response, however the chain ended; as a pre-cleanup it
- * runs before mod_cgid's cleanup, which waits up to 10 ms for the
- * script's process. Whichever of the two comes first gives back; the
- * other finds it done.
- *
- * Left out: a handler that flushes the whole of a response of declared
- * length and then keeps running. Its client has the answer before the
- * EOS, and the slot comes back only when the handler ends, as a limit on
- * the application's work should. (A CGI that printed Content-Length and
- * a 20,000-byte body, then kept its output open for 50 ms, was not seen
- * to do it: no refusal in 160 requests, mod_cgi and mod_cgid.)
+ * A protocol filter gives back when the chain's final EOS passes it; a
+ * pre-cleanup of the chain's first request's pool gives back what the
+ * filter never saw (aborted clients, failed handlers, a prefork child
+ * exiting). Why these two and what is left out: docs/design.md, "File
+ * notes".
  */
 #include "httpd.h"
 #include "http_config.h"

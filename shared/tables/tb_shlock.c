@@ -30,7 +30,7 @@
 #include <errno.h>
 #include <pthread.h>
 
-#include "tb_base.h"
+#include "tables/tb_tables_int.h"
 
 /* tb_shlock_t is opaque storage for a pthread_mutex_t: it must fit. */
 typedef char tb__shlock_fits[sizeof(pthread_mutex_t) <= sizeof(tb_shlock_t)
