@@ -109,10 +109,12 @@ REDIS_MODDIR ?= /usr/lib/redis/modules
 # ---- tools ---------------------------------------------------------------
 # tools/ (tools/README.md): the tbucket command, one file per job. It reads
 # shim configurations with the shim's own loader, built from shim/ as
-# libtbshimconf.a so that both accept the same files.
+# libtbshimconf.a so that both accept the same files. SHIMCONF names the
+# loader's files (shim/README.md), also replayed by the shimconf fuzz target.
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket)
 TOOL_SRC = $(wildcard tools/*.c)
 TOOL_OBJ = $(patsubst tools/%.c,$(BUILD)/tools/%.o,$(TOOL_SRC))
+SHIMCONF = shim_conf shim_conf_table
 SHIMCONF_LIB = $(BUILD)/libtbshimconf.a
 
 # ---- test programs: every program tests/integration runs, built here ----
@@ -216,7 +218,7 @@ $(BUILD)/tools/%.o: tools/%.c tools/tbucket_tool.h $(TB_PUBLIC) shim/tb_shim.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
-$(SHIMCONF_LIB): $(BUILD)/shim/shim_conf.o
+$(SHIMCONF_LIB): $(patsubst %,$(BUILD)/shim/%.o,$(SHIMCONF))
 	rm -f $@
 	ar rcs $@ $^
 
@@ -280,8 +282,9 @@ $(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
 	$(CC) $(REPLAY_CFLAGS) -o $@ $< $(REPLAY_EXTRA) $(REPLAY_CORE) \
 	    -lhiredis $(TLS_LIBS) -lm -pthread $(REPLAY_LIBS)
 
-$(BUILD)/fuzz/replay_shimconf: $(REPLAY_DIR)/shim_conf.o
-$(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_DIR)/shim_conf.o
+REPLAY_SHIMCONF = $(patsubst %,$(REPLAY_DIR)/%.o,$(SHIMCONF))
+$(BUILD)/fuzz/replay_shimconf: $(REPLAY_SHIMCONF)
+$(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_SHIMCONF)
 $(BUILD)/fuzz/replay_shimconf: REPLAY_LIBS = -lconfig -ldl
 $(REPLAY_DIR)/%.o: mod_tbucket/%.c $(wildcard mod_tbucket/*_parse.h)
 	@mkdir -p $(dir $@)
@@ -296,7 +299,7 @@ $(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/rm_command.o
 $(REPLAY_DIR)/fuzz_rmcall.o: REPLAY_CFLAGS += -Iredismod
 $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 # Kept between builds (make would delete them as intermediate files).
-.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o $(REPLAY_DIR)/rm_command.o \
+.SECONDARY: $(REPLAY_CORE) $(REPLAY_SHIMCONF) $(REPLAY_DIR)/rm_command.o \
     $(REPLAY_DIR)/tbucket_form_parse.o \
     $(patsubst %,$(REPLAY_DIR)/fuzz_%.o,$(REPLAY_TARGETS))
 

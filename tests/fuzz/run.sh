@@ -59,7 +59,9 @@ for t in $TARGETS; do
     case $t in
     shimconf)
         [ -f shim/shim_conf.c ] || { echo "fuzz: no shim/shim_conf.c"; continue; }
-        build shimconf shim/shim_conf.c "-lconfig -ldl" ;;
+        # The shim's config loader: its files as the Makefile's SHIMCONF.
+        build shimconf "shim/shim_conf.c shim/shim_conf_table.c" \
+            "-lconfig -ldl" ;;
     rmcall)
         # tbucket_redis.so's parser and decision, without Redis.
         build rmcall "redismod/rm_command.c -Iredismod" "" ;;
