@@ -24,7 +24,7 @@ TARGETS = {
     "key": [],
     "parse": [],
     "call": [],
-    "shimconf": ["shim/shim_conf.c"],
+    "shimconf": ["shim/shim_conf.c", "shim/shim_conf_table.c"],
     "rmcall": ["redismod/rm_command.c"],
     "form": ["mod_tbucket/tbucket_form_parse.c"],
 }

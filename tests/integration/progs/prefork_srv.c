@@ -109,13 +109,16 @@ static void worker(int w, int l)
             if (n > 0 && !memmem(buf, (size_t)n, "bye", 3)) {
                 continue;
             }
+            /* Uncounted before the close: the shim gives the place back
+             * inside close(), before the real close returns, and another
+             * child may accept at once; counting after would see both. */
+            __atomic_sub_fetch(&sh->open[w], 1, __ATOMIC_SEQ_CST);
             if (raw_close) {
                 syscall(SYS_close, p[i].fd);
             }
             else {
                 close(p[i].fd);
             }
-            __atomic_sub_fetch(&sh->open[w], 1, __ATOMIC_SEQ_CST);
             p[i] = p[held--];
         }
         if (p[0].revents == 0) {
