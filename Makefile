@@ -229,6 +229,7 @@ $(TPROG_DRIVERS): $(TPROG)/%: $(TPROG_SRC)/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 $(TPROG)/tb_driver $(TPROG)/tb_batch: $(TPROG_SRC)/driver_common.h
+$(TPROG)/prefork_srv $(TPROG)/thread_srv: $(TPROG_SRC)/progs_listen.h
 $(TPROG)/tb_driver: $(TPROG_SRC)/driver_rules.h
 
 $(TPROG_PLAIN): $(TPROG)/%: $(TPROG_SRC)/%.c

@@ -7,6 +7,7 @@ run.py, floor_bench.py, tls_bench.py and conc.py import it; it measures
 nothing by itself.
 """
 
+import argparse
 import os
 import re
 import statistics
@@ -429,4 +430,53 @@ def wrk(url, script, args, seconds, cpus, threads=2, conns=50):
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
                   r"timeout (\d+)", out)
     res["errors"] = sum(int(x) for x in m.groups()) if m else 0
+    return res
+
+
+def write_figures(name, title, rows):
+    """Print a table of (figure, value, unit) rows under title and keep it
+    in bench/results/NAME.md."""
+    lines = [title + " (load average at the end %.2f)" % os.getloadavg()[0],
+             "", "| figure | value | unit |", "| --- | ---: | --- |"]
+    lines += ["| %s | %s | %s |" % r for r in rows]
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", name + ".md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def module_args(name, doc):
+    """The options of a module bench (--build, --quick), the module's path
+    (None, said, when it is not built) and the CPUs of Redis and Apache
+    (the last one) and of the load generator (the first)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    so = os.path.join(os.path.abspath(a.build), "mod_tbucket.so")
+    if not os.path.exists(so):
+        print("%s: %s is not built: not measured" % (name, so))
+        so = None
+    ncpu = os.cpu_count() or 1
+    scpu, wcpu = (str(ncpu - 1), "0") if ncpu > 1 else (None, None)
+    return a, so, scpu, wcpu
+
+
+def calls_per_request(rd, url, key, n, cpus, cmds):
+    """Redis's calls per request of each command of cmds over exactly n
+    requests by ab (8 at a time, X-API-Key: key), and its microseconds
+    per call: {cmd: calls, cmd + "_usec": us}."""
+    rd.r.config_resetstat()
+    out = run(pin(cpus) + ["ab", "-q", "-k", "-n", str(n), "-c", "8", "-s",
+                           "10", "-H", "X-API-Key: " + key, url], 120)
+    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
+    # The last releases and charges come after the last responses.
+    time.sleep(0.2)
+    st = rd.r.info("commandstats")
+    res = {}
+    for cmd in cmds:
+        c = st.get("cmdstat_" + cmd, {})
+        res[cmd] = c.get("calls", 0) / done
+        res[cmd + "_usec"] = c.get("usec_per_call", 0.0)
     return res

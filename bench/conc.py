@@ -21,9 +21,7 @@ Prints a Markdown table and writes bench/results/conc.md. Uses the
 helpers of bench/run.py (Redis, wrk, pinning); `make bench` runs it after
 run.py.
 """
-import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -117,40 +115,11 @@ class Apache:
         bench.stop_pid(self.proc, timeout=15)
 
 
-def calls_per_request(rd, srv, path, n, cpus):
-    """EVALSHA and ZREM per request over exactly n requests, and Redis's
-    microseconds per call of each."""
-    # Requests wrk left in flight release their slots after it stops.
-    time.sleep(0.5)
-    rd.r.config_resetstat()
-    out = bench.run(bench.pin(cpus) + [
-        "ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10", "-H",
-        "X-API-Key: ab-%s-%d" % (path.strip("/"), os.getpid()),
-        srv.url(path + "ok.txt")], 120)
-    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
-    # The last releases come after the last responses.
-    time.sleep(0.2)
-    st = rd.r.info("commandstats")
-    out = {}
-    for cmd in ("evalsha", "zrem"):
-        c = st.get("cmdstat_" + cmd, {})
-        out[cmd] = c.get("calls", 0) / done
-        out[cmd + "_usec"] = c.get("usec_per_call", 0.0)
-    return out
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(bench.ROOT, "build"))
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args()
-    so = os.path.join(os.path.abspath(a.build), "mod_tbucket.so")
-    if not os.path.exists(so):
-        print("conc: %s is not built: not measured" % so)
+    a, so, scpu, wcpu = bench.module_args("conc", __doc__)
+    if so is None:
         return 1
     rounds, seconds = (2, 2) if a.quick else (5, 3)
-    ncpu = os.cpu_count() or 1
-    scpu, wcpu = (str(ncpu - 1), "0") if ncpu > 1 else (None, None)
     tmp = tempfile.mkdtemp(prefix="tbconc-", dir="/tmp")
     os.chmod(tmp, 0o755)
     rd = bench.Redis(tmp, scpu).start()
@@ -193,7 +162,13 @@ def main():
                               zip(res["conc"], res["rate"])])
         rows.append(("http.ratio.conc_over_rate", round(ratio, 3), "x"))
         for name, path in variants:
-            c = calls_per_request(rd, srv, path, 2000, wcpu)
+            # Requests wrk left in flight release their slots after it
+            # stops.
+            time.sleep(0.5)
+            c = bench.calls_per_request(
+                rd, srv.url(path + "ok.txt"), "ab-%s-%d" % (
+                    path.strip("/"), os.getpid()), 2000, wcpu,
+                ("evalsha", "zrem"))
             for cmd in ("evalsha", "zrem"):
                 rows.append(("http.%s.%s_per_request" % (name, cmd),
                              round(c[cmd], 3), "calls"))
@@ -207,16 +182,8 @@ def main():
             srv.stop()
         rd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    lines = ["conc.py: a concurrency limit nothing reaches against the rate "
-             "limit alone (load average at the end %.2f)"
-             % os.getloadavg()[0], "",
-             "| figure | value | unit |", "| --- | ---: | --- |"]
-    lines += ["| %s | %s | %s |" % r for r in rows]
-    text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(bench.HERE, "results"), exist_ok=True)
-    with open(os.path.join(bench.HERE, "results", "conc.md"), "w") as f:
-        f.write(text)
-    print(text)
+    bench.write_figures("conc", "conc.py: a concurrency limit nothing reaches "
+                        "against the rate limit alone", rows)
     return 0
 
 

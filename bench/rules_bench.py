@@ -20,9 +20,7 @@ commandstats over an exact number of requests (ab).
 Prints a Markdown table and writes bench/results/rules.md; `make bench`
 runs it.
 """
-import argparse
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -57,19 +55,6 @@ TBucketPrefix bench:
 VARIANTS = (("one", "/a/"), ("three", "/b/"), ("counted", "/c/"))
 
 
-def calls_per_request(rd, srv, path, n, cpus):
-    """EVALSHA calls per request over exactly n requests, and Redis's
-    microseconds per call."""
-    rd.r.config_resetstat()
-    out = bench.run(bench.pin(cpus) + [
-        "ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10", "-H",
-        "X-API-Key: ab-%s-%d" % (path.strip("/"), os.getpid()),
-        srv.url(path + "ok.txt")], 120)
-    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
-    c = rd.r.info("commandstats").get("cmdstat_evalsha", {})
-    return c.get("calls", 0) / done, c.get("usec_per_call", 0.0)
-
-
 def rounds_of(srv, rd, wcpu, rounds, seconds):
     res = {name: [] for name, _ in VARIANTS}
     for i in range(rounds):
@@ -99,7 +84,10 @@ def table(srv, rd, wcpu, res):
             rows.append(("http.%s.%s_cpu_per_request" % (name, k[:-3]),
                          round(bench.median([r[k] for r in res[name]]), 1),
                          "us"))
-        calls, usec = calls_per_request(rd, srv, path, 2000, wcpu)
+        c = bench.calls_per_request(
+            rd, srv.url(path + "ok.txt"), "ab-%s-%d" % (
+                path.strip("/"), os.getpid()), 2000, wcpu, ("evalsha",))
+        calls, usec = c["evalsha"], c["evalsha_usec"]
         rows.append(("redis.%s.calls_per_request" % name, round(calls, 3),
                      "calls"))
         rows.append(("redis.%s.usec_per_call" % name, round(usec, 2), "us"))
@@ -111,17 +99,10 @@ def table(srv, rd, wcpu, res):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(bench.ROOT, "build"))
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args()
-    so = os.path.join(os.path.abspath(a.build), "mod_tbucket.so")
-    if not os.path.exists(so):
-        print("rules: %s is not built: not measured" % so)
+    a, so, scpu, wcpu = bench.module_args("rules", __doc__)
+    if so is None:
         return 1
     rounds, seconds = (2, 2) if a.quick else (5, 3)
-    ncpu = os.cpu_count() or 1
-    scpu, wcpu = (str(ncpu - 1), "0") if ncpu > 1 else (None, None)
     tmp = tempfile.mkdtemp(prefix="tbrules-", dir="/tmp")
     os.chmod(tmp, 0o755)
     rd = bench.Redis(tmp, scpu).start()
@@ -139,16 +120,8 @@ def main():
             srv.stop()
         rd.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    lines = ["rules_bench.py: three TBucketRule buckets (one of them count=) "
-             "against one limit (load average at the end %.2f)"
-             % os.getloadavg()[0], "",
-             "| figure | value | unit |", "| --- | ---: | --- |"]
-    lines += ["| %s | %s | %s |" % r for r in rows]
-    text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(bench.HERE, "results"), exist_ok=True)
-    with open(os.path.join(bench.HERE, "results", "rules.md"), "w") as f:
-        f.write(text)
-    print(text)
+    bench.write_figures("rules", "rules_bench.py: three TBucketRule buckets "
+                        "(one of them count=) against one limit", rows)
     return 0
 
 

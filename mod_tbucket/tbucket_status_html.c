@@ -649,22 +649,19 @@ static void html_top(request_rec *r, const tbucket_metrics *t)
     }
 }
 
-/* Each rule's decisions, its outcomes side by side: a shadow rule's
- * shadow-rejected is what enforcing it would refuse. collect_rules
- * writes each rule's outcomes together, in tbucket_outcome_names order
- * without shed, which is the order of the columns. */
-static void html_rules(request_rec *r, const tbucket_metrics *t)
+/* One row per rule, one column per name of cols[] but skip (-1: none),
+ * the samples in that order as the collector wrote them. */
+static void html_rule_table(request_rec *r, const tbucket_family *f,
+                            const char *head, const char *const *cols,
+                            int ncols, int skip, const char *none)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_rule_decisions_total");
     const char *row = NULL;
-    int i, o;
+    int i, c;
 
-    ap_rputs("<h2>Rules</h2><table><tr><th>rule (sections that set "
-             "TBucketLimit)</th>", r);
-    for (o = 0; o < TBUCKET_OUTCOMES; o++) {
-        if (o != TBUCKET_OUT_SHED) {
-            ap_rprintf(r, "<th class=\"n\">%s</th>",
-                       h(r, tbucket_outcome_names[o]));
+    ap_rputs(head, r);
+    for (c = 0; c < ncols; c++) {
+        if (c != skip) {
+            ap_rprintf(r, "<th class=\"n\">%s</th>", h(r, cols[c]));
         }
     }
     ap_rputs("</tr>", r);
@@ -680,38 +677,32 @@ static void html_rules(request_rec *r, const tbucket_metrics *t)
         }
         html_value(r, f, s, 1);
     }
-    ap_rputs(row ? "</tr></table>" : "<tr><td colspan=\"7\" class=\"zero\">"
-             "no rule</td></tr></table>", r);
+    if (row) {
+        ap_rputs("</tr></table>", r);
+    }
+    else {
+        ap_rprintf(r, "<tr><td colspan=\"%d\" class=\"zero\">%s</td></tr>"
+                   "</table>", ncols + 1 - (skip >= 0), none);
+    }
 }
 
-/* Each TBucketRule's events side by side, in tbucket_rule_event_names
- * order, as collect_named_rules writes them. */
+/* Each rule's decisions by outcome (a rule is a section that sets
+ * TBucketLimit); local protection's sheds are not a rule's doing. */
+static void html_rules(request_rec *r, const tbucket_metrics *t)
+{
+    html_rule_table(r, fam_find(t, "tbucket_rule_decisions_total"),
+                    "<h2>Rules</h2><table><tr><th>rule (sections that set "
+                    "TBucketLimit)</th>", tbucket_outcome_names,
+                    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED, "no rule");
+}
+
+/* Each TBucketRule's events side by side. */
 static void html_named_rules(request_rec *r, const tbucket_metrics *t)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_rule_events_total");
-    const char *row = NULL;
-    int i, e;
-
-    ap_rputs("<h2>TBucketRule</h2><table><tr><th>rule</th>", r);
-    for (e = 0; e < TBUCKET_RULE_EVENTS; e++) {
-        ap_rprintf(r, "<th class=\"n\">%s</th>",
-                   h(r, tbucket_rule_event_names[e]));
-    }
-    ap_rputs("</tr>", r);
-    for (i = 0; f && i < f->samples->nelts; i++) {
-        const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
-                                                 tbucket_sample);
-        const char *rule = label_get(&s->labels, "rule");
-
-        if (!row || strcmp(row, rule)) {
-            ap_rprintf(r, "%s<tr><td><code>%s</code></td>", row ? "</tr>"
-                       : "", h(r, rule));
-            row = rule;
-        }
-        html_value(r, f, s, 1);
-    }
-    ap_rputs(row ? "</tr></table>" : "<tr><td colspan=\"6\" class=\"zero\">"
-             "no TBucketRule</td></tr></table>", r);
+    html_rule_table(r, fam_find(t, "tbucket_rule_events_total"),
+                    "<h2>TBucketRule</h2><table><tr><th>rule</th>",
+                    tbucket_rule_event_names, TBUCKET_RULE_EVENTS, -1,
+                    "no TBucketRule");
 }
 
 /* Every sample, as the text view lists them, folded away by default. */

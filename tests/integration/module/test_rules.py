@@ -20,7 +20,6 @@ import pytest
 
 from tbtest.apache import assert_refused, metric, metric_sum
 from tbtest.env import BUILD, wait_until
-from tbtest.ha import ClusterRig
 
 LOGIN_CGI = r"""#!/bin/sh
 body=$(cat)
@@ -247,12 +246,7 @@ def chunked(a, path, parts, delay=0.0, ctype=None):
         time.sleep(delay)
         s.sendall(b"%x\r\n%s\r\n" % (len(p), p))
     s.sendall(b"0\r\n\r\n")
-    data = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
+    data = b"".join(iter(lambda: s.recv(65536), b""))
     s.close()
     status = int(data.split(b" ", 2)[1])
     return status, data.split(b"\r\n\r\n", 1)[1].decode()
@@ -466,13 +460,6 @@ def test_module_180_09(apache_factory, redis_server):
     assert got == [200] * 5 + [429], got
     keys = redis_server.client().keys(b"r9:{y}*")
     assert keys == [b"r9:{y}:rule:b"], keys
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    rig = ClusterRig(tmp_path_factory.mktemp("mcluster")).start()
-    yield rig
-    rig.stop()
 
 
 # Redis Cluster with rule keys on different slots: each rule's bucket on

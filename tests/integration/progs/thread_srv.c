@@ -28,6 +28,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "progs_listen.h"
+
 static volatile sig_atomic_t stop;
 
 static void on_term(int sig)
@@ -82,14 +84,12 @@ static void *serve(void *arg)
 
 int main(int argc, char **argv)
 {
-    struct sockaddr_in sin;
-    socklen_t len = sizeof(sin);
     struct sigaction sa;
     sigset_t term;
     pthread_attr_t attr;
     pthread_t t;
     long served = 0;
-    int port = 0, one = 1, l, o;
+    int port = 0, l, o;
 
     while ((o = getopt(argc, argv, "p:")) != -1) {
         if (o != 'p') {
@@ -102,25 +102,17 @@ int main(int argc, char **argv)
     sa.sa_handler = on_term;   /* No SA_RESTART: accept() returns EINTR. */
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    sin.sin_port = htons((unsigned short)port);
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    l = socket(AF_INET, SOCK_STREAM, 0);
-    if (l < 0 || setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one))
-        || bind(l, (struct sockaddr *)&sin, sizeof(sin)) != 0
-        || listen(l, 1024) != 0) {
-        perror("thread_srv: listen");
+    l = listen_loopback(port, "thread_srv", &port);
+    if (l < 0) {
         return 1;
     }
-    getsockname(l, (struct sockaddr *)&sin, &len);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     /* SIGTERM is the accepting thread's: the serving threads are made
      * with it blocked, so that it interrupts accept(). */
     sigemptyset(&term);
     sigaddset(&term, SIGTERM);
-    printf("ready %d\n", ntohs(sin.sin_port));
+    printf("ready %d\n", port);
     fflush(stdout);
     while (!stop) {
         int c = accept(l, NULL, NULL);

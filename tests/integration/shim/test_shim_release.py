@@ -54,6 +54,19 @@ def thread_srv(progs, conf, port):
     return Proc([progs["thread_srv"], "-p", str(port)], shim_env(conf))
 
 
+def sequential(srv, port, server_closes):
+    """N requests one after the other through srv, stopped after them:
+    none may be refused, and the daemon says nothing on stderr."""
+    try:
+        statuses = [one_request(port, server_closes) for _ in range(N)]
+    finally:
+        out, err = srv.stop()
+    assert refusals(statuses) == [], (len(refusals(statuses)),
+                                      refusals(statuses)[:3], err[-500:])
+    assert err == "", err
+    return out
+
+
 def refusals(statuses):
     return [s for s in statuses if s != "HTTP/1.1 200 OK"]
 
@@ -67,15 +80,8 @@ def refusals(statuses):
 def test_shim_530_01(redis_server, progs, tmp_path, limit):
     port = free_port()
     conf = conf_for(tmp_path, redis_server, port, limit)
-    srv = thread_srv(progs, conf, port)
-    try:
-        statuses = [one_request(port, False) for _ in range(N)]
-    finally:
-        out, err = srv.stop()
-    assert refusals(statuses) == [], (len(refusals(statuses)),
-                                      refusals(statuses)[:3], err[-500:])
+    out = sequential(thread_srv(progs, conf, port), port, False)
     assert "served %d" % N in out
-    assert err == "", err
 
 
 # test_shim_530_02: the same against an event loop (selectors on a
@@ -85,15 +91,8 @@ def test_shim_530_01(redis_server, progs, tmp_path, limit):
 def test_shim_530_02(redis_server, tmp_path, limit, server_closes):
     port = free_port()
     conf = conf_for(tmp_path, redis_server, port, limit)
-    srv = http_daemon(tmp_path, conf, port)
-    try:
-        statuses = [one_request(port, server_closes) for _ in range(N)]
-    finally:
-        out, err = srv.stop()
-    assert refusals(statuses) == [], (len(refusals(statuses)),
-                                      refusals(statuses)[:3], err[-500:])
+    out = sequential(http_daemon(tmp_path, conf, port), port, server_closes)
     assert "served %d" % N in out
-    assert err == "", err
 
 
 # test_shim_530_03: the daemon closes first (prefork_srv closes on "bye",
@@ -126,14 +125,7 @@ def test_shim_530_03(redis_server, progs, tmp_path, limit):
     assert err == "", err
     port = free_port()
     conf = conf_for(tmp_path, redis_server, port, limit)
-    srv = thread_srv(progs, conf, port)
-    try:
-        statuses = [one_request(port, True) for _ in range(N)]
-    finally:
-        out, err = srv.stop()
-    assert refusals(statuses) == [], (len(refusals(statuses)),
-                                      refusals(statuses)[:3], err[-500:])
-    assert err == "", err
+    sequential(thread_srv(progs, conf, port), port, True)
 
 
 # test_shim_530_04: N requests on one kept-alive connection: one slot,
