@@ -308,7 +308,7 @@ $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog twin_store): \
     tests/unit/algo_vectors.h
 # unit_common.h: requests, guarded table memory, threads and children.
-$(patsubst %,$(BUILD)/tests/test_%,call client inflight lease local shlock slog \
+$(patsubst %,$(BUILD)/tests/test_%,adapt call client inflight lease local shlock slog \
     topk): tests/unit/unit_common.h
 
 # test_local halts a holder inside the table's lock, in tb_bucket_take.

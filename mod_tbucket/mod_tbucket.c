@@ -64,7 +64,7 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
     tbucket_rules_setup(main_s);
     tbucket_named_rules_setup(main_s);
     tbucket_lease_setup(pconf, main_s);
-    return OK;
+    return tbucket_cpu_post_config(main_s);
 }
 
 static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
@@ -73,6 +73,7 @@ static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
     (void)plog;
     (void)ptemp;
     tbucket_local_pre_config(pconf);
+    tbucket_cpu_pre_config();
     tbucket_rules_pre_config(pconf);
     tbucket_named_rules_pre_config(pconf);
     return OK;
@@ -87,6 +88,7 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
                      ^ (apr_uint64_t)apr_time_now();
     }
     tbucket_local_child_init();
+    tbucket_cpu_child_init();
     tbucket_clients_child_init(pchild, main_s);
 }
 
@@ -572,7 +574,7 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
                         tbucket_srv_conf *sc, request_rec *root)
 {
     tbucket_decision d;
-    const tbucket_req *rq;
+    tbucket_req *rq;
 
     if (!ask_shared(r, dc, sc, &d)) {
         return DECLINED;
@@ -590,7 +592,16 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
                                   : "over the limit", d.retry_s);
         return DECLINED;
     }
+    rq->refused = 1;
     return tbucket_refuse_shared(r, dc, sc, rq, &d);
+}
+
+int tbucket_chain_admitted(request_rec *root)
+{
+    const tbucket_req *rq = ap_get_module_config(root->request_config,
+                                                 &tbucket_module);
+
+    return !rq || !rq->refused;
 }
 
 /* Decide request r (not a sub-request) for the first time in its chain:
@@ -679,6 +690,7 @@ static void register_hooks(apr_pool_t *p)
     tbucket_local_register();
     tbucket_rules_register();
     tbucket_release_register();
+    tbucket_cpu_register();
 }
 
 AP_DECLARE_MODULE(tbucket) = {

@@ -567,24 +567,66 @@ static const tbucket_n_ttl concurrency_form = {
 
 /* ---- Local protection ----------------------------------------------- */
 
-/* TBucketLocalConcurrency N | Off. Not in .htaccess: a scope's places
- * are made in shared memory when the server starts, and an .htaccess
- * file is read per request, long after. */
+/* TBucketLocalConcurrency auto [min=N] [max=N]: the cap sets itself
+ * from latency (shared/tables/tb_adapt.c); max 0 stands for the
+ * server's MaxRequestWorkers, known in post_config. */
+static const char *local_auto(cmd_parms *cmd, tbucket_dir_conf *dc,
+                              const char *args)
+{
+    int64_t lo = 1, hi = 0;
+    const char *word, *value, *name, *msg;
+
+    while (*(word = ap_getword_white(cmd->temp_pool, &args))) {
+        name = tbucket_split_opt(cmd->temp_pool, word, &value);
+        if (!name || (strcasecmp(name, "min") && strcasecmp(name, "max"))) {
+            return apr_psprintf(cmd->pool, "TBucketLocalConcurrency: "
+                                "unknown option '%s' after auto (expected "
+                                "min=N or max=N)", word);
+        }
+        msg = tbucket_int_value(cmd, name, value, 1, TBUCKET_MAX_LOCAL_LIMIT,
+                                strcasecmp(name, "min") ? &hi : &lo);
+        if (msg) {
+            return msg;
+        }
+    }
+    if (hi && lo > hi) {
+        return apr_psprintf(cmd->pool, "TBucketLocalConcurrency auto: "
+                            "min=%" APR_INT64_T_FMT " is more than max=%"
+                            APR_INT64_T_FMT, lo, hi);
+    }
+    dc->local_state = 1;
+    dc->nlocal = 1;
+    dc->local[0] = tbucket_local_scope_add(cmd, (int)hi, (int)lo);
+    return NULL;
+}
+
+/* TBucketLocalConcurrency N | auto [min=N] [max=N] | Off. Not in
+ * .htaccess: a scope's places are made in shared memory when the server
+ * starts, and an .htaccess file is read per request, long after. */
 static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
-                                         const char *arg)
+                                         const char *args)
 {
     tbucket_dir_conf *dc = dcv;
+    const char *first = ap_getword_white(cmd->temp_pool, &args), *msg;
     int64_t n;
-    const char *msg = int_or_off(cmd, "limit", arg, TBUCKET_MAX_LOCAL_LIMIT,
-                                 &n);
 
+    if (!strcasecmp(first, "auto")) {
+        return local_auto(cmd, dc, args);
+    }
+    if (*args) {
+        return apr_psprintf(cmd->pool, "TBucketLocalConcurrency: expected "
+                            "N, auto [min=N] [max=N] or Off, not '%s %s'",
+                            first, args);
+    }
+    msg = int_or_off(cmd, "limit", first, TBUCKET_MAX_LOCAL_LIMIT, &n);
     if (msg) {
-        return msg;
+        return apr_pstrcat(cmd->pool, msg, "; or auto [min=N] [max=N]",
+                           NULL);
     }
     dc->local_state = n > 0;
     dc->nlocal = n > 0;
     if (n > 0) {
-        dc->local[0] = tbucket_local_scope_add(cmd, (int)n);
+        dc->local[0] = tbucket_local_scope_add(cmd, (int)n, 0);
     }
     return NULL;
 }
@@ -734,10 +776,16 @@ const command_rec tbucket_cmds[] = {
                      (void *)&concurrency_form, DIR_SCOPE,
                      "Requests of one key in flight at once, e.g. 4 "
                      "ttl=60s, or Off"),
-    AP_INIT_TAKE1("TBucketLocalConcurrency", set_local_concurrency, NULL,
-                  RSRC_CONF | ACCESS_CONF,
-                  "Requests of this scope in flight on this server at "
-                  "once, all children together, e.g. 8, or Off"),
+    AP_INIT_RAW_ARGS("TBucketLocalConcurrency", set_local_concurrency,
+                     NULL, RSRC_CONF | ACCESS_CONF,
+                     "Requests of this scope in flight on this server at "
+                     "once, all children together, e.g. 8, auto (set "
+                     "from latency) [min=N] [max=N], or Off"),
+    AP_INIT_RAW_ARGS("TBucketCPUPriority", tbucket_cpu_set, NULL, RSRC_CONF,
+                     "Run a request's worker thread at its priority's nice "
+                     "step while it serves it: On [low=N] [normal=N] "
+                     "[high=N] [critical=N] (N from -20 to 19; low=10 "
+                     "unless given), or Off (default)"),
     AP_INIT_TAKE1("TBucketPriority", set_priority, NULL, DIR_SCOPE,
                   "critical, high, normal (default) or low: which requests "
                   "TBucketShed sheds first"),

@@ -47,7 +47,8 @@ void tbucket_local_pre_config(apr_pool_t *pconf)
     scopes = apr_array_make(pconf, 4, sizeof(tbucket_local_scope *));
 }
 
-tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
+tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit,
+                                             int auto_min)
 {
     tbucket_local_scope *sc = apr_pcalloc(cmd->pool, sizeof(*sc));
 
@@ -55,6 +56,7 @@ tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
      * scopes: the later ones are numbered. */
     sc->name = apr_pstrdup(cmd->pool, tbucket_section_name(cmd, scopes));
     sc->limit = limit;
+    sc->auto_min = auto_min;
     sc->slot = -1;
     APR_ARRAY_PUSH(scopes, tbucket_local_scope *) = sc;
     return sc;
@@ -85,10 +87,20 @@ int tbucket_local_setup(apr_pool_t *pconf, server_rec *main_s)
                                                 tbucket_local_scope *);
         const char *why;
 
-        sc->slot = tbucket_shm_local_slot(sc->name, sc->limit, &why);
+        /* auto's max defaults to every worker: no cap beyond them could
+         * ever bind. A min above it is lowered to it. */
+        if (sc->auto_min > 0 && sc->limit == 0) {
+            sc->limit = max_workers;
+        }
+        if (sc->auto_min > sc->limit) {
+            sc->auto_min = sc->limit;
+        }
+        sc->slot = tbucket_shm_local_slot(sc->name, sc->limit, sc->auto_min,
+                                          &why);
         if (sc->slot < 0) {
             ap_log_error(APLOG_MARK, APLOG_EMERG, 0, main_s, TBLOGNO(00140)
-                         "TBucketLocalConcurrency %d in %s: %s", sc->limit,
+                         "TBucketLocalConcurrency %s%d in %s: %s",
+                         sc->auto_min ? "auto max=" : "", sc->limit,
                          sc->name, why);
             return HTTP_INTERNAL_SERVER_ERROR;
         }
@@ -233,24 +245,70 @@ tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc)
 
 /* ---- Local concurrency ------------------------------------------------ */
 
-/* The places a chain holds, given back when its response ends. */
+/* The places a chain holds, given back when its response ends; an auto
+ * scope's cap learns the latency of each (from taking to giving back)
+ * when the shared limit, if any, let the chain through. */
 typedef struct tbucket_places {
     int n;
     tb_inflight_t *table[TBUCKET_MAX_LOCAL];
     int index[TBUCKET_MAX_LOCAL];
+    tb_adapt_t *adapt[TBUCKET_MAX_LOCAL];
+    uint64_t started_us;
     uint32_t tag;
+    request_rec *root;
 } tbucket_places;
+
+/* Microseconds of the monotonic clock: async-signal-safe, as a give
+ * from a prefork child's signal handler needs. */
+static uint64_t mono_us(void)
+{
+    return (uint64_t)tb_clock_monotonic_us();
+}
 
 static apr_status_t give_places(void *data)
 {
     tbucket_places *h = data;
-    int i;
+    uint64_t now = 0;
+    int i, learn = h->root && tbucket_chain_admitted(h->root);
 
     for (i = 0; i < h->n; i++) {
         tb_inflight_give(h->table[i], h->index[i], h->tag);
+        /* A chain the shared limit refused took a few microseconds: a
+         * flood of refusals would teach the cap a floor no page has. */
+        if (h->adapt[i] && learn) {
+            now = now ? now : mono_us();
+            tb_adapt_sample(h->adapt[i], h->started_us, now);
+        }
     }
     h->n = 0;
     return APR_SUCCESS;
+}
+
+/* A place in sc's table for h: 1, or 0 when the scope is full. */
+static int take_place(tbucket_places *h, const tbucket_local_scope *sc,
+                      tb_inflight_t *t)
+{
+    tb_adapt_t *a = sc->auto_min > 0 ? tbucket_shm_local_adapt(sc->slot)
+                                     : NULL;
+    uint32_t cap = a ? tb_adapt_cap(a) : (uint32_t)sc->limit;
+    int k;
+
+    if (cap > tb_inflight_cap(t)) {
+        cap = tb_inflight_cap(t);
+    }
+    k = tb_inflight_take(t, cap, h->tag, NULL);
+    if (k < 0) {
+        return 0;
+    }
+    if (a) {
+        tb_adapt_taken(a, tb_inflight_count(t));
+        h->started_us = h->started_us ? h->started_us : mono_us();
+    }
+    h->table[h->n] = t;
+    h->index[h->n] = k;
+    h->adapt[h->n] = a;
+    h->n++;
+    return 1;
 }
 
 const tbucket_local_scope *tbucket_local_take(request_rec *r,
@@ -265,25 +323,22 @@ const tbucket_local_scope *tbucket_local_take(request_rec *r,
     }
     h = apr_pcalloc(root->pool, sizeof(*h));
     h->tag = owner_tag ? owner_tag : (uint32_t)getpid();
+    h->root = root;
     for (i = 0; i < dc->nlocal; i++) {
         const tbucket_local_scope *sc = dc->local[i];
         tb_inflight_t *t = tbucket_shm_local_table(sc->slot);
-        int k;
 
         if (!t) {
             /* Read after post_config (.htaccess cannot set it): a scope
              * without a record limits nothing. */
             continue;
         }
-        k = tb_inflight_take(t, (uint32_t)sc->limit, h->tag, NULL);
-        if (k < 0) {
+        if (!take_place(h, sc, t)) {
             tbucket_count_local(sc->slot, 1);
+            h->root = NULL;
             give_places(h);
             return sc;
         }
-        h->table[h->n] = t;
-        h->index[h->n] = k;
-        h->n++;
         tbucket_count_local(sc->slot, 0);
     }
     if (h->n) {

@@ -501,6 +501,66 @@ static void html_clients(request_rec *r, const tbucket_metrics *t)
     }
 }
 
+/* The cells of an auto scope's row: each of the n families' samples
+ * with the scope's labels and label=values[i] (one family, or one each). */
+static void html_auto_cells(request_rec *r, const tbucket_family *f,
+                            const tbucket_labels *scope, const char *label,
+                            const char *const *values, int n)
+{
+    tbucket_labels k;
+    int i;
+
+    for (i = 0; i < n; i++) {
+        k = tbucket_labels_with(scope, label, values[i]);
+        html_value(r, f, sample_find(f, "", &k), 1);
+    }
+}
+
+/* Each auto scope's cap as it sets itself (tbucket_local_limit is the
+ * cap now): bounds, the latency it reads, how often it moved. */
+static void html_auto(request_rec *r, const tbucket_metrics *t)
+{
+    static const char *const bounds[2] = { "min", "max" };
+    static const char *const kinds[2] = { "floor", "window" };
+    static const char *const moves[3] = { "up", "down", "probe" };
+    const tbucket_family *b = fam_find(t, "tbucket_local_auto_bounds");
+    const tbucket_family *lat = fam_find(t,
+                                         "tbucket_local_auto_latency_seconds");
+    const tbucket_family *mv = fam_find(t, "tbucket_local_auto_changes_total");
+    const tbucket_family *lim = fam_find(t, "tbucket_local_limit");
+    const char *last = NULL;
+    int i;
+
+    for (i = 0; b && i < b->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(b->samples, i,
+                                                 tbucket_sample);
+        const char *scope = label_get(&s->labels, "scope");
+        tbucket_labels l = tbucket_labels_with(NULL, "scope", scope);
+
+        if (last && !strcmp(last, scope)) {
+            continue;
+        }
+        if (!last) {
+            ap_rputs("<h3>auto scopes: the cap sets itself</h3><table><tr>"
+                     "<th>scope</th><th class=\"n\">cap</th><th class=\"n\">"
+                     "min</th><th class=\"n\">max</th><th class=\"n\">floor "
+                     "(s)</th><th class=\"n\">last window (s)</th><th "
+                     "class=\"n\">up</th><th class=\"n\">down</th><th "
+                     "class=\"n\">probes</th></tr>", r);
+        }
+        last = scope;
+        ap_rprintf(r, "<tr><td><code>%s</code></td>", h(r, scope));
+        html_value(r, lim, sample_find(lim, "", &l), 1);
+        html_auto_cells(r, b, &l, "bound", bounds, 2);
+        html_auto_cells(r, lat, &l, "kind", kinds, 2);
+        html_auto_cells(r, mv, &l, "direction", moves, 3);
+        ap_rputs("</tr>", r);
+    }
+    if (last) {
+        ap_rputs("</table>", r);
+    }
+}
+
 /* Local protection: the busy share against the thresholds, what was
  * shed by priority, and each local scope's places in flight. */
 static void html_local(request_rec *r, const tbucket_metrics *t)
@@ -543,6 +603,7 @@ static void html_local(request_rec *r, const tbucket_metrics *t)
         ap_rputs("</tr>", r);
     }
     ap_rputs("</table>", r);
+    html_auto(r, t);
 }
 
 /* A wall-clock time in ms as the page shows times, or a dash. */

@@ -203,6 +203,49 @@ uint32_t tb_inflight_reap_dead(tb_inflight_t *t, tb_inflight_alive_fn alive);
  * succeeds or fails with EPERM. errno is left as it was. */
 int tb_inflight_pid_alive(uint32_t tag);
 
+/* ==== A cap that sets itself ========================================= */
+
+/* The cap of an in-flight table set from latency (tb_adapt.c): a
+ * gradient limiter in caller memory, shared like the tables above. Each
+ * finished request gives one sample (when it began and ended); every
+ * quarter second or so the median latency is compared with the lowest seen
+ * without a queue (the floor), and the cap grows while latency stays
+ * near the floor and shrinks when it rises, by at most half or double a
+ * window, smoothed, within [min, max]. When the cap binds and the floor
+ * is older than 30 s (or was never seen), one window runs at min to
+ * measure it again (a probe). Lock-free and async-signal-safe; times are
+ * a monotonic clock's microseconds, the caller's. */
+typedef struct tb_adapt tb_adapt_t;
+
+/* What a status page shows of one. */
+typedef struct tb_adapt_view {
+    uint32_t cap, min, max;
+    uint32_t last_peak;           /* Most in flight in the last window.  */
+    double limit;                 /* The estimate behind cap.            */
+    uint64_t floor_us;            /* Lowest latency without a queue.     */
+    uint64_t last_us;             /* Median latency of the last window.  */
+    int probing;                  /* 1 while a probe runs at min.        */
+    uint64_t windows, ups, downs; /* Windows closed; cap raises, cuts.   */
+    uint64_t probes;
+} tb_adapt_view_t;
+
+/* Bytes of one (8-byte aligned memory). */
+size_t tb_adapt_size(void);
+/* Make one in mem, its cap at max (nothing learnt yet refuses nothing
+ * the server could carry); NULL unless 1 <= min <= max <= TB_INFLIGHT_MAX. */
+tb_adapt_t *tb_adapt_init(void *mem, uint32_t min, uint32_t max);
+/* New bounds for a live one (a reloaded configuration): what it learnt
+ * is kept, clamped. TB_OK or TB_ERR. */
+int tb_adapt_bounds(tb_adapt_t *a, uint32_t min, uint32_t max);
+/* The cap now: the n to give tb_inflight_take (0 for NULL). */
+uint32_t tb_adapt_cap(const tb_adapt_t *a);
+/* A place was taken; in_flight is the table's count after it. */
+void tb_adapt_taken(tb_adapt_t *a, uint32_t in_flight);
+/* A request that took a place at started_us gave it back at now_us. */
+void tb_adapt_sample(tb_adapt_t *a, uint64_t started_us, uint64_t now_us);
+/* Fill v: TB_OK, or TB_ERR for memory that holds none. */
+int tb_adapt_view(const tb_adapt_t *a, tb_adapt_view_t *v);
+
 /* ==== Heavy hitters ================================================== */
 
 /* Who is being limited: the keys with the most refusals and the most
