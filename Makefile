@@ -287,6 +287,7 @@ REPLAY_SHIMCONF = $(patsubst %,$(REPLAY_DIR)/%.o,$(SHIMCONF))
 $(BUILD)/fuzz/replay_shimconf: $(REPLAY_SHIMCONF)
 $(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_SHIMCONF)
 $(BUILD)/fuzz/replay_shimconf: REPLAY_LIBS = -lconfig -ldl
+$(REPLAY_DIR)/fuzz_shimconf.o: $(wildcard shim/*.h)
 $(REPLAY_DIR)/%.o: mod_tbucket/%.c $(wildcard mod_tbucket/*_parse.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -Imod_tbucket -c $< -o $@

@@ -232,6 +232,32 @@ static void rule_defaults(shim_rule_t *r, const config_setting_t *g,
     r->nonblock_wait = 1;
 }
 
+/* local_concurrency = "auto": its bounds, defaulted and in order; the
+ * bounds alone, without auto, are refused. */
+static int local_bounds(shim_loader_t *ld, const config_setting_t *g,
+                        const config_setting_t **seen, shim_rule_t *r)
+{
+    if (r->local_concurrency != SHIM_LOCAL_AUTO) {
+        if (seen[SHIM_RS_LOCAL_MIN] || seen[SHIM_RS_LOCAL_MAX]) {
+            return shim_conf_fail(ld, g, "rule \"%s\": "
+                                         "'local_concurrency_min' and "
+                                         "'local_concurrency_max' need "
+                                         "local_concurrency = \"auto\"",
+                                  r->name);
+        }
+        return TB_OK;
+    }
+    r->local_min = r->local_min ? r->local_min : SHIM_LOCAL_AUTO_MIN;
+    r->local_max = r->local_max ? r->local_max : SHIM_LOCAL_AUTO_MAX;
+    if (r->local_min > r->local_max) {
+        return shim_conf_fail(ld, g, "rule \"%s\": local_concurrency_min "
+                                     "= %d is more than "
+                                     "local_concurrency_max = %d", r->name,
+                              r->local_min, r->local_max);
+    }
+    return TB_OK;
+}
+
 /* The limits of rule r (group g), once all its settings are read: a
  * port, what a lease needs, a bucket whole (or, inbound, a concurrency
  * limit instead), and the bounds of its algorithm. seen holds the
@@ -333,7 +359,8 @@ static int load_rule(shim_loader_t *ld, const config_setting_t *g,
     }
     if (shim_conf_read_group(ld, g, inbound ? SHIM_DIR_IN : SHIM_DIR_OUT, r,
                              seen) != TB_OK
-        || check_limits(ld, g, inbound, seen, r) != TB_OK) {
+        || check_limits(ld, g, inbound, seen, r) != TB_OK
+        || local_bounds(ld, g, seen, r) != TB_OK) {
         return TB_ERR;
     }
     return place_rule(ld, g, inbound, seen, prefix, r);

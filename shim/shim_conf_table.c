@@ -29,6 +29,7 @@ typedef enum {
     K_BOOL,      /* true or false, into an int.                           */
     K_BOOL_INV,  /* true or false, into an int as its negation.           */
     K_INT,       /* A whole number, min..max, into an int or an int64_t.  */
+    K_INT_AUTO,  /* K_INT, or "auto" (stored as SHIM_LOCAL_AUTO).         */
     K_MS,        /* A duration: a whole number of ms, or "250ms", "10s",
                   * "2m"; min..max ms, into an int or an int64_t.         */
     K_NUMBER,    /* A number, min..max, into a double.                    */
@@ -152,9 +153,13 @@ static const setting_t rule_settings[SHIM_RS_COUNT] = {
     [SHIM_RS_CONCURRENCY] = {"concurrency", IN, K_INT, 1,
                              TB_MAX_CONCURRENCY, RULE(concurrency), NULL,
                              NULL},
-    [SHIM_RS_LOCAL_CONCURRENCY] = {"local_concurrency", IN, K_INT, 1,
+    [SHIM_RS_LOCAL_CONCURRENCY] = {"local_concurrency", IN, K_INT_AUTO, 1,
                                    TB_INFLIGHT_MAX, RULE(local_concurrency),
                                    NULL, NULL},
+    [SHIM_RS_LOCAL_MIN] = {"local_concurrency_min", IN, K_INT, 1,
+                           TB_INFLIGHT_MAX, RULE(local_min), NULL, NULL},
+    [SHIM_RS_LOCAL_MAX] = {"local_concurrency_max", IN, K_INT, 1,
+                           TB_INFLIGHT_MAX, RULE(local_max), NULL, NULL},
     [SHIM_RS_CONCURRENCY_TTL] = {"concurrency_ttl_ms", IN, K_MS, 1,
                                  TB_MAX_CONCURRENCY_TTL_MS,
                                  RULE(concurrency_ttl_ms), NULL, NULL},
@@ -442,9 +447,21 @@ static int read_value(shim_loader_t *ld, const setting_t *d,
         b = config_setting_get_bool(s) != 0;
         store_int(p, d->size, d->kind == K_BOOL_INV ? !b : b);
         return TB_OK;
+    case K_INT_AUTO:
+        if (config_setting_type(s) == CONFIG_TYPE_STRING) {
+            if (strcmp(config_setting_get_string(s), "auto")) {
+                return shim_conf_fail(ld, s, "'%s' = \"%s\" must be a "
+                                             "whole number or \"auto\"",
+                                      config_setting_name(s),
+                                      config_setting_get_string(s));
+            }
+            store_int(p, d->size, SHIM_LOCAL_AUTO);
+            return TB_OK;
+        }
+        /* fall through */
     case K_INT:
     case K_MS:
-        if ((d->kind == K_INT ? get_int(ld, s, d->min, d->max, &v)
+        if ((d->kind != K_MS ? get_int(ld, s, d->min, d->max, &v)
                               : get_ms(ld, s, d->min, d->max, &v)) != TB_OK) {
             return TB_ERR;
         }

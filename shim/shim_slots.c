@@ -417,7 +417,9 @@ int shim_slots_reclaim(const shim_rule_t *r, const char *key, size_t klen,
      * connection's, counted late: the peer-closed ones are looked at all
      * the same. */
     changed = shim_slots_epoch(r, key, klen, same_key) != epoch;
-    if (s.gone < (same_key ? r->concurrency : r->local_concurrency)
+    if (s.gone < (same_key ? r->concurrency
+                           : r->local_concurrency > 0 ? r->local_concurrency
+                                                      : r->local_max)
                  + SHIM_GONE_EXTRA
         && s.np > 0 && poll(s.p, (nfds_t)s.np, 0) > 0) {
         int k;

@@ -31,6 +31,9 @@ typedef struct shim_place {
     tb_inflight_t *table;           /* NULL: no place held.              */
     int i;                          /* The place's index in table.       */
     uint32_t tag;                   /* The taker's process id.           */
+    tb_adapt_t *adapt;              /* auto: the cap to tell how long the
+                                     * connection lasted, else NULL.     */
+    uint64_t started_us;            /* auto: when it was accepted.       */
 } shim_place_t;
 
 /* What one accepted connection holds, and what giving it back needs: the

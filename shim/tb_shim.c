@@ -220,7 +220,7 @@ static int holds_connections(const shim_conf_t *conf)
 
     for (i = 0; i < conf->nin; i++) {
         if (conf->in[i].concurrency > 0
-            || conf->in[i].local_concurrency > 0) {
+            || conf->in[i].local_concurrency != 0) {
             return 1;
         }
     }
@@ -542,7 +542,7 @@ static int admit(int cfd, const shim_rule_t *r,
     tb_result_t res;
 
     place.table = NULL;
-    if (r->local_concurrency > 0 && !take_place(r, &place)) {
+    if (r->local_concurrency != 0 && !take_place(r, &place)) {
         refuse_conn(cfd, r, 1, 0);
         return 0;
     }

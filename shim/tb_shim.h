@@ -18,6 +18,11 @@
 #ifndef TB_SHIM_H
 #define TB_SHIM_H
 
+/* local_concurrency = "auto" (shim_rule_t), and auto's default bounds. */
+#define SHIM_LOCAL_AUTO (-1)
+#define SHIM_LOCAL_AUTO_MIN 1
+#define SHIM_LOCAL_AUTO_MAX 256
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,8 +87,11 @@ typedef struct shim_rule {
     int local_concurrency;    /* Inbound: 0, or at most N connections of
                                * this rule open at once in this host's
                                * processes, counted in shared memory
-                               * without Redis (shim_local.c). A rule may
-                               * have this alone.                       */
+                               * without Redis (shim_local.c), or
+                               * SHIM_LOCAL_AUTO: a cap set from how long
+                               * connections last, within local_min and
+                               * local_max. A rule may have this alone. */
+    int local_min, local_max; /* auto's bounds; 0 until read.          */
     int lease;                /* 0, or the most tokens one lease takes
                                * from the bucket (1..SHIM_MAX_LEASE):
                                * the host's processes spend them without
