@@ -8,11 +8,14 @@ nothing by itself.
 """
 
 import argparse
+import contextlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -480,3 +483,84 @@ def calls_per_request(rd, url, key, n, cpus, cmds):
         res[cmd] = c.get("calls", 0) / done
         res[cmd + "_usec"] = c.get("usec_per_call", 0.0)
     return res
+
+
+def measured_wrk(srv, rd, url, script, args, seconds, cpus):
+    """wrk as wrk() runs it, with the server's and Redis's CPU per
+    request added (server_cpu_us, redis_cpu_us)."""
+    pids = srv.pids()
+    s0, r0 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
+    r = wrk(url, script, args, seconds, cpus)
+    s1, r1 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
+    req = max(r["requests"], 1)
+    r["server_cpu_us"] = (s1 - s0) * TICK_US / req
+    r["redis_cpu_us"] = (r1 - r0) * TICK_US / req
+    return r
+
+
+def alternating_rounds(srv, rd, variants, rounds, seconds, cpus, tag):
+    """measured_wrk (thread_key.lua) on each (name, path) of variants for
+    seconds, rounds times, the order reversed every other round so that
+    neither always runs first on a warm machine: {name: [results]}."""
+    for name, path in variants:
+        wrk(srv.url(path + "ok.txt"), "thread_key.lua", ["warm" + name], 1,
+            cpus)
+    res = {name: [] for name, _ in variants}
+    for i in range(rounds):
+        order = variants if i % 2 == 0 else tuple(reversed(variants))
+        for name, path in order:
+            r = measured_wrk(srv, rd, srv.url(path + "ok.txt"),
+                             "thread_key.lua", ["r%d%s" % (i, name)],
+                             seconds, cpus)
+            res[name].append(r)
+            log("%s: %-7s round %d: %8.0f req/s p99 %.2f ms non-2xx %d"
+                % (tag, name, i, r["rps"], r.get("p99", -1), r["non2xx"]))
+    return res
+
+
+def round_rows(name, rs):
+    """The figures of one variant's rounds (measured_wrk results) as
+    (figure, value, unit) rows: median requests/s, p99 and CPU per
+    request of the server and of Redis."""
+    return [("http.%s.rps" % name, round(median([r["rps"] for r in rs])),
+             "req/s"),
+            ("http.%s.p99" % name, round(median([r.get("p99", 0)
+                                                 for r in rs]), 3), "ms"),
+            ("http.%s.server_cpu_per_request" % name,
+             round(median([r["server_cpu_us"] for r in rs]), 1), "us"),
+            ("http.%s.redis_cpu_per_request" % name,
+             round(median([r["redis_cpu_us"] for r in rs]), 1), "us")]
+
+
+def calls_rows(rd, srv, name, path, cpus, cmds):
+    """Redis's calls per request and microseconds per call of each of
+    cmds, over 2,000 requests of path, as rows."""
+    c = calls_per_request(rd, srv.url(path + "ok.txt"), "ab-%s-%d" % (
+        path.strip("/"), os.getpid()), 2000, cpus, cmds)
+    rows = []
+    for cmd in cmds:
+        rows.append(("redis.%s.%s_per_request" % (name, cmd),
+                     round(c[cmd], 3), "calls"))
+        if c[cmd]:
+            rows.append(("redis.%s.%s_usec_per_call" % (name, cmd),
+                         round(c[cmd + "_usec"], 2), "us"))
+    return rows
+
+
+@contextlib.contextmanager
+def redis_and_server(prefix, cpus, make_server):
+    """A temp dir (0755, so that Apache's children may enter it), a Redis
+    on cpus and the server make_server(tmp, redis) starts: (redis,
+    server), both stopped by PID and the dir removed on leaving."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(tmp, 0o755)
+    rd = Redis(tmp, cpus).start()
+    srv = None
+    try:
+        srv = make_server(tmp, rd)
+        yield rd, srv
+    finally:
+        if srv is not None:
+            srv.stop()
+        rd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

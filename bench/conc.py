@@ -22,10 +22,8 @@ helpers of bench/run.py (Redis, wrk, pinning); `make bench` runs it after
 run.py.
 """
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import benchkit as bench
@@ -120,44 +118,16 @@ def main():
     if so is None:
         return 1
     rounds, seconds = (2, 2) if a.quick else (5, 3)
-    tmp = tempfile.mkdtemp(prefix="tbconc-", dir="/tmp")
-    os.chmod(tmp, 0o755)
-    rd = bench.Redis(tmp, scpu).start()
-    srv = None
     rows = []
-    try:
-        srv = Apache(tmp, scpu, so, rd.url).start()
+    with bench.redis_and_server(
+            "tbconc-", scpu,
+            lambda tmp, rd: Apache(tmp, scpu, so, rd.url).start()) as (rd,
+                                                                        srv):
         variants = (("rate", "/rate/"), ("conc", "/conc/"))
-        for name, path in variants:
-            bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
-                      ["warm" + name], 1, wcpu)
-        res = {name: [] for name, _ in variants}
-        for i in range(rounds):
-            order = variants if i % 2 == 0 else tuple(reversed(variants))
-            for name, path in order:
-                pids = srv.pids()
-                s0, r0 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
-                r = bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
-                              ["r%d%s" % (i, name)], seconds, wcpu)
-                s1, r1 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
-                req = max(r["requests"], 1)
-                r["server_us"] = (s1 - s0) * bench.TICK_US / req
-                r["redis_us"] = (r1 - r0) * bench.TICK_US / req
-                res[name].append(r)
-                bench.log("conc: %-4s round %d: %8.0f req/s p99 %.2f ms "
-                          "non-2xx %d" % (name, i, r["rps"],
-                                          r.get("p99", -1), r["non2xx"]))
+        res = bench.alternating_rounds(srv, rd, variants, rounds, seconds,
+                                       wcpu, "conc")
         for name, _ in variants:
-            rows.append(("http.%s.rps" % name,
-                         round(bench.median([r["rps"] for r in res[name]])),
-                         "req/s"))
-            rows.append(("http.%s.p99" % name,
-                         round(bench.median([r.get("p99", 0)
-                                             for r in res[name]]), 3), "ms"))
-            for k in ("server_us", "redis_us"):
-                rows.append(("http.%s.%s_cpu_per_request" % (name, k[:-3]),
-                             round(bench.median([r[k] for r in res[name]]),
-                                   1), "us"))
+            rows += bench.round_rows(name, res[name])
         ratio = bench.median([c["rps"] / r["rps"] for c, r in
                               zip(res["conc"], res["rate"])])
         rows.append(("http.ratio.conc_over_rate", round(ratio, 3), "x"))
@@ -165,23 +135,10 @@ def main():
             # Requests wrk left in flight release their slots after it
             # stops.
             time.sleep(0.5)
-            c = bench.calls_per_request(
-                rd, srv.url(path + "ok.txt"), "ab-%s-%d" % (
-                    path.strip("/"), os.getpid()), 2000, wcpu,
-                ("evalsha", "zrem"))
-            for cmd in ("evalsha", "zrem"):
-                rows.append(("http.%s.%s_per_request" % (name, cmd),
-                             round(c[cmd], 3), "calls"))
-                if c[cmd]:
-                    rows.append(("redis.%s.%s_usec_per_call" % (name, cmd),
-                                 round(c[cmd + "_usec"], 2), "us"))
+            rows += bench.calls_rows(rd, srv, name, path, wcpu,
+                                     ("evalsha", "zrem"))
         left = len(rd.r.keys("bench:*:conc"))
         rows.append(("redis.conc_sets_left", left, "keys"))
-    finally:
-        if srv is not None:
-            srv.stop()
-        rd.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     bench.write_figures("conc", "conc.py: a concurrency limit nothing reaches "
                         "against the rate limit alone", rows)
     return 0

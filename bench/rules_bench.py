@@ -20,10 +20,7 @@ commandstats over an exact number of requests (ab).
 Prints a Markdown table and writes bench/results/rules.md; `make bench`
 runs it.
 """
-import os
-import shutil
 import sys
-import tempfile
 
 import benchkit as bench
 
@@ -55,42 +52,11 @@ TBucketPrefix bench:
 VARIANTS = (("one", "/a/"), ("three", "/b/"), ("counted", "/c/"))
 
 
-def rounds_of(srv, rd, wcpu, rounds, seconds):
-    res = {name: [] for name, _ in VARIANTS}
-    for i in range(rounds):
-        order = VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS))
-        for name, path in order:
-            pids = srv.pids()
-            s0, r0 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
-            r = bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
-                          ["r%d%s" % (i, name)], seconds, wcpu)
-            s1, r1 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
-            req = max(r["requests"], 1)
-            r["server_us"] = (s1 - s0) * bench.TICK_US / req
-            r["redis_us"] = (r1 - r0) * bench.TICK_US / req
-            res[name].append(r)
-            bench.log("rules: %-7s round %d: %8.0f req/s non-2xx %d"
-                      % (name, i, r["rps"], r["non2xx"]))
-    return res
-
-
 def table(srv, rd, wcpu, res):
     rows = []
     for name, path in VARIANTS:
-        rows.append(("http.%s.rps" % name,
-                     round(bench.median([r["rps"] for r in res[name]])),
-                     "req/s"))
-        for k in ("server_us", "redis_us"):
-            rows.append(("http.%s.%s_cpu_per_request" % (name, k[:-3]),
-                         round(bench.median([r[k] for r in res[name]]), 1),
-                         "us"))
-        c = bench.calls_per_request(
-            rd, srv.url(path + "ok.txt"), "ab-%s-%d" % (
-                path.strip("/"), os.getpid()), 2000, wcpu, ("evalsha",))
-        calls, usec = c["evalsha"], c["evalsha_usec"]
-        rows.append(("redis.%s.calls_per_request" % name, round(calls, 3),
-                     "calls"))
-        rows.append(("redis.%s.usec_per_call" % name, round(usec, 2), "us"))
+        rows += bench.round_rows(name, res[name])
+        rows += bench.calls_rows(rd, srv, name, path, wcpu, ("evalsha",))
     for name in ("three", "counted"):
         ratio = bench.median([x["rps"] / o["rps"] for x, o in
                               zip(res[name], res["one"])])
@@ -103,23 +69,12 @@ def main():
     if so is None:
         return 1
     rounds, seconds = (2, 2) if a.quick else (5, 3)
-    tmp = tempfile.mkdtemp(prefix="tbrules-", dir="/tmp")
-    os.chmod(tmp, 0o755)
-    rd = bench.Redis(tmp, scpu).start()
-    srv = None
-    try:
-        srv = bench.Apache(tmp, "rules", scpu, LOCATIONS.format(
-            so=so, url=rd.url)).start()
-        for name, path in VARIANTS:
-            bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
-                      ["warm" + name], 1, wcpu)
-        rows = table(srv, rd, wcpu, rounds_of(srv, rd, wcpu, rounds,
-                                              seconds))
-    finally:
-        if srv is not None:
-            srv.stop()
-        rd.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with bench.redis_and_server(
+            "tbrules-", scpu, lambda tmp, rd: bench.Apache(
+                tmp, "rules", scpu, LOCATIONS.format(so=so, url=rd.url))
+            .start()) as (rd, srv):
+        rows = table(srv, rd, wcpu, bench.alternating_rounds(
+            srv, rd, VARIANTS, rounds, seconds, wcpu, "rules"))
     bench.write_figures("rules", "rules_bench.py: three TBucketRule buckets "
                         "(one of them count=) against one limit", rows)
     return 0

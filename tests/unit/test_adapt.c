@@ -69,6 +69,15 @@ static void sim_load(sim_t *s, int clients, int cpus, double io_ms,
     s->cpu_us = cpu_ms * 1000;
 }
 
+/* sim_new() with its load: clients, cpus, each request's ms of waiting
+ * then of CPU. */
+static void sim_start(sim_t *s, uint32_t min, uint32_t max, int clients,
+                      int cpus, double io_ms, double cpu_ms)
+{
+    sim_new(s, min, max);
+    sim_load(s, clients, cpus, io_ms, cpu_ms);
+}
+
 static int in_flight(const sim_t *s)
 {
     int i, n = 0;
@@ -180,6 +189,20 @@ static void sim_run(sim_t *s, int ms, int count)
     }
 }
 
+/* 20 s to settle, then 20 s counted. */
+static void sim_settle(sim_t *s)
+{
+    sim_run(s, 20000, 1);
+    sim_run(s, 20000, 1);
+}
+
+/* Five more seconds in which no client is refused. */
+static void assert_serves_all(sim_t *s)
+{
+    sim_run(s, 5000, 1);
+    assert_int_equal(s->refused, 0);
+}
+
 /* The CPUs' busy share over the phase. */
 static double busy(const sim_t *s)
 {
@@ -195,10 +218,8 @@ static void test_adapt_cpu_bound_one_cpu(void **state)
     tb_adapt_view_t v;
 
     (void)state;
-    sim_new(&s, 1, 64);
-    sim_load(&s, 64, 1, 0, 25);
-    sim_run(&s, 20000, 1);
-    sim_run(&s, 20000, 1);
+    sim_start(&s, 1, 64, 64, 1, 0, 25);
+    sim_settle(&s);
     assert_true(s.cap_hi <= 3);
     assert_true(s.cap_lo >= 2);
     /* Settled: the cap moved a few times in 20 s (a probe is two). */
@@ -218,10 +239,8 @@ static void test_adapt_cpu_bound_four_cpus(void **state)
     sim_t s;
 
     (void)state;
-    sim_new(&s, 1, 64);
-    sim_load(&s, 64, 4, 2, 20);
-    sim_run(&s, 20000, 1);
-    sim_run(&s, 20000, 1);
+    sim_start(&s, 1, 64, 64, 4, 2, 20);
+    sim_settle(&s);
     assert_true(s.cap_lo >= 4);
     assert_true(s.cap_hi <= 9);
     assert_true(s.cap_hi - s.cap_lo <= 3);
@@ -237,15 +256,13 @@ static void test_adapt_grows_when_latency_holds(void **state)
     sim_t s;
 
     (void)state;
-    sim_new(&s, 1, 4);
-    sim_load(&s, 32, 1, 50, 1);
+    sim_start(&s, 1, 4, 32, 1, 50, 1);
     sim_run(&s, 3000, 1);
     assert_true(s.cap_hi <= 4);
     assert_int_equal(tb_adapt_bounds(s.a, 1, 100), TB_OK);
     sim_run(&s, 20000, 1);
     assert_true(tb_adapt_cap(s.a) >= 32);
-    sim_run(&s, 5000, 1);
-    assert_int_equal(s.refused, 0);
+    assert_serves_all(&s);
     sim_free(&s);
 }
 
@@ -258,8 +275,7 @@ static void test_adapt_recovers_after_flood(void **state)
     uint32_t low;
 
     (void)state;
-    sim_new(&s, 2, 64);
-    sim_load(&s, 64, 1, 0, 25);
+    sim_start(&s, 2, 64, 64, 1, 0, 25);
     sim_run(&s, 20000, 1);
     low = tb_adapt_cap(s.a);
     assert_true(low <= 4);
@@ -267,8 +283,7 @@ static void test_adapt_recovers_after_flood(void **state)
     sim_load(&s, 32, 1, 50, 1);
     sim_run(&s, 30000, 1);
     assert_true(tb_adapt_cap(s.a) >= 32);
-    sim_run(&s, 5000, 1);
-    assert_int_equal(s.refused, 0);
+    assert_serves_all(&s);
     sim_free(&s);
 }
 
@@ -280,8 +295,7 @@ static void test_adapt_noise_does_not_collapse(void **state)
     sim_t s;
 
     (void)state;
-    sim_new(&s, 1, 64);
-    sim_load(&s, 16, 4, 20, 1);
+    sim_start(&s, 1, 64, 16, 4, 20, 1);
     s.slow_every = 10;
     sim_run(&s, 5000, 1);
     sim_run(&s, 30000, 1);
@@ -300,8 +314,7 @@ static void test_adapt_probe_from_a_flood(void **state)
     int i, probing = 0;
 
     (void)state;
-    sim_new(&s, 1, 16);
-    sim_load(&s, 64, 1, 0, 10);
+    sim_start(&s, 1, 16, 64, 1, 0, 10);
     for (i = 0; i < 3000; i++) {
         sim_tick(&s);
         assert_int_equal(tb_adapt_view(s.a, &v), TB_OK);
