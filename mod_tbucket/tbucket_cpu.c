@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "httpd.h"
@@ -36,6 +37,11 @@ APLOG_USE_MODULE(tbucket);
 /* A low request's step when TBucketCPUPriority On names none: about a
  * tenth of a normal thread's CPU share when both want the CPU. */
 #define LOW_STEP 10
+/* How long a request waits for a move asked of the helper to land: up
+ * to SETTLE_TRIES sleeps of SETTLE_NS nanoseconds (about 10 ms with the
+ * kernel's timer slack; a helper that runs lands it in one or two). */
+#define SETTLE_TRIES 100
+#define SETTLE_NS 50000L
 
 /* The configuration being read (main server only), and the worker's own
  * nice, read in each child. */
@@ -103,9 +109,11 @@ const char *tbucket_cpu_set(cmd_parms *cmd, void *dummy, const char *args)
         return NULL;
     }
     if (strcasecmp(first, "on")) {
+        /* All of it: "Off low=5" is refused for what follows Off. */
         return apr_psprintf(cmd->pool, "TBucketCPUPriority: expected On "
                             "[low=N] [normal=N] [high=N] [critical=N] or "
-                            "Off, not '%s'", first);
+                            "Off, not '%s%s%s'", first, *args ? " " : "",
+                            args);
     }
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
         name = tbucket_split_opt(cmd->temp_pool, word, &value);
@@ -323,8 +331,34 @@ static apr_status_t restore_at_end(void *data)
     return APR_SUCCESS;
 }
 
+/* Wait, bounded, until a move asked of the helper has landed on t: the
+ * handler runs next, and a CGI that mod_cgi forks keeps the nice value
+ * its thread has at the fork for its whole life. Without the wait, one
+ * critical CGI in six forked before the helper's move to its negative
+ * step, and a CGI pipelined after a low request on the same prefork
+ * worker could run at low's step. Nothing to do without the helper. */
+static void settle(cpu_thread *t)
+{
+    struct timespec pause = { 0, SETTLE_NS };
+    int want, k;
+
+    if (!t || !t->pending) {
+        return;
+    }
+    want = nice_of(STEP_OF(__atomic_load_n(&t->word, __ATOMIC_ACQUIRE)));
+    for (k = 0; k < SETTLE_TRIES; k++) {
+        errno = 0;
+        if (getpriority(PRIO_PROCESS, (id_t)t->tid) == want && !errno) {
+            t->pending = 0;
+            return;
+        }
+        nanosleep(&pause, NULL);
+    }
+}
+
 /* The last fixup: r is let through (every refusal ends the phase
- * before), so its thread takes its priority's step for the response. */
+ * before), so its thread takes its priority's step for the response,
+ * and has it (settle) before the handler runs. */
 static int cpu_fixups(request_rec *r)
 {
     const tbucket_dir_conf *dc;
@@ -342,6 +376,7 @@ static int cpu_fixups(request_rec *r)
     t = self;
     if (cpu.step[prio] == (t ? STEP_OF(t->word) : 0)
         || !(t = thread_state())) {
+        settle(t);
         return DECLINED;
     }
     word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE);
@@ -356,6 +391,7 @@ static int cpu_fixups(request_rec *r)
     word = WORD((word >> 8) + 1, cpu.step[prio]);
     __atomic_store_n(&t->word, word, __ATOMIC_RELEASE);
     tbucket_count_cpu(prio, 0);
+    settle(t);
     if (cpu.step[prio] != 0) {
         for (root = r; root->prev; root = root->prev) {
         }

@@ -151,7 +151,7 @@ tb_adapt_t *tb_adapt_init(void *mem, uint32_t min, uint32_t max)
 
 int tb_adapt_bounds(tb_adapt_t *a, uint32_t min, uint32_t max)
 {
-    uint32_t cap;
+    double limit;
 
     if (!a || a->magic != ADAPT_MAGIC || min == 0 || max < min
         || max > TB_INFLIGHT_MAX) {
@@ -159,9 +159,14 @@ int tb_adapt_bounds(tb_adapt_t *a, uint32_t min, uint32_t max)
     }
     a->min = min;
     a->max = max;
-    cap = clamp_u32(a->limit_milli / 1000.0 + 0.5, min, max);
-    a->limit_milli = (uint64_t)cap * 1000;
-    set_cap(a, cap);
+    /* The cap and the estimate each kept, clamped: the cap lags the
+     * estimate by up to HYSTERESIS, so the estimate rounded could move a
+     * cap that a reload with the same bounds must leave where it is. */
+    limit = a->limit_milli / 1000.0;
+    limit = limit < min ? min : limit > max ? max : limit;
+    a->limit_milli = (uint64_t)(limit * 1000.0 + 0.5);
+    set_cap(a, clamp_u32(__atomic_load_n(&a->cap, __ATOMIC_RELAXED), min,
+                         max));
     return TB_OK;
 }
 
@@ -241,8 +246,11 @@ static void close_window(tb_adapt_t *a, uint64_t now_us, const uint32_t *h,
         set_cap(a, clamp_u32(limit + 0.5, a->min, a->max));
         return;
     }
-    if (peak <= a->min) {
-        /* Run at the bottom anyway: as good as a probe. */
+    if (peak > 0 && peak <= a->min) {
+        /* Run at the bottom anyway: as good as a probe. A window with no
+         * take at all (peak 0) is not: right after a cut, more requests
+         * run than the new cap, none is let in, and the window's samples
+         * are those of the queue that the cut was made for. */
         a->floor_us = a->last_us ? a->last_us : 1;
         a->floor_at_us = now_us;
     }

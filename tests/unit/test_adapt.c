@@ -331,6 +331,86 @@ static void test_adapt_probe_from_a_flood(void **state)
     sim_free(&s);
 }
 
+/* A window in which no place was taken (a cut left more running than
+ * the new cap: every sample is from the queue the cut was made for) is
+ * not a run at the bottom: the floor stays what was measured without a
+ * queue, and the cap keeps coming down. Driven by hand: 8 requests of
+ * 50 ms at 2 in flight, then 8 of 900 ms with no take in their window. */
+static void test_adapt_drain_keeps_floor(void **state)
+{
+    guarded_t g;
+    tb_adapt_t *a = tb_adapt_init(guarded_new(&g, tb_adapt_size(), 0), 1,
+                                  32);
+    tb_adapt_view_t v;
+    uint64_t now = 1000000;
+    int i;
+
+    (void)state;
+    assert_non_null(a);
+    for (i = 0; i < 8; i++, now += 40000) {
+        tb_adapt_taken(a, 2);
+        tb_adapt_sample(a, now - 50000, now);
+    }
+    assert_int_equal(tb_adapt_view(a, &v), TB_OK);
+    assert_int_equal(v.windows, 1);
+    assert_true(v.floor_us >= 45000 && v.floor_us <= 55000);
+    for (i = 0; i < 8; i++, now += 40000) {
+        tb_adapt_sample(a, now - 900000, now);
+    }
+    assert_int_equal(tb_adapt_view(a, &v), TB_OK);
+    assert_int_equal(v.windows, 2);
+    assert_true(v.last_us >= 800000);
+    assert_true(v.floor_us >= 45000 && v.floor_us <= 55000);
+    assert_true(tb_adapt_cap(a) < 32);
+    guarded_free(&g, "tb_adapt");
+}
+
+/* One window closed by hand: 8 requests of lat_us each, 40 ms apart,
+ * each taken with peak in flight. */
+static void hand_window(tb_adapt_t *a, uint64_t *now, uint64_t lat_us,
+                        uint32_t peak)
+{
+    int i;
+
+    for (i = 0; i < 8; i++, *now += 40000) {
+        tb_adapt_taken(a, peak);
+        tb_adapt_sample(a, *now - lat_us, *now);
+    }
+}
+
+/* A reload with the same bounds (a graceful restart) keeps the cap it
+ * learnt. The cap lags the estimate (it moves when the estimate passes
+ * its next integer by HYSTERESIS), so it is not always the estimate
+ * rounded: a floor of about 50 ms, a cut from 32 to 17, then a window
+ * whose latency (searched for) nudges the estimate to between 17.5 and
+ * 17.6, where the cap stays 17. */
+static void test_adapt_bounds_keep_cap(void **state)
+{
+    uint64_t mem[256], now, lat;
+    tb_adapt_t *a = NULL;
+    tb_adapt_view_t v;
+    uint32_t cap = 0;
+    int found = 0;
+
+    (void)state;
+    for (lat = 55000; lat < 70000 && !found; lat += 50) {
+        a = tb_adapt_init(mem, 1, 32);
+        now = 1000000;
+        hand_window(a, &now, 50000, 2);
+        hand_window(a, &now, 150000, 20);
+        hand_window(a, &now, lat, 16);
+        assert_int_equal(tb_adapt_view(a, &v), TB_OK);
+        cap = tb_adapt_cap(a);
+        found = v.windows == 3 && (uint32_t)(v.limit + 0.5) != cap;
+    }
+    assert_true(found);
+    assert_int_equal(tb_adapt_bounds(a, 1, 32), TB_OK);
+    assert_int_equal(tb_adapt_cap(a), cap);
+    /* New bounds clamp it. */
+    assert_int_equal(tb_adapt_bounds(a, 1, cap - 2), TB_OK);
+    assert_int_equal(tb_adapt_cap(a), cap - 2);
+}
+
 /* Bounds and bad arguments. */
 static void test_adapt_bounds(void **state)
 {
@@ -381,6 +461,8 @@ int main(void)
         cmocka_unit_test(test_adapt_recovers_after_flood),
         cmocka_unit_test(test_adapt_noise_does_not_collapse),
         cmocka_unit_test(test_adapt_probe_from_a_flood),
+        cmocka_unit_test(test_adapt_drain_keeps_floor),
+        cmocka_unit_test(test_adapt_bounds_keep_cap),
         cmocka_unit_test(test_adapt_bounds),
     };
 
