@@ -614,6 +614,10 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     tbucket_srv_conf *sc = srv_conf(r->server);
     int rc;
 
+    /* First: a low request that is shed or refused is answered at low's
+     * CPU step too, and the flood of them is what a critical page
+     * competes with. */
+    tbucket_cpu_enter(r, root, dc);
     if (!ap_get_module_config(root->request_config, &tbucket_module)
         && (rc = protect_locally(r, dc, sc, root)) != DECLINED) {
         return rc;

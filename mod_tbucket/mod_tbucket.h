@@ -582,6 +582,12 @@ int tbucket_nice_helper(server_rec *main_s, int lo, int hi);
 int tbucket_nice_ask(int fd, pid_t tid, int nice);
 /* child_init: the worker's own nice value, the one to put back. */
 void tbucket_cpu_child_init(void);
+/* Move r's thread to the step of its priority in dc (the chain's root
+ * gives it back when the response ends): from the decision path, before
+ * anything is decided, so that a low request that is refused is answered
+ * at low's step too; again (one load) from the last fixup. */
+void tbucket_cpu_enter(request_rec *r, request_rec *root,
+                       const tbucket_dir_conf *dc);
 /* register_hooks: the fixup that moves a thread, the give-back before a
  * thread reads its next request. */
 void tbucket_cpu_register(void);

@@ -356,28 +356,21 @@ static void settle(cpu_thread *t)
     }
 }
 
-/* The last fixup: r is let through (every refusal ends the phase
- * before), so its thread takes its priority's step for the response,
- * and has it (settle) before the handler runs. */
-static int cpu_fixups(request_rec *r)
+void tbucket_cpu_enter(request_rec *r, request_rec *root,
+                       const tbucket_dir_conf *dc)
 {
-    const tbucket_dir_conf *dc;
-    tbucket_priority prio;
+    tbucket_priority prio = tbucket_dir_priority(dc);
     cpu_restore *c;
-    cpu_thread *t;
+    cpu_thread *t = self;
     uint64_t word;
-    request_rec *root;
 
-    if (cpu.mode == MODE_NONE || r->main) {
-        return DECLINED;
+    if (cpu.mode == MODE_NONE) {
+        return;
     }
-    dc = ap_get_module_config(r->per_dir_config, &tbucket_module);
-    prio = tbucket_dir_priority(dc);
-    t = self;
     if (cpu.step[prio] == (t ? STEP_OF(t->word) : 0)
         || !(t = thread_state())) {
         settle(t);
-        return DECLINED;
+        return;
     }
     word = __atomic_load_n(&t->word, __ATOMIC_ACQUIRE);
     if (apply(t, nice_of(STEP_OF(word)), nice_of(cpu.step[prio])) != 0) {
@@ -386,20 +379,36 @@ static int cpu_fixups(request_rec *r)
                       "refused", nice_of(cpu.step[prio]),
                       tbucket_priority_names[prio]);
         tbucket_count_cpu(prio, 1);
-        return DECLINED;
+        return;
     }
     word = WORD((word >> 8) + 1, cpu.step[prio]);
     __atomic_store_n(&t->word, word, __ATOMIC_RELEASE);
     tbucket_count_cpu(prio, 0);
     settle(t);
     if (cpu.step[prio] != 0) {
-        for (root = r; root->prev; root = root->prev) {
-        }
         c = apr_palloc(root->pool, sizeof(*c));
         c->t = t;
         c->word = word;
         tbucket_release_at_end(r, root, restore_at_end, c);
     }
+}
+
+/* The last fixup, for requests the decision path never saw (a scope
+ * without TBucketEnable On): r is let through (every refusal ends the
+ * phase before), so its thread takes its priority's step for the
+ * response, and has it (settle) before the handler runs. A thread
+ * already at the step costs one load. */
+static int cpu_fixups(request_rec *r)
+{
+    request_rec *root;
+
+    if (cpu.mode == MODE_NONE || r->main) {
+        return DECLINED;
+    }
+    for (root = r; root->prev; root = root->prev) {
+    }
+    tbucket_cpu_enter(r, root, ap_get_module_config(r->per_dir_config,
+                                                    &tbucket_module));
     return DECLINED;
 }
 
