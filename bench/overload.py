@@ -204,7 +204,7 @@ def config_of(args, stack, col, a, fpm, redis_url):
     lc = v.get("lc") or args.local_concurrency
     return front + ov.config_body(
         v["kind"], redis_url, prefix=prefix, local_concurrency=lc,
-        cpu_priority="On" if v.get("prio") else None,
+        cpu_priority=args.cpu_priority if v.get("prio") else None,
         app_priority="low" if v.get("prio") else None)
 
 
@@ -971,6 +971,9 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="short runs, for trying the driver")
     ap.add_argument("--stacks", default="modphp,fpm")
+    ap.add_argument("--cpu-priority", default="On",
+                    help="TBucketCPUPriority's value in the priority "
+                         "columns, e.g. 'On low=19' (default On: low=10)")
     ap.add_argument("--part", default="all", choices=sorted(PARTS),
                     help="base: no limiter, per-key, local protection; "
                          "priority: local protection, mod_qos, CPU "

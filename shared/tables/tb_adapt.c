@@ -30,7 +30,7 @@
 #define BUFFER 0.25
 /* Requests one may queue beyond what the gradient allows. */
 #define HEADROOM 1.0
-#define GRADIENT_MIN 0.5
+#define GRADIENT_MIN 0.2
 #define GRADIENT_MAX 2.0
 /* The share of the way to a higher target a window moves the estimate
  * (a lower one is taken at once: a queue costs every request in it). */
@@ -58,6 +58,9 @@ struct tb_adapt {
     uint64_t floor_at_us;             /* When it was last measured at
                                        * the bottom (0: never).         */
     uint64_t probe_from_us;           /* Probing since (0: not).        */
+    uint64_t probe_p50_us;            /* The window that called it: its */
+    uint32_t probe_peak;              /* median and peak in flight.     */
+    uint32_t pad2;
     uint64_t claim_us;                /* The closer's claim time, 0.    */
     /* The current window: adds and a max, by any sampler. */
     uint64_t win_start_us;
@@ -226,26 +229,11 @@ static double next_limit(const tb_adapt_t *a, double limit, double p50_us,
     return target > limit ? limit + SMOOTH * (target - limit) : target;
 }
 
-/* Close the window (the caller has the claim): the floor, a probe, the
- * estimate and the cap. */
-static void close_window(tb_adapt_t *a, uint64_t now_us, const uint32_t *h,
-                         uint32_t n, uint32_t peak)
+/* The floor after a window of median last_us and peak in flight; 1 when
+ * the window starts a probe instead (the cap set to min), 0 otherwise. */
+static int note_floor(tb_adapt_t *a, uint64_t now_us, uint32_t peak,
+                      uint32_t cap)
 {
-    double limit = a->limit_milli / 1000.0, p50 = median_of(h, n);
-    uint32_t cap = __atomic_load_n(&a->cap, __ATOMIC_RELAXED), next;
-
-    a->last_us = (uint64_t)(p50 + 0.5);
-    a->last_peak = peak;
-    a->windows++;
-    if (a->probe_from_us) {
-        /* A probe ran at the bottom: its median is the floor now, higher or
-         * lower, and the estimate resumes where it was. */
-        a->floor_us = a->last_us ? a->last_us : 1;
-        a->floor_at_us = now_us;
-        a->probe_from_us = 0;
-        set_cap(a, clamp_u32(limit + 0.5, a->min, a->max));
-        return;
-    }
     if (peak > 0 && peak <= a->min) {
         /* Run at the bottom anyway: as good as a probe. A window with no
          * take at all (peak 0) is not: right after a cut, more requests
@@ -260,10 +248,40 @@ static void close_window(tb_adapt_t *a, uint64_t now_us, const uint32_t *h,
     if (peak >= cap && (!a->floor_at_us
                         || now_us - a->floor_at_us >= PROBE_EVERY_US)) {
         /* The cap binds and the floor is old or was never seen without a
-         * queue: measure it at the bottom for one window. */
+         * queue: measure it at the bottom for one window, and keep this
+         * window to judge against it then. */
         a->probe_from_us = now_us;
+        a->probe_p50_us = a->last_us;
+        a->probe_peak = peak;
         a->probes++;
         set_cap(a, a->min);
+        return 1;
+    }
+    return 0;
+}
+
+/* Close the window (the caller has the claim): the floor, a probe, the
+ * estimate and the cap. */
+static void close_window(tb_adapt_t *a, uint64_t now_us, const uint32_t *h,
+                         uint32_t n, uint32_t peak)
+{
+    double limit = a->limit_milli / 1000.0, p50 = median_of(h, n);
+    uint32_t cap = __atomic_load_n(&a->cap, __ATOMIC_RELAXED), next;
+
+    a->last_us = (uint64_t)(p50 + 0.5);
+    a->last_peak = peak;
+    a->windows++;
+    if (a->probe_from_us) {
+        /* A probe ran at the bottom: its median is the floor now, higher
+         * or lower, and the window that called it is judged against it
+         * at once, so that a flood that found no floor yet is cut now. */
+        a->floor_us = a->last_us ? a->last_us : 1;
+        a->floor_at_us = now_us;
+        a->probe_from_us = 0;
+        p50 = (double)a->probe_p50_us;
+        peak = a->probe_peak;
+    }
+    else if (note_floor(a, now_us, peak, cap)) {
         return;
     }
     limit = next_limit(a, limit, p50, peak);

@@ -381,27 +381,32 @@ static void hand_window(tb_adapt_t *a, uint64_t *now, uint64_t lat_us,
 /* A reload with the same bounds (a graceful restart) keeps the cap it
  * learnt. The cap lags the estimate (it moves when the estimate passes
  * its next integer by HYSTERESIS), so it is not always the estimate
- * rounded: a floor of about 50 ms, a cut from 32 to 17, then a window
- * whose latency (searched for) nudges the estimate to between 17.5 and
- * 17.6, where the cap stays 17. */
+ * rounded: a floor of about 50 ms, a cut from 32, then a window (8 in
+ * flight, the cap not bound: no probe) whose latency nudges the
+ * estimate past a half without moving the cap. The cut's and the
+ * nudge's latencies are searched for: the histogram's medians come in
+ * steps. */
 static void test_adapt_bounds_keep_cap(void **state)
 {
-    uint64_t mem[256], now, lat;
+    uint64_t mem[256], now, cut, lat;
     tb_adapt_t *a = NULL;
     tb_adapt_view_t v;
     uint32_t cap = 0;
     int found = 0;
 
     (void)state;
-    for (lat = 55000; lat < 70000 && !found; lat += 50) {
-        a = tb_adapt_init(mem, 1, 32);
-        now = 1000000;
-        hand_window(a, &now, 50000, 2);
-        hand_window(a, &now, 150000, 20);
-        hand_window(a, &now, lat, 16);
-        assert_int_equal(tb_adapt_view(a, &v), TB_OK);
-        cap = tb_adapt_cap(a);
-        found = v.windows == 3 && (uint32_t)(v.limit + 0.5) != cap;
+    for (cut = 100000; cut < 300000 && !found; cut += 5000) {
+        for (lat = 40000; lat < 120000 && !found; lat += 1000) {
+            a = tb_adapt_init(mem, 1, 32);
+            now = 1000000;
+            hand_window(a, &now, 50000, 2);
+            hand_window(a, &now, cut, 20);
+            hand_window(a, &now, lat, 8);
+            assert_int_equal(tb_adapt_view(a, &v), TB_OK);
+            cap = tb_adapt_cap(a);
+            found = v.windows == 3 && !v.probing && cap > 3
+                    && (uint32_t)(v.limit + 0.5) != cap;
+        }
     }
     assert_true(found);
     assert_int_equal(tb_adapt_bounds(a, 1, 32), TB_OK);
