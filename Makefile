@@ -46,7 +46,9 @@ endif
 # $(BUILD)/shared/algo/tb_script.c.
 CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
 CORE_SRC = $(wildcard shared/*.c shared/*/*.c)
-CORE_HDR = shared/tb.h $(wildcard shared/*_int.h shared/*/*.h)
+# The public header is tb.h and the tables' part it includes.
+TB_PUBLIC = shared/tb.h shared/tb_tables.h
+CORE_HDR = $(TB_PUBLIC) $(wildcard shared/*_int.h shared/*/*.h)
 TB_SCRIPT_C = $(BUILD)/shared/algo/tb_script.c
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
            $(TB_SCRIPT_C:.c=.o)
@@ -105,7 +107,15 @@ RM_SO = $(BUILD)/tbucket_redis.so
 REDIS_MODDIR ?= /usr/lib/redis/modules
 
 # ---- tools ---------------------------------------------------------------
+# tools/ (tools/README.md): the tbucket command, one file per job. It reads
+# shim configurations with the shim's own loader, built from shim/ as
+# libtbshimconf.a so that both accept the same files. SHIMCONF names the
+# loader's files (shim/README.md), also replayed by the shimconf fuzz target.
 TOOLS = $(if $(wildcard tools/tbucket.c),$(BUILD)/tbucket)
+TOOL_SRC = $(wildcard tools/*.c)
+TOOL_OBJ = $(patsubst tools/%.c,$(BUILD)/tools/%.o,$(TOOL_SRC))
+SHIMCONF = shim_conf shim_conf_table
+SHIMCONF_LIB = $(BUILD)/libtbshimconf.a
 
 # ---- test programs: every program tests/integration runs, built here ----
 # Sources in tests/integration/progs/, programs in $(BUILD)/progs/.
@@ -119,14 +129,14 @@ TPROG_DRIVERS = $(TPROG)/tb_driver $(TPROG)/tb_algo_driver $(TPROG)/tb_batch
 # preloaded into, which are not sanitizer builds: plain in every build.
 # tb_cli2 is a copy of tb_cli, since a "$program" key must differ by name.
 TPROG_PLAIN = $(TPROG)/tb_srv $(TPROG)/tb_cli $(TPROG)/closer \
-              $(TPROG)/connect_loop $(TPROG)/prefork_srv
+              $(TPROG)/connect_loop $(TPROG)/prefork_srv $(TPROG)/thread_srv
 TPROG_LIBS = $(TPROG)/libctor.so $(TPROG)/libfakeconnect.so
 TPROG_CFLAGS = $(OPT) -g -pthread $(TB_WARN)
 # Replays of the fuzz corpus: each tests/fuzz/fuzz_<name>.c linked with
 # replay_main.c instead of libFuzzer, so gcc suffices; always ASan + UBSan,
 # as the fuzz targets are. The core is compiled once for all of them.
 REPLAY_TARGETS = url key parse call $(if $(wildcard shim/shim_conf.c),shimconf) \
-                 $(if $(wildcard redismod/tbucket_call.c),rmcall) \
+                 $(if $(wildcard redismod/rm_command.c),rmcall) \
                  $(if $(wildcard mod_tbucket/tbucket_form_parse.c),form)
 REPLAY_BIN = $(patsubst %,$(BUILD)/fuzz/replay_%,$(REPLAY_TARGETS))
 REPLAY_CFLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -172,14 +182,14 @@ $(LIBTB): $(CORE_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mod_tbucket/%.o: mod_tbucket/%.c shared/tb.h $(wildcard mod_tbucket/*.h)
+$(BUILD)/mod_tbucket/%.o: mod_tbucket/%.c $(TB_PUBLIC) $(wildcard mod_tbucket/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(MOD_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
 $(MOD_SO): $(MOD_OBJ) $(LIBTB)
 	$(CC) -shared -o $@ $(MOD_OBJ) $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/shim/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
+$(BUILD)/shim/%.o: shim/%.c $(TB_PUBLIC) $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(SHIM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
@@ -188,7 +198,7 @@ $(SHIM_SO): $(SHIM_OBJ) $(LIBTB) shim/tb_shim.map
 	    -Wl,--version-script=shim/tb_shim.map -Wl,--exclude-libs,ALL \
 	    -lconfig -ldl $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
-$(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) shared/tb.h \
+$(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) $(TB_PUBLIC) \
     shared/algo/tb_algo_int.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(RM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
@@ -204,16 +214,22 @@ install-redismod: $(RM_SO)
 	$(INSTALL) -d "$(DESTDIR)$(REDIS_MODDIR)"
 	$(INSTALL) -m 755 $(RM_SO) "$(DESTDIR)$(REDIS_MODDIR)/tbucket_redis.so"
 
-# The tool reads shim configs with the shim's own loader.
-$(BUILD)/tbucket: tools/tbucket.c $(BUILD)/shim/shim_conf.o $(LIBTB) \
-    shared/tb.h shim/tb_shim.h
+$(BUILD)/tools/%.o: tools/%.c tools/tbucket_tool.h $(TB_PUBLIC) shim/tb_shim.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(BUILD)/shim/shim_conf.o $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared -Ishim $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(SHIMCONF_LIB): $(patsubst %,$(BUILD)/shim/%.o,$(SHIMCONF))
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tbucket: $(TOOL_OBJ) $(SHIMCONF_LIB) $(LIBTB)
+	$(CC) -o $@ $(TOOL_OBJ) $(SHIMCONF_LIB) $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) -lconfig $(TB_LDFLAGS) $(LDFLAGS)
 
 $(TPROG_DRIVERS): $(TPROG)/%: $(TPROG_SRC)/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) $(CFLAGS) $< -o $@ $(LIBTB) $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 $(TPROG)/tb_driver $(TPROG)/tb_batch: $(TPROG_SRC)/driver_common.h
+$(TPROG)/prefork_srv $(TPROG)/thread_srv: $(TPROG_SRC)/progs_listen.h
 $(TPROG)/tb_driver: $(TPROG_SRC)/driver_rules.h
 
 $(TPROG_PLAIN): $(TPROG)/%: $(TPROG_SRC)/%.c
@@ -251,15 +267,15 @@ $(REPLAY_DIR)/shared/algo/tb_script.o: $(TB_SCRIPT_C) $(CORE_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: tests/fuzz/%.c tests/fuzz/fuzz_common.h shared/tb.h
+$(REPLAY_DIR)/%.o: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(TB_PUBLIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: shim/%.c shared/tb.h $(wildcard shim/*.h)
+$(REPLAY_DIR)/%.o: shim/%.c $(TB_PUBLIC) $(wildcard shim/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
 
-$(REPLAY_DIR)/%.o: redismod/%.c shared/tb.h $(wildcard redismod/*.h)
+$(REPLAY_DIR)/%.o: redismod/%.c $(TB_PUBLIC) $(wildcard redismod/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -Iredismod -c $< -o $@
 
@@ -267,9 +283,11 @@ $(BUILD)/fuzz/replay_%: $(REPLAY_DIR)/fuzz_%.o $(REPLAY_CORE)
 	$(CC) $(REPLAY_CFLAGS) -o $@ $< $(REPLAY_EXTRA) $(REPLAY_CORE) \
 	    -lhiredis $(TLS_LIBS) -lm -pthread $(REPLAY_LIBS)
 
-$(BUILD)/fuzz/replay_shimconf: $(REPLAY_DIR)/shim_conf.o
-$(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_DIR)/shim_conf.o
+REPLAY_SHIMCONF = $(patsubst %,$(REPLAY_DIR)/%.o,$(SHIMCONF))
+$(BUILD)/fuzz/replay_shimconf: $(REPLAY_SHIMCONF)
+$(BUILD)/fuzz/replay_shimconf: REPLAY_EXTRA = $(REPLAY_SHIMCONF)
 $(BUILD)/fuzz/replay_shimconf: REPLAY_LIBS = -lconfig -ldl
+$(REPLAY_DIR)/fuzz_shimconf.o: $(wildcard shim/*.h)
 $(REPLAY_DIR)/%.o: mod_tbucket/%.c $(wildcard mod_tbucket/*_parse.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -Imod_tbucket -c $< -o $@
@@ -278,12 +296,12 @@ $(BUILD)/fuzz/replay_form: $(REPLAY_DIR)/tbucket_form_parse.o
 $(BUILD)/fuzz/replay_form: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_form_parse.o
 $(REPLAY_DIR)/fuzz_form.o: REPLAY_CFLAGS += -Imod_tbucket
 $(REPLAY_DIR)/fuzz_form.o: mod_tbucket/tbucket_form_parse.h
-$(BUILD)/fuzz/replay_rmcall: $(REPLAY_DIR)/tbucket_call.o
-$(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/tbucket_call.o
+$(BUILD)/fuzz/replay_rmcall: $(REPLAY_DIR)/rm_command.o
+$(BUILD)/fuzz/replay_rmcall: REPLAY_EXTRA = $(REPLAY_DIR)/rm_command.o
 $(REPLAY_DIR)/fuzz_rmcall.o: REPLAY_CFLAGS += -Iredismod
 $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 # Kept between builds (make would delete them as intermediate files).
-.SECONDARY: $(REPLAY_CORE) $(REPLAY_DIR)/shim_conf.o $(REPLAY_DIR)/tbucket_call.o \
+.SECONDARY: $(REPLAY_CORE) $(REPLAY_SHIMCONF) $(REPLAY_DIR)/rm_command.o \
     $(REPLAY_DIR)/tbucket_form_parse.o \
     $(patsubst %,$(REPLAY_DIR)/fuzz_%.o,$(REPLAY_TARGETS))
 
@@ -291,12 +309,15 @@ $(REPLAY_DIR)/fuzz_rmcall.o: $(wildcard redismod/*.h)
 $(patsubst %,$(BUILD)/tests/test_%,gcra fwindow swindow slog twin_store): \
     tests/unit/algo_vectors.h
 # unit_common.h: requests, guarded table memory, threads and children.
-$(patsubst %,$(BUILD)/tests/test_%,call client inflight lease local shlock slog \
+$(patsubst %,$(BUILD)/tests/test_%,adapt call client inflight lease local shlock slog \
     topk): tests/unit/unit_common.h
+
+# test_local halts a holder inside the table's lock, in tb_bucket_take.
+$(BUILD)/tests/test_local: UNIT_WRAP = -Wl,--wrap=tb_bucket_take
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIBTB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) -Wno-missing-prototypes $(CFLAGS) $< -o $@ $(LIBTB) -lcmocka $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
+	$(CC) $(CPPFLAGS) -D_GNU_SOURCE -Ishared $(TB_CFLAGS) -Wno-missing-prototypes $(CFLAGS) $< -o $@ $(UNIT_WRAP) $(LIBTB) -lcmocka $(HIREDIS_LIBS) $(TLS_LIBS) $(TB_LDFLAGS) $(LDFLAGS)
 
 deps:
 	@sh scripts/install-deps.sh

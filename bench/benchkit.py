@@ -7,11 +7,15 @@ run.py, floor_bench.py, tls_bench.py and conc.py import it; it measures
 nothing by itself.
 """
 
+import argparse
+import contextlib
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -430,3 +434,133 @@ def wrk(url, script, args, seconds, cpus, threads=2, conns=50):
                   r"timeout (\d+)", out)
     res["errors"] = sum(int(x) for x in m.groups()) if m else 0
     return res
+
+
+def write_figures(name, title, rows):
+    """Print a table of (figure, value, unit) rows under title and keep it
+    in bench/results/NAME.md."""
+    lines = [title + " (load average at the end %.2f)" % os.getloadavg()[0],
+             "", "| figure | value | unit |", "| --- | ---: | --- |"]
+    lines += ["| %s | %s | %s |" % r for r in rows]
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", name + ".md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+def module_args(name, doc):
+    """The options of a module bench (--build, --quick), the module's path
+    (None, said, when it is not built) and the CPUs of Redis and Apache
+    (the last one) and of the load generator (the first)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    so = os.path.join(os.path.abspath(a.build), "mod_tbucket.so")
+    if not os.path.exists(so):
+        print("%s: %s is not built: not measured" % (name, so))
+        so = None
+    ncpu = os.cpu_count() or 1
+    scpu, wcpu = (str(ncpu - 1), "0") if ncpu > 1 else (None, None)
+    return a, so, scpu, wcpu
+
+
+def calls_per_request(rd, url, key, n, cpus, cmds):
+    """Redis's calls per request of each command of cmds over exactly n
+    requests by ab (8 at a time, X-API-Key: key), and its microseconds
+    per call: {cmd: calls, cmd + "_usec": us}."""
+    rd.r.config_resetstat()
+    out = run(pin(cpus) + ["ab", "-q", "-k", "-n", str(n), "-c", "8", "-s",
+                           "10", "-H", "X-API-Key: " + key, url], 120)
+    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
+    # The last releases and charges come after the last responses.
+    time.sleep(0.2)
+    st = rd.r.info("commandstats")
+    res = {}
+    for cmd in cmds:
+        c = st.get("cmdstat_" + cmd, {})
+        res[cmd] = c.get("calls", 0) / done
+        res[cmd + "_usec"] = c.get("usec_per_call", 0.0)
+    return res
+
+
+def measured_wrk(srv, rd, url, script, args, seconds, cpus):
+    """wrk as wrk() runs it, with the server's and Redis's CPU per
+    request added (server_cpu_us, redis_cpu_us)."""
+    pids = srv.pids()
+    s0, r0 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
+    r = wrk(url, script, args, seconds, cpus)
+    s1, r1 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
+    req = max(r["requests"], 1)
+    r["server_cpu_us"] = (s1 - s0) * TICK_US / req
+    r["redis_cpu_us"] = (r1 - r0) * TICK_US / req
+    return r
+
+
+def alternating_rounds(srv, rd, variants, rounds, seconds, cpus, tag):
+    """measured_wrk (thread_key.lua) on each (name, path) of variants for
+    seconds, rounds times, the order reversed every other round so that
+    neither always runs first on a warm machine: {name: [results]}."""
+    for name, path in variants:
+        wrk(srv.url(path + "ok.txt"), "thread_key.lua", ["warm" + name], 1,
+            cpus)
+    res = {name: [] for name, _ in variants}
+    for i in range(rounds):
+        order = variants if i % 2 == 0 else tuple(reversed(variants))
+        for name, path in order:
+            r = measured_wrk(srv, rd, srv.url(path + "ok.txt"),
+                             "thread_key.lua", ["r%d%s" % (i, name)],
+                             seconds, cpus)
+            res[name].append(r)
+            log("%s: %-7s round %d: %8.0f req/s p99 %.2f ms non-2xx %d"
+                % (tag, name, i, r["rps"], r.get("p99", -1), r["non2xx"]))
+    return res
+
+
+def round_rows(name, rs):
+    """The figures of one variant's rounds (measured_wrk results) as
+    (figure, value, unit) rows: median requests/s, p99 and CPU per
+    request of the server and of Redis."""
+    return [("http.%s.rps" % name, round(median([r["rps"] for r in rs])),
+             "req/s"),
+            ("http.%s.p99" % name, round(median([r.get("p99", 0)
+                                                 for r in rs]), 3), "ms"),
+            ("http.%s.server_cpu_per_request" % name,
+             round(median([r["server_cpu_us"] for r in rs]), 1), "us"),
+            ("http.%s.redis_cpu_per_request" % name,
+             round(median([r["redis_cpu_us"] for r in rs]), 1), "us")]
+
+
+def calls_rows(rd, srv, name, path, cpus, cmds):
+    """Redis's calls per request and microseconds per call of each of
+    cmds, over 2,000 requests of path, as rows."""
+    c = calls_per_request(rd, srv.url(path + "ok.txt"), "ab-%s-%d" % (
+        path.strip("/"), os.getpid()), 2000, cpus, cmds)
+    rows = []
+    for cmd in cmds:
+        rows.append(("redis.%s.%s_per_request" % (name, cmd),
+                     round(c[cmd], 3), "calls"))
+        if c[cmd]:
+            rows.append(("redis.%s.%s_usec_per_call" % (name, cmd),
+                         round(c[cmd + "_usec"], 2), "us"))
+    return rows
+
+
+@contextlib.contextmanager
+def redis_and_server(prefix, cpus, make_server):
+    """A temp dir (0755, so that Apache's children may enter it), a Redis
+    on cpus and the server make_server(tmp, redis) starts: (redis,
+    server), both stopped by PID and the dir removed on leaving."""
+    tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(tmp, 0o755)
+    rd = Redis(tmp, cpus).start()
+    srv = None
+    try:
+        srv = make_server(tmp, rd)
+        yield rd, srv
+    finally:
+        if srv is not None:
+            srv.stop()
+        rd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

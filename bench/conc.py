@@ -21,13 +21,9 @@ Prints a Markdown table and writes bench/results/conc.md. Uses the
 helpers of bench/run.py (Redis, wrk, pinning); `make bench` runs it after
 run.py.
 """
-import argparse
 import os
-import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import benchkit as bench
@@ -117,106 +113,34 @@ class Apache:
         bench.stop_pid(self.proc, timeout=15)
 
 
-def calls_per_request(rd, srv, path, n, cpus):
-    """EVALSHA and ZREM per request over exactly n requests, and Redis's
-    microseconds per call of each."""
-    # Requests wrk left in flight release their slots after it stops.
-    time.sleep(0.5)
-    rd.r.config_resetstat()
-    out = bench.run(bench.pin(cpus) + [
-        "ab", "-q", "-k", "-n", str(n), "-c", "8", "-s", "10", "-H",
-        "X-API-Key: ab-%s-%d" % (path.strip("/"), os.getpid()),
-        srv.url(path + "ok.txt")], 120)
-    done = int(re.search(r"Complete requests:\s+(\d+)", out).group(1))
-    # The last releases come after the last responses.
-    time.sleep(0.2)
-    st = rd.r.info("commandstats")
-    out = {}
-    for cmd in ("evalsha", "zrem"):
-        c = st.get("cmdstat_" + cmd, {})
-        out[cmd] = c.get("calls", 0) / done
-        out[cmd + "_usec"] = c.get("usec_per_call", 0.0)
-    return out
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", default=os.path.join(bench.ROOT, "build"))
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args()
-    so = os.path.join(os.path.abspath(a.build), "mod_tbucket.so")
-    if not os.path.exists(so):
-        print("conc: %s is not built: not measured" % so)
+    a, so, scpu, wcpu = bench.module_args("conc", __doc__)
+    if so is None:
         return 1
     rounds, seconds = (2, 2) if a.quick else (5, 3)
-    ncpu = os.cpu_count() or 1
-    scpu, wcpu = (str(ncpu - 1), "0") if ncpu > 1 else (None, None)
-    tmp = tempfile.mkdtemp(prefix="tbconc-", dir="/tmp")
-    os.chmod(tmp, 0o755)
-    rd = bench.Redis(tmp, scpu).start()
-    srv = None
     rows = []
-    try:
-        srv = Apache(tmp, scpu, so, rd.url).start()
+    with bench.redis_and_server(
+            "tbconc-", scpu,
+            lambda tmp, rd: Apache(tmp, scpu, so, rd.url).start()) as (rd,
+                                                                        srv):
         variants = (("rate", "/rate/"), ("conc", "/conc/"))
-        for name, path in variants:
-            bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
-                      ["warm" + name], 1, wcpu)
-        res = {name: [] for name, _ in variants}
-        for i in range(rounds):
-            order = variants if i % 2 == 0 else tuple(reversed(variants))
-            for name, path in order:
-                pids = srv.pids()
-                s0, r0 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
-                r = bench.wrk(srv.url(path + "ok.txt"), "thread_key.lua",
-                              ["r%d%s" % (i, name)], seconds, wcpu)
-                s1, r1 = bench.cpu_ticks(pids), bench.cpu_ticks([rd.proc.pid])
-                req = max(r["requests"], 1)
-                r["server_us"] = (s1 - s0) * bench.TICK_US / req
-                r["redis_us"] = (r1 - r0) * bench.TICK_US / req
-                res[name].append(r)
-                bench.log("conc: %-4s round %d: %8.0f req/s p99 %.2f ms "
-                          "non-2xx %d" % (name, i, r["rps"],
-                                          r.get("p99", -1), r["non2xx"]))
+        res = bench.alternating_rounds(srv, rd, variants, rounds, seconds,
+                                       wcpu, "conc")
         for name, _ in variants:
-            rows.append(("http.%s.rps" % name,
-                         round(bench.median([r["rps"] for r in res[name]])),
-                         "req/s"))
-            rows.append(("http.%s.p99" % name,
-                         round(bench.median([r.get("p99", 0)
-                                             for r in res[name]]), 3), "ms"))
-            for k in ("server_us", "redis_us"):
-                rows.append(("http.%s.%s_cpu_per_request" % (name, k[:-3]),
-                             round(bench.median([r[k] for r in res[name]]),
-                                   1), "us"))
+            rows += bench.round_rows(name, res[name])
         ratio = bench.median([c["rps"] / r["rps"] for c, r in
                               zip(res["conc"], res["rate"])])
         rows.append(("http.ratio.conc_over_rate", round(ratio, 3), "x"))
         for name, path in variants:
-            c = calls_per_request(rd, srv, path, 2000, wcpu)
-            for cmd in ("evalsha", "zrem"):
-                rows.append(("http.%s.%s_per_request" % (name, cmd),
-                             round(c[cmd], 3), "calls"))
-                if c[cmd]:
-                    rows.append(("redis.%s.%s_usec_per_call" % (name, cmd),
-                                 round(c[cmd + "_usec"], 2), "us"))
+            # Requests wrk left in flight release their slots after it
+            # stops.
+            time.sleep(0.5)
+            rows += bench.calls_rows(rd, srv, name, path, wcpu,
+                                     ("evalsha", "zrem"))
         left = len(rd.r.keys("bench:*:conc"))
         rows.append(("redis.conc_sets_left", left, "keys"))
-    finally:
-        if srv is not None:
-            srv.stop()
-        rd.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    lines = ["conc.py: a concurrency limit nothing reaches against the rate "
-             "limit alone (load average at the end %.2f)"
-             % os.getloadavg()[0], "",
-             "| figure | value | unit |", "| --- | ---: | --- |"]
-    lines += ["| %s | %s | %s |" % r for r in rows]
-    text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(bench.HERE, "results"), exist_ok=True)
-    with open(os.path.join(bench.HERE, "results", "conc.md"), "w") as f:
-        f.write(text)
-    print(text)
+    bench.write_figures("conc", "conc.py: a concurrency limit nothing reaches "
+                        "against the rate limit alone", rows)
     return 0
 
 

@@ -3,25 +3,13 @@
  *   EVLOOP_PORT=8081 EVLOOP_LOG=/tmp/probe.log \
  *       LD_PRELOAD=build/evloop_probe.so some-client
  *
- * A measuring tool, never loaded by the shim. It wraps connect() and the
- * epoll wait calls of a real program, and at each connect() to
- * EVLOOP_PORT appends one line to EVLOOP_LOG with the two signals the
- * shim could use to recognise an event loop cheaply at that moment:
- *
- *   in_epoll    the fd being connected is already in an epoll set of the
- *               process. Linux tells this only from the epoll side: the
- *               probe reads /proc/self/fd and the fdinfo of every epoll
- *               fd ("tfd: N" lines). scan_ns is the time of that scan.
- *   epoll_thr   this thread has called epoll_wait/epoll_pwait before
- *               (a thread-local flag set by the wrappers; one store per
- *               wait call, one load per connect).
- *   nonblock    the socket has O_NONBLOCK.
- *
- * bench/evloop_probe.py runs the clients and servers the shim is used
- * with and tabulates the lines. Line format (key=value):
- *   prog=NAME pid=N fd=N nonblock=0|1 in_epoll=0|1 epoll_thr=0|1
- *   epoll_fds=N fds=N scan_ns=N
- */
+ * A measuring tool, never loaded by the shim: it wraps connect() and the
+ * epoll wait calls of a real program and, at each connect() to
+ * EVLOOP_PORT, logs the signals the shim could use to recognise an event
+ * loop (the fd already in an epoll set, this thread having waited in
+ * epoll, O_NONBLOCK) and what reading them cost. bench/evloop_probe.py
+ * runs the clients and tabulates; docs/design.md ("File notes") gives the
+ * line format. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

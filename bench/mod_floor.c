@@ -1,24 +1,13 @@
 /* mod_floor.c -- the one-round-trip floor of bench/: a module that sends
  * one blocking PING to Redis per request and does nothing else.
  *
- * A rate limiter that asks Redis on every request cannot beat one
- * blocking round trip per request; this module is that round trip with
- * no limiter around it: a thread-local hiredis connection (no pool, no
- * lock, no script, no key), one PING in the access checker, the reply
- * checked and freed. bench/run.py serves the same static file through a
- * bare Apache, this module and mod_tbucket in the same run, so "module
- * over floor" says what the limiter costs beyond the round trip itself,
- * and a figure above 1 says its requests share round trips.
- *
- *   FloorRedis HOST PORT    (server scope) PING this Redis on every
- *                           initial request; without it the module does
- *                           nothing.
- *
- * A PING that fails answers 503 and drops the connection, so a broken
- * floor shows as non-2xx responses in wrk's output, never as speed. The
- * connection is opened on a thread's first request (after the fork, so
- * prefork children never share one) and lives as long as the thread.
- */
+ * A limiter that asks Redis on every request cannot beat one blocking
+ * round trip per request; this module is that round trip with no limiter
+ * around it (a thread-local hiredis connection, one PING in the access
+ * checker), so "module over floor" in bench/run.py says what mod_tbucket
+ * costs beyond it. `FloorRedis HOST PORT` (server scope) turns it on; a
+ * PING that fails answers 503 and drops the connection, so a broken floor
+ * shows as non-2xx responses, never as speed. */
 #include <stdlib.h>
 #include <sys/time.h>
 

@@ -54,11 +54,11 @@ import time
 import benchkit
 import tls_bench
 from benchkit import (Apache, BUDGET_S, HERE, MISSES, NCPU, Peer, ROOT, ROWS,
-                      Redis, THREADS_PER_CHILD, TICK_US, T_START, build_tools,
-                      child_pids, cpu_ticks, embedded_sha, free_port, kv, log,
+                      Redis, THREADS_PER_CHILD, T_START, build_tools,
+                      child_pids, embedded_sha, free_port, kv, log,
                       median, miss, module_conf, over_budget, pin, record,
                       redis_benchmark, run, script_path, script_text,
-                      tb_bench, wrk)
+                      tb_bench, wrk, measured_wrk)
 from floor_bench import part_floor
 
 
@@ -454,14 +454,8 @@ def part_http(a, rd, tmp, build, tool):
                 break
             order = variants if i % 2 == 0 else list(reversed(variants))
             for name, srv, path, script in order:
-                pids = srv.pids()
-                s0, r0 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
-                r = wrk(srv.url(path), script, ["r%d%s" % (i, name)],
-                        a.http_seconds, wcpu)
-                s1, r1 = cpu_ticks(pids), cpu_ticks([rd.proc.pid])
-                req = max(r["requests"], 1)
-                r["server_cpu_us"] = (s1 - s0) * TICK_US / req
-                r["redis_cpu_us"] = (r1 - r0) * TICK_US / req
+                r = measured_wrk(srv, rd, srv.url(path), script,
+                                 ["r%d%s" % (i, name)], a.http_seconds, wcpu)
                 results[name].append(r)
                 log("wrk %-10s round %d: %8.0f req/s p50 %.2f ms p99 %.2f "
                     "ms non-2xx %d errors %d cpu/req server %.1f us redis "

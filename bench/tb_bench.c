@@ -1,31 +1,16 @@
 /* tb_bench.c -- the core alone: N threads calling tb_client_decide().
  *
- * Each thread decides in a loop against the Redis it is given, for a fixed
- * number of decisions or a fixed time, whichever ends first, through one
- * shared client whose pool has one connection per thread (so no thread
- * waits for a connection: the figure is the core plus one round trip, the
- * same shape as redis-benchmark with as many connections). It prints one
- * line of key=value pairs for bench/run.py.
+ *   tb_bench -u URL [-t THREADS] [-n DECISIONS] [-d SECONDS]
+ *            [-k one|thread|distinct] [-c CAPACITY] [-r RATE_PER_SEC]
+ *            [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] [-A TLS_CA_FILE]
+ *            [-p POOL] [-E auto|script|module]
  *
- * Keys: `one` (every thread on one bucket, as redis-benchmark with a fixed
- * key), `thread` (one bucket per thread) or `distinct` (a new bucket per
- * decision). The limit defaults to one nothing reaches, so every decision
- * is an allowed one that writes the bucket.
- *
- * Under callgrind, run it with -t 1: the measured loop is the function
- * bench_loop(), so `--toggle-collect=bench_loop` counts the decisions and
- * nothing of the start-up, the connect or the warm-up.
- *
- * Usage: tb_bench -u URL [-t THREADS] [-n DECISIONS] [-d SECONDS]
- *                 [-k one|thread|distinct] [-c CAPACITY] [-r RATE_PER_SEC]
- *                 [-w WARMUP_PER_THREAD] [-T TIMEOUT_MS] [-A TLS_CA_FILE]
- *                 [-p POOL]
- *
- * -A is the CA file of a rediss:// URL (tls_ca), for the TLS figures; -p
- * a pool smaller than the threads, so that decisions share writes and
- * reads (batches) as under a threaded MPM. The command timeout defaults
- * to 5000 ms.
- */
+ * Each thread decides in a loop, for a count or a time, through one shared
+ * client whose pool has a connection per thread (-p fewer, to batch as a
+ * threaded MPM does); keys are one bucket, one per thread or a new one per
+ * decision; the limit is one nothing reaches. It prints one key=value line
+ * for bench/run.py. Under callgrind, run -t 1 with
+ * --toggle-collect=bench_loop: only the decisions are counted. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -154,16 +139,70 @@ static void usage(void)
     exit(2);
 }
 
+/* The command line: what to run, into b and o (its url, pool and timeout
+ * set at the end), and the threads, count and duration. */
+typedef struct args {
+    int threads;
+    uint64_t total;
+    double seconds;
+} args_t;
+
+static void parse_args(int argc, char **argv, bench_t *b, tb_options_t *o,
+                       args_t *a)
+{
+    int timeout_ms = 5000, pool = 0, opt, e;
+
+    while ((opt = getopt(argc, argv, "u:t:n:d:k:c:r:w:T:A:p:E:")) != -1) {
+        switch (opt) {
+        case 'u': o->url = optarg; break;
+        case 't': a->threads = atoi(optarg); break;
+        case 'n': a->total = strtoull(optarg, NULL, 10); break;
+        case 'd': a->seconds = atof(optarg); break;
+        case 'k':
+            if (strcmp(optarg, "one") == 0) b->keys = KEYS_ONE;
+            else if (strcmp(optarg, "thread") == 0) b->keys = KEYS_THREAD;
+            else if (strcmp(optarg, "distinct") == 0) b->keys = KEYS_DISTINCT;
+            else usage();
+            break;
+        case 'c': b->take.limit.capacity = atof(optarg); break;
+        case 'r': b->take.limit.rate_per_sec = atof(optarg); break;
+        case 'w': b->warmup = strtoull(optarg, NULL, 10); break;
+        case 'T': timeout_ms = atoi(optarg); break;
+        case 'A': o->tls.ca_file = optarg; break;
+        case 'p': pool = atoi(optarg); break;
+        case 'E':
+            /* The engine asked for: callgrind compares the client's cost
+             * of a script call with a module call on the same Redis. */
+            e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, optarg, 0);
+            if (e < 0) usage();
+            o->engine = (tb_engine_t)e;
+            break;
+        default: usage();
+        }
+    }
+    if (!o->url || a->threads < 1 || a->threads > MAX_THREADS
+        || (a->total == 0 && a->seconds <= 0)) {
+        usage();
+    }
+    o->pool_size = pool > 0 ? pool : a->threads;
+    /* Generous: on a loaded 2-core machine a 50 ms timeout would turn
+     * scheduling delays into policy answers and trip the breaker, and
+     * with a load average of 25 one run of 50 threads saw Redis answer
+     * later than 1 s. */
+    o->timeout_ms = timeout_ms;
+    o->breaker_threshold = 1000000;
+}
+
 int main(int argc, char **argv)
 {
     static worker_t w[MAX_THREADS];
     bench_t b;
     tb_options_t o;
+    args_t a = { 1, 0, 0 };
     char err[256];
-    const char *url = NULL;
-    int threads = 1, timeout_ms = 5000, pool = 0, opt, i;
-    uint64_t total = 0, done = 0, allowed = 0, rejected = 0, failed = 0;
-    double seconds = 0;
+    int threads, i;
+    uint64_t done = 0, allowed = 0, rejected = 0, failed = 0;
+    double seconds;
     int64_t t0, t1;
 
     memset(&b, 0, sizeof(b));
@@ -173,54 +212,18 @@ int main(int argc, char **argv)
     b.take.cost = 1;
     b.warmup = 10;
     tb_options_init(&o);
-    while ((opt = getopt(argc, argv, "u:t:n:d:k:c:r:w:T:A:p:E:")) != -1) {
-        switch (opt) {
-        case 'u': url = optarg; break;
-        case 't': threads = atoi(optarg); break;
-        case 'n': total = strtoull(optarg, NULL, 10); break;
-        case 'd': seconds = atof(optarg); break;
-        case 'k':
-            if (strcmp(optarg, "one") == 0) b.keys = KEYS_ONE;
-            else if (strcmp(optarg, "thread") == 0) b.keys = KEYS_THREAD;
-            else if (strcmp(optarg, "distinct") == 0) b.keys = KEYS_DISTINCT;
-            else usage();
-            break;
-        case 'c': b.take.limit.capacity = atof(optarg); break;
-        case 'r': b.take.limit.rate_per_sec = atof(optarg); break;
-        case 'w': b.warmup = strtoull(optarg, NULL, 10); break;
-        case 'T': timeout_ms = atoi(optarg); break;
-        case 'A': o.tls.ca_file = optarg; break;
-        case 'p': pool = atoi(optarg); break;
-        case 'E': {
-            /* The engine asked for: callgrind compares the client's cost
-             * of a script call with a module call on the same Redis. */
-            int e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, optarg, 0);
-            if (e < 0) usage();
-            o.engine = (tb_engine_t)e;
-            break;
-        }
-        default: usage();
-        }
-    }
-    if (!url || threads < 1 || threads > MAX_THREADS
-        || (total == 0 && seconds <= 0)) {
-        usage();
-    }
-    o.url = url;
-    o.pool_size = pool > 0 ? pool : threads;
-    /* Generous: on a loaded 2-core machine a 50 ms timeout would turn
-     * scheduling delays into policy answers and trip the breaker, and
-     * with a load average of 25 one run of 50 threads saw Redis answer
-     * later than 1 s. */
-    o.timeout_ms = timeout_ms;
-    o.breaker_threshold = 1000000;
+    o.url = NULL;
+    parse_args(argc, argv, &b, &o, &a);
+    threads = a.threads;
+    seconds = a.seconds;
     b.client = tb_client_create(&o, err, sizeof(err));
     if (!b.client) {
         fprintf(stderr, "tb_bench: %s\n", err);
         return 1;
     }
-    b.per_thread = total ? (total + (uint64_t)threads - 1) / (uint64_t)threads
-                         : 0;
+    b.per_thread = a.total ? (a.total + (uint64_t)threads - 1)
+                             / (uint64_t)threads
+                           : 0;
     pthread_barrier_init(&b.ready, NULL, (unsigned)threads + 1);
     pthread_barrier_init(&b.start, NULL, (unsigned)threads + 1);
     for (i = 0; i < threads; i++) {

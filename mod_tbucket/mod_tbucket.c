@@ -1,47 +1,14 @@
-/* mod_tbucket.c -- shared Redis token-bucket rate limits for Apache httpd.
+/* mod_tbucket.c -- shared Redis token-bucket rate limits for Apache httpd:
+ * the module record, the hooks and the request path.
  *
- * Every replica of a server checks and deducts the same buckets in Redis,
- * through libtb (shared/tb.h), in one round trip per request, so a
- * client's limit does not depend on how many replicas there are. This file
- * holds the module record, the hooks and the request path: check_access
- * and fixups decide each request, first by local protection (shedding and
- * local concurrency limits, tbucket_local.c, no Redis), then by the shared
- * limit (its key, the buckets it takes, shard and lease, the decision),
- * and answer it. The files below it: directives in tbucket_config.c,
- * their records in tbucket_records.c, the checks across scopes in
- * tbucket_check.c, each child's clients in tbucket_client.c, the shared
- * memory segment in tbucket_shm.c, leases and settlements in
- * tbucket_lease.c and tbucket_settle.c, the status page in
- * tbucket_status.c, tbucket_status_html.c and tbucket_metrics.c. The
- * directives' manual is docs/reference.txt.
- *
- * A limited request is counted once, however many sub-requests, internal
- * redirects (PHP through mod_actions) or ErrorDocument redirects it makes.
- * Rejected requests get 429, Retry-After in whole seconds (at least 1) and
- * {"error":"rate limited","retry_after":N} unless ErrorDocument 429 is
- * set. A cost that can never fit a bucket gets 403 with a body saying so.
- * TBUCKET_DECISION and TBUCKET_REMAINING are set in the environment of the
- * final request, for CGI, PHP and LogFormat %{...}e. Leases are
- * tbucket_lease.c's, and settling the cost a response reports
- * (TBucketCostHeader) is tbucket_settle.c's: a decision here records
- * what both need.
- *
- * Every decision of the shared limit is also counted for the status
- * page: under its rule (the section that set TBucketLimit) by outcome,
- * and under its key in the segment's heavy hitters (TBucketTopKeys). A
- * refusal is logged, one line of a stable format at TBucketRefusalLog's
- * level (fail2ban reads it). Local protection's refusals are per scope
- * and priority, never per key: neither counts them.
- *
- * A concurrency limit (TBucketConcurrency) takes a slot in the same call
- * and gives it back once, when the chain's first request's pool is
- * destroyed: that pool is shared by the chain's internal redirects, and
- * httpd destroys it once, after the response is written (the EOR bucket),
- * whatever the end: success, error status, ErrorDocument, an aborted
- * client or a handler that timed out. log_transaction would run at the
- * same moment, but a pool cleanup cannot be skipped or run twice. A
- * refusal by concurrency gets 429, Retry-After: 1 and
- * {"error":"too many concurrent requests","limit":N}.
+ * check_access and fixups decide each request, first by local protection
+ * (tbucket_local.c, no Redis), then by the shared limit: its key, the
+ * buckets it takes, shard and lease, one decision through libtb
+ * (shared/tb.h). The answer (429/403, the headers, the refusal line) is
+ * tbucket_answer.c's. A limited request is counted once, however many
+ * sub-requests and internal redirects it makes. mod_tbucket/README.md
+ * lists the other files; the longer story is in docs/design.md ("File
+ * notes"), the directives' manual in docs/reference.txt.
  */
 #include "apr_atomic.h"
 #include "apr_general.h"
@@ -66,9 +33,9 @@
 static apr_uint64_t shard_seed;
 static volatile apr_uint32_t shard_seq;
 
-/* A concurrency slot held by a request chain, released by a cleanup on
- * the chain's first request's pool. The request is copied: the release
- * needs its prefix, key and ttl after the request's own data is gone. */
+/* A concurrency slot held by a request chain, released when its response
+ * ends (tbucket_release.c). The request is copied: the release needs its
+ * prefix, key and ttl after the request's own data is gone. */
 typedef struct tbucket_held {
     tbucket_srv_conf *sc;
     tb_request_t q;
@@ -97,7 +64,7 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
     tbucket_rules_setup(main_s);
     tbucket_named_rules_setup(main_s);
     tbucket_lease_setup(pconf, main_s);
-    return OK;
+    return tbucket_cpu_post_config(main_s);
 }
 
 static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
@@ -106,6 +73,7 @@ static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
     (void)plog;
     (void)ptemp;
     tbucket_local_pre_config(pconf);
+    tbucket_cpu_pre_config();
     tbucket_rules_pre_config(pconf);
     tbucket_named_rules_pre_config(pconf);
     return OK;
@@ -120,6 +88,7 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
                      ^ (apr_uint64_t)apr_time_now();
     }
     tbucket_local_child_init();
+    tbucket_cpu_child_init();
     tbucket_clients_child_init(pchild, main_s);
 }
 
@@ -287,87 +256,11 @@ static tbucket_outcome outcome_of(const tb_result_t *res, int shadow)
     return res->banned ? TBUCKET_OUT_BANNED : TBUCKET_OUT_REJECTED;
 }
 
-static apr_int64_t ceil_div(double a, double b)
-{
-    double q = a / b;
-    apr_int64_t n = (apr_int64_t)q;
-
-    return (double)n < q ? n + 1 : n;
-}
-
-/* X-RateLimit-* and/or the IETF draft's RateLimit-Policy / RateLimit, in
- * err_headers_out so they survive error responses, CGI output and
- * internal redirects (which share err_headers_out). */
-static void add_limit_headers(request_rec *r, const tbucket_dir_conf *dc,
-                        const tb_take_t *takes, const tb_result_t *res,
-                        apr_int64_t retry_s)
-{
-    int mode = dc->headers == -1 ? TBUCKET_HDR_LEGACY : dc->headers;
-    const tb_take_t *b = &takes[res->binding];
-    /* While the local failure policy decides, it decides on this
-     * server's share of the bucket: the headers describe that one. */
-    double share = res->source == TB_SRC_LOCAL && res->limit > 0
-                   && res->limit < b->limit.capacity
-                   ? res->limit / b->limit.capacity : 1;
-    tb_limit_t lim = { b->limit.capacity * share,
-                       b->limit.rate_per_sec * share };
-    apr_int64_t cap = (apr_int64_t)lim.capacity;
-    apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
-    apr_int64_t t;
-
-    if (left > cap) {
-        left = cap;
-    }
-    if (mode == TBUCKET_HDR_LEGACY || mode == TBUCKET_HDR_BOTH) {
-        apr_table_setn(r->err_headers_out, "X-RateLimit-Limit",
-                       apr_psprintf(r->pool, "%" APR_INT64_T_FMT, cap));
-        apr_table_setn(r->err_headers_out, "X-RateLimit-Remaining",
-                       apr_psprintf(r->pool, "%" APR_INT64_T_FMT, left));
-    }
-    if (mode == TBUCKET_HDR_IETF || mode == TBUCKET_HDR_BOTH) {
-        const char *name = b->route ? b->route : "default";
-
-        /* t: seconds until the bucket is full again, or the wait. */
-        t = retry_s > 0 ? retry_s
-                        : ceil_div((double)(cap - left), lim.rate_per_sec);
-        apr_table_setn(r->err_headers_out, "RateLimit-Policy",
-                       apr_psprintf(r->pool, "\"%s\";q=%" APR_INT64_T_FMT
-                                    ";w=%" APR_INT64_T_FMT, name, cap,
-                                    ceil_div(lim.capacity,
-                                             lim.rate_per_sec)));
-        apr_table_setn(r->err_headers_out, "RateLimit",
-                       apr_psprintf(r->pool, "\"%s\";r=%" APR_INT64_T_FMT
-                                    ";t=%" APR_INT64_T_FMT, name, left, t));
-    }
-}
-
-/* Answer the request here with a small JSON body, unless an ErrorDocument
- * is set for the status, in which case httpd's error path serves it. */
-static int respond(request_rec *r, int status, const char *body)
-{
-    if (ap_response_code_string(r, ap_index_of_response(status))) {
-        return status;
-    }
-    /* Status first: the input filter then sends no 100-continue. */
-    r->status = status;
-    ap_discard_request_body(r);
-    /* We answer outside httpd's error path, so add what it would add:
-     * the filters of "Header always" (CORS, HSTS) and friends. */
-    ap_run_insert_error_filter(r);
-    ap_set_content_type(r, "application/json");
-    ap_set_content_length(r, (apr_off_t)strlen(body));
-    if (!r->header_only) {
-        ap_rputs(body, r);
-    }
-    return DONE;
-}
-
 /* ---- Concurrency slots ------------------------------------------------ */
 
-/* Give the chain's slot back: a pre-cleanup of the first request's
- * pool, which httpd destroys once, after the response is written (when
- * the EOR bucket goes), however the chain ended. A child on its way out
- * leaves the slot to expire. */
+/* Give the chain's slot back (one ZREM), once, at the end of its
+ * response (tbucket_release_at_end). A child on its way out leaves the
+ * slot to expire. */
 static apr_status_t release_slot(void *data)
 {
     tbucket_held *h = data;
@@ -389,9 +282,11 @@ static apr_status_t release_slot(void *data)
     return APR_SUCCESS;
 }
 
-/* Keep the slot a decision took until the chain ends. */
-static void hold_slot(request_rec *root, tbucket_srv_conf *sc,
-                      const tb_request_t *q, const tb_slot_t *slot)
+/* Keep the slot a decision of r took until r's chain, whose first
+ * request is root, ends. */
+static void hold_slot(request_rec *r, request_rec *root,
+                      tbucket_srv_conf *sc, const tb_request_t *q,
+                      const tb_slot_t *slot)
 {
     tbucket_held *h = apr_pcalloc(root->pool, sizeof(*h));
 
@@ -401,11 +296,7 @@ static void hold_slot(request_rec *root, tbucket_srv_conf *sc,
     h->q.key_len = q->key_len;
     h->q.concurrency_ttl_ms = q->concurrency_ttl_ms;
     h->slot = *slot;
-    /* A pre-cleanup: it runs first when the pool is destroyed, before
-     * the cleanups other modules registered later (mod_cgid's waits up
-     * to 10 ms for the script's process to be gone), so the slot is free
-     * by the time the client can send its next request. */
-    apr_pool_pre_cleanup_register(root->pool, h, release_slot);
+    tbucket_release_at_end(r, root, release_slot, h);
     tbucket_count_slot(sc, TBUCKET_SLOT_TAKEN);
 }
 
@@ -500,7 +391,7 @@ static int refuse_locally(request_rec *r, const tbucket_srv_conf *sc,
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00141)
                       "refused %s: %d requests of %s in flight already",
                       r->uri, full->limit, full->name);
-        return respond(r, HTTP_SERVICE_UNAVAILABLE, apr_psprintf(r->pool,
+        return tbucket_respond(r, HTTP_SERVICE_UNAVAILABLE, apr_psprintf(r->pool,
                        "{\"error\":\"too many requests in flight here\","
                        "\"limit\":%d,\"retry_after\":%d}\n", full->limit,
                        sc->shed_retry_s));
@@ -508,7 +399,7 @@ static int refuse_locally(request_rec *r, const tbucket_srv_conf *sc,
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00142)
                   "shed %s (priority %s): the server is busy", r->uri,
                   tbucket_priority_names[prio]);
-    return respond(r, HTTP_SERVICE_UNAVAILABLE, apr_psprintf(r->pool,
+    return tbucket_respond(r, HTTP_SERVICE_UNAVAILABLE, apr_psprintf(r->pool,
                    "{\"error\":\"server busy\",\"retry_after\":%d}\n",
                    sc->shed_retry_s));
 }
@@ -545,22 +436,6 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
     }
     return DECLINED;
 }
-
-/* One decision of the shared limit in the making: the request, its
- * buckets, what answered and how a refusal is told. */
-typedef struct tbucket_decision {
-    tb_take_t takes[TB_MAX_BUCKETS];
-    const tbucket_named_rule *which[TB_MAX_BUCKETS]; /* Each take's
-                                       * TBucketRule, NULL for the main
-                                       * bucket and routes.             */
-    tb_request_t q;
-    tb_result_t res;
-    apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
-                                       * 0 when allowed or the cost can
-                                       * never fit.                     */
-    int cost_exceeded;                /* Refused for good: 403.         */
-    int by_conc;                      /* Refused by TBucketConcurrency. */
-} tbucket_decision;
 
 /* Ask the shared limit about r: 1 when it decided (d->res), 0 when r is
  * not limited (no client in this process, arguments refused). */
@@ -614,43 +489,6 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     return 1;
 }
 
-/* The TBucketRule that bound a refusal of d, or NULL. */
-static const tbucket_named_rule *refusing_rule(const tbucket_decision *d)
-{
-    if (d->res.allowed || d->by_conc || !d->q.ntakes
-        || d->res.binding < 0 || d->res.binding >= d->q.ntakes) {
-        return NULL;
-    }
-    return d->which[d->res.binding];
-}
-
-/* The key d's refusal is about, as the status page and the log show it:
- * the refusing rule's key, else the request's (ip: it is the client's
- * address under the IP prefix). */
-static size_t shown_key(const tbucket_srv_conf *sc, const tbucket_decision *d,
-                        char *out)
-{
-    const tbucket_named_rule *ru = refusing_rule(d);
-
-    if (ru) {
-        const tb_take_t *t = &d->takes[d->res.binding];
-
-        return tb_key_show(t->key, t->key_len, 0, out);
-    }
-    return tb_key_show(d->q.key, d->q.key_len, d->q.prefix == sc->ip_prefix,
-                       out);
-}
-
-/* The name of the limit that decided d: the binding bucket's route,
- * NULL for the main bucket, or "concurrency" when the key's slots did. */
-static const char *binding_name(const tbucket_decision *d)
-{
-    if (!d->q.ntakes || d->by_conc) {
-        return "concurrency";
-    }
-    return d->takes[d->res.binding].route;
-}
-
 /* Count d for the status page: under its rule by outcome, and under its
  * key in the heavy hitters, unless the open or closed policy answered
  * (they say nothing about the key). A shadow refusal let the request
@@ -673,14 +511,14 @@ static void count_key(request_rec *r, const tbucket_dir_conf *dc,
     it.key = d->q.key;
     it.key_len = d->q.key_len;
     it.ip = d->q.prefix == sc->ip_prefix;
-    if (refusing_rule(d)) {
+    if (tbucket_refusing_rule(d)) {
         /* A rule's refusal is about the rule's key (the user name). */
         it.key = d->takes[d->res.binding].key;
         it.key_len = d->takes[d->res.binding].key_len;
         it.ip = 0;
     }
     it.vhost = (uint32_t)sc->vhost_slot;
-    it.limit = binding_name(d);
+    it.limit = tbucket_binding_name(d);
     tbucket_count_key(&it, !d->res.allowed
                            && o != TBUCKET_OUT_SHADOW_REJECTED,
                       r->request_time);
@@ -698,7 +536,7 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
 
     if (res->slot.kind != TB_SLOT_NONE) {
-        hold_slot(root, sc, &d->q, &res->slot);
+        hold_slot(r, root, sc, &d->q, &res->slot);
     }
     /* A sharded key's figure is an estimate (decide): never above the
      * capacity. */
@@ -709,8 +547,8 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     rq->decided = 1;
     rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res);
     rq->outcome = outcome_of(res, dc->shadow == 1);
-    if (refusing_rule(d)) {
-        rq->rule = refusing_rule(d)->name;
+    if (tbucket_refusing_rule(d)) {
+        rq->rule = tbucket_refusing_rule(d)->name;
     }
     if (dc->nrules) {
         tbucket_rules_count(&d->q, d->which, res);
@@ -721,136 +559,12 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT, left);
     set_env(r, rq);
     if (d->q.ntakes) {
-        add_limit_headers(r, dc, d->takes, res, d->retry_s);
+        tbucket_limit_headers(r, dc, d->takes, res, d->retry_s);
     }
     tbucket_count(sc, rq->outcome, d->cost_exceeded);
     count_refusal(sc, res);
     count_key(r, dc, sc, d, rq->outcome);
     return rq;
-}
-
-/* d's key as the status page shows it, for a log line: sanitised, so
- * it holds no control byte or space; its '"', '\\' and '%' are written
- * %22, %5C and %25, since httpd doubles every backslash of a message:
- * nothing a client sends can end the field or forge another one. */
-static const char *quoted_key(request_rec *r, const tbucket_srv_conf *sc,
-                              const tbucket_decision *d)
-{
-    char key[TB_TOPK_KEY_LEN], *quoted = apr_palloc(r->pool,
-                                                     3 * TB_TOPK_KEY_LEN);
-    size_t i, n = shown_key(sc, d, key), q = 0;
-
-    for (i = 0; i < n; i++) {
-        if (key[i] == '"' || key[i] == '\\' || key[i] == '%') {
-            q += apr_snprintf(quoted + q, 4, "%%%02X", (unsigned)key[i]);
-        }
-        else {
-            quoted[q++] = key[i];
-        }
-    }
-    quoted[q] = '\0';
-    return quoted;
-}
-
-/* The refusal line (TB00160), at TBucketRefusalLog's level, for tools
- * such as fail2ban: a stable format, documented in docs/reference.txt,
- * whose values are the client's address (r->useragent_ip: the real
- * client behind a trusted proxy, with mod_remoteip), the network its
- * limit counts (net=: the address, or an IPv6 client's TBucketIPv6Prefix
- * network, which a client rotating addresses inside it shares, so a
- * ban must be of the network), the key as the status page shows it,
- * quoted, the limit, the virtual host and the wait, then the refusing
- * TBucketRule and whether its ban refused. The failure policy's
- * refusals (Redis could not decide) are not the client's doing: the
- * local policy's are logged as TB00163, which the fail2ban filter does
- * not match, and the closed policy's not at all. */
-static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
-                        const tbucket_decision *d)
-{
-    static const int level[TBUCKET_REFUSAL_LOGS] = {
-        0, APLOG_NOTICE, APLOG_INFO, APLOG_DEBUG
-    };
-    const char *limit = binding_name(d), *ip = r->useragent_ip;
-    const tbucket_named_rule *ru = refusing_rule(d);
-    char net[TB_IP_KEY_LEN];
-
-    if (sc->refusal_log <= TBUCKET_REFUSAL_LOG_OFF
-        || sc->refusal_log >= TBUCKET_REFUSAL_LOGS
-        || d->res.source == TB_SRC_CLOSED) {
-        return;
-    }
-    /* httpd writes every notice whatever LogLevel says. */
-    if (level[sc->refusal_log] != APLOG_NOTICE
-        && !APLOG_R_IS_LEVEL(r, level[sc->refusal_log])) {
-        return;
-    }
-    if (d->res.source == TB_SRC_LOCAL) {
-        ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r,
-                      TBLOGNO(00163) "fallback refused client=%s key=\"%s\" "
-                      "(Redis could not decide: the local failure policy's "
-                      "share of the limit, not the client's own doing)", ip,
-                      quoted_key(r, sc, d));
-        return;
-    }
-    if (!ip || !tb_ip_key(ip, sc->ipv6_bits, net, sizeof(net))) {
-        apr_cpystrn(net, ip ? ip : "-", sizeof(net));
-    }
-    ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r, TBLOGNO(00160)
-                  "refused client=%s net=%s key=\"%s\" limit=\"%s\" "
-                  "vhost=\"%s\" retry_after=%" APR_INT64_T_FMT "%s%s%s", ip,
-                  net, quoted_key(r, sc, d), limit ? limit : "default",
-                  sc->vhost_name ? sc->vhost_name : "-", d->retry_s,
-                  ru ? " rule=" : "", ru ? ru->name : "",
-                  d->res.banned ? " banned" : "");
-}
-
-/* Answer r, which the shared limit refused: 403 for a cost that never
- * fits, else 429 with Retry-After. */
-static int refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
-                         const tbucket_srv_conf *sc, const tbucket_req *rq,
-                         const tbucket_decision *d)
-{
-    if (d->cost_exceeded) {
-        ap_log_rerror(APLOG_MARK, APLOG_INFO, 0, r, TBLOGNO(00111)
-                      "refused %s: its cost %.0f exceeds the capacity %.0f "
-                      "of a bucket it is charged to", r->uri, dc->cost,
-                      d->res.limit);
-        return respond(r, HTTP_FORBIDDEN, apr_psprintf(r->pool,
-                       "{\"error\":\"request cost exceeds the rate limit "
-                       "capacity\",\"cost\":%.0f,\"capacity\":%.0f}\n",
-                       dc->cost, d->res.limit));
-    }
-    log_refusal(r, sc, d);
-    apr_table_setn(r->err_headers_out, "Retry-After",
-                   apr_psprintf(r->pool, "%" APR_INT64_T_FMT, d->retry_s));
-    /* While the server is crowded, a refused client gives its worker
-     * back (under prefork a kept-alive 429 holds a whole process). */
-    if (tbucket_local_crowded(sc, apr_time_now())) {
-        r->connection->keepalive = AP_CONN_CLOSE;
-    }
-    if (d->by_conc) {
-        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00120)
-                      "refused %s: %" APR_INT64_T_FMT " of %d requests of "
-                      "its key in flight (%s)", r->uri, d->res.in_flight,
-                      dc->concurrency, tbucket_outcome_names[rq->outcome]);
-        return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
-                       "{\"error\":\"too many concurrent requests\","
-                       "\"limit\":%d}\n", dc->concurrency));
-    }
-    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00112)
-                  "rate limited %s (%s), retry after %" APR_INT64_T_FMT " s",
-                  r->uri, tbucket_outcome_names[rq->outcome], d->retry_s);
-    if (rq->rule) {
-        /* Rule names are [A-Za-z0-9_-]: nothing to escape. */
-        return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
-                       "{\"error\":\"%s\",\"rule\":\"%s\","
-                       "\"retry_after\":%" APR_INT64_T_FMT "}\n",
-                       d->res.banned ? "banned" : "rate limited", rq->rule,
-                       d->retry_s));
-    }
-    return respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
-                   "{\"error\":\"rate limited\",\"retry_after\":%"
-                   APR_INT64_T_FMT "}\n", d->retry_s));
 }
 
 /* The shared limit's decision for r: one call for the buckets and the
@@ -860,7 +574,7 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
                         tbucket_srv_conf *sc, request_rec *root)
 {
     tbucket_decision d;
-    const tbucket_req *rq;
+    tbucket_req *rq;
 
     if (!ask_shared(r, dc, sc, &d)) {
         return DECLINED;
@@ -878,7 +592,16 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
                                   : "over the limit", d.retry_s);
         return DECLINED;
     }
-    return refuse_shared(r, dc, sc, rq, &d);
+    rq->refused = 1;
+    return tbucket_refuse_shared(r, dc, sc, rq, &d);
+}
+
+int tbucket_chain_admitted(request_rec *root)
+{
+    const tbucket_req *rq = ap_get_module_config(root->request_config,
+                                                 &tbucket_module);
+
+    return !rq || !rq->refused;
 }
 
 /* Decide request r (not a sub-request) for the first time in its chain:
@@ -891,6 +614,10 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     tbucket_srv_conf *sc = srv_conf(r->server);
     int rc;
 
+    /* First: a low request that is shed or refused is answered at low's
+     * CPU step too, and the flood of them is what a critical page
+     * competes with. */
+    tbucket_cpu_enter(r, root, dc);
     if (!ap_get_module_config(root->request_config, &tbucket_module)
         && (rc = protect_locally(r, dc, sc, root)) != DECLINED) {
         return rc;
@@ -966,6 +693,8 @@ static void register_hooks(apr_pool_t *p)
     tbucket_settle_register();
     tbucket_local_register();
     tbucket_rules_register();
+    tbucket_release_register();
+    tbucket_cpu_register();
 }
 
 AP_DECLARE_MODULE(tbucket) = {

@@ -150,7 +150,7 @@ typedef enum {
 
 extern const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS];
 
-/* ---- Shared memory slots (the segment is private to tbucket_shm.c) -- */
+/* ---- Shared memory slots (the layout is tbucket_shm_int.h's) ------- */
 
 #define TBUCKET_NAME_LEN 160          /* Bytes, NUL included.           */
 
@@ -198,7 +198,11 @@ typedef struct tbucket_local_scope {
     const char *name;                 /* The sections around the
                                        * directive, e.g. "<VirtualHost
                                        * *:80> <Location /api>".        */
-    int limit;                        /* N: places in flight at most.   */
+    int limit;                        /* N: places in flight at most;
+                                       * with auto the cap's max (0:
+                                       * MaxRequestWorkers, set in
+                                       * post_config).                  */
+    int auto_min;                     /* auto: the cap's min; 0 fixed.  */
     int slot;                         /* -1 before post_config.         */
 } tbucket_local_scope;
 
@@ -223,10 +227,13 @@ typedef struct tbucket_rule_view {
 /* What the status page reads of a local scope (tbucket_shm.c). */
 typedef struct tbucket_local_view {
     const char *name;
-    uint32_t limit;                   /* N of the newest configuration. */
+    uint32_t limit;                   /* N of the newest configuration;
+                                       * with auto, the cap now.        */
     uint32_t in_flight;               /* Places held now.               */
     uint64_t taken;                   /* Places taken since start.      */
     uint64_t refused;                 /* Requests refused, table full.  */
+    int adaptive;                     /* auto: adapt is filled.         */
+    tb_adapt_view_t adapt;
 } tbucket_local_view;
 
 #define TBUCKET_REASON_LEN 160        /* Bytes, NUL included; a multiple
@@ -239,8 +246,7 @@ typedef struct tbucket_local_view {
  * tbucket_shm_note_failure and tbucket_shm_failure_get. */
 typedef struct tbucket_failure_slot {
     uint64_t seq;                     /* Odd while a writer copies.     */
-    uint64_t lock_us;                 /* 0 free, else the apr_time_now()
-                                       * at which a writer took it.     */
+    tb_shlock_t lock;                 /* Held by the one writer.        */
     uint64_t kind;                    /* TB_ERR_* of the failed call.   */
     uint64_t time_us;                 /* apr_time_t when the breaker
                                        * opened; 0: never.              */
@@ -279,6 +285,8 @@ typedef struct tbucket_shm_view {
     uint64_t generation;              /* Config loads since start.      */
     uint64_t lease_returned;          /* Unspent lease tokens given back
                                        * to Redis, rounded per return.  */
+    uint64_t cpu_set[TBUCKET_PRIOS];  /* TBucketCPUPriority's moves.    */
+    uint64_t cpu_failed;
 } tbucket_shm_view;
 
 /* ---- Configuration -------------------------------------------------- */
@@ -447,6 +455,7 @@ typedef struct tbucket_charge tbucket_charge;
 typedef struct tbucket_req {
     int decided;                      /* The shared limit decided; when
                                        * 0 only local protection ran.   */
+    int refused;                      /* The shared limit refused it.   */
     tbucket_outcome outcome;
     const char *remaining;            /* TBUCKET_REMAINING, as text.    */
     const char *rule;                 /* TBUCKET_RULE: the TBucketRule
@@ -457,6 +466,10 @@ typedef struct tbucket_req {
 } tbucket_req;
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
+
+/* 0 when the shared limit refused root's chain (mod_tbucket.c), else 1:
+ * whether the chain's latency says anything about the application. */
+int tbucket_chain_admitted(request_rec *root);
 
 /* ---- tbucket_client.c ---------------------------------------------- */
 
@@ -511,6 +524,19 @@ const char *tbucket_int_value(cmd_parms *cmd, const char *what,
 const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
                                 const char *rate, tb_limit_t *lim);
 const char *tbucket_quote_in_var_arg(const char *arg);
+/* "name=value" into name (returned, from p) and *value; NULL when there
+ * is no '='. A duration for what into *out, in ms, 1 ms .. 60 s. */
+const char *tbucket_split_opt(apr_pool_t *p, const char *word,
+                              const char **value);
+const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
+                             const char *value, int *out);
+
+/* ---- tbucket_config_redis.c ------------------------------------------ */
+
+/* TBucketRedis and TBucketBreaker. */
+const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args);
+const char *tbucket_set_breaker(cmd_parms *cmd, void *dummy,
+                                const char *args);
 int tbucket_key_is_late(const char *expr);
 
 /* post_config (parent): give each rule of the configuration its record
@@ -534,143 +560,44 @@ void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o);
 int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
                          apr_pool_t *ptemp, server_rec *s);
 
-/* ---- tbucket_shm.c ------------------------------------------------- */
+/* ---- tbucket_shm.c, tbucket_shm_records.c: tbucket_shm.h ---------- */
 
-/* Create (once per parent) or re-attach the segment; assign the slots of
- * every server. Runs in post_config. */
-int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s);
+#include "tbucket_shm.h"
 
-/* The stats slot of a server's Redis configuration, or NULL before the
- * first post_config. For child_init: the client counts into it. */
-tbucket_client_stats *tbucket_shm_client(const tbucket_srv_conf *sc);
+/* ---- tbucket_cpu.c -------------------------------------------------- */
 
-/* Count one decision for a server. Thread- and process-safe. */
-void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
-                   int cost_exceeded);
-
-/* Count what a decision with a lease did for a server: paid from the
- * lease, or a refill, and tokens given back. Thread- and process-safe. */
-void tbucket_count_lease(const tbucket_srv_conf *sc, const tb_result_t *res);
-
-/* What happened to a cost the application reported. */
-typedef enum {
-    TBUCKET_COST_REPORTED = 0,        /* A valid cost arrived.          */
-    TBUCKET_COST_SETTLED,             /* It changed the buckets by
-                                       * delta tokens (+ taken, -
-                                       * given back).                   */
-    TBUCKET_COST_UNSETTLED,           /* It differed, nothing changed.  */
-    TBUCKET_COST_INVALID              /* The value was ignored.         */
-} tbucket_cost_event;
-
-/* Count a reported cost for a server. Thread- and process-safe. */
-void tbucket_count_cost(const tbucket_srv_conf *sc, tbucket_cost_event ev,
-                        double delta);
-
-/* Count lease tokens given back to Redis. Thread- and process-safe. */
-void tbucket_count_returned(double tokens);
-/* Count a refusal by the kind of limit that made it, and a concurrency
- * slot's event, for a server. Thread- and process-safe (and async-signal
- * safe: atomic adds only). */
-void tbucket_count_refusal(const tbucket_srv_conf *sc, tbucket_limit_kind k);
-void tbucket_count_slot(const tbucket_srv_conf *sc, tbucket_slot_event e);
-
-/* Record why a breaker of cs's Redis configuration opened: the error
- * kind of the call, the core's errstr (control characters become '?',
- * cut to TBUCKET_REASON_LEN - 1 bytes) and the time. For breaker
- * transitions only, never per request. Thread- and process-safe; when
- * another writer holds the record, this one is dropped (both describe
- * the same Redis at the same moment). */
-void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
-                              const char *reason, apr_time_t now);
-
-/* Copy cs's last failure into *out: 1, or 0 when there is none or no
- * consistent copy could be read (a writer is in the middle of it).
- * Never blocks a writer. */
-int tbucket_shm_failure_get(const tbucket_client_stats *cs,
-                            tbucket_failure *out);
-
-/* The local-policy table in the segment, or NULL. */
-tb_local_t *tbucket_local_table(void);
-
-/* The heavy hitters in the segment (TBucketTopKeys), or NULL when off:
- * made with the segment, sized by the TBucketTopKeys of the first
- * configuration, kept by every restart that keeps the segment. */
-tb_topk_t *tbucket_top_table(void);
-
-/* Count a decision of the shared limit in the heavy hitters:
- * tb_topk_note at the request's time. Thread- and process-safe. */
-void tbucket_count_key(const tb_topk_item_t *item, int refused,
-                       apr_time_t when);
-
-/* The bytes of the segment's heavy-hitter region, 0 when off. */
-apr_size_t tbucket_top_bytes(void);
-
-/* post_config (parent): the record of the rule called name, made or
- * found by name: its slot, or -1 when all are taken by rules of the
- * current configuration. */
-int tbucket_shm_rule_slot(const char *name);
-
-/* Count a decision of a rule's slot. Thread- and process-safe. */
-void tbucket_count_rule(int slot, tbucket_outcome o);
-
-/* The rules' records, for the status page: an array of
- * tbucket_rule_view from p, the current configuration's rules. */
-apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p);
-
-/* The same for TBucketRule names: the record of the rule called name
- * (its slot, or -1), a count of one of its events, and the views (an
- * array of tbucket_rule_view whose outcome[] holds the events in
- * tbucket_rule_event order). */
-int tbucket_shm_named_slot(const char *name);
-void tbucket_count_named(int slot, tbucket_rule_event e);
-apr_array_header_t *tbucket_shm_named_views(apr_pool_t *p);
-
-/* The lease table in the segment, or NULL. */
-tb_lease_t *tbucket_lease_table(void);
-
-/* Fill *v with a view of the segment: 1, or 0 before the first
- * post_config (v untouched). */
-int tbucket_shm_view_get(tbucket_shm_view *v);
-
-/* The local scopes' records, for the status page: an array of
- * tbucket_local_view from p (the scopes of every configuration still
- * holding places, newest configuration's limit). */
-apr_array_header_t *tbucket_shm_local_views(apr_pool_t *p);
-
-/* post_config (parent): the record of the local scope called name with
- * limit places, made or found by name (a scope a restart keeps keeps its
- * places): its slot, or -1 with *why saying why. */
-int tbucket_shm_local_slot(const char *name, int limit, const char **why);
-
-/* Free the places of the process with tag (a child that exited), or,
- * with tag 0, of every owner alive() says is gone. */
-void tbucket_shm_local_reap(uint32_t tag, tb_inflight_alive_fn alive);
-
-/* The table of requests local protection refused that are still being
- * answered (one place each), or NULL. */
-tb_inflight_t *tbucket_shm_refusing(void);
-
-/* The in-flight table of a scope's slot, or NULL. */
-tb_inflight_t *tbucket_shm_local_table(int slot);
-
-/* Count a place taken in, or a request refused by, a scope's slot. */
-void tbucket_count_local(int slot, int refused);
-
-/* Count a request shed, or refused by a local limit, for a server. */
-void tbucket_count_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
-                        int local);
-
-/* The busy workers last counted from the scoreboard and when (in
- * apr_time_t), shared by every child: see tbucket_local.c. */
-int tbucket_shm_busy_get(apr_time_t now, apr_time_t max_age,
-                         uint32_t *busy);
-void tbucket_shm_busy_put(apr_time_t now, uint32_t busy);
+/* TBucketCPUPriority's directive handler (main server only). */
+const char *tbucket_cpu_set(cmd_parms *cmd, void *dummy, const char *args);
+/* pre_config: Off until the directive says otherwise. */
+void tbucket_cpu_pre_config(void);
+/* check_config (parent, before children): RLIMIT_NICE raised so that a
+ * worker can put its priority back, or the message refusing the start. */
+const char *tbucket_cpu_check(apr_pool_t *p);
+/* post_config (parent): the helper started where the workers need one. */
+int tbucket_cpu_post_config(server_rec *main_s);
+/* tbucket_nice.c: the helper for [lo, hi] (started, or kept from an
+ * earlier load): the socket children ask on, or -1 (logged). */
+int tbucket_nice_helper(server_rec *main_s, int lo, int hi);
+/* Ask the helper to move thread tid to nice: 0, or -1. */
+int tbucket_nice_ask(int fd, pid_t tid, int nice);
+/* child_init: the worker's own nice value, the one to put back. */
+void tbucket_cpu_child_init(void);
+/* Move r's thread to the step of its priority in dc (the chain's root
+ * gives it back when the response ends): from the decision path, before
+ * anything is decided, so that a low request that is refused is answered
+ * at low's step too; again (one load) from the last fixup. */
+void tbucket_cpu_enter(request_rec *r, request_rec *root,
+                       const tbucket_dir_conf *dc);
+/* register_hooks: the fixup that moves a thread, the give-back before a
+ * thread reads its next request. */
+void tbucket_cpu_register(void);
 
 /* ---- tbucket_local.c ------------------------------------------------ */
 
 /* Every TBucketLocalConcurrency of the configuration being read, in the
  * order read; the directive adds to it (tbucket_config.c). */
-tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit);
+tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit,
+                                             int auto_min);
 
 /* post_config (parent): forget the scopes of the configuration read
  * before, give this one's scopes their records in the segment (by name,
@@ -713,6 +640,24 @@ void tbucket_local_refusing(request_rec *root);
 
 /* The effective priority of a merged scope. */
 tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc);
+
+/* ---- tbucket_release.c ---------------------------------------------- */
+
+/* Gives back what a chain holds; data as given to tbucket_release_at_end.
+ * Runs on the request's thread, or from a prefork child's signal handler
+ * as it exits (tbucket_child_exiting() then says so). */
+typedef apr_status_t (*tbucket_release_fn)(void *data);
+
+/* Register the output filter that gives back at the end of a response. */
+void tbucket_release_register(void);
+
+/* Have fn(data) run once for the chain of r, whose first request is root:
+ * when the EOS of the chain's final response passes the output filters,
+ * before the response's last bytes go to the connection, or at the latest
+ * when root's pool is destroyed. data lives at least as long as root's
+ * pool. */
+void tbucket_release_at_end(request_rec *r, request_rec *root,
+                            tbucket_release_fn fn, void *data);
 
 /* ---- tbucket_lease.c ------------------------------------------------ */
 
@@ -769,6 +714,50 @@ void tbucket_rules_register(void);
  * when absent, TBUCKET_FORM_UNREADABLE when it cannot be read. */
 #define TBUCKET_FORM_UNREADABLE "#form?"
 void tbucket_form_register(void);
+
+/* ---- tbucket_answer.c ------------------------------------------------ */
+
+/* One decision of the shared limit in the making: the request, its
+ * buckets, what answered and how a refusal is told. */
+typedef struct tbucket_decision {
+    tb_take_t takes[TB_MAX_BUCKETS];
+    const tbucket_named_rule *which[TB_MAX_BUCKETS]; /* Each take's
+                                       * TBucketRule, NULL for the main
+                                       * bucket and routes.             */
+    tb_request_t q;
+    tb_result_t res;
+    apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
+                                       * 0 when allowed or the cost can
+                                       * never fit.                     */
+    int cost_exceeded;                /* Refused for good: 403.         */
+    int by_conc;                      /* Refused by TBucketConcurrency. */
+} tbucket_decision;
+
+/* The limit headers of d's binding bucket (TBucketHeaders), in
+ * err_headers_out; retry_s the Retry-After of a refusal, or 0. */
+void tbucket_limit_headers(request_rec *r, const tbucket_dir_conf *dc,
+                           const tb_take_t *takes, const tb_result_t *res,
+                           apr_int64_t retry_s);
+
+/* Answer r here with status and a small JSON body, unless an
+ * ErrorDocument is set for the status (httpd's error path serves it). */
+int tbucket_respond(request_rec *r, int status, const char *body);
+
+/* The TBucketRule that bound a refusal of d, or NULL; the name of the
+ * limit that decided d (a route's or rule's, NULL for the main bucket,
+ * "concurrency"); d's key as operators see it, into out
+ * (TB_TOPK_KEY_LEN bytes), the refusing rule's when a rule refused. */
+const tbucket_named_rule *tbucket_refusing_rule(const tbucket_decision *d);
+const char *tbucket_binding_name(const tbucket_decision *d);
+size_t tbucket_shown_key(const tbucket_srv_conf *sc,
+                         const tbucket_decision *d, char *out);
+
+/* Answer r, which the shared limit refused (d, recorded in rq): 403 for
+ * a cost that never fits, else 429 with Retry-After and the refusal
+ * line. */
+int tbucket_refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
+                          const tbucket_srv_conf *sc, const tbucket_req *rq,
+                          const tbucket_decision *d);
 
 /* ---- tbucket_settle.c ----------------------------------------------- */
 

@@ -297,6 +297,7 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
 {
     apr_hash_t *seen = apr_hash_make(ptemp);
     server_rec *s;
+    const char *msg;
 
     (void)pconf;
     (void)plog;
@@ -306,7 +307,7 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
         tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                     &tbucket_module);
         const tbucket_dir_conf *dc;
-        const char *where, *msg;
+        const char *where;
         tb_options_t o;
         tb_client_t *c;
         char err[TB_ERRSTR_LEN];
@@ -344,6 +345,9 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
                       "(in <If> or .htaccess it cannot be seen here)",
                       where));
         }
+    }
+    if ((msg = tbucket_cpu_check(ptemp))) {
+        return refused(main_s, msg);
     }
     return OK;
 }

@@ -110,23 +110,6 @@ void tbucket_rules_setup(server_rec *main_s)
 
 /* ---- Directive handlers --------------------------------------------- */
 
-/* A URL for a message, with any user:password replaced by "***". */
-/* The URL as it may be shown in an error: whatever precedes the last '@'
- * (user and password, however mistyped the scheme) becomes "***". */
-static const char *redact_raw(apr_pool_t *p, const char *url)
-{
-    const char *at = strrchr(url, '@');
-    const char *scheme = strstr(url, "://");
-    const char *start;
-
-    if (!at) {
-        return url;
-    }
-    start = scheme && scheme < at ? scheme + 3 : url;
-    return apr_pstrcat(p, apr_pstrmemdup(p, url, (apr_size_t)(start - url)),
-                       "***", at, NULL);
-}
-
 const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
                               const char *value, const char *why)
 {
@@ -163,8 +146,8 @@ static const char *int_or_off(cmd_parms *cmd, const char *what,
 }
 
 /* "name=value" into its two halves; NULL when there is no '='. */
-static const char *split_opt(apr_pool_t *p, const char *word,
-                             const char **value)
+const char *tbucket_split_opt(apr_pool_t *p, const char *word,
+                              const char **value)
 {
     const char *eq = strchr(word, '=');
 
@@ -175,8 +158,8 @@ static const char *split_opt(apr_pool_t *p, const char *word,
     return apr_pstrmemdup(p, word, eq - word);
 }
 
-static const char *parse_ms(cmd_parms *cmd, const char *what,
-                            const char *value, int *out)
+const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
+                             const char *value, int *out)
 {
     int64_t ms;
     char err[128];
@@ -297,209 +280,6 @@ static const char *set_dir_scalar(cmd_parms *cmd, void *dcv,
                                   const char *arg)
 {
     return scalar_store(cmd, cmd->info, dcv, arg);
-}
-
-static apr_status_t tls_cleanup(void *ctx)
-{
-    tb_tls_free(ctx);
-    return APR_SUCCESS;
-}
-
-/* A tls_* option of TBucketRedis into sc->tls: 1 when name is one (*msg
- * then says what is wrong with value, or is NULL), else 0. Files are
- * relative to ServerRoot, as httpd's own are. */
-static int tls_option(cmd_parms *cmd, tbucket_srv_conf *sc, const char *name,
-                      const char *value, const char **msg)
-{
-    tb_tls_options_t *t = &sc->tls;
-    const char **file = !strcmp(name, "tls_ca")     ? &t->ca_file
-                         : !strcmp(name, "tls_cert") ? &t->cert_file
-                         : !strcmp(name, "tls_key")  ? &t->key_file
-                                                     : NULL;
-
-    *msg = NULL;
-    if (file) {
-        *file = *value ? ap_server_root_relative(cmd->pool, value) : NULL;
-        if (!*file) {
-            *msg = tbucket_bad_value(cmd, name, value, "not a file name");
-        }
-        return 1;
-    }
-    if (!strcmp(name, "tls_server_name")) {
-        t->server_name = apr_pstrdup(cmd->pool, value);
-        return 1;
-    }
-    if (!strcmp(name, "tls_verify")) {
-        if (strcasecmp(value, "on") && strcasecmp(value, "off")) {
-            *msg = tbucket_bad_value(cmd, name, value, "must be on or off");
-        }
-        t->no_verify = !strcasecmp(value, "off");
-        return 1;
-    }
-    return 0;
-}
-
-/* The TLS context of a TLS URL, made here so that its files are read by
- * root, before httpd drops privileges (a key may be readable by root
- * only), and once per configuration load; children inherit it. */
-static const char *make_tls(cmd_parms *cmd, tbucket_srv_conf *sc,
-                            const tb_redis_addr_t *addr)
-{
-    const tb_tls_options_t *t = &sc->tls;
-    char err[2 * TB_ERRSTR_LEN];
-
-    if (!addr->tls) {
-        if (t->ca_file || t->cert_file || t->key_file || t->server_name
-            || t->no_verify) {
-            return "TBucketRedis: the tls_* options need a TLS URL: "
-                   "rediss://, or ?tls=on after a redis-sentinel:// or "
-                   "redis-cluster:// URL";
-        }
-        return NULL;
-    }
-    if (!(sc->tls_ctx = tb_tls_create(t, err, sizeof(err)))) {
-        return apr_psprintf(cmd->pool, "TBucketRedis: %s", err);
-    }
-    apr_pool_cleanup_register(cmd->pool, sc->tls_ctx, tls_cleanup,
-                              apr_pool_cleanup_null);
-    return NULL;
-}
-
-/* One name=value option of TBucketRedis into sc: NULL, or what is
- * wrong; *known is 0 when name is no option of it. */
-static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
-                                const char *name, const char *value,
-                                int *known)
-{
-    const char *msg;
-    int64_t n;
-    int e;
-
-    *known = 1;
-    if (tls_option(cmd, sc, name, value, &msg)) {
-        return msg;
-    }
-    if (!strcmp(name, "timeout") || !strcmp(name, "connect_timeout")) {
-        int timeout = name[0] == 't';
-
-        sc->set |= timeout ? TBUCKET_SET_TIMEOUT
-                           : TBUCKET_SET_CONNECT_TIMEOUT;
-        return parse_ms(cmd, name, value, timeout ? &sc->timeout_ms
-                                                  : &sc->connect_timeout_ms);
-    }
-    if (!strcmp(name, "pool")) {
-        if ((msg = tbucket_int_value(cmd, "pool", value, 1, 1024, &n))) {
-            return msg;
-        }
-        sc->pool_size = (int)n;
-        sc->set |= TBUCKET_SET_POOL;
-        return NULL;
-    }
-    if (!strcmp(name, "engine")) {
-        if ((e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, value, 1))
-            < 0) {
-            return tbucket_bad_value(cmd, "engine", value,
-                             "expected auto, script or module");
-        }
-        sc->engine = e;
-        return NULL;
-    }
-    *known = 0;
-    return NULL;
-}
-
-static const char *set_redis(cmd_parms *cmd, void *dummy, const char *args)
-{
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *url = ap_getword_conf(cmd->temp_pool, &args);
-    const char *word, *value, *msg;
-    tb_redis_addr_t addr;
-    char err[160];
-    int known;
-
-    (void)dummy;
-    if (!*url) {
-        return "TBucketRedis: a URL is required, e.g. "
-               "TBucketRedis redis://127.0.0.1:6379 timeout=50";
-    }
-    if (tb_url_parse(url, &addr, err, sizeof(err)) != TB_OK) {
-        return tbucket_bad_value(cmd, "URL", redact_raw(cmd->temp_pool, url), err);
-    }
-    sc->url = apr_pstrdup(cmd->pool, url);
-    sc->set |= TBUCKET_SET_URL;
-    /* The TLS settings and the engine belong to this line's URL alone. */
-    memset(&sc->tls, 0, sizeof(sc->tls));
-    sc->tls_ctx = NULL;
-    sc->engine = TB_ENGINE_AUTO;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = split_opt(cmd->temp_pool, word, &value);
-
-        msg = name ? redis_option(cmd, sc, name, value, &known) : NULL;
-        if (msg) {
-            return msg;
-        }
-        if (!name || !known) {
-            return apr_psprintf(cmd->pool, "TBucketRedis: unknown option "
-                                "'%s' (expected timeout=MS, "
-                                "connect_timeout=MS, pool=N, "
-                                "engine=auto|script|module, tls_ca=FILE, "
-                                "tls_cert=FILE, tls_key=FILE, "
-                                "tls_server_name=NAME or tls_verify=on|off)",
-                                word);
-        }
-    }
-    return make_tls(cmd, sc, &addr);
-}
-
-
-
-
-static const char *set_breaker(cmd_parms *cmd, void *dummy,
-                               const char *args)
-{
-    tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *word, *value;
-    char err[128];
-    int64_t n;
-    int seen = 0;
-
-    (void)dummy;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = split_opt(cmd->temp_pool, word, &value);
-
-        if (name && !strcmp(name, "threshold")) {
-            const char *msg = tbucket_int_value(cmd, "threshold", value, 1,
-                                        1000000, &n);
-
-            if (msg) {
-                return msg;
-            }
-            sc->breaker_threshold = (int)n;
-            sc->set |= TBUCKET_SET_THRESHOLD;
-        }
-        else if (name && !strcmp(name, "cooldown")) {
-            if (tb_parse_duration_ms(value, &n, err, sizeof(err)) != TB_OK) {
-                return tbucket_bad_value(cmd, "cooldown", value, err);
-            }
-            if (n < 1) {
-                return tbucket_bad_value(cmd, "cooldown", value, "must be > 0");
-            }
-            sc->breaker_cooldown_ms = n;
-            sc->set |= TBUCKET_SET_COOLDOWN;
-        }
-        else {
-            return apr_psprintf(cmd->pool, "TBucketBreaker: unknown option "
-                                "'%s' (expected threshold=N "
-                                "cooldown=DURATION)", word);
-        }
-        seen++;
-    }
-    if (!seen) {
-        return "TBucketBreaker: expected threshold=N and/or "
-               "cooldown=DURATION, e.g. TBucketBreaker threshold=5 "
-               "cooldown=10s";
-    }
-    return NULL;
 }
 
 static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
@@ -724,7 +504,7 @@ static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
     }
     *n = (int)v;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = split_opt(cmd->temp_pool, word, &value);
+        const char *name = tbucket_split_opt(cmd->temp_pool, word, &value);
 
         if (!name || strcmp(name, "ttl")) {
             return apr_psprintf(cmd->pool, "%s: unknown option '%s' "
@@ -787,24 +567,66 @@ static const tbucket_n_ttl concurrency_form = {
 
 /* ---- Local protection ----------------------------------------------- */
 
-/* TBucketLocalConcurrency N | Off. Not in .htaccess: a scope's places
- * are made in shared memory when the server starts, and an .htaccess
- * file is read per request, long after. */
+/* TBucketLocalConcurrency auto [min=N] [max=N]: the cap sets itself
+ * from latency (shared/tables/tb_adapt.c); max 0 stands for the
+ * server's MaxRequestWorkers, known in post_config. */
+static const char *local_auto(cmd_parms *cmd, tbucket_dir_conf *dc,
+                              const char *args)
+{
+    int64_t lo = 1, hi = 0;
+    const char *word, *value, *name, *msg;
+
+    while (*(word = ap_getword_white(cmd->temp_pool, &args))) {
+        name = tbucket_split_opt(cmd->temp_pool, word, &value);
+        if (!name || (strcasecmp(name, "min") && strcasecmp(name, "max"))) {
+            return apr_psprintf(cmd->pool, "TBucketLocalConcurrency: "
+                                "unknown option '%s' after auto (expected "
+                                "min=N or max=N)", word);
+        }
+        msg = tbucket_int_value(cmd, name, value, 1, TBUCKET_MAX_LOCAL_LIMIT,
+                                strcasecmp(name, "min") ? &hi : &lo);
+        if (msg) {
+            return msg;
+        }
+    }
+    if (hi && lo > hi) {
+        return apr_psprintf(cmd->pool, "TBucketLocalConcurrency auto: "
+                            "min=%" APR_INT64_T_FMT " is more than max=%"
+                            APR_INT64_T_FMT, lo, hi);
+    }
+    dc->local_state = 1;
+    dc->nlocal = 1;
+    dc->local[0] = tbucket_local_scope_add(cmd, (int)hi, (int)lo);
+    return NULL;
+}
+
+/* TBucketLocalConcurrency N | auto [min=N] [max=N] | Off. Not in
+ * .htaccess: a scope's places are made in shared memory when the server
+ * starts, and an .htaccess file is read per request, long after. */
 static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
-                                         const char *arg)
+                                         const char *args)
 {
     tbucket_dir_conf *dc = dcv;
+    const char *first = ap_getword_white(cmd->temp_pool, &args), *msg;
     int64_t n;
-    const char *msg = int_or_off(cmd, "limit", arg, TBUCKET_MAX_LOCAL_LIMIT,
-                                 &n);
 
+    if (!strcasecmp(first, "auto")) {
+        return local_auto(cmd, dc, args);
+    }
+    if (*args) {
+        return apr_psprintf(cmd->pool, "TBucketLocalConcurrency: expected "
+                            "N, auto [min=N] [max=N] or Off, not '%s %s'",
+                            first, args);
+    }
+    msg = int_or_off(cmd, "limit", first, TBUCKET_MAX_LOCAL_LIMIT, &n);
     if (msg) {
-        return msg;
+        return apr_pstrcat(cmd->pool, msg, "; or auto [min=N] [max=N]",
+                           NULL);
     }
     dc->local_state = n > 0;
     dc->nlocal = n > 0;
     if (n > 0) {
-        dc->local[0] = tbucket_local_scope_add(cmd, (int)n);
+        dc->local[0] = tbucket_local_scope_add(cmd, (int)n, 0);
     }
     return NULL;
 }
@@ -835,7 +657,7 @@ static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
 
     (void)dummy;
     while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = split_opt(cmd->temp_pool, word, &value);
+        const char *name = tbucket_split_opt(cmd->temp_pool, word, &value);
         int p = name ? tb_name_index(tbucket_priority_names, TBUCKET_PRIOS,
                                      name, 1) : -1;
 
@@ -896,7 +718,7 @@ static const char *set_top_keys(cmd_parms *cmd, void *dummy,
 #define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
 
 const command_rec tbucket_cmds[] = {
-    AP_INIT_RAW_ARGS("TBucketRedis", set_redis, NULL, RSRC_CONF,
+    AP_INIT_RAW_ARGS("TBucketRedis", tbucket_set_redis, NULL, RSRC_CONF,
                      "Redis URL and options, e.g. redis://127.0.0.1:6379 "
                      "timeout=50 connect_timeout=100 pool=4 engine=auto, or "
                      "rediss://redis.example:6380 tls_ca=/etc/ssl/ca.pem"),
@@ -904,7 +726,7 @@ const command_rec tbucket_cmds[] = {
                   "What decides when Redis cannot: open, closed or local"),
     AP_INIT_TAKE1("TBucketReplicas", set_srv_scalar, (void *)&sc_replicas, RSRC_CONF,
                   "Replicas sharing the limit, for the local policy, e.g. 3"),
-    AP_INIT_RAW_ARGS("TBucketBreaker", set_breaker, NULL, RSRC_CONF,
+    AP_INIT_RAW_ARGS("TBucketBreaker", tbucket_set_breaker, NULL, RSRC_CONF,
                      "Circuit breaker, e.g. threshold=5 cooldown=10s"),
     AP_INIT_TAKE1("TBucketPrefix", set_prefix, NULL, RSRC_CONF,
                   "Redis key prefix, e.g. rl:"),
@@ -954,10 +776,16 @@ const command_rec tbucket_cmds[] = {
                      (void *)&concurrency_form, DIR_SCOPE,
                      "Requests of one key in flight at once, e.g. 4 "
                      "ttl=60s, or Off"),
-    AP_INIT_TAKE1("TBucketLocalConcurrency", set_local_concurrency, NULL,
-                  RSRC_CONF | ACCESS_CONF,
-                  "Requests of this scope in flight on this server at "
-                  "once, all children together, e.g. 8, or Off"),
+    AP_INIT_RAW_ARGS("TBucketLocalConcurrency", set_local_concurrency,
+                     NULL, RSRC_CONF | ACCESS_CONF,
+                     "Requests of this scope in flight on this server at "
+                     "once, all children together, e.g. 8, auto (set "
+                     "from latency) [min=N] [max=N], or Off"),
+    AP_INIT_RAW_ARGS("TBucketCPUPriority", tbucket_cpu_set, NULL, RSRC_CONF,
+                     "Run a request's worker thread at its priority's nice "
+                     "step while it serves it: On [low=N] [normal=N] "
+                     "[high=N] [critical=N] (N from -20 to 19; low=10 "
+                     "unless given), or Off (default)"),
     AP_INIT_TAKE1("TBucketPriority", set_priority, NULL, DIR_SCOPE,
                   "critical, high, normal (default) or low: which requests "
                   "TBucketShed sheds first"),

@@ -1,46 +1,13 @@
-/* tbucket_local.c -- local protection: shedding by priority and local
- * concurrency limits, decided on this server without Redis.
+/* tbucket_local.c -- local protection: shedding by priority
+ * (TBucketShed) and local concurrency limits (TBucketLocalConcurrency),
+ * decided on this server without Redis.
  *
  * The shared limit decides per client; this file protects the server
  * itself from a flood made of many clients, each within its own limit.
- * Two mechanisms, both decided before any Redis call, so they cost no
- * round trip and work with Redis down under every failure policy:
- *
- * Shedding (TBucketShed). A request of priority P is refused with 503
- * when the share of the server's workers busy with a request has reached
- * P's threshold. Busy is read from the scoreboard, which every MPM keeps
- * per worker: under prefork a worker is a child process, under worker
- * and event a thread. A worker counts while it reads a request, runs its
- * handler, writes its response or logs it (SERVER_BUSY_READ, _WRITE,
- * _LOG, _DNS, and SERVER_GRACEFUL for an old generation's worker
- * finishing one). It does not count while it waits for the next request
- * on a kept-alive connection (SERVER_BUSY_KEEPALIVE, prefork and worker;
- * event parks those connections without a thread) or lingers over a
- * closing one (SERVER_CLOSING). Workers busy answering a request that
- * local protection refused are subtracted: under a flood every worker is
- * always answering someone, and counting the refusals would shed
- * everything once shedding began, instead of keeping the server at its
- * threshold. The share's denominator is MaxRequestWorkers. The count is
- * kept in the shared segment and read again by whichever request finds
- * it more than a millisecond old, so a flood of sheds scans the
- * scoreboard about a thousand times a second, not once per request.
- *
- * Local concurrency (TBucketLocalConcurrency N). At most N requests of a
- * scope in flight on this server, every child and thread together: each
- * scope has a table of N places in the segment (tb_inflight_t), and a
- * request takes one place in every scope it is in, or none. The place is
- * given back when the response's end (EOS) passes a protocol-level
- * output filter, which internal redirects keep: the application is done
- * then, and the client may already be sending its next request, which
- * must find the place free. A pre-cleanup of the chain's first request's
- * pool gives back whatever the filter did not see, since httpd destroys
- * that pool once however the chain ends (error, aborted client, and a
- * prefork child told to exit, whose pools are destroyed from the signal
- * handler: the give is one compare-and-swap, async-signal-safe). A child killed outright gives nothing back; the
- * parent frees its places when it reaps it (the child_status hook), and
- * every configuration load frees those of owners that no longer exist.
- * Scopes are found by name at each load, so a graceful restart keeps the
- * places that the old generation's requests still hold.
+ * Both are decided before any Redis call, so they cost no round trip and
+ * work with Redis down under every failure policy. How busy is counted
+ * and how places come back (tbucket_release.c, the child_status hook,
+ * each configuration load): docs/design.md, "File notes".
  */
 #include "apr_strings.h"
 
@@ -51,7 +18,6 @@
 #include "httpd.h"
 #include "http_config.h"
 #include "http_log.h"
-#include "util_filter.h"
 #include "ap_mpm.h"
 #include "scoreboard.h"
 
@@ -81,7 +47,8 @@ void tbucket_local_pre_config(apr_pool_t *pconf)
     scopes = apr_array_make(pconf, 4, sizeof(tbucket_local_scope *));
 }
 
-tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
+tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit,
+                                             int auto_min)
 {
     tbucket_local_scope *sc = apr_pcalloc(cmd->pool, sizeof(*sc));
 
@@ -89,6 +56,7 @@ tbucket_local_scope *tbucket_local_scope_add(cmd_parms *cmd, int limit)
      * scopes: the later ones are numbered. */
     sc->name = apr_pstrdup(cmd->pool, tbucket_section_name(cmd, scopes));
     sc->limit = limit;
+    sc->auto_min = auto_min;
     sc->slot = -1;
     APR_ARRAY_PUSH(scopes, tbucket_local_scope *) = sc;
     return sc;
@@ -119,10 +87,20 @@ int tbucket_local_setup(apr_pool_t *pconf, server_rec *main_s)
                                                 tbucket_local_scope *);
         const char *why;
 
-        sc->slot = tbucket_shm_local_slot(sc->name, sc->limit, &why);
+        /* auto's max defaults to every worker: no cap beyond them could
+         * ever bind. A min above it is lowered to it. */
+        if (sc->auto_min > 0 && sc->limit == 0) {
+            sc->limit = max_workers;
+        }
+        if (sc->auto_min > sc->limit) {
+            sc->auto_min = sc->limit;
+        }
+        sc->slot = tbucket_shm_local_slot(sc->name, sc->limit, sc->auto_min,
+                                          &why);
         if (sc->slot < 0) {
             ap_log_error(APLOG_MARK, APLOG_EMERG, 0, main_s, TBLOGNO(00140)
-                         "TBucketLocalConcurrency %d in %s: %s", sc->limit,
+                         "TBucketLocalConcurrency %s%d in %s: %s",
+                         sc->auto_min ? "auto max=" : "", sc->limit,
                          sc->name, why);
             return HTTP_INTERNAL_SERVER_ERROR;
         }
@@ -148,15 +126,9 @@ static void child_status(server_rec *s, pid_t pid, ap_generation_t gen,
     }
 }
 
-static ap_filter_rec_t *places_filter;
-
-static apr_status_t places_out(ap_filter_t *f, apr_bucket_brigade *bb);
-
 void tbucket_local_register(void)
 {
     ap_hook_child_status(child_status, NULL, NULL, APR_HOOK_MIDDLE);
-    places_filter = ap_register_output_filter("TBUCKET_PLACES", places_out,
-                                              NULL, AP_FTYPE_PROTOCOL);
 }
 
 /* ---- Shedding --------------------------------------------------------- */
@@ -273,41 +245,70 @@ tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc)
 
 /* ---- Local concurrency ------------------------------------------------ */
 
-/* The places a chain holds, given back with its first request's pool. */
+/* The places a chain holds, given back when its response ends; an auto
+ * scope's cap learns the latency of each (from taking to giving back)
+ * when the shared limit, if any, let the chain through. */
 typedef struct tbucket_places {
     int n;
     tb_inflight_t *table[TBUCKET_MAX_LOCAL];
     int index[TBUCKET_MAX_LOCAL];
+    tb_adapt_t *adapt[TBUCKET_MAX_LOCAL];
+    uint64_t started_us;
     uint32_t tag;
+    request_rec *root;
 } tbucket_places;
+
+/* Microseconds of the monotonic clock: async-signal-safe, as a give
+ * from a prefork child's signal handler needs. */
+static uint64_t mono_us(void)
+{
+    return (uint64_t)tb_clock_monotonic_us();
+}
 
 static apr_status_t give_places(void *data)
 {
     tbucket_places *h = data;
-    int i;
+    uint64_t now = 0;
+    int i, learn = h->root && tbucket_chain_admitted(h->root);
 
     for (i = 0; i < h->n; i++) {
         tb_inflight_give(h->table[i], h->index[i], h->tag);
+        /* A chain the shared limit refused took a few microseconds: a
+         * flood of refusals would teach the cap a floor no page has. */
+        if (h->adapt[i] && learn) {
+            now = now ? now : mono_us();
+            tb_adapt_sample(h->adapt[i], h->started_us, now);
+        }
     }
     h->n = 0;
     return APR_SUCCESS;
 }
 
-/* The response is complete when EOS passes: the places go back before
- * the last bytes reach the client. */
-static apr_status_t places_out(ap_filter_t *f, apr_bucket_brigade *bb)
+/* A place in sc's table for h: 1, or 0 when the scope is full. */
+static int take_place(tbucket_places *h, const tbucket_local_scope *sc,
+                      tb_inflight_t *t)
 {
-    apr_bucket *b;
+    tb_adapt_t *a = sc->auto_min > 0 ? tbucket_shm_local_adapt(sc->slot)
+                                     : NULL;
+    uint32_t cap = a ? tb_adapt_cap(a) : (uint32_t)sc->limit;
+    int k;
 
-    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb);
-         b = APR_BUCKET_NEXT(b)) {
-        if (APR_BUCKET_IS_EOS(b)) {
-            give_places(f->ctx);
-            ap_remove_output_filter(f);
-            break;
-        }
+    if (cap > tb_inflight_cap(t)) {
+        cap = tb_inflight_cap(t);
     }
-    return ap_pass_brigade(f->next, bb);
+    k = tb_inflight_take(t, cap, h->tag, NULL);
+    if (k < 0) {
+        return 0;
+    }
+    if (a) {
+        tb_adapt_taken(a, tb_inflight_count(t));
+        h->started_us = h->started_us ? h->started_us : mono_us();
+    }
+    h->table[h->n] = t;
+    h->index[h->n] = k;
+    h->adapt[h->n] = a;
+    h->n++;
+    return 1;
 }
 
 const tbucket_local_scope *tbucket_local_take(request_rec *r,
@@ -322,33 +323,26 @@ const tbucket_local_scope *tbucket_local_take(request_rec *r,
     }
     h = apr_pcalloc(root->pool, sizeof(*h));
     h->tag = owner_tag ? owner_tag : (uint32_t)getpid();
+    h->root = root;
     for (i = 0; i < dc->nlocal; i++) {
         const tbucket_local_scope *sc = dc->local[i];
         tb_inflight_t *t = tbucket_shm_local_table(sc->slot);
-        int k;
 
         if (!t) {
             /* Read after post_config (.htaccess cannot set it): a scope
              * without a record limits nothing. */
             continue;
         }
-        k = tb_inflight_take(t, (uint32_t)sc->limit, h->tag, NULL);
-        if (k < 0) {
+        if (!take_place(h, sc, t)) {
             tbucket_count_local(sc->slot, 1);
+            h->root = NULL;
             give_places(h);
             return sc;
         }
-        h->table[h->n] = t;
-        h->index[h->n] = k;
-        h->n++;
         tbucket_count_local(sc->slot, 0);
     }
-    /* A pre-cleanup, run before other modules' cleanups of the pool
-     * (mod_cgid's waits for the script's process): the places are free
-     * by the time the client can send its next request. */
-    apr_pool_pre_cleanup_register(root->pool, h, give_places);
     if (h->n) {
-        ap_add_output_filter_handle(places_filter, h, r, r->connection);
+        tbucket_release_at_end(r, root, give_places, h);
     }
     return NULL;
 }

@@ -3,22 +3,15 @@
  * with bans every replica honours.
  *
  * A scope's rules ride in the same decision as its TBucketLimit and
- * routes (one Redis call, all or nothing; the core's rule buckets,
- * shared/tb.h), each keyed by its own expression: the address, a user
- * name from the login form (%{FORM:log}, tbucket_form.c), everyone. This
- * file owns the directive and its merge, the rules' buckets of a
- * request, the later charge of count= rules and their counters.
- *
- * count= is for an application that cannot report its failures (a legacy
- * login answers 200 to a failed login and 302 to a good one): before the
- * handler the rule's bucket must hold its cost but is not charged; once
- * the final status is known, a protocol filter charges the buckets whose
- * rule counts that status, before the response's first byte leaves, so a
- * client that waits for each answer is never one charge behind. It is a
- * protocol-level filter so that it survives internal redirects and
- * ErrorDocument (httpd keeps those and points them at the new request)
- * and sees error responses made before the handler.
- */
+ * routes (one Redis call, all or nothing: the core's rule buckets), each
+ * keyed by its own expression. This file owns the directive and its
+ * merge, a request's rule buckets and the rules' counters, and count=:
+ * before the handler a counted rule's bucket must hold its cost but is
+ * not charged; once the final status is known a protocol filter charges
+ * the rules that count it, before the first byte leaves, so a client that
+ * waits for each answer is never one charge behind. A protocol-level
+ * filter survives internal redirects and ErrorDocument and sees error
+ * responses made before the handler. */
 #include "apr_lib.h"
 #include "apr_strings.h"
 

@@ -1,44 +1,16 @@
 /* tbucket_settle.c -- what a request really cost (TBucketCostHeader NAME).
  *
- * A fixed TBucketCost is a guess made before the request runs; the
- * application knows better afterwards (an export of 20 rows or of
- * 200,000). It reports the real cost, a decimal from 0 to 1e9, in the
- * response header NAME (a CGI script, PHP's header() through php-cgi or
- * mod_php, a proxied backend) or in the request note "tbucket-cost"
- * (mod_php's apache_note(), mod_lua's r.notes), which may be set after
- * the body has started. This file turns that report into a settlement:
- *
- *  - The decision records what settling needs (tbucket_settle_note): the
- *    request it made (the same keys, shard, limits and algorithm) and
- *    what it charged, or why nothing can be settled: a refused request
- *    settles nothing, nor does one the failure policy decided (Redis
- *    charged nothing) or a window algorithm, which keeps what it charged.
- *  - An output filter placed just before the HTTP header filter takes
- *    the header out of the final response, so it never reaches the
- *    client, and keeps its value for the chain's root. It is added to
- *    every request that runs a handler (insert_filter), so it also sees
- *    an internal redirect's or an ErrorDocument's response, which share
- *    err_headers_out with the request they replace; the header is
- *    removed wherever TBucketCostHeader applies, decided or not.
- *  - After the response is written, log_transaction settles the
- *    difference once for the whole chain, from the final response
- *    (tb_client_settle): in the server's lease of the key when it holds
- *    one that covers the difference, else in one script call on every
- *    bucket the request was charged to: debited when higher, refunded
- *    when lower, never above capacity, into debt down to -capacity. A
- *    report equal to the charge, or none, makes no call.
- *
- * Why log_transaction: httpd runs it once per connection-level request,
- * for the first request of a chain (internal redirects and ErrorDocument
- * requests hang off it through r->next), from the pre-cleanup of the
- * request pool that the EOR bucket triggers after the last byte of the
- * response was handed to the connection. The settlement thus adds no
- * latency to the response, and the final request's headers and notes are
- * still readable. A cleanup of our own on the root's pool would run at
- * the same point but later within the pool's destruction; the hook is the
- * documented place for after-the-response work and keeps the order with
- * mod_log_config (which runs after us).
- */
+ * A fixed TBucketCost is a guess; the application knows better afterwards
+ * and reports the real cost (0 to 1e9) in the response header NAME or the
+ * request note "tbucket-cost". The decision records what settling needs
+ * (tbucket_settle_note); an output filter just before HTTP_HEADER takes
+ * the header out of the final response, so it never reaches the client;
+ * log_transaction, after the last byte went, settles the difference once
+ * for the whole chain (tb_client_settle): in the server's lease when that
+ * covers it, else in one script call, into debt down to -capacity. A
+ * refused request, a failure-policy answer and the window algorithms
+ * settle nothing. docs/design.md ("File notes") says why log_transaction
+ * is the place. */
 #include "apr_lib.h"
 #include "apr_strings.h"
 

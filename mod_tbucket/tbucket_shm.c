@@ -1,46 +1,16 @@
 /* tbucket_shm.c -- mod_tbucket's shared memory segment.
  *
- * One anonymous shared memory segment per parent process holds everything
- * that must be the same whichever child answers: the decision and lease
- * counters of every virtual host, the core's counters (tb_stats_t) of
- * every distinct Redis configuration, the table of local buckets (and
- * concurrency slot counts) behind the `local` failure policy and the
- * table of token leases, the count of lease tokens given back, and local
- * protection's records: one in-flight table (tb_inflight_t) per local
- * scope, carved from a fixed pool, and the busy-worker count last read
- * from the scoreboard; the decisions of each rule (a section that sets
- * TBucketLimit), and the heavy hitters behind the status page's top keys
- * (tb_topk_t, TBucketTopKeys). The
- * segment is made in the first real post_config and hangs off the process
- * pool, so a graceful restart keeps it: counters do not go backwards, and
- * children of the old generation that are still finishing requests keep
- * writing to valid memory. The heavy-hitter region is sized by the
- * TBucketTopKeys of that first configuration and kept as it is by every
- * restart that keeps the segment: a later configuration may show fewer
- * keys or turn counting off, and a larger K takes a stop and a start.
- *
- * This file is the only one that sees the segment's layout. Other files
- * reach it through functions: tbucket_shm_setup (post_config), the slot
- * of a server's client (child_init), the counting functions and the two
- * tables (request path), and a read-only view (status page). Nothing here
- * renders or logs figures; the status page does.
- *
- * Each Redis configuration's slot also keeps the failure that last opened
- * a breaker (kind, reason text, time), written only on that transition.
- * The segment has no lock of its own and a process-shared mutex would
- * need attaching in every child and could be left held by a child
- * killed in the middle, so the record is a seqlock: the writer makes
- * seq odd, copies, then makes it even; a reader copies and keeps the
- * copy only if seq was even and unchanged across it, and retries a
- * bounded number of times otherwise. Every field is copied with 8-byte
- * atomic loads and stores, so readers and writers never race in the C
- * sense either. Two children can open their breakers at once, so
- * writers also take a lock word (the time they took it): the loser
- * drops its record, and a lock held for FAILURE_STALE_US, far longer
- * than the copy of a few hundred bytes takes, is taken over, since its
- * holder died in the middle (prefork children exit from the SIGTERM
- * handler).
- */
+ * One anonymous segment per parent holds what must be the same whichever
+ * child answers: every virtual host's counters, each Redis configuration's
+ * core counters and last failure, the local-policy and lease tables, local
+ * protection's records (an in-flight table per local scope, the busy
+ * count), the rules' records and the top keys. It is made in the first
+ * post_config and hangs off the process pool, so a graceful restart keeps
+ * it: counters never go backwards and an old generation's children keep
+ * writing to valid memory. Only this file sees the layout; others reach it
+ * through functions. The last-failure record is a seqlock whose writers
+ * take the slot's robust mutex without waiting (docs/design.md, "File
+ * notes", says why). */
 #include "apr_shm.h"
 #include "apr_strings.h"
 
@@ -52,96 +22,14 @@
 #include "http_log.h"
 
 #include "mod_tbucket.h"
+#include "tbucket_shm_int.h"
 
 APLOG_USE_MODULE(tbucket);
-
-#define SHM_USERDATA_KEY "mod_tbucket_shm"
-#define SHM_MAGIC 0x74627536u         /* "tbu6": TBucketRule records.   */
-#define MAX_VHOSTS 256                /* Slots; the last one is "other". */
-#define MAX_CLIENTS 64                /* Stats slots, one per Redis URL
-                                       * and policy.                    */
-#define LOCAL_ENTRIES 16384           /* Buckets in the local table.    */
-#define LEASE_ENTRIES 4096            /* Leases held at once.           */
-#define FAILURE_STALE_US 1000000      /* A failure writer's lock older
-                                       * than this, in microseconds, is
-                                       * a dead writer's.               */
-#define FAILURE_READ_TRIES 1000       /* Reads of a record being written
-                                       * before giving up.              */
-#define MAX_LOCAL_SCOPES 256          /* Scope records, all generations.*/
-#define INFLIGHT_POOL (1u << 21)      /* Bytes for the scopes' in-flight
-                                       * tables: about 500,000 places.  */
-#define REFUSING_PLACES 4096          /* Refused requests answered at
-                                       * once that the busy count can
-                                       * tell apart.                    */
-#define MAX_RULES 256                 /* Rule records, all generations. */
-
-/* A rule's record: found by name at every configuration load, so a rule
- * that a restart keeps keeps its counts. The same records count the
- * sections that set TBucketLimit (by outcome) and each TBucketRule name
- * (by tbucket_rule_event), in two arrays. */
-typedef struct tbucket_rule_rec {
-    char name[TBUCKET_NAME_LEN];
-    uint64_t generation;              /* Last load that had the rule.   */
-    uint64_t outcome[TBUCKET_OUTCOMES];
-} tbucket_rule_rec;
-
-/* A local scope's record. Found by name at every configuration load, so
- * a scope that a restart keeps keeps its table and the places its
- * requests of the old generation still hold. */
-typedef struct tbucket_scope_rec {
-    char name[TBUCKET_NAME_LEN];
-    uint32_t limit;                   /* N of the newest configuration. */
-    uint32_t pad;
-    uint64_t off;                     /* Its table, in bytes from the
-                                       * segment's start; 0 unused.    */
-    uint64_t generation;              /* Last load that had the scope.  */
-    uint64_t taken;                   /* Places taken.                  */
-    uint64_t refused;                 /* Requests refused, table full.  */
-} tbucket_scope_rec;
-
-/* The segment. Slots are only added, by the parent, while no child of
- * the new generation exists yet; children only do atomic adds. */
-typedef struct tbucket_shm {
-    uint32_t magic;
-    uint32_t nvhosts;                 /* Slots in use.                  */
-    uint32_t nclients;
-    uint32_t pad;
-    uint64_t generation;              /* Config loads since start.      */
-    uint64_t lease_returned;          /* Lease tokens given back.       */
-    tbucket_vhost_stats vhosts[MAX_VHOSTS];
-    tbucket_client_stats clients[MAX_CLIENTS];
-    size_t local_entries;
-    size_t local_off;                 /* Bytes from the segment start.  */
-    size_t lease_entries;             /* The lease table.               */
-    size_t lease_off;                 /* Bytes from the segment start.  */
-    /* Local protection. The busy count is written by whichever child
-     * finds it older than it may be (tbucket_local.c), so a stamp and a
-     * value in two words: a reader may pair a new stamp with the old
-     * value, a millisecond's difference. */
-    uint64_t busy_stamp;              /* apr_time_t of the last count.  */
-    uint64_t busy;                    /* Workers busy with a request.   */
-    uint32_t nscopes;                 /* Scope records in use.          */
-    uint32_t pad2;
-    uint64_t refusing_off;            /* The table of requests refused
-                                       * and still being answered.      */
-    uint64_t pool_off;                /* The tables' pool.              */
-    uint64_t pool_used;               /* Bytes of it given out; never
-                                       * given back while the segment
-                                       * lives (old generations may
-                                       * still hold places).            */
-    tbucket_scope_rec scopes[MAX_LOCAL_SCOPES];
-    uint64_t top_off;                 /* The heavy hitters, 0: none.    */
-    uint64_t top_bytes;
-    uint32_t nrules;                  /* Rule records in use.           */
-    uint32_t nnamed;                  /* TBucketRule records in use.    */
-    tbucket_rule_rec rules[MAX_RULES];
-    tbucket_rule_rec named[MAX_RULES];
-} tbucket_shm;
 
 /* This parent's segment, or NULL before the first post_config. Set in
  * the parent before any child of the generation exists, so children
  * inherit it and only read it. */
-static tbucket_shm *shm_seg = NULL;
+tbucket_shm *tbucket_shm_seg = NULL;
 
 const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
     "allowed", "rejected", "shadow-rejected", "fallback-open",
@@ -163,8 +51,6 @@ const char *const tbucket_limit_names[TBUCKET_LIMIT_KINDS] = {
 const char *const tbucket_slot_event_names[TBUCKET_SLOT_EVENTS] = {
     "taken", "refused", "released", "release-failed"
 };
-
-static uint64_t pool_table(tbucket_shm *seg, uint32_t cap);
 
 /* Bytes before the local table: the header rounded up to a cache line. */
 static apr_size_t local_offset(void)
@@ -210,6 +96,7 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     apr_status_t rv;
     tbucket_shm *seg;
     char key[64];
+    int i;
 
     /* Keyed by the layout's size and the tables' (their entries are the
      * core's): a graceful restart onto a module built with another
@@ -246,6 +133,12 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     }
     seg = apr_shm_baseaddr_get(shm);
     memset(seg, 0, size);
+    /* The locks are made here, once, with the segment: a restart that
+     * finds the segment above leaves them alone, since a child of the
+     * old generation may hold one. */
+    for (i = 0; i < MAX_CLIENTS; i++) {
+        tb_shlock_init(&seg->clients[i].failure.lock);
+    }
     seg->magic = SHM_MAGIC;
     seg->local_entries = LOCAL_ENTRIES;
     seg->local_off = local_offset();
@@ -259,7 +152,7 @@ static tbucket_shm *shm_attach(apr_pool_t *pconf, server_rec *s)
     seg->pool_off = APR_ALIGN(seg->lease_off + tb_lease_size(LEASE_ENTRIES),
                               8);
     seg->pool_used = 0;
-    seg->refusing_off = pool_table(seg, REFUSING_PLACES);
+    seg->refusing_off = tbucket_shm_pool_table(seg, REFUSING_PLACES);
     /* The heavy hitters after the in-flight pool, 8-byte aligned. */
     if (top) {
         seg->top_off = APR_ALIGN(seg->pool_off + INFLIGHT_POOL, 8);
@@ -364,7 +257,7 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
     if (!seg) {
         return HTTP_INTERNAL_SERVER_ERROR;
     }
-    shm_seg = seg;
+    tbucket_shm_seg = seg;
     seg->generation++;
     for (i = 0; i < seg->nclients; i++) {
         seg->clients[i].servers[0] = '\0';
@@ -396,20 +289,20 @@ int tbucket_shm_setup(apr_pool_t *pconf, apr_pool_t *plog, server_rec *s)
 
 tbucket_client_stats *tbucket_shm_client(const tbucket_srv_conf *sc)
 {
-    if (!shm_seg || sc->client_slot < 0
+    if (!tbucket_shm_seg || sc->client_slot < 0
         || sc->client_slot >= MAX_CLIENTS) {
         return NULL;
     }
-    return &shm_seg->clients[sc->client_slot];
+    return &tbucket_shm_seg->clients[sc->client_slot];
 }
 
 /* This vhost's counters in shared memory, or NULL before there is any. */
 static tbucket_vhost_stats *vhost_stats(const tbucket_srv_conf *sc)
 {
-    if (!shm_seg || sc->vhost_slot < 0 || sc->vhost_slot >= MAX_VHOSTS) {
+    if (!tbucket_shm_seg || sc->vhost_slot < 0 || sc->vhost_slot >= MAX_VHOSTS) {
         return NULL;
     }
-    return &shm_seg->vhosts[sc->vhost_slot];
+    return &tbucket_shm_seg->vhosts[sc->vhost_slot];
 }
 
 void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
@@ -469,9 +362,17 @@ void tbucket_count_cost(const tbucket_srv_conf *sc, tbucket_cost_event ev,
 
 void tbucket_count_returned(double tokens)
 {
-    if (shm_seg && tokens > 0) {
-        tb_stats_add(&shm_seg->lease_returned,
+    if (tbucket_shm_seg && tokens > 0) {
+        tb_stats_add(&tbucket_shm_seg->lease_returned,
                      (uint64_t)floor(tokens + 0.5));
+    }
+}
+
+void tbucket_count_cpu(tbucket_priority prio, int failed)
+{
+    if (tbucket_shm_seg && prio < TBUCKET_PRIOS) {
+        tb_stats_add(failed ? &tbucket_shm_seg->cpu_failed : &tbucket_shm_seg->cpu_set[prio],
+                     1);
     }
 }
 
@@ -498,24 +399,19 @@ void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
 {
     tbucket_failure_slot *f;
     uint64_t words[TBUCKET_REASON_LEN / 8];
-    uint64_t held, seq;
+    uint64_t seq;
     char *w = (char *)words;
     apr_size_t i;
+    int rc;
 
     if (!cs || now <= 0) {
         return;
     }
     f = &cs->failure;
-    /* A lock taken less than FAILURE_STALE_US ago is a live writer's;
-     * an older one, or one from the future (the clock went back), is
-     * taken over. */
-    held = __atomic_load_n(&f->lock_us, __ATOMIC_RELAXED);
-    if (held && (uint64_t)now >= held
-        && (uint64_t)now - held < FAILURE_STALE_US) {
-        return;
-    }
-    if (!__atomic_compare_exchange_n(&f->lock_us, &held, (uint64_t)now, 0,
-                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+    /* Busy: another child is writing the same news. Recovered: a writer
+     * died in the middle, and this one writes every field again. */
+    rc = tb_shlock_try(&f->lock);
+    if (rc != TB_OK && rc != TB_SHLOCK_RECOVERED) {
         return;
     }
     memset(words, 0, sizeof(words));
@@ -535,7 +431,7 @@ void tbucket_shm_note_failure(tbucket_client_stats *cs, int kind,
         __atomic_store_n(&f->reason[i], words[i], __ATOMIC_RELAXED);
     }
     __atomic_store_n(&f->seq, seq + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&f->lock_us, 0, __ATOMIC_RELEASE);
+    tb_shlock_release(&f->lock);
 }
 
 int tbucket_shm_failure_get(const tbucket_client_stats *cs,
@@ -577,178 +473,61 @@ int tbucket_shm_failure_get(const tbucket_client_stats *cs,
 
 tb_lease_t *tbucket_lease_table(void)
 {
-    if (!shm_seg || !shm_seg->lease_off) {
+    if (!tbucket_shm_seg || !tbucket_shm_seg->lease_off) {
         return NULL;
     }
-    return (tb_lease_t *)((char *)shm_seg + shm_seg->lease_off);
+    return (tb_lease_t *)((char *)tbucket_shm_seg + tbucket_shm_seg->lease_off);
 }
 
 tb_local_t *tbucket_local_table(void)
 {
-    if (!shm_seg) {
+    if (!tbucket_shm_seg) {
         return NULL;
     }
-    return (tb_local_t *)((char *)shm_seg + shm_seg->local_off);
+    return (tb_local_t *)((char *)tbucket_shm_seg + tbucket_shm_seg->local_off);
 }
 
 tb_topk_t *tbucket_top_table(void)
 {
-    if (!shm_seg || !shm_seg->top_off) {
+    if (!tbucket_shm_seg || !tbucket_shm_seg->top_off) {
         return NULL;
     }
-    return (tb_topk_t *)((char *)shm_seg + shm_seg->top_off);
+    return (tb_topk_t *)((char *)tbucket_shm_seg + tbucket_shm_seg->top_off);
 }
 
 apr_size_t tbucket_top_bytes(void)
 {
-    return shm_seg ? (apr_size_t)shm_seg->top_bytes : 0;
+    return tbucket_shm_seg ? (apr_size_t)tbucket_shm_seg->top_bytes : 0;
 }
 
 void tbucket_count_key(const tb_topk_item_t *item, int refused,
                        apr_time_t when)
 {
-    if (shm_seg && shm_seg->top_off) {
-        tb_topk_note((tb_topk_t *)((char *)shm_seg + shm_seg->top_off),
+    if (tbucket_shm_seg && tbucket_shm_seg->top_off) {
+        tb_topk_note((tb_topk_t *)((char *)tbucket_shm_seg + tbucket_shm_seg->top_off),
                      item, refused, (int64_t)apr_time_as_msec(when));
     }
 }
 
 int tbucket_shm_view_get(tbucket_shm_view *v)
 {
-    if (!shm_seg) {
+    int i;
+
+    if (!tbucket_shm_seg) {
         return 0;
     }
-    v->nvhosts = shm_seg->nvhosts;
-    v->nclients = shm_seg->nclients;
-    v->vhosts = shm_seg->vhosts;
-    v->clients = shm_seg->clients;
-    v->local_entries = shm_seg->local_entries;
-    v->generation = shm_seg->generation;
-    v->lease_returned = tb_stats_get(&shm_seg->lease_returned);
+    v->nvhosts = tbucket_shm_seg->nvhosts;
+    v->nclients = tbucket_shm_seg->nclients;
+    v->vhosts = tbucket_shm_seg->vhosts;
+    v->clients = tbucket_shm_seg->clients;
+    v->local_entries = tbucket_shm_seg->local_entries;
+    v->generation = tbucket_shm_seg->generation;
+    v->lease_returned = tb_stats_get(&tbucket_shm_seg->lease_returned);
+    for (i = 0; i < TBUCKET_PRIOS; i++) {
+        v->cpu_set[i] = tb_stats_get(&tbucket_shm_seg->cpu_set[i]);
+    }
+    v->cpu_failed = tb_stats_get(&tbucket_shm_seg->cpu_failed);
     return 1;
-}
-
-/* ---- Local protection's records ------------------------------------ */
-
-/* A table of cap places from the pool: its offset, or 0 when the pool
- * is spent. Parent only. */
-static uint64_t pool_table(tbucket_shm *seg, uint32_t cap)
-{
-    uint64_t need = APR_ALIGN(tb_inflight_size(cap), 8), off;
-
-    if (!need || seg->pool_used + need > INFLIGHT_POOL) {
-        return 0;
-    }
-    off = seg->pool_off + seg->pool_used;
-    tb_inflight_init((char *)seg + off, cap);
-    seg->pool_used += need;
-    return off;
-}
-
-/* The table of a record, or NULL. */
-static tb_inflight_t *rec_table(tbucket_shm *seg, const tbucket_scope_rec *r)
-{
-    return r->off ? (tb_inflight_t *)((char *)seg + r->off) : NULL;
-}
-
-int tbucket_shm_local_slot(const char *name, int limit, const char **why)
-{
-    tbucket_shm *seg = shm_seg;
-    tbucket_scope_rec *r = NULL;
-    uint32_t i, cap = (uint32_t)limit;
-
-    *why = NULL;
-    if (!seg) {
-        *why = "no shared memory";
-        return -1;
-    }
-    for (i = 0; i < seg->nscopes && !r; i++) {
-        if (!strcmp(seg->scopes[i].name, name)) {
-            r = &seg->scopes[i];
-        }
-    }
-    /* A record no configuration has used since the last load, with no
-     * place held, may take a new name. */
-    for (i = 0; i < seg->nscopes && !r && seg->nscopes == MAX_LOCAL_SCOPES;
-         i++) {
-        tbucket_scope_rec *o = &seg->scopes[i];
-
-        if (o->generation + 1 < seg->generation
-            && tb_inflight_count(rec_table(seg, o)) == 0) {
-            r = o;
-            r->off = tb_inflight_cap(rec_table(seg, o)) >= cap ? r->off : 0;
-            r->taken = r->refused = 0;
-        }
-    }
-    if (!r && seg->nscopes < MAX_LOCAL_SCOPES) {
-        r = &seg->scopes[seg->nscopes++];
-    }
-    if (!r) {
-        *why = "too many local scopes (256 records, all in use)";
-        return -1;
-    }
-    apr_cpystrn(r->name, name, sizeof(r->name));
-    /* A limit raised past the table's places needs a new table: the old
-     * one stays with the requests of the old generation that hold it. */
-    if (tb_inflight_cap(rec_table(seg, r)) < cap) {
-        uint64_t off = pool_table(seg, cap);
-
-        if (!off) {
-            *why = "the shared memory for local limits is spent (about "
-                   "500,000 places); stop and start Apache to reclaim "
-                   "what earlier configurations used";
-            return -1;
-        }
-        r->off = off;
-    }
-    r->limit = cap;
-    r->generation = seg->generation;
-    return (int)(r - seg->scopes);
-}
-
-tb_inflight_t *tbucket_shm_local_table(int slot)
-{
-    if (!shm_seg || slot < 0 || (uint32_t)slot >= shm_seg->nscopes) {
-        return NULL;
-    }
-    return rec_table(shm_seg, &shm_seg->scopes[slot]);
-}
-
-tb_inflight_t *tbucket_shm_refusing(void)
-{
-    if (!shm_seg || !shm_seg->refusing_off) {
-        return NULL;
-    }
-    return (tb_inflight_t *)((char *)shm_seg + shm_seg->refusing_off);
-}
-
-void tbucket_shm_local_reap(uint32_t tag, tb_inflight_alive_fn alive)
-{
-    uint32_t i;
-
-    for (i = 0; shm_seg && i <= shm_seg->nscopes; i++) {
-        tb_inflight_t *t = i < shm_seg->nscopes
-                           ? rec_table(shm_seg, &shm_seg->scopes[i])
-                           : tbucket_shm_refusing();
-
-        if (tag) {
-            tb_inflight_reap(t, tag);
-        }
-        else {
-            tb_inflight_reap_dead(t, alive);
-        }
-    }
-}
-
-void tbucket_count_local(int slot, int refused)
-{
-    tbucket_scope_rec *r;
-
-    if (!shm_seg || slot < 0 || (uint32_t)slot >= shm_seg->nscopes) {
-        return;
-    }
-    r = &shm_seg->scopes[slot];
-    tb_stats_add(refused ? &r->refused : &r->taken, 1);
 }
 
 void tbucket_count_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
@@ -761,157 +540,55 @@ void tbucket_count_shed(const tbucket_srv_conf *sc, tbucket_priority prio,
     }
 }
 
-apr_array_header_t *tbucket_shm_local_views(apr_pool_t *p)
-{
-    apr_array_header_t *a = apr_array_make(p, 4, sizeof(tbucket_local_view));
-    uint32_t i;
-
-    for (i = 0; shm_seg && i < shm_seg->nscopes; i++) {
-        const tbucket_scope_rec *r = &shm_seg->scopes[i];
-        uint32_t held = tb_inflight_count(rec_table(shm_seg, r));
-        tbucket_local_view *v;
-
-        /* Scopes a restart dropped are shown while places are held. */
-        if (r->generation != shm_seg->generation && !held) {
-            continue;
-        }
-        v = apr_array_push(a);
-        v->name = apr_pstrdup(p, r->name);
-        v->limit = r->limit;
-        v->in_flight = held;
-        v->taken = tb_stats_get(&r->taken);
-        v->refused = tb_stats_get(&r->refused);
-    }
-    return a;
-}
-
 int tbucket_shm_busy_get(apr_time_t now, apr_time_t max_age, uint32_t *busy)
 {
     uint64_t stamp;
 
-    if (!shm_seg) {
+    if (!tbucket_shm_seg) {
         return 0;
     }
-    stamp = __atomic_load_n(&shm_seg->busy_stamp, __ATOMIC_ACQUIRE);
+    stamp = __atomic_load_n(&tbucket_shm_seg->busy_stamp, __ATOMIC_ACQUIRE);
     /* A stamp from the future (the clock went back) is stale too. */
     if (!stamp || (uint64_t)now < stamp
         || (uint64_t)now - stamp > (uint64_t)max_age) {
         return 0;
     }
-    *busy = (uint32_t)__atomic_load_n(&shm_seg->busy, __ATOMIC_RELAXED);
+    *busy = (uint32_t)__atomic_load_n(&tbucket_shm_seg->busy, __ATOMIC_RELAXED);
     return 1;
 }
 
 void tbucket_shm_busy_put(apr_time_t now, uint32_t busy)
 {
-    if (shm_seg) {
-        __atomic_store_n(&shm_seg->busy, (uint64_t)busy, __ATOMIC_RELAXED);
-        __atomic_store_n(&shm_seg->busy_stamp, (uint64_t)now,
+    if (tbucket_shm_seg) {
+        __atomic_store_n(&tbucket_shm_seg->busy, (uint64_t)busy, __ATOMIC_RELAXED);
+        __atomic_store_n(&tbucket_shm_seg->busy_stamp, (uint64_t)now,
                          __ATOMIC_RELEASE);
     }
 }
 
-/* ---- Rules ------------------------------------------------------------ */
+/* ---- The pool of the records' tables ------------------------------- */
 
-/* The record called name in recs (*n in use), made or found: its slot,
- * or -1 when all are taken by names of the current configuration. */
-static int rec_slot(tbucket_shm *seg, tbucket_rule_rec *recs, uint32_t *n,
-                    const char *name)
+/* size bytes from the pool: their offset, or 0 when the pool is spent.
+ * Parent only. */
+uint64_t tbucket_shm_pool_take(tbucket_shm *seg, size_t size)
 {
-    tbucket_rule_rec *r = NULL;
-    uint32_t i;
+    uint64_t need = APR_ALIGN(size, 8), off;
 
-    for (i = 0; i < *n && !r; i++) {
-        if (!strcmp(recs[i].name, name)) {
-            r = &recs[i];
-        }
+    if (!need || seg->pool_used + need > INFLIGHT_POOL) {
+        return 0;
     }
-    /* A record no configuration has used since the last load may take a
-     * new name, and starts again from 0. */
-    for (i = 0; i < *n && !r && *n == MAX_RULES; i++) {
-        if (recs[i].generation + 1 < seg->generation) {
-            r = &recs[i];
-            memset(r->outcome, 0, sizeof(r->outcome));
-        }
-    }
-    if (!r && *n < MAX_RULES) {
-        r = &recs[(*n)++];
-    }
-    if (!r) {
-        return -1;
-    }
-    apr_cpystrn(r->name, name, sizeof(r->name));
-    r->generation = seg->generation;
-    return (int)(r - recs);
+    off = seg->pool_off + seg->pool_used;
+    seg->pool_used += need;
+    return off;
 }
 
-int tbucket_shm_rule_slot(const char *name)
+/* A table of cap places from the pool: its offset, or 0. */
+uint64_t tbucket_shm_pool_table(tbucket_shm *seg, uint32_t cap)
 {
-    return shm_seg ? rec_slot(shm_seg, shm_seg->rules, &shm_seg->nrules,
-                              name)
-                   : -1;
-}
+    uint64_t off = tbucket_shm_pool_take(seg, tb_inflight_size(cap));
 
-int tbucket_shm_named_slot(const char *name)
-{
-    return shm_seg ? rec_slot(shm_seg, shm_seg->named, &shm_seg->nnamed,
-                              name)
-                   : -1;
-}
-
-void tbucket_count_rule(int slot, tbucket_outcome o)
-{
-    if (shm_seg && slot >= 0 && (uint32_t)slot < shm_seg->nrules
-        && o < TBUCKET_OUTCOMES) {
-        tb_stats_add(&shm_seg->rules[slot].outcome[o], 1);
+    if (off) {
+        tb_inflight_init((char *)seg + off, cap);
     }
-}
-
-void tbucket_count_named(int slot, tbucket_rule_event e)
-{
-    if (shm_seg && slot >= 0 && (uint32_t)slot < shm_seg->nnamed
-        && e < TBUCKET_RULE_EVENTS) {
-        tb_stats_add(&shm_seg->named[slot].outcome[e], 1);
-    }
-}
-
-/* The current configuration's records of recs, with n counters each, as
- * views from p. */
-static apr_array_header_t *rec_views(apr_pool_t *p,
-                                     const tbucket_rule_rec *recs,
-                                     uint32_t nrecs, int n)
-{
-    apr_array_header_t *a = apr_array_make(p, 8, sizeof(tbucket_rule_view));
-    uint32_t i;
-    int o;
-
-    for (i = 0; shm_seg && i < nrecs; i++) {
-        const tbucket_rule_rec *r = &recs[i];
-        tbucket_rule_view *v;
-
-        if (r->generation != shm_seg->generation) {
-            continue;
-        }
-        v = apr_array_push(a);
-        v->name = apr_pstrdup(p, r->name);
-        memset(v->outcome, 0, sizeof(v->outcome));
-        for (o = 0; o < n; o++) {
-            v->outcome[o] = tb_stats_get(&r->outcome[o]);
-        }
-    }
-    return a;
-}
-
-apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p)
-{
-    return shm_seg ? rec_views(p, shm_seg->rules, shm_seg->nrules,
-                               TBUCKET_OUTCOMES)
-                   : apr_array_make(p, 1, sizeof(tbucket_rule_view));
-}
-
-apr_array_header_t *tbucket_shm_named_views(apr_pool_t *p)
-{
-    return shm_seg ? rec_views(p, shm_seg->named, shm_seg->nnamed,
-                               TBUCKET_RULE_EVENTS)
-                   : apr_array_make(p, 1, sizeof(tbucket_rule_view));
+    return off;
 }

@@ -466,6 +466,145 @@ static void collect_clients(tbucket_metrics *t, const tbucket_shm_view *seg)
     collect_process(t, seg, cl);
 }
 
+/* TBucketShed's thresholds of every server that sets them. */
+static void collect_thresholds(tbucket_metrics *t,
+                               const tbucket_shm_view *seg)
+{
+    tbucket_family *f = tbucket_family_add(t,
+        "tbucket_shed_threshold_percent", "gauge", "TBucketShed: the busy "
+        "share, in percent, at which a priority is shed (levels never shed "
+        "are not listed).");
+    tbucket_labels l, vh;
+    server_rec *s;
+    int k;
+
+    for (s = ap_server_conf; s; s = s->next) {
+        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                    &tbucket_module);
+
+        if (sc->vhost_slot < 0 || (uint32_t)sc->vhost_slot >= seg->nvhosts
+            || !sc->shed_min
+            || (s != ap_server_conf && !(sc->set & TBUCKET_SET_SHED))) {
+            continue;
+        }
+        vh = tbucket_labels_with(NULL, "vhost",
+                                 seg->vhosts[sc->vhost_slot].name);
+        for (k = 0; k < TBUCKET_PRIOS; k++) {
+            if (sc->shed_pct[k]) {
+                l = tbucket_labels_with(&vh, "priority",
+                                        tbucket_priority_names[k]);
+                tbucket_sample_add(f, "", &l, (uint64_t)sc->shed_pct[k]);
+            }
+        }
+    }
+}
+
+/* TBucketCPUPriority: worker threads moved to each priority's nice step
+ * (normal's is usually 0, and then never moved), and moves refused. */
+static void collect_cpu(tbucket_metrics *t, const tbucket_shm_view *seg)
+{
+    tbucket_family *f = tbucket_family_add(
+        t, "tbucket_cpu_priority_changes_total", "counter",
+        "Worker threads given a request's CPU priority "
+        "(TBucketCPUPriority), by the request's priority.");
+    tbucket_labels l;
+    int k;
+
+    for (k = 0; k < TBUCKET_PRIOS; k++) {
+        l = tbucket_labels_with(NULL, "priority", tbucket_priority_names[k]);
+        tbucket_sample_add(f, "", &l, seg->cpu_set[k]);
+    }
+    tbucket_family_single(t, "tbucket_cpu_priority_failures_total",
+                          "counter", "Priority changes the kernel "
+                          "refused (the worker kept its priority).",
+                          seg->cpu_failed);
+}
+
+/* Each auto scope's cap as it sets itself: its bounds, the latency it
+ * sees (the floor without a queue and the last window's median) and how
+ * often it moved. tbucket_local_limit is the cap itself. */
+static void collect_auto(tbucket_metrics *t, const apr_array_header_t *views)
+{
+    tbucket_family *lat = tbucket_family_add(
+        t, "tbucket_local_auto_latency_seconds", "gauge",
+        "Latency an auto local scope's cap reads: floor, the lowest seen "
+        "without a queue; window, the median of the last window.");
+    tbucket_family *bounds = tbucket_family_add(
+        t, "tbucket_local_auto_bounds", "gauge",
+        "The min and max of an auto local scope's cap.");
+    tbucket_family *moves = tbucket_family_add(
+        t, "tbucket_local_auto_changes_total", "counter",
+        "Changes of an auto local scope's cap: up, down, and probes (one "
+        "window at min to measure the floor again).");
+    tbucket_sample *x;
+    tbucket_labels l, k;
+    int i;
+
+    for (i = 0; i < views->nelts; i++) {
+        const tbucket_local_view *v = &APR_ARRAY_IDX(views, i,
+                                                     tbucket_local_view);
+
+        if (!v->adaptive) {
+            continue;
+        }
+        l = tbucket_labels_with(NULL, "scope", v->name);
+        k = tbucket_labels_with(&l, "kind", "floor");
+        x = tbucket_sample_add(lat, "", &k, v->adapt.floor_us);
+        x->micro = 1;
+        k = tbucket_labels_with(&l, "kind", "window");
+        x = tbucket_sample_add(lat, "", &k, v->adapt.last_us);
+        x->micro = 1;
+        k = tbucket_labels_with(&l, "bound", "min");
+        tbucket_sample_add(bounds, "", &k, v->adapt.min);
+        k = tbucket_labels_with(&l, "bound", "max");
+        tbucket_sample_add(bounds, "", &k, v->adapt.max);
+        k = tbucket_labels_with(&l, "direction", "up");
+        tbucket_sample_add(moves, "", &k, v->adapt.ups);
+        k = tbucket_labels_with(&l, "direction", "down");
+        tbucket_sample_add(moves, "", &k, v->adapt.downs);
+        k = tbucket_labels_with(&l, "direction", "probe");
+        tbucket_sample_add(moves, "", &k, v->adapt.probes);
+    }
+}
+
+/* Each local scope's places: in flight, its limit, taken and refused. */
+static void collect_scopes(tbucket_metrics *t)
+{
+    static const char *const names[4] = {
+        "tbucket_local_in_flight", "tbucket_local_limit",
+        "tbucket_local_taken_total", "tbucket_local_refused_total"
+    };
+    static const char *const types[4] = {
+        "gauge", "gauge", "counter", "counter"
+    };
+    static const char *const helps[4] = {
+        "Requests of a local scope in flight now, all children.",
+        "TBucketLocalConcurrency of a local scope: its N, or with auto "
+        "the cap now.",
+        "Places taken in a local scope.",
+        "Requests a local scope refused: no place left."
+    };
+    apr_array_header_t *views = tbucket_shm_local_views(t->p);
+    tbucket_family *fl[4];
+    tbucket_labels l;
+    int i, k;
+
+    for (k = 0; k < 4; k++) {
+        fl[k] = tbucket_family_add(t, names[k], types[k], helps[k]);
+    }
+    for (i = 0; i < views->nelts; i++) {
+        const tbucket_local_view *v = &APR_ARRAY_IDX(views, i,
+                                                     tbucket_local_view);
+
+        l = tbucket_labels_with(NULL, "scope", v->name);
+        tbucket_sample_add(fl[0], "", &l, v->in_flight);
+        tbucket_sample_add(fl[1], "", &l, v->limit);
+        tbucket_sample_add(fl[2], "", &l, v->taken);
+        tbucket_sample_add(fl[3], "", &l, v->refused);
+    }
+    collect_auto(t, views);
+}
+
 /* Local protection: the busy share as shedding reads it, each server's
  * thresholds, what was shed or refused, and each local scope's places. */
 static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
@@ -480,12 +619,7 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
           "left, by their priority.", "priority", tbucket_priority_names,
           TBUCKET_PRIOS, VHOST_FIELD(local_refused) }
     };
-    apr_array_header_t *views = tbucket_shm_local_views(t->p);
-    tbucket_family *f;
-    tbucket_labels l, vh;
-    uint32_t busy, workers, i;
-    server_rec *s;
-    int k;
+    uint32_t busy, workers;
 
     tbucket_local_busy(apr_time_now(), &busy, &workers);
     tbucket_family_single(t, "tbucket_workers_busy", "gauge",
@@ -496,59 +630,9 @@ static void collect_local(tbucket_metrics *t, const tbucket_shm_view *seg)
     tbucket_family_single(t, "tbucket_workers_max", "gauge",
                           "Workers the server runs at most "
                           "(MaxRequestWorkers).", workers);
-    f = tbucket_family_add(t, "tbucket_shed_threshold_percent", "gauge",
-                           "TBucketShed: the busy share, in percent, at "
-                           "which a priority is shed (levels never shed "
-                           "are not listed).");
-    for (s = ap_server_conf; s; s = s->next) {
-        tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
-                                                    &tbucket_module);
-
-        if (sc->vhost_slot < 0 || (uint32_t)sc->vhost_slot >= seg->nvhosts
-            || !sc->shed_min || (s != ap_server_conf && !(sc->set & TBUCKET_SET_SHED))) {
-            continue;
-        }
-        vh = tbucket_labels_with(NULL, "vhost",
-                                 seg->vhosts[sc->vhost_slot].name);
-        for (k = 0; k < TBUCKET_PRIOS; k++) {
-            if (sc->shed_pct[k]) {
-                l = tbucket_labels_with(&vh, "priority",
-                                        tbucket_priority_names[k]);
-                tbucket_sample_add(f, "", &l, (uint64_t)sc->shed_pct[k]);
-            }
-        }
-    }
+    collect_thresholds(t, seg);
     collect_vhost_arrays(t, seg, refusals, 2);
-    {
-        static const char *const names[4] = {
-            "tbucket_local_in_flight", "tbucket_local_limit",
-            "tbucket_local_taken_total", "tbucket_local_refused_total"
-        };
-        static const char *const types[4] = {
-            "gauge", "gauge", "counter", "counter"
-        };
-        static const char *const helps[4] = {
-            "Requests of a local scope in flight now, all children.",
-            "TBucketLocalConcurrency of a local scope.",
-            "Places taken in a local scope.",
-            "Requests a local scope refused: no place left."
-        };
-        tbucket_family *fl[4];
-
-        for (k = 0; k < 4; k++) {
-            fl[k] = tbucket_family_add(t, names[k], types[k], helps[k]);
-        }
-        for (i = 0; i < (uint32_t)views->nelts; i++) {
-            const tbucket_local_view *v =
-                &APR_ARRAY_IDX(views, i, tbucket_local_view);
-
-            l = tbucket_labels_with(NULL, "scope", v->name);
-            tbucket_sample_add(fl[0], "", &l, v->in_flight);
-            tbucket_sample_add(fl[1], "", &l, v->limit);
-            tbucket_sample_add(fl[2], "", &l, v->taken);
-            tbucket_sample_add(fl[3], "", &l, v->refused);
-        }
-    }
+    collect_scopes(t);
 }
 
 /* Every figure of the page, in the Prometheus output order, at now.
@@ -588,6 +672,7 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg,
                           "Redis: when a lease expired, and when the "
                           "server stopped or restarted.",
                           seg->lease_returned);
+    collect_cpu(t, seg);
     tbucket_family_single(t, "tbucket_config_generation", "gauge",
                           "Configuration loads since the server started.",
                           seg->generation);

@@ -501,6 +501,66 @@ static void html_clients(request_rec *r, const tbucket_metrics *t)
     }
 }
 
+/* The cells of an auto scope's row: each of the n families' samples
+ * with the scope's labels and label=values[i] (one family, or one each). */
+static void html_auto_cells(request_rec *r, const tbucket_family *f,
+                            const tbucket_labels *scope, const char *label,
+                            const char *const *values, int n)
+{
+    tbucket_labels k;
+    int i;
+
+    for (i = 0; i < n; i++) {
+        k = tbucket_labels_with(scope, label, values[i]);
+        html_value(r, f, sample_find(f, "", &k), 1);
+    }
+}
+
+/* Each auto scope's cap as it sets itself (tbucket_local_limit is the
+ * cap now): bounds, the latency it reads, how often it moved. */
+static void html_auto(request_rec *r, const tbucket_metrics *t)
+{
+    static const char *const bounds[2] = { "min", "max" };
+    static const char *const kinds[2] = { "floor", "window" };
+    static const char *const moves[3] = { "up", "down", "probe" };
+    const tbucket_family *b = fam_find(t, "tbucket_local_auto_bounds");
+    const tbucket_family *lat = fam_find(t,
+                                         "tbucket_local_auto_latency_seconds");
+    const tbucket_family *mv = fam_find(t, "tbucket_local_auto_changes_total");
+    const tbucket_family *lim = fam_find(t, "tbucket_local_limit");
+    const char *last = NULL;
+    int i;
+
+    for (i = 0; b && i < b->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(b->samples, i,
+                                                 tbucket_sample);
+        const char *scope = label_get(&s->labels, "scope");
+        tbucket_labels l = tbucket_labels_with(NULL, "scope", scope);
+
+        if (last && !strcmp(last, scope)) {
+            continue;
+        }
+        if (!last) {
+            ap_rputs("<h3>auto scopes: the cap sets itself</h3><table><tr>"
+                     "<th>scope</th><th class=\"n\">cap</th><th class=\"n\">"
+                     "min</th><th class=\"n\">max</th><th class=\"n\">floor "
+                     "(s)</th><th class=\"n\">last window (s)</th><th "
+                     "class=\"n\">up</th><th class=\"n\">down</th><th "
+                     "class=\"n\">probes</th></tr>", r);
+        }
+        last = scope;
+        ap_rprintf(r, "<tr><td><code>%s</code></td>", h(r, scope));
+        html_value(r, lim, sample_find(lim, "", &l), 1);
+        html_auto_cells(r, b, &l, "bound", bounds, 2);
+        html_auto_cells(r, lat, &l, "kind", kinds, 2);
+        html_auto_cells(r, mv, &l, "direction", moves, 3);
+        ap_rputs("</tr>", r);
+    }
+    if (last) {
+        ap_rputs("</table>", r);
+    }
+}
+
 /* Local protection: the busy share against the thresholds, what was
  * shed by priority, and each local scope's places in flight. */
 static void html_local(request_rec *r, const tbucket_metrics *t)
@@ -543,6 +603,7 @@ static void html_local(request_rec *r, const tbucket_metrics *t)
         ap_rputs("</tr>", r);
     }
     ap_rputs("</table>", r);
+    html_auto(r, t);
 }
 
 /* A wall-clock time in ms as the page shows times, or a dash. */
@@ -649,22 +710,19 @@ static void html_top(request_rec *r, const tbucket_metrics *t)
     }
 }
 
-/* Each rule's decisions, its outcomes side by side: a shadow rule's
- * shadow-rejected is what enforcing it would refuse. collect_rules
- * writes each rule's outcomes together, in tbucket_outcome_names order
- * without shed, which is the order of the columns. */
-static void html_rules(request_rec *r, const tbucket_metrics *t)
+/* One row per rule, one column per name of cols[] but skip (-1: none),
+ * the samples in that order as the collector wrote them. */
+static void html_rule_table(request_rec *r, const tbucket_family *f,
+                            const char *head, const char *const *cols,
+                            int ncols, int skip, const char *none)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_rule_decisions_total");
     const char *row = NULL;
-    int i, o;
+    int i, c;
 
-    ap_rputs("<h2>Rules</h2><table><tr><th>rule (sections that set "
-             "TBucketLimit)</th>", r);
-    for (o = 0; o < TBUCKET_OUTCOMES; o++) {
-        if (o != TBUCKET_OUT_SHED) {
-            ap_rprintf(r, "<th class=\"n\">%s</th>",
-                       h(r, tbucket_outcome_names[o]));
+    ap_rputs(head, r);
+    for (c = 0; c < ncols; c++) {
+        if (c != skip) {
+            ap_rprintf(r, "<th class=\"n\">%s</th>", h(r, cols[c]));
         }
     }
     ap_rputs("</tr>", r);
@@ -680,38 +738,32 @@ static void html_rules(request_rec *r, const tbucket_metrics *t)
         }
         html_value(r, f, s, 1);
     }
-    ap_rputs(row ? "</tr></table>" : "<tr><td colspan=\"7\" class=\"zero\">"
-             "no rule</td></tr></table>", r);
+    if (row) {
+        ap_rputs("</tr></table>", r);
+    }
+    else {
+        ap_rprintf(r, "<tr><td colspan=\"%d\" class=\"zero\">%s</td></tr>"
+                   "</table>", ncols + 1 - (skip >= 0), none);
+    }
 }
 
-/* Each TBucketRule's events side by side, in tbucket_rule_event_names
- * order, as collect_named_rules writes them. */
+/* Each rule's decisions by outcome (a rule is a section that sets
+ * TBucketLimit); local protection's sheds are not a rule's doing. */
+static void html_rules(request_rec *r, const tbucket_metrics *t)
+{
+    html_rule_table(r, fam_find(t, "tbucket_rule_decisions_total"),
+                    "<h2>Rules</h2><table><tr><th>rule (sections that set "
+                    "TBucketLimit)</th>", tbucket_outcome_names,
+                    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED, "no rule");
+}
+
+/* Each TBucketRule's events side by side. */
 static void html_named_rules(request_rec *r, const tbucket_metrics *t)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_rule_events_total");
-    const char *row = NULL;
-    int i, e;
-
-    ap_rputs("<h2>TBucketRule</h2><table><tr><th>rule</th>", r);
-    for (e = 0; e < TBUCKET_RULE_EVENTS; e++) {
-        ap_rprintf(r, "<th class=\"n\">%s</th>",
-                   h(r, tbucket_rule_event_names[e]));
-    }
-    ap_rputs("</tr>", r);
-    for (i = 0; f && i < f->samples->nelts; i++) {
-        const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
-                                                 tbucket_sample);
-        const char *rule = label_get(&s->labels, "rule");
-
-        if (!row || strcmp(row, rule)) {
-            ap_rprintf(r, "%s<tr><td><code>%s</code></td>", row ? "</tr>"
-                       : "", h(r, rule));
-            row = rule;
-        }
-        html_value(r, f, s, 1);
-    }
-    ap_rputs(row ? "</tr></table>" : "<tr><td colspan=\"6\" class=\"zero\">"
-             "no TBucketRule</td></tr></table>", r);
+    html_rule_table(r, fam_find(t, "tbucket_rule_events_total"),
+                    "<h2>TBucketRule</h2><table><tr><th>rule</th>",
+                    tbucket_rule_event_names, TBUCKET_RULE_EVENTS, -1,
+                    "no TBucketRule");
 }
 
 /* Every sample, as the text view lists them, folded away by default. */

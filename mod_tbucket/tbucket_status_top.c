@@ -149,18 +149,13 @@ static void collect_keys(tbucket_metrics *t, apr_time_t now)
     }
 }
 
-/* Each rule's decisions by outcome; local protection's sheds are not a
- * rule's doing and are left out. */
-static void collect_rules(tbucket_metrics *t)
+/* One family's samples from the rules' views: for each rule, one per
+ * name of names[] but skip (-1: none), labelled label=name. */
+static void collect_rule_views(tbucket_family *f,
+                               const apr_array_header_t *views,
+                               const char *label, const char *const *names,
+                               int n, int skip)
 {
-    apr_array_header_t *views = tbucket_shm_rule_views(t->p);
-    tbucket_family *f = tbucket_family_add(t, "tbucket_rule_decisions_total",
-                                           "counter", "Decisions of each "
-                                           "rule (a section that sets "
-                                           "TBucketLimit) by outcome: "
-                                           "shadow-rejected are the "
-                                           "refusals a shadow rule would "
-                                           "make if enforced.");
     int i, o;
 
     for (i = 0; i < views->nelts; i++) {
@@ -168,40 +163,44 @@ static void collect_rules(tbucket_metrics *t)
                                                     tbucket_rule_view);
         tbucket_labels r = tbucket_labels_with(NULL, "rule", v->name), l;
 
-        for (o = 0; o < TBUCKET_OUTCOMES; o++) {
-            if (o == TBUCKET_OUT_SHED) {
-                continue;
+        for (o = 0; o < n; o++) {
+            if (o != skip) {
+                l = tbucket_labels_with(&r, label, names[o]);
+                tbucket_sample_add(f, "", &l, v->outcome[o]);
             }
-            l = tbucket_labels_with(&r, "outcome", tbucket_outcome_names[o]);
-            tbucket_sample_add(f, "", &l, v->outcome[o]);
         }
     }
+}
+
+/* Each rule's decisions by outcome; local protection's sheds are not a
+ * rule's doing and are left out. */
+static void collect_rules(tbucket_metrics *t)
+{
+    collect_rule_views(tbucket_family_add(t, "tbucket_rule_decisions_total",
+                                          "counter", "Decisions of each "
+                                          "rule (a section that sets "
+                                          "TBucketLimit) by outcome: "
+                                          "shadow-rejected are the "
+                                          "refusals a shadow rule would "
+                                          "make if enforced."),
+                       tbucket_shm_rule_views(t->p), "outcome",
+                       tbucket_outcome_names, TBUCKET_OUTCOMES,
+                       TBUCKET_OUT_SHED);
 }
 
 /* Each TBucketRule name's events: decisions it was part of, refusals it
  * bound (under its ban or not), bans set, count= charges. */
 static void collect_named_rules(tbucket_metrics *t)
 {
-    apr_array_header_t *views = tbucket_shm_named_views(t->p);
-    tbucket_family *f = tbucket_family_add(t, "tbucket_rule_events_total",
-                                           "counter", "What happened to "
-                                           "each TBucketRule (by NAME): "
-                                           "applied, refused, banned "
-                                           "(refused under its ban), ban "
-                                           "(bans set), charged (count= "
-                                           "charges after the response).");
-    int i, e;
-
-    for (i = 0; i < views->nelts; i++) {
-        const tbucket_rule_view *v = &APR_ARRAY_IDX(views, i,
-                                                    tbucket_rule_view);
-        tbucket_labels r = tbucket_labels_with(NULL, "rule", v->name), l;
-
-        for (e = 0; e < TBUCKET_RULE_EVENTS; e++) {
-            l = tbucket_labels_with(&r, "event", tbucket_rule_event_names[e]);
-            tbucket_sample_add(f, "", &l, v->outcome[e]);
-        }
-    }
+    collect_rule_views(tbucket_family_add(t, "tbucket_rule_events_total",
+                                          "counter", "What happened to "
+                                          "each TBucketRule (by NAME): "
+                                          "applied, refused, banned "
+                                          "(refused under its ban), ban "
+                                          "(bans set), charged (count= "
+                                          "charges after the response)."),
+                       tbucket_shm_named_views(t->p), "event",
+                       tbucket_rule_event_names, TBUCKET_RULE_EVENTS, -1);
 }
 
 void tbucket_collect_top(tbucket_metrics *t, apr_time_t now)

@@ -3,45 +3,22 @@
  *
  *   redis-server --loadmodule /usr/lib/redis/modules/tbucket_redis.so
  *
- * One command per script, taking exactly the script's KEYS and ARGV with
- * EVAL's numkeys and answering exactly the script's reply, so a client
- * swaps "EVALSHA <sha> numkeys ..." for "tbucket.<algo> numkeys ...":
- *
- *   tbucket.bucket  numkeys key... clock cap rate cost... [settle | want [back]]
- *                   [conc N ttl id]               (shared/algo/tb_bucket.lua)
- *   tbucket.gcra    numkeys key... clock cap rate cost... [settle]
- *                   [conc N ttl id]                 (shared/algo/tb_gcra.lua)
- *   tbucket.swindow numkeys key... clock cap rate cost... [conc N ttl id]
- *   tbucket.fwindow numkeys key... clock cap rate cost... [conc N ttl id]
- *   tbucket.slog    numkeys key... clock cap rate cost... [conc N ttl id]
- *
- * KEYS are the buckets, then, with 'conc', the slot set; clock is "" for
- * Redis's own (ms) or whole ms (tests). The reply is {allowed, remaining,
- * retry_ms, binding}, {.., granted} for a lease, and {.., granted or 0,
- * slots held} with 'conc' (shared/algo/tb_prelude.lua describes them). A
- * slot is released with ZREM <slot set> <id>, as for the scripts: there
- * is no tbucket.release, so that a slot taken by the module is released
- * the same way on a server where the module is gone.
- *
- * The decision is the core's: tbucket_call.c parses the arguments, decodes
- * the stored fields and runs the C twins; this file reads the keys, writes
- * back what the outcome says, and replies. The keys hold what the scripts
- * write, byte for byte (numbers as Redis formats a Lua number, "%.17g";
- * the same fields, members and TTLs), so a bucket started by one engine
- * goes on under the other. Effects are replicated, never the command,
- * which reads the clock: HSET, SET .. PXAT, ZADD, ZREMRANGEBYSCORE and
- * PEXPIREAT with the absolute expiry set on the primary, so replicas and
- * an AOF replay hold its values and TTLs and need no module. Every key is
- * opened and type-checked before anything is written: a WRONGTYPE key
- * leaves the call without effect. Key positions come from numkeys through
- * the getkeys API, so Cluster routes and refuses CROSSSLOT as for EVAL.
+ * One command per script (tbucket.bucket, .gcra, .swindow, .fwindow,
+ * .slog), taking exactly the script's KEYS and ARGV with EVAL's numkeys
+ * and answering exactly its reply, so a client swaps "EVALSHA <sha>" for
+ * "tbucket.<algo>". rm_command.c parses and decides with the core's C
+ * twins; this file opens and type-checks every key before writing, reads
+ * the state, writes back what the outcome says, byte for byte as the
+ * scripts do, and replicates effects (never the command, which reads the
+ * clock). Key positions come from numkeys, so Cluster refuses CROSSSLOT as
+ * for EVAL. redismod/README.md and docs/design.md give the argument forms.
  */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "redismodule_api.h"
-#include "tbucket_call.h"
+#include "rm_command.h"
 
 #ifndef TBUCKET_REDIS_VERSION
 #define TBUCKET_REDIS_VERSION 1
@@ -58,24 +35,24 @@ TBUCKET_RM_API(TBUCKET_RM_DECLARE)
 
 /* The keys of one call: one handle per distinct key, which positions
  * share, since two handles on one key each cache its value. */
-typedef struct tbucket_keys {
+typedef struct rm_keys {
     RedisModuleCtx *ctx;
     int numkeys;
-    RedisModuleString *name[TBUCKET_MAX_KEYS];
-    RedisModuleKey *key[TBUCKET_MAX_KEYS];
-    int first[TBUCKET_MAX_KEYS];  /* Position that opened the handle. */
+    RedisModuleString *name[RM_MAX_KEYS];
+    RedisModuleKey *key[RM_MAX_KEYS];
+    int first[RM_MAX_KEYS];  /* Position that opened the handle. */
     /* Sliding log: the entries bucket i's decision may read, read right
      * after its own trim, as its script reads them: a key named again
      * later in the call is trimmed again under that bucket's window
      * before the decision runs. [0] for the call's cost, [1] for a zero
      * cost (the remaining count of a call its slot set refused). */
-    int64_t nth_k[2][TBUCKET_MAX_KEYS];   /* -1: none read.            */
-    double nth_v[2][TBUCKET_MAX_KEYS];
-} tbucket_keys_t;
+    int64_t nth_k[2][RM_MAX_KEYS];   /* -1: none read.            */
+    double nth_v[2][RM_MAX_KEYS];
+} rm_keys_t;
 
 /* ---- Keys --------------------------------------------------------------- */
 
-static void keys_close(tbucket_keys_t *k)
+static void keys_close(rm_keys_t *k)
 {
     int i;
 
@@ -88,8 +65,8 @@ static void keys_close(tbucket_keys_t *k)
 
 /* Open every key for writing, one handle per distinct name. */
 static void keys_open(RedisModuleCtx *ctx, RedisModuleString **names,
-                      const tbucket_arg_t *args, int numkeys,
-                      tbucket_keys_t *k)
+                      const rm_arg_t *args, int numkeys,
+                      rm_keys_t *k)
 {
     int i, j;
 
@@ -127,7 +104,7 @@ static int bucket_type(tb_algo_t algo)
 }
 
 /* NULL when every key is empty or of its type, else the error reply. */
-static const char *keys_check(const tbucket_call_t *c, tbucket_keys_t *k)
+static const char *keys_check(const rm_call_t *c, rm_keys_t *k)
 {
     int i, t;
 
@@ -320,7 +297,7 @@ static double zset_rank_score(RedisModuleCtx *ctx, RedisModuleString *name,
         && (e = RedisModule_CallReplyArrayElement(r, 1)) != NULL
         && RedisModule_CallReplyType(e) == REDISMODULE_REPLY_STRING
         && (p = RedisModule_CallReplyStringPtr(e, &len)) != NULL) {
-        tbucket_lua_number(p, len, &score);
+        rm_lua_number(p, len, &score);
     }
     if (r) {
         RedisModule_FreeCallReply(r);
@@ -328,11 +305,11 @@ static double zset_rank_score(RedisModuleCtx *ctx, RedisModuleString *name,
     return score;
 }
 
-/* tbucket_nth_fn for the sliding log: the entry read for bucket i after
+/* rm_nth_fn for the sliding log: the entry read for bucket i after
  * its trim (slog_prefetch), else the set as it is now. */
 static double slog_nth(void *ctx, int i, int64_t k)
 {
-    tbucket_keys_t *keys = ctx;
+    rm_keys_t *keys = ctx;
     int j;
 
     for (j = 0; j < 2; j++) {
@@ -345,7 +322,7 @@ static double slog_nth(void *ctx, int i, int64_t k)
 
 /* Read the entries bucket i's decision will ask for, now, between its
  * trim and the next bucket's. */
-static void slog_prefetch(const tbucket_call_t *c, tbucket_keys_t *k, int i,
+static void slog_prefetch(const rm_call_t *c, rm_keys_t *k, int i,
                           double count)
 {
     double cost[2];
@@ -367,7 +344,7 @@ static void slog_prefetch(const tbucket_call_t *c, tbucket_keys_t *k, int i,
 /* HMGET of up to three fields into decoder arguments; the strings are
  * kept in s[] until the caller frees them. */
 static void hash_get(RedisModuleKey *key, RedisModuleString *const *field,
-                     int nf, RedisModuleString **s, tbucket_arg_t *a)
+                     int nf, RedisModuleString **s, rm_arg_t *a)
 {
     int i;
 
@@ -422,12 +399,12 @@ static void fields_make(void)
 
 /* Bucket i's state as its script reads it; the sliding log's set is
  * trimmed first (now - W), as the script trims it. */
-static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
-                       int64_t now_ms, tbucket_state_t *st)
+static void read_state(const rm_call_t *c, rm_keys_t *k, int i,
+                       int64_t now_ms, rm_state_t *st)
 {
     RedisModuleKey *key = k->key[i];
     RedisModuleString *s[3];
-    tbucket_arg_t a[3];
+    rm_arg_t a[3];
     const char *dma;
     size_t len;
     int j;
@@ -438,9 +415,9 @@ static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
     case TB_ALGO_TOKEN_BUCKET:
         /* 'rules' and 'settle' read the ban too, as the script does. */
         hash_get(key, bucket_fields, c->rules || c->settle ? 3 : 2, s, a);
-        tbucket_decode_bucket(&a[0], &a[1], &st->bucket);
+        rm_decode_bucket(&a[0], &a[1], &st->bucket);
         if (c->rules || c->settle) {
-            st->ban_until = tbucket_decode_ban(&a[2]);
+            st->ban_until = rm_decode_ban(&a[2]);
         }
         break;
     case TB_ALGO_GCRA:
@@ -451,15 +428,15 @@ static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
             a[0].p = dma;
             a[0].len = len;
         }
-        tbucket_decode_gcra(&a[0], &st->gcra);
+        rm_decode_gcra(&a[0], &st->gcra);
         return;
     case TB_ALGO_FIXED_WINDOW:
         hash_get(key, fwindow_fields, 2, s, a);
-        tbucket_decode_window(&a[0], &a[1], NULL, &st->window);
+        rm_decode_window(&a[0], &a[1], NULL, &st->window);
         break;
     case TB_ALGO_SLIDING_WINDOW:
         hash_get(key, swindow_fields, 3, s, a);
-        tbucket_decode_window(&a[0], &a[1], &a[2], &st->window);
+        rm_decode_window(&a[0], &a[1], &a[2], &st->window);
         break;
     case TB_ALGO_SLIDING_LOG:
         if (RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_ZSET) {
@@ -481,15 +458,15 @@ static void read_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
 /* ---- Writing the outcome ------------------------------------------------ */
 
 /* Store bucket i's new state with its TTL, as its script does. */
-static void write_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
-                        const tbucket_outcome_t *o, int64_t now_ms,
+static void write_state(const rm_call_t *c, rm_keys_t *k, int i,
+                        const rm_outcome_t *o, int64_t now_ms,
                         mstime_t clock_ms)
 {
     RedisModuleCtx *ctx = k->ctx;
     RedisModuleString *name = k->name[i];
     RedisModuleKey *key = k->key[i];
     mstime_t at = clock_ms + o->ttl_ms[i];
-    const tbucket_state_t *st = &o->st[i];
+    const rm_state_t *st = &o->st[i];
     double v[3];
 
     switch (c->algo) {
@@ -532,7 +509,7 @@ static void write_state(const tbucket_call_t *c, tbucket_keys_t *k, int i,
 
 /* The prelude's finish(): take the slot when allowed; the set lives as
  * long as its latest slot. */
-static void take_slot(const tbucket_call_t *c, tbucket_keys_t *k,
+static void take_slot(const rm_call_t *c, rm_keys_t *k,
                       int64_t now_ms, mstime_t clock_ms)
 {
     RedisModuleKey *key = k->key[c->n];
@@ -549,8 +526,8 @@ static void take_slot(const tbucket_call_t *c, tbucket_keys_t *k,
 
 /* 'rules': each bucket the call bans gets the field ban, now + its ban,
  * and a TTL at least that long, as the script sets them. */
-static void write_bans(const tbucket_call_t *c, tbucket_keys_t *k,
-                       const tbucket_outcome_t *o, int64_t now_ms,
+static void write_bans(const rm_call_t *c, rm_keys_t *k,
+                       const rm_outcome_t *o, int64_t now_ms,
                        mstime_t clock_ms)
 {
     int i;
@@ -570,8 +547,8 @@ static void write_bans(const tbucket_call_t *c, tbucket_keys_t *k,
     }
 }
 
-static void reply(RedisModuleCtx *ctx, const tbucket_call_t *c,
-                  const tbucket_outcome_t *o, long long held)
+static void reply(RedisModuleCtx *ctx, const rm_call_t *c,
+                  const rm_outcome_t *o, long long held)
 {
     RedisModule_ReplyWithArray(ctx, c->rules ? 8
                                     : c->conc ? 6 : (c->lease ? 5 : 4));
@@ -597,7 +574,7 @@ static void reply(RedisModuleCtx *ctx, const tbucket_call_t *c,
 static int key_positions(RedisModuleCtx *ctx, RedisModuleString **argv,
                          int argc)
 {
-    tbucket_arg_t a[2];
+    rm_arg_t a[2];
     int i, numkeys;
 
     if (argc < 2) {
@@ -606,7 +583,7 @@ static int key_positions(RedisModuleCtx *ctx, RedisModuleString **argv,
     for (i = 0; i < 2; i++) {
         a[i].p = RedisModule_StringPtrLen(argv[i], &a[i].len);
     }
-    numkeys = tbucket_numkeys(argc, a);
+    numkeys = rm_numkeys(argc, a);
     for (i = 0; i < numkeys; i++) {
         RedisModule_KeyAtPos(ctx, 2 + i);
     }
@@ -614,7 +591,7 @@ static int key_positions(RedisModuleCtx *ctx, RedisModuleString **argv,
 }
 
 /* The slot set's members after the prune of those expired at now_ms. */
-static long long slots_held(const tbucket_call_t *c, tbucket_keys_t *k,
+static long long slots_held(const rm_call_t *c, rm_keys_t *k,
                             int64_t now_ms)
 {
     RedisModuleKey *set = k->key[c->n];
@@ -630,16 +607,16 @@ static long long slots_held(const tbucket_call_t *c, tbucket_keys_t *k,
  * PEXPIRE refuses from a script: the script fails there (after its
  * HSET); we fail before writing anything. Only a window stored under a
  * far smaller limit gets here, until that key expires. */
-static int ttl_refused(const tbucket_call_t *c, const tbucket_outcome_t *o,
+static int ttl_refused(const rm_call_t *c, const rm_outcome_t *o,
                        char *err, size_t errlen)
 {
     int i;
 
     for (i = 0; i < c->n; i++) {
-        if (o->store[i] && !((double)o->ttl_ms[i] < TBUCKET_MAX_TTL_MS)) {
+        if (o->store[i] && !((double)o->ttl_ms[i] < RM_MAX_TTL_MS)) {
             snprintf(err, errlen, "ERR %s: bucket %d: its TTL would be "
                      "%lld ms, more than PEXPIRE takes from a script",
-                     tbucket_command_name(c->algo), i,
+                     rm_command_name(c->algo), i,
                      (long long)o->ttl_ms[i]);
             return 1;
         }
@@ -652,11 +629,11 @@ static int ttl_refused(const tbucket_call_t *c, const tbucket_outcome_t *o,
 static int command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
                    tb_algo_t algo)
 {
-    tbucket_arg_t args[TBUCKET_MAX_ARGS];
-    tbucket_state_t in[TB_MAX_BUCKETS];
-    tbucket_outcome_t o;
-    tbucket_call_t c;
-    tbucket_keys_t k;
+    rm_arg_t args[RM_MAX_ARGS];
+    rm_state_t in[TB_MAX_BUCKETS];
+    rm_outcome_t o;
+    rm_call_t c;
+    rm_keys_t k;
     const char *why;
     char err[256];
     mstime_t clock_ms;
@@ -670,15 +647,15 @@ static int command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     if (argc < 2) {
         return RedisModule_WrongArity(ctx);
     }
-    if (argc > TBUCKET_MAX_ARGS) {
+    if (argc > RM_MAX_ARGS) {
         snprintf(err, sizeof(err), "ERR %s: at most %d arguments",
-                 tbucket_command_name(algo), TBUCKET_MAX_ARGS);
+                 rm_command_name(algo), RM_MAX_ARGS);
         return RedisModule_ReplyWithError(ctx, err);
     }
     for (i = 0; i < argc; i++) {
         args[i].p = RedisModule_StringPtrLen(argv[i], &args[i].len);
     }
-    if (tbucket_parse(algo, argc, args, &c, err, sizeof(err)) != TB_OK) {
+    if (rm_parse(algo, argc, args, &c, err, sizeof(err)) != TB_OK) {
         return RedisModule_ReplyWithError(ctx, err);
     }
     keys_open(ctx, argv + 2, args + 2, c.numkeys, &k);
@@ -697,11 +674,11 @@ static int command(RedisModuleCtx *ctx, RedisModuleString **argv, int argc,
     for (i = 0; i < c.n; i++) {
         read_state(&c, &k, i, now_ms, &in[i]);
     }
-    if (tbucket_decide(&c, in, now_ms, conc_full, slog_nth, &k, &o)
+    if (rm_decide(&c, in, now_ms, conc_full, slog_nth, &k, &o)
         != TB_OK) {
         keys_close(&k);
         snprintf(err, sizeof(err), "ERR %s: the arguments were refused",
-                 tbucket_command_name(algo));
+                 rm_command_name(algo));
         return RedisModule_ReplyWithError(ctx, err);
     }
     if (ttl_refused(&c, &o, err, sizeof(err))) {
@@ -812,12 +789,12 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
     fields_make();
     for (i = 0; i < TB_ALGO_COUNT; i++) {
         /* Keys come from numkeys (getkeys-api), as EVAL's do. */
-        if (RedisModule_CreateCommand(ctx, tbucket_command_name(cmds[i].algo),
+        if (RedisModule_CreateCommand(ctx, rm_command_name(cmds[i].algo),
                                       cmds[i].fn,
                                       "write deny-oom getkeys-api", 0, 0, 0)
             != REDISMODULE_OK) {
             RedisModule_Log(ctx, "warning", "tbucket: cannot register %s",
-                            tbucket_command_name(cmds[i].algo));
+                            rm_command_name(cmds[i].algo));
             return REDISMODULE_ERR;
         }
     }

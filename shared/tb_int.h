@@ -1,13 +1,14 @@
 /* tb_int.h -- the decision path of the core that hosts never call: from a
  * request to a script call and back (tb_call.c), leases in a decision
  * (tb_lease.c), the circuit breaker (tb_breaker.c), the failure policy
- * (tb_policy.c) and its local tables (tb_local.c). Internal: the files at
+ * (tb_policy.c), rule buckets past one call (tb_rules.c). Internal: the files at
  * the top of shared/ and the unit tests include it; hosts include tb.h
  * only.
  *
- * The decision path sits on the three layers below it and may call any
- * of them (shared/README.md): base/ (errors, deadlines, SHA-256),
- * algo/ (the scripts and their C twins) and redis/ (the transport).
+ * The decision path sits on the layers below it and may call any of
+ * them (shared/README.md): base/ (errors, deadlines, SHA-256), algo/
+ * (the scripts and their C twins), redis/ (the transport) and tables/
+ * (the tables in caller memory).
  * Nothing below calls back up.
  */
 #ifndef TB_INT_H
@@ -17,6 +18,7 @@
 #include "base/tb_base.h"
 #include "algo/tb_algo_int.h"
 #include "redis/tb_redis_int.h"
+#include "tables/tb_tables_int.h"
 
 /* ---- Leases in a decision (tb_lease.c) ------------------------------ */
 
@@ -83,30 +85,6 @@ int tb_breaker_success(tb_breaker_t *b, tb_monotime_us now);
 int tb_breaker_failure(tb_breaker_t *b, tb_monotime_us now);
 /* Milliseconds until a probe will be allowed (0 unless open). */
 int64_t tb_breaker_wait_ms(const tb_breaker_t *b, tb_monotime_us now);
-
-/* ---- The local tables' decisions (tb_local.c) ---------------------- */
-
-/* The local failure policy's decision: n token buckets, the limits of
- * takes[i] divided by `replicas`, takes[i].cost from each, at now_ms, in
- * the caller's table. Keys are the full Redis keys (takes' routes are
- * not read). Returns TB_ERR on bad arguments. */
-int tb_local_take(tb_local_t *t, const char *const *keys,
-                  const tb_take_t *takes, int n, int replicas,
-                  int64_t now_ms, tb_verdict_t *v);
-
-/* The local policy's slot count of a concurrency limit, kept in the same
- * table as its buckets under the slot set's full Redis key, in windows
- * of window_ms (see "Concurrency limits" in tb.h). take: 1 when fewer
- * than limit slots were counted (one more is, and *window says in which
- * window, for the release), 0 when full; *held is the count after. -1 on
- * bad arguments. release: gives back one slot of `window`, or nothing
- * when that window has been forgotten. Both take the table's lock. */
-int tb_local_conc_take(tb_local_t *t, const char *key, int64_t limit,
-                       int64_t window_ms, int64_t now_ms, int64_t *window,
-                       int64_t *held);
-void tb_local_conc_release(tb_local_t *t, const char *key,
-                           int64_t window_ms, int64_t window,
-                           int64_t now_ms);
 
 /* ---- The failure policy (tb_policy.c) ------------------------------ */
 

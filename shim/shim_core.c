@@ -1,59 +1,23 @@
 /* shim_core.c -- calling the core safely from inside someone else's
  * process: the re-entrancy guard, SIGPIPE, fork, the Redis sockets of
- * our own, and the calls the shim makes (decide, hold, release, and
- * the give-back of a drained lease).
+ * our own, and the calls the shim makes (decide, hold, release, and the
+ * give-back of a drained lease).
  *
- * The wrappers (tb_shim.c) never call libtb themselves: shim_decide(),
- * shim_release() and shim_give_back() (shim_lease.c's drain at exit)
- * each wrap one core call in the same steps.
- *
- *  - Re-entrancy: the core opens and closes its Redis sockets itself
- *    (tb_conn.c), so its connect() and close() -- and the connect() of
- *    getaddrinfo() resolving a Redis host -- land in our wrappers. A
- *    thread-local guard is raised for the whole call; a guarded wrapper
- *    goes straight to the real function, and a guarded connect() records
- *    the fd as one of ours (and marks it close-on-exec, so a
- *    fork-and-exec child does not inherit our Redis socket). The
- *    wrappers never count or delay such an fd.
- *  - Cancellation is held off for the call, so that a cancelled thread
- *    cannot leave a core lock taken.
- *  - SIGPIPE: the core's own writes cannot raise it: tb_conn.c sends
- *    with send(MSG_NOSIGNAL), and TLS records go out through tb_tls.c's
- *    socket BIO, which sends with MSG_NOSIGNAL too (and no close_notify
- *    is ever written). What can is name resolution: a core call may
- *    (re)connect, and for a Redis host given by name getaddrinfo() runs
- *    inside it. glibc's resolver sends a query over TCP (after a
- *    truncated answer, or under `options use-vc`) with writev(2), which
- *    raises SIGPIPE when the name server has closed that connection, and
- *    the NSS modules nsswitch.conf loads are no code of ours. A SIGPIPE
- *    kills a host that does not ignore it, so it is blocked for this
- *    thread around each core call and one raised there is consumed.
- *  - Fork: a pthread_atfork child handler only resets flags and the lock
- *    and calls tb_client_after_fork(); a pid check before each call
- *    catches children made without fork() (raw clone).
- *  - Daemons that close every fd: the core is created with verify_fd
- *    (shim_conf.c), so before each use it checks that a connection's fd
- *    is still the socket it opened (same device and inode); if the
- *    program closed it or put a file or a socket of its own on the
- *    number, the core forgets the connection without writing to or
- *    closing that fd, and reconnects.
- *
- * Concurrency slots: an inbound rule with `concurrency = N` takes a slot
- * in the same decision as its bucket. shim_hold() leaves it with
- * shim_slots.c until the program closes the connection; the close()
- * wrapper then hands it to shim_release(), one Redis call. A slot held
- * by a process that dies expires by its ttl. A local place
- * (`local_concurrency`, shim_local.c) is held and given back the same
- * way, beside the slot, without a Redis call.
- *
- * Nothing here allocates. The core's failures are reported once each,
- * on stderr; the failure policy itself is the core's.
- */
+ * The wrappers (tb_shim.c) never call libtb themselves: each core call
+ * goes through here with a thread-local guard raised (the core's own
+ * connect() and close() then pass straight through, and its sockets are
+ * marked close-on-exec), cancellation held off, SIGPIPE blocked (name
+ * resolution inside a core call can raise it), a fork check, and the core
+ * told to verify its fds (a daemon may close them all). Concurrency slots
+ * and local places are held with shim_slots.c until the program closes
+ * the connection. Nothing here allocates; docs/design.md ("Inside the
+ * shim", "File notes") has the details. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -91,6 +55,9 @@ static int shim_nfds;
 static pid_t shim_pid;
 static int shim_warned_redis;
 static int shim_warned_slots;
+/* Connections this process refused because it had no room to keep what
+ * they held (shim_hold()); a forked child starts at 0. Written at exit. */
+static unsigned long shim_refused_untracked;
 
 static tb_client_t *shim_client_get(void)
 {
@@ -111,9 +78,26 @@ static void shim_atfork_child(void)
     shim_in_core = 0;
     shim_nfds = 0;
     shim_pid = getpid();
+    shim_refused_untracked = 0;
     shim_slots_after_fork();
     if (c != NULL) {
         tb_client_after_fork(c);
+    }
+}
+
+/* The exit handler: how many connections this process refused for want
+ * of room in its table, when there were any; a program's only trace of
+ * them beside the first one's warning. */
+static void report_at_exit(void)
+{
+    unsigned long n = __atomic_load_n(&shim_refused_untracked,
+                                      __ATOMIC_RELAXED);
+
+    if (n > 0) {
+        shim_warn("%lu connections refused: no room to keep their "
+                  "concurrency slot or place (a table of %zu connections, "
+                  "sized from RLIMIT_NOFILE at start)", n,
+                  shim_slots_size());
     }
 }
 
@@ -123,6 +107,10 @@ void shim_core_start(tb_client_t *c, tb_policy_t policy)
     shim_pid = getpid();
     __atomic_store_n(&shim_client, c, __ATOMIC_RELEASE);
     pthread_atfork(NULL, NULL, shim_atfork_child);
+    if (shim_slots_size() > 0 && atexit(report_at_exit) != 0) {
+        shim_warn("cannot register the exit handler; connections refused "
+                  "for want of room are not counted at exit");
+    }
 }
 
 int shim_core_pid_matches(void)
@@ -264,6 +252,7 @@ pid_t shim_core_adopt_pid(void)
         /* A child made without fork() (raw clone): no atfork ran. */
         shim_pid = pid;
         shim_nfds = 0;
+        shim_refused_untracked = 0;
         shim_slots_after_fork();
         c = shim_client_get();
         if (c != NULL) {
@@ -370,12 +359,14 @@ int shim_give_back(const char *rkey, const tb_limit_t *lim, double tokens,
     return rc;
 }
 
-/* A slot or place that cannot be tracked (an fd past SHIM_SLOT_FDS,
- * SHIM_MAX_HELD held already, a $peer key too long to keep) is given
- * back at once: that connection is not counted, and the first such case
- * is reported. */
-void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
-               const tb_slot_t *slot, const shim_place_t *place)
+/* A slot or place that cannot be tracked (an fd past SHIM_SLOT_FDS, the
+ * table of held connections full, a $peer key too long to keep) is given
+ * back at once and the caller refuses the connection: letting it through
+ * uncounted would lift the limit for everyone once the table is full.
+ * The first such case is reported, and every one counted for the line
+ * written at exit. */
+int shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
+              const tb_slot_t *slot, const shim_place_t *place)
 {
     shim_held_t h;
     int kept = -1;
@@ -393,14 +384,29 @@ void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
         kept = shim_slots_hold(&h);
     }
     if (kept == 0) {
-        return;
+        return 0;
     }
+    __atomic_add_fetch(&shim_refused_untracked, 1, __ATOMIC_RELAXED);
     if (!__atomic_exchange_n(&shim_warned_slots, 1, __ATOMIC_RELAXED)) {
-        shim_warn("rule \"%s\": cannot track the concurrency slot or "
-                  "place of fd %d (at most %d, fds below %d); such "
-                  "connections are not counted (further cases are not "
-                  "reported)", r->name, cfd, SHIM_MAX_HELD, SHIM_SLOT_FDS);
+        shim_warn("rule \"%s\": no room to keep the concurrency slot or "
+                  "place of fd %d (a table of %zu connections, sized from "
+                  "RLIMIT_NOFILE at start); such connections are refused, "
+                  "and counted at exit (further cases are not reported)",
+                  r->name, cfd, shim_slots_size());
     }
     snprintf(h.peer, sizeof(h.peer), "%.*s", (int)klen, key);
     shim_release(&h);
+    return -1;
+}
+
+int shim_reclaim_gone(const shim_rule_t *r, const char *key, size_t klen,
+                      int same_key, uint32_t epoch)
+{
+    shim_held_t h;
+
+    if (!shim_slots_reclaim(r, key, klen, same_key, epoch, &h)) {
+        return 0;
+    }
+    shim_release(&h);
+    return 1;
 }

@@ -84,10 +84,22 @@ void shim_decide(const shim_rule_t *r, const char *key, size_t len,
 
 /* Keep what the connection cfd took under rule r (key of klen bytes): its
  * Redis slot (kind TB_SLOT_NONE: none) and its local place (table NULL:
- * none), until the program closes cfd; what cannot be tracked is given
- * back at once. Thread-safe. */
-void shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
-               const tb_slot_t *slot, const shim_place_t *place);
+ * none), until the program closes cfd. 0, or -1 when there is no room to
+ * keep them: they are given back at once, counted (written at exit, the
+ * first case warned), and the caller must refuse the connection.
+ * Thread-safe. */
+int shim_hold(int cfd, const shim_rule_t *r, const char *key, size_t klen,
+              const tb_slot_t *slot, const shim_place_t *place);
+
+/* A connection of rule r (key of klen bytes) finds the limit full, in a
+ * decision made after shim_slots_epoch() returned `epoch`: 1 when a
+ * connection of the rule (with same_key, of that key too) held by this
+ * process was given back since, or is being given back (waited for), or
+ * has lost its peer, in which case what it holds is given back now
+ * (shim_slots_reclaim()): the decision is worth asking again. Else 0.
+ * Thread-safe. */
+int shim_reclaim_gone(const shim_rule_t *r, const char *key, size_t klen,
+                      int same_key, uint32_t epoch);
 
 /* Give back what shim_slots_take() handed out: the local place, then the
  * Redis slot (one Redis call, none without a slot). Thread-safe. */

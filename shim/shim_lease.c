@@ -1,38 +1,15 @@
 /* shim_lease.c -- the host's lease table: `lease = N` on a rule lets the
- * program's processes spend tokens taken from the rule's bucket in
- * one call without asking Redis again, and gives back what is left
- * when the program ends.
+ * program's processes spend tokens taken from the rule's bucket in one
+ * call without asking Redis again, and gives back what is left when the
+ * program ends.
  *
- * Leases are the core's (tb_client_run with tb_options_t.leases): a
- * connection is paid from its key's lease when that holds the cost, and
- * the call that decides otherwise takes the next lease, sized by the
- * key's traffic. What the shim owns is where the table lives and its
- * end:
- *
- *  - The table: one anonymous MAP_SHARED mapping, made at
- *    initialisation, before the program can fork, when some rule sets
- *    `lease`, and handed to the client. The children of a forking daemon
- *    inherit it, so one lease per key serves all of them; processes
- *    started separately (another instance, a program the host exec()s)
- *    map their own.
- *  - The drain: when the program's first process -- the one that made
- *    the mapping -- exits through exit() or a return from main(), every
- *    lease's unspent tokens go back to Redis, one call each
- *    (tb_lease_drain, tb_client_give_back), through the shim's own
- *    client and guard. The drain bumps the table's drain count, which
- *    turns leases off for every process still using the table; so a
- *    first process that still has children (a daemon forking into the
- *    background, a server that exits without reaping its workers)
- *    leaves the table to them and gives nothing back.
- *
- * Left out: tokens of a program that ends any other way (killed, _exit(),
- * exec(), a first process that left children running) are not given
- * back, nor are those of a lease evicted to make room for another key
- * (SHIM_LEASE_ENTRIES leases at once) or those Redis cannot take during
- * the drain: each such bucket refills on its own, at its rate. A
- * drain never takes much longer than SHIM_LEASE_DRAIN_MS: past that,
- * the remaining leases are dropped.
- */
+ * Leases are the core's; the shim owns where the table lives (one
+ * anonymous MAP_SHARED mapping made before the program can fork, so a
+ * forking daemon's children share it) and its end: when the first
+ * process exits normally, every lease's unspent tokens go back to Redis,
+ * bounded by SHIM_LEASE_DRAIN_MS. Tokens of a program that ends any other
+ * way refill on their own; docs/design.md ("File notes") lists what is
+ * left out. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

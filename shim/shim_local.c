@@ -1,40 +1,16 @@
-/* shim_local.c -- `local_concurrency = N`: at most N connections of an
- * inbound rule open at once across the processes of one host program,
- * counted in shared memory, with no Redis call.
+/* shim_local.c -- `local_concurrency = N` or "auto": at most N (or a
+ * cap set from how long connections last, shared/tables/tb_adapt.c)
+ * connections of an inbound rule open at once across the processes of
+ * one host program, counted in shared memory, with no Redis call.
  *
- * At initialisation, before the program can fork, one anonymous
- * MAP_SHARED mapping is made, holding a tb_inflight table
- * (shared/tb_inflight.c) of N places for each inbound rule that sets
- * local_concurrency. The children of a forking daemon inherit the mapping
- * and so share the tables: the cap belongs to the program (an Apache
- * prefork parent and all its children), not to one process. Processes
- * started separately -- another instance of the program, or a program
- * the host exec()s -- map their own tables and each have their own N.
- *
- * A connection takes a place when it is accepted, tagged with the
- * accepting process's id, and gives it back when that process closes the
- * fd; shim_slots.c keeps which fd holds which place, and a forked child
- * holds none (its fds are copies). A process that dies holding places
- * (kill -9) leaves its words in the table and nothing else: when a taker
- * finds the table full it asks, for each owner, whether that process
- * still runs (kill(pid, 0)) and frees the places of those that do not. A
- * zombie still runs for kill(), so a dead child's places come back once
- * its parent has reaped it. Asking costs one system call per run of
- * places one process holds, about 0.3 us each (measured on a 2 vCPU
- * Debian 12 VM): with 256 prefork children that is some 80 us per refused
- * connection, so a table is searched for dead owners at most once every
- * SHIM_REAP_MS, by whichever process first finds it full.
- *
- * Left out: fairness (a refused connection is not queued), owners whose
- * process id is reused before their places are freed (those places stay
- * taken until the new process exits too), and connections closed by a
- * path the close() wrapper does not see (fclose() of an fdopen()ed
- * socket, close_range()): their place stays taken until the same fd
- * number is accepted again under a rule, or the process exits.
- *
- * Every call here is lock-free and allocates nothing; the tables are
- * written only with atomic operations.
- */
+ * One anonymous MAP_SHARED mapping, made before the program can fork,
+ * holds a tb_inflight table of N places per rule, so the cap belongs to
+ * the program and all its forked children. A connection takes a place
+ * when accepted (tagged with the process id) and gives it back when that
+ * process closes it; places of a process that died are found and freed,
+ * at most once every SHIM_REAP_MS, by whichever process finds the table
+ * full. Lock-free, no allocation; docs/design.md ("File notes") says what
+ * is left out. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,7 +37,8 @@ typedef struct local_head {
 typedef struct local_rule {
     local_head_t *head;
     tb_inflight_t *table;     /* NULL: no local cap (or no mapping).     */
-    uint32_t n;               /* The rule's local_concurrency.           */
+    tb_adapt_t *adapt;        /* auto: the cap; NULL for a fixed N.      */
+    uint32_t n;               /* The rule's N, or auto's max.            */
 } local_rule_t;
 
 /* Filled once by shim_local_start(), read-only afterwards. */
@@ -74,6 +51,26 @@ static size_t round_up(size_t n)
     return (n + LOCAL_ALIGN - 1) / LOCAL_ALIGN * LOCAL_ALIGN;
 }
 
+/* The places of rule r's table (auto: its max), 0 for no local cap. */
+static uint32_t places_of(const shim_rule_t *r)
+{
+    if (r->local_concurrency == SHIM_LOCAL_AUTO) {
+        return (uint32_t)r->local_max;
+    }
+    return r->local_concurrency > 0 ? (uint32_t)r->local_concurrency : 0;
+}
+
+/* Bytes of rule r's part of the mapping: head, auto's cap, table. */
+static size_t part_size(const shim_rule_t *r)
+{
+    if (!places_of(r)) {
+        return 0;
+    }
+    return HEAD_SIZE + (r->local_concurrency == SHIM_LOCAL_AUTO
+                        ? round_up(tb_adapt_size()) : 0)
+           + round_up(tb_inflight_size(places_of(r)));
+}
+
 int shim_local_start(const shim_conf_t *conf, char *err, size_t errlen)
 {
     unsigned char *mem;
@@ -81,10 +78,7 @@ int shim_local_start(const shim_conf_t *conf, char *err, size_t errlen)
     int i;
 
     for (i = 0; i < conf->nin; i++) {
-        if (conf->in[i].local_concurrency > 0) {
-            total += HEAD_SIZE + round_up(tb_inflight_size(
-                         (uint32_t)conf->in[i].local_concurrency));
-        }
+        total += part_size(&conf->in[i]);
     }
     if (total == 0) {
         return TB_OK;
@@ -100,19 +94,42 @@ int shim_local_start(const shim_conf_t *conf, char *err, size_t errlen)
     }
     for (i = 0; i < conf->nin; i++) {
         const shim_rule_t *r = &conf->in[i];
+        local_rule_t *lr = &local_rules[i];
+        size_t at = off + HEAD_SIZE;
 
-        if (r->local_concurrency <= 0) {
+        if (!part_size(r)) {
             continue;
         }
-        local_rules[i].head = (local_head_t *)(void *)(mem + off);
-        local_rules[i].n = (uint32_t)r->local_concurrency;
-        local_rules[i].table = tb_inflight_init(mem + off + HEAD_SIZE,
-                                                local_rules[i].n);
-        off += HEAD_SIZE + round_up(tb_inflight_size(local_rules[i].n));
+        lr->head = (local_head_t *)(void *)(mem + off);
+        lr->n = places_of(r);
+        if (r->local_concurrency == SHIM_LOCAL_AUTO) {
+            lr->adapt = tb_adapt_init(mem + at, (uint32_t)r->local_min,
+                                      lr->n);
+            at += round_up(tb_adapt_size());
+        }
+        lr->table = tb_inflight_init(mem + at, lr->n);
+        off += part_size(r);
     }
     local_base = conf->in;
     local_nrules = conf->nin;
     return TB_OK;
+}
+
+/* The rule's entry, or NULL when it has no local cap. */
+static local_rule_t *rule_of(const shim_rule_t *r)
+{
+    if (local_base == NULL || r < local_base
+        || r >= local_base + local_nrules
+        || local_rules[r - local_base].table == NULL) {
+        return NULL;
+    }
+    return &local_rules[r - local_base];
+}
+
+/* Microseconds of the monotonic clock, as the core reads it. */
+static uint64_t now_us(void)
+{
+    return (uint64_t)tb_clock_monotonic_us();
 }
 
 /* 1 when this caller may search the table for dead owners now: the
@@ -131,23 +148,21 @@ static int may_reap(local_head_t *h)
 
 int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p)
 {
-    local_rule_t *lr;
+    local_rule_t *lr = rule_of(r);
+    uint32_t n;
     int i;
 
     p->table = NULL;
-    if (local_base == NULL || r < local_base
-        || r >= local_base + local_nrules) {
+    p->adapt = NULL;
+    if (lr == NULL) {
         return 1;
     }
-    lr = &local_rules[r - local_base];
-    if (lr->table == NULL) {
-        return 1;
-    }
+    n = lr->adapt ? tb_adapt_cap(lr->adapt) : lr->n;
     /* The plain search first: dead owners are looked for only when it
      * finds the table full, and then at most once every SHIM_REAP_MS. */
-    i = tb_inflight_take(lr->table, lr->n, tag, NULL);
+    i = tb_inflight_take(lr->table, n, tag, NULL);
     if (i == TB_INFLIGHT_FULL && may_reap(lr->head)) {
-        i = tb_inflight_take(lr->table, lr->n, tag, tb_inflight_pid_alive);
+        i = tb_inflight_take(lr->table, n, tag, tb_inflight_pid_alive);
     }
     if (i < 0) {
         return 0;
@@ -155,12 +170,18 @@ int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p)
     p->table = lr->table;
     p->i = i;
     p->tag = tag;
+    if (lr->adapt) {
+        tb_adapt_taken(lr->adapt, tb_inflight_count(lr->table));
+        p->adapt = lr->adapt;
+        p->started_us = now_us();
+    }
     return 1;
 }
 
 void shim_local_give(const shim_place_t *p)
 {
-    if (p->table != NULL) {
-        (void)tb_inflight_give(p->table, p->i, p->tag);
+    if (p->table != NULL
+        && tb_inflight_give(p->table, p->i, p->tag) && p->adapt) {
+        tb_adapt_sample(p->adapt, p->started_us, now_us());
     }
 }

@@ -4,117 +4,16 @@
  *   LD_PRELOAD=libtbucket_preload.so TBUCKET_CONFIG=/etc/tbucket/shim.conf \
  *       legacy-daemon
  *
- * The shim puts the shared Redis token buckets of libtb in front of a
- * program that cannot be changed. Inbound rules limit the connections a
- * program accepts (matched on the local port, optionally the local
- * address); outbound rules limit the connections it opens (matched on the
- * destination address and port). Every decision is one core call: the
- * bucket, Redis, breaker and failure policy all live in the core, none of
- * it in the shim, which holds only what running inside someone else's
- * process needs:
- *
- *  - this file: the exported wrappers (the only symbols the .so exports,
- *    tb_shim.map), what each does when a bucket refuses, and
- *    initialisation;
- *  - shim_core.c: every call into the core, made safe for the host (the
- *    re-entrancy guard, SIGPIPE, fork, the Redis sockets of our own);
- *  - shim_match.c: which rule applies to an address;
- *  - shim_slots.c: which accepted connections hold a concurrency slot
- *    or a local place;
- *  - shim_local.c: the local places of `local_concurrency`, in memory
- *    shared with the program's forked children;
- *  - shim_lease.c: the lease table of `lease = N`, shared the same way,
- *    and its drain when the program ends;
- *  - shim_conf.c: the config file, read once into rule tables.
- *
- * This file owns:
- *
- *  - Resolution: dlsym(RTLD_NEXT) into real_* pointers, refusing our own
- *    wrapper; if a lookup fails we fall back to the raw system call rather
- *    than abort the host.
- *  - Initialisation: from a constructor and from the first wrapper call,
- *    through one pthread_once. The state turns INITIALISING before any
- *    work, and the thread-local guard is held, so a connect() made while
- *    loading the config (DNS) passes straight through.
- *  - The guard check: each wrapper reads the thread-local guard first and,
- *    when the shim's own work is under way on this thread (a core call,
- *    initialisation), goes straight to the real function.
- *  - Never exit the host: a problem is one line on stderr, written with
- *    real_write, and the calls go through. The one exception is a bad
- *    config under `strict = true` (or TBUCKET_STRICT=1), where the program
- *    is refused at start (exit status 78, EX_CONFIG) before main() runs.
- *  - errno is preserved across the shim's own work, and no wrapper
- *    allocates.
- *
- * An inbound rule with `concurrency = N` also takes a slot for each
- * connection it lets through (in the same decision as its bucket) and
- * gives it back when the program closes the connection: close() looks up
- * one bit per fd (shim_slots.c) and costs nothing more for an fd that
- * holds no slot; for one that does, it closes the fd and then makes one
- * Redis call.
- *
- * An inbound rule with `local_concurrency = N` takes one of N places
- * shared by the program's processes (shim_local.c) before anything else,
- * so that a connection it refuses costs no Redis call; a place taken is
- * given back when the rule's Redis decision then refuses, or when the
- * program closes the connection (close() gives it back after the real
- * close, so the program never holds more than N).
- *
- * A rule with `lease = N` takes tokens from its bucket N at a time (at
- * most; the core sizes each lease by the key's traffic) and its
- * processes spend them without a Redis call, from a table shared with
- * the program's forked children (shim_lease.c); the first process gives
- * back what is left when it exits.
- *
- * Behaviour when a bucket refuses:
- *  - inbound `close`: the accepted connection is closed and the wrapper
- *    accepts again, so the program sees nothing. On a blocking listener it
- *    keeps waiting like accept() does. On a non-blocking listener it keeps
- *    accepting until the real accept() says EAGAIN (the backlog is
- *    drained), so an edge-triggered event loop is not left with queued
- *    connections and no new edge; after SHIM_MAX_REJECTS refusals in one
- *    call it returns -1/EAGAIN to bound the time of one call.
- *  - inbound `http429`: waits at most SHIM_429_READ_MS for the request so
- *    that reading it avoids a reset, writes "HTTP/1.1 429 Too Many
- *    Requests" with Retry-After and Connection: close, closes, and goes on
- *    as for `close`. A refusal by local_concurrency says "503 Service
- *    Unavailable" with Retry-After: 1 instead: this server is full, the
- *    client is not over its limit.
- *  - outbound `fail`: connect() returns -1 with the rule's errno
- *    (ECONNREFUSED by default).
- *  - outbound `wait`: sleeps the retry-after and asks again while the
- *    total stays within max_wait_ms; fails at once (rule errno) when the
- *    next wait would overrun it or waiting cannot help.
- *  - outbound on a non-blocking socket: on_limit decides, as for a
- *    blocking one (`nonblocking = "wait"`, the default). Nearly every
- *    client a legacy service uses -- curl, PHP streams and PDO, libpq,
- *    Python with a timeout -- makes its socket non-blocking only to time
- *    the connect, and a rule that says `wait` must wait for them. An event
- *    loop (nginx, HAProxy, Node) must never sleep: its config says
- *    `nonblocking = "fail"`, and a refusal on a non-blocking socket then
- *    returns -1 at once with the rule's nonblock_errno (EAGAIN by
- *    default), whatever on_limit says. Either way the Redis round trip
- *    itself is bounded by timeout_ms, and nothing hangs.
- *
- * The shim does not guess whether the caller is an event loop; the
- * program's config says so. Measured by bench/evloop_probe.py: "the fd
- * is already in an epoll set" holds at connect() only for nginx (HAProxy,
- * Node and asyncio register after EINPROGRESS) and costs a /proc scan of
- * 0.1-0.5 ms per connect; "this thread has waited in epoll" is nearly
- * free but also holds in an Apache prefork child with two Listen lines,
- * which runs mod_proxy or PHP in that very thread and must wait, and not
- * yet at a Node program's first connect.
- *
- * Libraries opened with RTLD_DEEPBIND (PHP opens every extension so:
- * pdo_pgsql, pgsql, curl) bind connect() to libc before our wrapper; the
- * dlopen() wrapper drops that flag while outbound rules are loaded, so
- * their connections are limited too (see dlopen() below).
- *
- * Not covered: programs that make system calls directly (static or Go
- * binaries), UDP "connections" (only SOCK_STREAM sockets are limited), and
- * connect() calls made by another thread while this one is initialising
- * (they pass through unlimited).
- */
+ * Inbound rules limit the connections a program accepts, outbound rules
+ * those it opens; every decision is one core call (shim_core.c). This
+ * file owns the exported wrappers (the only symbols the .so exports,
+ * tb_shim.map), what each does when a bucket refuses (close, http429 or
+ * 503 without waiting on the client, fail or wait for outbound), the
+ * resolution of real_* symbols, and initialisation through one
+ * pthread_once. It never exits its host (one line on stderr and the call
+ * goes through, but for a bad config under `strict`), preserves errno and
+ * never allocates. shim/README.md names the other files; docs/design.md
+ * ("Inside the shim", "File notes") has the behaviour in full. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -148,7 +47,6 @@
 
 #define SHIM_EX_CONFIG 78      /* sysexits.h EX_CONFIG.                  */
 #define SHIM_MAX_REJECTS 256   /* Refusals in one non-blocking accept.   */
-#define SHIM_429_READ_MS 10    /* Wait for the request before a 429, ms. */
 #define SHIM_MAX_WAIT_LOOPS 100000 /* Bound on `wait` iterations.        */
 
 enum {
@@ -314,6 +212,21 @@ static void load_failed(const char *path, const char *err, int strict,
     shim_warn("%s; %s", msg, then);
 }
 
+/* 1 when some inbound rule of conf keeps a slot or a place for the life
+ * of a connection (concurrency, local_concurrency). */
+static int holds_connections(const shim_conf_t *conf)
+{
+    int i;
+
+    for (i = 0; i < conf->nin; i++) {
+        if (conf->in[i].concurrency > 0
+            || conf->in[i].local_concurrency != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Load the config and create the core's client. ST_READY once the
  * client is handed to shim_core.c, ST_OFF when there is nothing to limit
  * or the config cannot be used (warned, or refused under strict). */
@@ -339,6 +252,11 @@ static int shim_load(void)
     }
     /* Here, in the constructor, the program has not forked yet: every
      * child it makes inherits the tables. */
+    if (holds_connections(&shim_conf)
+        && shim_slots_start(err, sizeof(err)) != TB_OK) {
+        load_failed(path, err, shim_conf.strict || env_strict,
+                    "connections past it are refused");
+    }
     if (shim_local_start(&shim_conf, err, sizeof(err)) != TB_OK) {
         load_failed(path, err, shim_conf.strict || env_strict,
                     "local_concurrency is not enforced");
@@ -521,16 +439,34 @@ static const shim_rule_t *match_accepted(int cfd)
                       (const struct sockaddr *)&local, len);
 }
 
+/* Read, without waiting, what the client of cfd has sent so far (up to
+ * 8 KiB): closing a socket with unread data sends a reset. */
+static void drain_request(int cfd)
+{
+    char buf[512];
+    int i;
+
+    for (i = 0; i < 16 && recv(cfd, buf, sizeof(buf), MSG_DONTWAIT) > 0;
+         i++) {
+    }
+}
+
 /* Answer a refused connection with a minimal HTTP response and close
  * it: `status` is 429 (the client is over its limit) or 503 (this server
- * is full), `reason` its phrase, retry_ms the wait to announce. Reading
- * the request first (briefly) matters: closing a socket with unread data
- * sends a reset, which can destroy the response at the client. */
+ * is full), `reason` its phrase, retry_ms the wait to announce.
+ *
+ * Nothing here waits for the client. The request is read as far as it
+ * has arrived, before the answer and again after it, so that a close
+ * with unread data does not reset the connection; a request that arrives
+ * later still gets a reset, after our answer, which a Linux client reads
+ * first. Waiting for it instead would let an address that opens idle
+ * connections stall an event loop for the whole wait of every refusal:
+ * with a 10 ms wait and 1,000 such connections a second, another
+ * client's request took 3.6 s (test_shim_100_09 measures it). */
 static void reject_http(int cfd, int status, const char *reason,
                         int64_t retry_ms)
 {
     char buf[512];
-    struct pollfd p;
     /* Whole seconds, rounded up. retry_ms is -1 when the cost exceeds the
      * capacity and waiting can never help: say a minute rather than
      * invite an immediate retry. */
@@ -538,15 +474,7 @@ static void reject_http(int cfd, int status, const char *reason,
                                   : (retry_ms < 0 ? 60 : 1);
     int n;
 
-    p.fd = cfd;
-    p.events = POLLIN;
-    if (poll(&p, 1, SHIM_429_READ_MS) > 0) {
-        int i;
-
-        for (i = 0; i < 16 && recv(cfd, buf, sizeof(buf), MSG_DONTWAIT) > 0;
-             i++) {
-        }
-    }
+    drain_request(cfd);
     /* The body is the reason phrase and a newline. */
     n = snprintf(buf, sizeof(buf),
                  "HTTP/1.1 %d %s\r\n"
@@ -558,6 +486,7 @@ static void reject_http(int cfd, int status, const char *reason,
                  "%s\n", status, reason, secs, strlen(reason) + 1, reason);
     (void)send(cfd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
     (void)shutdown(cfd, SHUT_WR);
+    drain_request(cfd);
     (void)close(cfd);
 }
 
@@ -578,12 +507,31 @@ static void refuse_conn(int cfd, const shim_rule_t *r, int local,
     }
 }
 
+/* A local place of rule r for the connection about to be decided, into
+ * *place (table NULL: the rule has no local cap). When all N are held
+ * and one of this process's connections of the rule has lost its peer,
+ * that one's place is given back first (shim_reclaim_gone()). 1, or 0
+ * when every place is held. */
+static int take_place(const shim_rule_t *r, shim_place_t *place)
+{
+    uint32_t tag = (uint32_t)shim_core_adopt_pid();
+    uint32_t epoch = shim_slots_epoch(r, NULL, 0, 0);
+
+    return shim_local_take(r, tag, place)
+           || (shim_reclaim_gone(r, NULL, 0, 0, epoch)
+               && shim_local_take(r, tag, place));
+}
+
 /* Decide on the connection cfd, accepted under rule r from `peer` (plen
  * bytes): the local place first, so that a connection the host is full
  * for costs no Redis call, then Redis when the rule asks it, giving the
- * place back if Redis refuses. 1 when the connection goes to the program,
- * holding what it took until the program closes it; 0 when it was
- * refused, answered and closed. */
+ * place back if Redis refuses. A refusal by the key's concurrency is
+ * asked again once when one of this process's connections of that key
+ * has lost its peer and gave its slot back: a client that reads its
+ * answer and connects again before the program has closed the last
+ * connection is not refused by its own limit. 1 when the connection goes
+ * to the program, holding what it took until the program closes it; 0
+ * when it was refused, answered and closed. */
 static int admit(int cfd, const shim_rule_t *r,
                  const struct sockaddr_storage *peer, socklen_t plen)
 {
@@ -594,24 +542,33 @@ static int admit(int cfd, const shim_rule_t *r,
     tb_result_t res;
 
     place.table = NULL;
-    if (r->local_concurrency > 0
-        && !shim_local_take(r, (uint32_t)shim_core_adopt_pid(), &place)) {
+    if (r->local_concurrency != 0 && !take_place(r, &place)) {
         refuse_conn(cfd, r, 1, 0);
         return 0;
     }
     memset(&res.slot, 0, sizeof(res.slot));
     if (shim_rule_uses_redis(r)) {
+        uint32_t epoch;
+
         klen = shim_inbound_key(r, peer, plen, shim_conf.ipv6_bits, ipbuf,
                                 sizeof(ipbuf), &key);
+        epoch = shim_slots_epoch(r, key, klen, 1);
         shim_decide(r, key, klen, &res);
+        if (!res.allowed && res.refused_by == TB_LIMIT_CONCURRENCY
+            && shim_reclaim_gone(r, key, klen, 1, epoch)) {
+            shim_decide(r, key, klen, &res);
+        }
         if (!res.allowed) {
             shim_local_give(&place);
             refuse_conn(cfd, r, 0, res.retry_ms);
             return 0;
         }
     }
-    if (res.slot.kind != TB_SLOT_NONE || place.table != NULL) {
-        shim_hold(cfd, r, key, klen, &res.slot, &place);
+    if ((res.slot.kind != TB_SLOT_NONE || place.table != NULL)
+        && shim_hold(cfd, r, key, klen, &res.slot, &place) != 0) {
+        /* No room to keep them: given back; the server is full. */
+        refuse_conn(cfd, r, 1, 0);
+        return 0;
     }
     return 1;
 }
@@ -734,28 +691,43 @@ SHIM_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *alen,
 /* ---- close --------------------------------------------------------- */
 
 /* close() of an accepted connection that holds a concurrency slot or a
- * local place: the entry is taken out of the table first (so that a
- * connection accepted on the same fd number by another thread right after
- * the close is not confused with this one), the fd closed (its result and
- * errno are the program's), and then the place and the slot given back:
- * after the close, so that the program never has more connections open
- * than its places. Every other fd costs the guard and one bit test. A
- * guarded call (the core closing its own Redis socket) and a child made
- * without fork() go straight through. */
+ * local place: its entry is marked as being given back, the place and the
+ * slot are given back, the entry is forgotten (before the fd is closed,
+ * so that a connection accepted on the same fd number by another thread
+ * right after the close is not confused with this one), and then the fd
+ * is closed (its result and errno are the program's). Another thread
+ * whose new connection of the same key is refused meanwhile waits for
+ * this release and asks again (shim_slots_reclaim()).
+ *
+ * Given back before the close, because the close is what the client can
+ * see: its FIN tells a client that reads to the end that the answer is
+ * complete, and a client that makes one request at a time connects again
+ * at once. Given back after the close, the slot would still be held
+ * during the Redis call that releases it, and the next connection,
+ * accepted by another process or thread meanwhile, would be refused by
+ * the client's own limit of 1: 1 to 4 of 300 requests through a server
+ * of three pre-forked processes were (test_shim_530_03). The price is
+ * that for the length of the release the program may accept one
+ * connection more than its limit while this fd, about to be closed, is
+ * still open.
+ *
+ * Every other fd costs the guard and one bit test. A guarded call (the
+ * core closing its own Redis socket) and a child made without fork() go
+ * straight through. */
 SHIM_EXPORT int close(int fd)
 {
     shim_held_t h;
-    int rc, saved;
+    int saved;
 
     if (shim_guard || !shim_slots_marked(fd) || !shim_core_pid_matches()
         || !shim_slots_take(fd, &h)) {
         return call_close(fd);
     }
-    rc = call_close(fd);
     saved = errno;
     shim_release(&h);
+    shim_slots_done(fd);
     errno = saved;
-    return rc;
+    return call_close(fd);
 }
 
 /* ---- dlopen -------------------------------------------------------- */

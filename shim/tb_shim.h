@@ -1,21 +1,27 @@
 /* tb_shim.h -- what the shim's config loader hands to its wrappers.
  *
- * shim_conf.c turns a libconfig file into one shim_conf_t: the core's
- * client options plus two small tables of rules, inbound (matched on the
- * local port of an accepted connection) and outbound (matched on the
- * destination of a connect()). tb_shim.c owns the only instance, fills it
- * once at initialisation and only reads it afterwards, so the wrappers
- * need no lock to consult it. Nothing here allocates: a rule table is a
- * fixed array, and a per-port bitmap lets a wrapper dismiss an unmatched
- * call with one bit test.
+ * shim_conf.c, with its table of settings in shim_conf_table.c, turns a
+ * libconfig file into one shim_conf_t: the core's client options plus
+ * two small tables of rules, inbound (matched on the local port of an
+ * accepted connection) and outbound (matched on the destination of a
+ * connect()). tb_shim.c owns the only instance, fills it once at
+ * initialisation and only reads it afterwards, so the wrappers need no
+ * lock to consult it. Nothing here allocates: a rule table is a fixed
+ * array, and a per-port bitmap lets a wrapper dismiss an unmatched call
+ * with one bit test.
  *
- * The tbucket tool (tools/tbucket.c) links shim_conf.c too and reads a
- * shim config through shim_conf_load() and shim_conf_rule(), so both
- * accept the same files, with the same defaults, rule names and keys.
- * No symbol declared here is exported from the shim's .so.
+ * The tbucket tool (tools/tbucket.c) links both loader files too and
+ * reads a shim config through shim_conf_load() and shim_conf_rule(), so
+ * both accept the same files, with the same defaults, rule names and
+ * keys. No symbol declared here is exported from the shim's .so.
  */
 #ifndef TB_SHIM_H
 #define TB_SHIM_H
+
+/* local_concurrency = "auto" (shim_rule_t), and auto's default bounds. */
+#define SHIM_LOCAL_AUTO (-1)
+#define SHIM_LOCAL_AUTO_MIN 1
+#define SHIM_LOCAL_AUTO_MAX 256
 
 #include <stddef.h>
 #include <stdint.h>
@@ -81,8 +87,11 @@ typedef struct shim_rule {
     int local_concurrency;    /* Inbound: 0, or at most N connections of
                                * this rule open at once in this host's
                                * processes, counted in shared memory
-                               * without Redis (shim_local.c). A rule may
-                               * have this alone.                       */
+                               * without Redis (shim_local.c), or
+                               * SHIM_LOCAL_AUTO: a cap set from how long
+                               * connections last, within local_min and
+                               * local_max. A rule may have this alone. */
+    int local_min, local_max; /* auto's bounds; 0 until read.          */
     int lease;                /* 0, or the most tokens one lease takes
                                * from the bucket (1..SHIM_MAX_LEASE):
                                * the host's processes spend them without

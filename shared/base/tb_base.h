@@ -1,13 +1,12 @@
 /* tb_base.h -- the ground floor of libtb that hosts never call: errors in
- * the hiredis manner, deadlines on the monotonic clock, SHA-256, the
- * latency histogram and the spin lock of tables in shared memory.
- * Internal: every layer above (algo/, redis/ and the decision path) and
- * the unit tests include it; hosts include tb.h only.
+ * the hiredis manner, deadlines on the monotonic clock, SHA-256 and the
+ * latency histogram. Internal: every layer above (algo/, redis/ and the
+ * decision path) and the unit tests include it; hosts include tb.h only.
  *
  * What lives here calls nothing of libtb but base/ itself: the clock,
  * numbers in the C locale, name tables, the parsers of configuration
- * values and the counters are public (tb.h); these are the helpers the
- * layers above share.
+ * values, the counters and the lock of tables in shared memory are
+ * public (tb.h); these are the helpers the layers above share.
  */
 #ifndef TB_BASE_H
 #define TB_BASE_H
@@ -72,39 +71,5 @@ int tb_sha256(const void *data, size_t len, unsigned char out[32]);
 
 /* Count one Redis call's latency in the histogram. */
 void tb_stats_latency(tb_stats_t *s, int64_t us);
-
-/* ---- Locks in shared memory (tb_shlock.c) --------------------------- */
-
-/* How long one holder must have held a lock before a waiter decides it
- * died and takes the lock over (a critical section takes microseconds);
- * timed on the real monotonic clock, which tests' fake clocks leave be. */
-#define TB_SHLOCK_STEAL_US 100000
-
-/* A lock word: even when free (start at 0), odd while held. Take it with
- * tb__shlock_take, which gives the holder's value (pass it back to
- * tb__shlock_release) and sets *stolen to 1 when the lock was taken over
- * from a holder presumed dead (what it guarded may be half updated), 0
- * otherwise. */
-uint32_t tb__shlock_wait(uint32_t *word, int *stolen);
-
-static inline uint32_t tb__shlock_take(uint32_t *word, int *stolen)
-{
-    uint32_t v = __atomic_load_n(word, __ATOMIC_RELAXED);
-
-    if (!(v & 1u) && __atomic_compare_exchange_n(word, &v, v + 1, 0,
-                                                 __ATOMIC_ACQUIRE,
-                                                 __ATOMIC_RELAXED)) {
-        *stolen = 0;
-        return v + 1;
-    }
-    return tb__shlock_wait(word, stolen);
-}
-
-/* Free the lock if the holder whose value is mine still holds it. */
-static inline void tb__shlock_release(uint32_t *word, uint32_t mine)
-{
-    __atomic_compare_exchange_n(word, &mine, mine + 1, 0, __ATOMIC_RELEASE,
-                                __ATOMIC_RELAXED);
-}
 
 #endif /* TB_BASE_H */

@@ -1,5 +1,5 @@
 /* fuzz_rmcall.c -- tbucket_redis.so's command parser and decision
- * (redismod/tbucket_call.c) on hostile arguments and hostile stored state,
+ * (redismod/rm_command.c) on hostile arguments and hostile stored state,
  * without Redis.
  *
  * Input layout: a byte for the algorithm (the command), a byte of flags
@@ -10,7 +10,7 @@
  * TAT, w/cur/prev), the sliding log's count (a byte) and the raw doubles
  * its entry reads answer (NaN and infinities included).
  *
- * Invariants, for a call tbucket_parse() accepts:
+ * Invariants, for a call rm_parse() accepts:
  *  - numkeys as the getkeys callback reads it; n buckets within
  *    TB_MAX_BUCKETS and the slot set only with 'conc';
  *  - every limit passes tb_limit_check(), every cost its mode's range;
@@ -19,7 +19,7 @@
  *  - every number read formats ("%.17g", tb__fmt_num) to text that
  *    reads back as the same double;
  *  - decoded states are finite, stamps whole;
- *  - tbucket_decide() succeeds with a verdict the reply can carry:
+ *  - rm_decide() succeeds with a verdict the reply can carry:
  *    allowed 0 or 1 (0 when the set is full), retry -1 or more (0 when
  *    allowed), binding a bucket or, for a full set, n; remaining -1 only
  *    without buckets; a grant between cost and want when a lease is
@@ -30,13 +30,13 @@
 #include <math.h>
 
 #include "fuzz_common.h"
-#include "tbucket_call.h"
+#include "rm_command.h"
 
 /* A length-prefixed field as a heap copy of its exact size (so that a
  * read past it is an ASan report); p NULL for a missing field. */
-static tbucket_arg_t field(rd_t *r, int *missing)
+static rm_arg_t field(rd_t *r, int *missing)
 {
-    tbucket_arg_t a = { NULL, 0 };
+    rm_arg_t a = { NULL, 0 };
     uint8_t len = byte(r);
     char *copy;
 
@@ -84,21 +84,21 @@ static void check_roundtrip(double v)
     size_t n = tb__fmt_num(buf, sizeof(buf), v);
 
     FUZZ_CHECK(n > 0 && n < sizeof(buf), "format of %g", v);
-    FUZZ_CHECK(tbucket_lua_number(buf, n, &back) && back == v,
+    FUZZ_CHECK(rm_lua_number(buf, n, &back) && back == v,
                "%.17g formats as %s", v, buf);
 }
 
-static void check_call(const tbucket_call_t *c, int argc,
-                       const tbucket_arg_t *argv)
+static void check_call(const rm_call_t *c, int argc,
+                       const rm_arg_t *argv)
 {
     int i;
 
-    FUZZ_CHECK(tbucket_numkeys(argc, argv) == c->numkeys, "numkeys");
+    FUZZ_CHECK(rm_numkeys(argc, argv) == c->numkeys, "numkeys");
     FUZZ_CHECK(c->n >= 0 && c->n <= TB_MAX_BUCKETS
                && c->numkeys == c->n + c->conc, "n %d numkeys %d", c->n,
                c->numkeys);
     FUZZ_CHECK(!c->has_now || fabs((double)c->now_ms)
-               <= TBUCKET_MAX_CLOCK_MS, "clock");
+               <= RM_MAX_CLOCK_MS, "clock");
     for (i = 0; i < c->n; i++) {
         FUZZ_CHECK(tb_limit_check(&c->lim[i], NULL, 0) == TB_OK, "limit");
         FUZZ_CHECK(c->settle ? fabs(c->cost[i]) <= TB_MAX_CAPACITY
@@ -117,26 +117,26 @@ static void check_call(const tbucket_call_t *c, int argc,
                || c->algo == TB_ALGO_GCRA, "settle");
     FUZZ_CHECK(!c->conc || (c->conc_ttl_ms >= 1
                             && c->conc_ttl_ms <= TB_MAX_CONCURRENCY_TTL_MS
-                            && c->slot_id.len <= TBUCKET_MAX_SLOT_ID
+                            && c->slot_id.len <= RM_MAX_SLOT_ID
                             && isfinite(c->conc_limit)), "conc");
 }
 
-static void read_states(rd_t *r, const tbucket_call_t *c,
-                        tbucket_state_t *in, tbucket_arg_t *held, int *nh)
+static void read_states(rd_t *r, const rm_call_t *c,
+                        rm_state_t *in, rm_arg_t *held, int *nh)
 {
     int i, j, missing[3];
 
     for (i = 0; i < c->n; i++) {
-        tbucket_arg_t f[3];
+        rm_arg_t f[3];
 
         for (j = 0; j < 3; j++) {
             f[j] = field(r, &missing[j]);
             held[(*nh)++] = f[j];
         }
         memset(&in[i], 0, sizeof(in[i]));
-        tbucket_decode_bucket(&f[0], &f[1], &in[i].bucket);
-        tbucket_decode_gcra(&f[0], &in[i].gcra);
-        tbucket_decode_window(&f[0], &f[1], missing[2] ? NULL : &f[2],
+        rm_decode_bucket(&f[0], &f[1], &in[i].bucket);
+        rm_decode_gcra(&f[0], &in[i].gcra);
+        rm_decode_window(&f[0], &f[1], missing[2] ? NULL : &f[2],
                               &in[i].window);
         in[i].count = byte(r);
         FUZZ_CHECK(!in[i].bucket.exists
@@ -150,8 +150,8 @@ static void read_states(rd_t *r, const tbucket_call_t *c,
     }
 }
 
-static void check_outcome(const tbucket_call_t *c, int full,
-                          const tbucket_outcome_t *o)
+static void check_outcome(const rm_call_t *c, int full,
+                          const rm_outcome_t *o)
 {
     const tb_verdict_t *v = &o->v;
     int i;
@@ -182,18 +182,18 @@ static void check_outcome(const tbucket_call_t *c, int full,
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     rd_t r = { data, size };
-    tbucket_arg_t argv[TBUCKET_MAX_ARGS + 8];
-    tbucket_arg_t held[3 * TB_MAX_BUCKETS];
-    tbucket_state_t in[TB_MAX_BUCKETS];
-    tbucket_outcome_t o;
-    tbucket_call_t c;
+    rm_arg_t argv[RM_MAX_ARGS + 8];
+    rm_arg_t held[3 * TB_MAX_BUCKETS];
+    rm_state_t in[TB_MAX_BUCKETS];
+    rm_outcome_t o;
+    rm_call_t c;
     char err[256];
     tb_algo_t algo = (tb_algo_t)(byte(&r) % TB_ALGO_COUNT);
     int full = byte(&r) & 1, argc = 1, nh = 0, i, missing, rc;
 
-    argv[0].p = tbucket_command_name(algo);
+    argv[0].p = rm_command_name(algo);
     argv[0].len = strlen(argv[0].p);
-    while (r.n && argc < TBUCKET_MAX_ARGS + 8) {
+    while (r.n && argc < RM_MAX_ARGS + 8) {
         if (r.p[0] == 0 && r.n > 1 && r.p[1] == 0xff) {
             r.p += 2;
             r.n -= 2;
@@ -206,7 +206,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         argc++;
     }
     err[0] = '\0';
-    rc = tbucket_parse(algo, argc, argv, &c, err, sizeof(err));
+    rc = rm_parse(algo, argc, argv, &c, err, sizeof(err));
     if (rc != TB_OK) {
         FUZZ_CHECK(strncmp(err, "ERR ", 4) == 0, "error reply '%s'", err);
     }
@@ -214,7 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_call(&c, argc, argv);
         read_states(&r, &c, in, held, &nh);
         nth_input = r;
-        FUZZ_CHECK(tbucket_decide(&c, in, c.has_now ? c.now_ms
+        FUZZ_CHECK(rm_decide(&c, in, c.has_now ? c.now_ms
                                                     : 1700000000000LL,
                                   full, nth, NULL, &o) == TB_OK,
                    "a parsed call was refused by its twin");

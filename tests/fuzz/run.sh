@@ -5,7 +5,7 @@
 #   sh tests/fuzz/run.sh BUILD_DIR [SECONDS_PER_TARGET] [TARGET...]
 #
 # Targets (tests/fuzz/fuzz_<name>.c): url, key, parse, call, shimconf (when
-# shim/shim_conf.c exists), rmcall (redismod/tbucket_call.c, the Redis
+# shim/shim_conf.c exists), rmcall (redismod/rm_command.c, the Redis
 # module's command parser), form (mod_tbucket/tbucket_form_parse.c, the
 # module's reader of login forms) and any target added later. Each is
 # built with clang -fsanitize=fuzzer,address,undefined over the core
@@ -59,10 +59,12 @@ for t in $TARGETS; do
     case $t in
     shimconf)
         [ -f shim/shim_conf.c ] || { echo "fuzz: no shim/shim_conf.c"; continue; }
-        build shimconf shim/shim_conf.c "-lconfig -ldl" ;;
+        # The shim's config loader: its files as the Makefile's SHIMCONF.
+        build shimconf "shim/shim_conf.c shim/shim_conf_table.c" \
+            "-lconfig -ldl" ;;
     rmcall)
         # tbucket_redis.so's parser and decision, without Redis.
-        build rmcall "redismod/tbucket_call.c -Iredismod" "" ;;
+        build rmcall "redismod/rm_command.c -Iredismod" "" ;;
     form)
         # The module's form reader (%{FORM:field}), without Apache.
         build form "mod_tbucket/tbucket_form_parse.c -Imod_tbucket" "" ;;

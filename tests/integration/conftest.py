@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tbtest.apache import Apache  # noqa: E402
 from tbtest.core import Driver  # noqa: E402
+from tbtest.ha import ClusterRig  # noqa: E402
 from tbtest.env import (BUILD, Redis, comma_locale, factory,  # noqa: E402
                          prog)
 from tbtest.proof import HAProxy  # noqa: E402
@@ -147,6 +148,15 @@ def tls_redis(tmp_path, pki):
     yield from factory(lambda name="tls", **kw: TlsRedis(tmp_path / name,
                                                          pki, **kw),
                        TlsRedis.stop, then=TlsRedis.start)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A Redis Cluster of three primaries (tbtest/ha.py's ClusterRig), one
+    per test module that asks for it, stopped by PID after its last test."""
+    rig = ClusterRig(tmp_path_factory.mktemp("cluster")).start()
+    yield rig
+    rig.stop()
 
 
 @pytest.fixture(scope="session")

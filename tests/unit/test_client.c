@@ -270,10 +270,28 @@ static void test_client_create_bad_options(void **state)
 
 static void test_client_free_null(void **state)
 {
+    tb_stats_t st;
+    tb_client_t *c;
+    tb_result_t res;
+
     (void)state;
     tb_client_free(NULL);
     tb_client_after_fork(NULL);
     tb_tls_free(NULL);
+    /* NULL is no client: every call that takes one refuses it rather
+     * than reading through it. */
+    assert_int_equal(tb_client_decide(NULL, "tb:", "k", 1, NULL, 0, &res),
+                     TB_ERR);
+    assert_int_equal(res.source, TB_SRC_ERROR);
+    assert_int_equal(res.err, TB_ERR_ARG);
+    assert_int_equal(tb_client_release(NULL, NULL, NULL), TB_ERR);
+    assert_int_equal(tb_client_failing(NULL), 0);
+    /* And a client freed right after its creation, never used, leaves
+     * nothing behind (ASan's leak check, in make asan). */
+    c = unreachable(TB_POLICY_OPEN, 5, 1000, &st);
+    assert_non_null(c);
+    tb_client_free(c);
+    assert_int_equal(st.decisions, 0);
 }
 
 /* A TLS context can be made any number of times in one process (a server

@@ -3,14 +3,17 @@
  * concurrency limits, and the lease table.
  *
  * The table lives in caller memory: the tests give it malloc'd memory with
- * guard bytes after it (it must never write past tb_local_size()), and one
- * test gives it shared memory used by a forked child. Time is injected
- * through now_ms; nothing sleeps. Threads hammer one key to check that the
- * lock makes the count exact.
+ * guard bytes after it (it must never write past tb_local_size()), and
+ * some tests give it shared memory used by forked children. Time is
+ * injected through now_ms; nothing sleeps but the stopped-holder test,
+ * which holds a child stopped inside the lock for 500 ms. Threads hammer
+ * one key to check that the lock makes the count exact, and a child
+ * killed inside the lock leaves an entry that the next taker drops.
  */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -343,6 +346,140 @@ static void test_local_shared_memory_across_fork(void **state)
     assert_int_equal(take1(t, "tb:{forked}", 4, 0.001, 1, 1, 0).allowed, 0);
     assert_int_equal(tb_local_used(t), 1);
     guarded_free(&g, "tb_local");
+}
+
+/* ---- A holder stopped or killed inside the lock -------------------------
+ *
+ * tb_bucket_take runs under the table's lock (tb_local_take), so this
+ * binary links it wrapped (-Wl,--wrap=tb_bucket_take, Makefile): the
+ * process named in halt->pid stops itself there with SIGSTOP, or dies
+ * there with SIGKILL, holding the lock. */
+typedef struct halt {
+    pid_t pid;                        /* Who halts; 0 nobody.           */
+    int sig;                          /* SIGSTOP or SIGKILL.            */
+    uint64_t allowed;                 /* Takes allowed by the others.   */
+} halt_t;
+
+static halt_t *halt;
+
+int __real_tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                          const double *cost, int n, int64_t now_ms,
+                          tb_bucket_t *out, tb_verdict_t *v);
+int __wrap_tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                          const double *cost, int n, int64_t now_ms,
+                          tb_bucket_t *out, tb_verdict_t *v);
+
+int __wrap_tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
+                          const double *cost, int n, int64_t now_ms,
+                          tb_bucket_t *out, tb_verdict_t *v)
+{
+    if (halt && halt->pid == getpid()) {
+        halt->pid = 0;
+        raise(halt->sig);
+    }
+    return __real_tb_bucket_take(in, lim, cost, n, now_ms, out, v);
+}
+
+static halt_t *halt_new(void)
+{
+    halt_t *h = mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+    assert_true(h != MAP_FAILED);
+    memset(h, 0, sizeof(*h));
+    return h;
+}
+
+/* A child that takes one token of key and halts inside the lock with
+ * sig; returns once it has (stopped, or dead and reaped). */
+static pid_t halted_holder(tb_local_t *t, const char *key, int sig)
+{
+    pid_t pid;
+    int status;
+
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        halt->sig = sig;
+        halt->pid = getpid();
+        _exit(take1(t, key, 200, 0.001, 1, 1, 1000).allowed ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, WUNTRACED), pid);
+    assert_true(sig == SIGSTOP ? WIFSTOPPED(status)
+                               : WIFSIGNALED(status));
+    return pid;
+}
+
+/* A holder stopped (SIGSTOP) for 500 ms inside the lock, the others
+ * waiting for the same key: none of them may take the lock meanwhile,
+ * and once it goes on the bucket's 200 tokens are spent exactly once,
+ * its one included. A lock taken over from it would let the others
+ * spend all 200, and its late write would then give one back. */
+static void test_local_stopped_holder_keeps_lock(void **state)
+{
+    guarded_t g;
+    tb_local_t *t;
+    pid_t holder, others[2];
+    uint64_t meanwhile;
+    int k;
+
+    (void)state;
+    halt = halt_new();
+    t = tb_local_init(guarded_new(&g, tb_local_size(64), 1), 64);
+    holder = halted_holder(t, "tb:{stop}", SIGSTOP);
+    for (k = 0; k < 2; k++) {
+        others[k] = fork();
+        assert_true(others[k] >= 0);
+        if (others[k] == 0) {
+            while (take1(t, "tb:{stop}", 200, 0.001, 1, 1, 1000).allowed) {
+                __atomic_add_fetch(&halt->allowed, 1, __ATOMIC_RELAXED);
+            }
+            _exit(0);
+        }
+    }
+    usleep(500000);
+    meanwhile = __atomic_load_n(&halt->allowed, __ATOMIC_RELAXED);
+    assert_int_equal(kill(holder, SIGCONT), 0);
+    unit_wait_children(&holder, 1);
+    unit_wait_children(others, 2);
+    assert_int_equal(halt->allowed, 199);
+    assert_int_equal(meanwhile, 0);
+    assert_int_equal(take1(t, "tb:{stop}", 200, 0.001, 1, 1, 1000).allowed,
+                     0);
+    assert_int_equal(tb_local_used(t), 1);
+    guarded_free(&g, "tb_local");
+    munmap(halt, sizeof(*halt));
+    halt = NULL;
+}
+
+/* A holder killed inside the lock while it updates a key's entry: the
+ * next taker gets the lock and drops that entry, which it cannot trust
+ * (the key starts full again, as an evicted key does); the other keys
+ * keep their state, and the count of entries in use is right. */
+static void test_local_dead_holder_entry_dropped(void **state)
+{
+    guarded_t g;
+    tb_local_t *t;
+    tb_verdict_t v;
+
+    (void)state;
+    halt = halt_new();
+    t = tb_local_init(guarded_new(&g, tb_local_size(64), 1), 64);
+    assert_int_equal(take1(t, "tb:{kept}", 200, 0.001, 50, 1,
+                           1000).remaining, 150);
+    assert_int_equal(take1(t, "tb:{dead}", 200, 0.001, 50, 1,
+                           1000).remaining, 150);
+    halted_holder(t, "tb:{dead}", SIGKILL);
+    assert_int_equal(tb_local_used(t), 2);
+    v = take1(t, "tb:{kept}", 200, 0.001, 1, 1, 1000);
+    assert_int_equal(v.remaining, 149);
+    assert_int_equal(tb_local_used(t), 1);
+    v = take1(t, "tb:{dead}", 200, 0.001, 1, 1, 1000);
+    assert_int_equal(v.remaining, 199);
+    assert_int_equal(tb_local_used(t), 2);
+    guarded_free(&g, "tb_local");
+    munmap(halt, sizeof(*halt));
+    halt = NULL;
 }
 
 static void test_local_bad_arguments(void **state)
@@ -869,6 +1006,8 @@ int main(void)
         cmocka_unit_test(test_local_keys_do_not_collide),
         cmocka_unit_test(test_local_threads_count_exactly),
         cmocka_unit_test(test_local_shared_memory_across_fork),
+        cmocka_unit_test(test_local_stopped_holder_keeps_lock),
+        cmocka_unit_test(test_local_dead_holder_entry_dropped),
         cmocka_unit_test(test_local_bad_arguments),
         cmocka_unit_test(test_local_null_arguments),
         LEASE_TEST(test_local_lease_spend_and_expire),

@@ -17,7 +17,6 @@ import pytest
 
 from tbtest.core import keyslot, pct, sanitized
 from tbtest.env import wait_until
-from tbtest.ha import ClusterRig
 
 
 def rule_key(prefix, key, rule):
@@ -217,13 +216,6 @@ def test_core_rules_05(mod_redis, drivers):
     assert out["script"] == out["module"]
     assert any(g[5] for g in out["script"][0]), "no ban was set"
     assert any(g[4] for g in out["script"][0]), "no ban refused"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    rig = ClusterRig(tmp_path_factory.mktemp("rcluster")).start()
-    yield rig
-    rig.stop()
 
 
 def keys_on_two_slots(cluster, prefix):

@@ -20,13 +20,6 @@ from tbtest.core import keyslot, pct, redis_key
 from tbtest.ha import ClusterRig, bounded, kill9
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    rig = ClusterRig(tmp_path_factory.mktemp("cluster")).start()
-    yield rig
-    rig.stop()
-
-
 def key_on(cluster, port, prefix="k"):
     """A client key whose bucket slot the primary on port owns."""
     for i in range(10000):

@@ -14,7 +14,6 @@ its slot's owner.
 import pytest
 
 from tbtest.core import keyslot
-from tbtest.ha import ClusterRig
 from tbtest.proof import (timed_log_conf, read_timed, start_wrk, finish_wrk,
                           crash_lines, ideal)
 
@@ -22,13 +21,6 @@ CAP = 40
 RATE = 100.0
 T = 3
 PATH = "/limited/ok.txt"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    rig = ClusterRig(tmp_path_factory.mktemp("cluster-rep")).start()
-    yield rig
-    rig.stop()
 
 
 def keys_on_every_primary(cluster, prefix):

@@ -24,8 +24,8 @@ TARGETS = {
     "key": [],
     "parse": [],
     "call": [],
-    "shimconf": ["shim/shim_conf.c"],
-    "rmcall": ["redismod/tbucket_call.c"],
+    "shimconf": ["shim/shim_conf.c", "shim/shim_conf_table.c"],
+    "rmcall": ["redismod/rm_command.c"],
     "form": ["mod_tbucket/tbucket_form_parse.c"],
 }
 

@@ -11,24 +11,9 @@ line and in how keys are shown, each checked as the attacker tried it:
   TB00160 and never match the fail2ban filter, under every policy.
 """
 import json
-import os
-import subprocess
 
 from tbtest.apache import http_get
-from tbtest.env import ROOT, require
-
-F2B_REGEX = "/usr/bin/fail2ban-regex"
-FILTER = os.path.join(ROOT, "conf", "fail2ban", "filter.d",
-                      "mod-tbucket.conf")
-
-
-def f2b_hosts(log_path):
-    """The host (address or network) of each line the filter matches."""
-    require(F2B_REGEX, "fail2ban")
-    p = subprocess.run([F2B_REGEX, "-o", "ip", log_path, FILTER],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    return [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
+from tbtest.env import fail2ban_hosts
 
 
 def lines(a, tag):
@@ -61,7 +46,7 @@ TBucketRefusalLog notice
     assert len(refused) == 39
     assert all(" net=2001:db8:1:2::/64 " in ln for ln in refused)
     assert len({ln.split("client=")[1].split()[0] for ln in refused}) == 39
-    hosts = f2b_hosts(a.error_log)
+    hosts = fail2ban_hosts(a.error_log)
     assert hosts == ["2001:db8:1:2::/64"] * 39, hosts[:5]
 
 
@@ -139,7 +124,7 @@ def test_module_200_03(apache_factory, redis_server):
                  for _ in range(5)]
         assert codes == expect, (policy, codes)
         assert lines(a, "TB00160") == [], policy
-        assert f2b_hosts(a.error_log) == [], policy
+        assert fail2ban_hosts(a.error_log) == [], policy
         fallback = lines(a, "TB00163")
         assert len(fallback) == (3 if policy == "local" else 0), fallback
         a.stop()

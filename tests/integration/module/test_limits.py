@@ -225,12 +225,7 @@ def raw_get(port, path, key_bytes):
            b"Connection: close\r\nX-API-Key: " + key_bytes + b"\r\n\r\n")
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(req)
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = b"".join(iter(lambda: s.recv(65536), b""))
     return int(data.split(b" ", 2)[1])
 
 

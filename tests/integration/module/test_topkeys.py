@@ -25,13 +25,10 @@ from html.parser import HTMLParser
 import pytest
 
 from tbtest.apache import http_get
-from tbtest.env import BUILD, ROOT, chromium, require
+from tbtest.env import BUILD, chromium, fail2ban_hosts, require
 
-F2B_REGEX = "/usr/bin/fail2ban-regex"
 TMUX = "/usr/bin/tmux"
 TOOL = os.path.join(BUILD, "tbucket")
-FILTER = os.path.join(ROOT, "conf", "fail2ban", "filter.d",
-                      "mod-tbucket.conf")
 
 # Keys a client chooses: markup, quotes, a backslash, a percent sign; no
 # space (a key with one is hashed, which test 161_03 checks too).
@@ -493,16 +490,6 @@ def refusal_lines(a):
     return [ln for ln in a.read_log().splitlines() if "TB00160" in ln]
 
 
-def fail2ban_ips(log_path):
-    """The addresses fail2ban-regex finds with our filter, one per line
-    that matches."""
-    require(F2B_REGEX, "fail2ban")
-    p = subprocess.run([F2B_REGEX, "-o", "ip", log_path, FILTER],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    return [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
-
-
 # test_module_162_01: clients 127.0.0.2..6, each its own bucket of 3: the
 # three that go over get one TB00160 line per refusal, in the documented
 # format, and fail2ban-regex with conf/fail2ban's filter finds exactly
@@ -535,7 +522,7 @@ def test_module_162_01(apache_factory, redis_server):
         assert m and m.group(1) == m.group(2) == m.group(3), ln
         assert 3500 <= int(m.group(4)) <= 3600, ln
         assert "[client %s:" % m.group(1) in ln
-    ips = fail2ban_ips(a.error_log)
+    ips = fail2ban_hosts(a.error_log)
     assert sorted(ips) == sorted(ip for ip, n in refused.items()
                                  for _ in range(n))
     a.assert_log_clean()
@@ -556,7 +543,7 @@ def test_module_162_02(apache_factory, redis_server):
     (line,) = refusal_lines(a)
     assert 'client=127.0.0.7 net=127.0.0.7 key="k%5C%22q%2541" ' \
         'limit="default"' in line
-    assert fail2ban_ips(a.error_log) == ["127.0.0.7"]
+    assert fail2ban_hosts(a.error_log) == ["127.0.0.7"]
 
     a.stop()
     redis_server.client().flushall()

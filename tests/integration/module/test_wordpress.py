@@ -9,8 +9,8 @@ plain TBucketLimit on /wp-login.php): the rate-limit rules tests build
 on the same rig."""
 import pytest
 
-from tbtest.wordpress import (LOGIN_ERROR, TEST_COOKIE, WordPress,
-                              login_body, require_stack)
+from tbtest.wordpress import (LOGIN_ERROR, TEST_COOKIE, login_body,
+                              started_rig)
 
 # Client source addresses (the whole of 127/8 is this host's).
 SOURCES = ("127.0.0.2", "127.0.0.3")
@@ -18,13 +18,7 @@ SOURCES = ("127.0.0.2", "127.0.0.3")
 
 @pytest.fixture(scope="module")
 def wp():
-    """One rig for the module: installing it is most of the cost."""
-    require_stack()
-    w = WordPress()
-    try:
-        yield w.start()
-    finally:
-        w.cleanup()
+    yield from started_rig()
 
 
 def logged_in_cookie(cookies):

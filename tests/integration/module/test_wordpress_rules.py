@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tbtest.proof import RESULTS
-from tbtest.wordpress import WordPress, login_body, require_stack
+from tbtest.wordpress import login_body, started_rig
 
 RULES = """<Location "/wp-login.php">
     TBucketEnable On
@@ -38,12 +38,7 @@ REAL_SOURCE = "127.0.0.200"
 
 @pytest.fixture(scope="module")
 def wp():
-    require_stack()
-    w = WordPress()
-    try:
-        yield w.start()
-    finally:
-        w.cleanup()
+    yield from started_rig()
 
 
 def protect(wp, redis, prefix):

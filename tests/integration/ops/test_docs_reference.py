@@ -2,9 +2,9 @@
 
 docs/reference.txt is the one source of the man pages. These tests read
 the names the code accepts -- the module's AP_INIT_* directive table, the
-settings the shim's loader compares against, the tool's long options,
-commands and exit codes -- and require the two sets to be equal, so a new
-directive without documentation (or documentation of a removed one) fails.
+shim's tables of settings, the tool's long options, commands and exit
+codes -- and require the two sets to be equal, so a new directive without
+documentation (or documentation of a removed one) fails.
 They also render the pages and check groff has nothing to say. The same
 holds for the status page: the metric families a live Apache serves and
 the table of docs/status-page.md list the same names with the same types.
@@ -40,16 +40,6 @@ def read(path):
         return f.read()
 
 
-def function_body(src, signature):
-    """The text of a C function from its signature to the closing brace
-    in column 0."""
-    start = src.find(signature)
-    assert start >= 0, "cannot find %r" % signature
-    end = src.find("\n}\n", start)
-    assert end > 0
-    return src[start:end]
-
-
 def code_directives():
     names = set()
     for path in glob.glob(os.path.join(ROOT, "mod_tbucket", "*.c")):
@@ -59,10 +49,24 @@ def code_directives():
     return names
 
 
-def shim_names(function):
-    body = function_body(read("shim/shim_conf.c"), function)
-    return re.findall(r'(?:(!?inbound)\s*&&\s*)?strcmp\(name,\s*"(\w+)"\)',
-                      body)
+def shim_settings(table, least):
+    """The settings of a table of shim/shim_conf_table.c ("scalars" or
+    "rule_settings"), each written `[SHIM_..] = {"name", DIRS, K_..`, as
+    {name: the rules it belongs to}. Fails when it reads fewer than
+    `least` entries, or fewer than the table's designators, so that a
+    change of the table's form cannot leave the tests comparing nothing."""
+    src = read("shim/shim_conf_table.c")
+    start = src.find("static const setting_t %s[" % table)
+    assert start >= 0, "no table %s in shim/shim_conf_table.c" % table
+    body = src[src.find("] = {", start) + 3:src.find("\n};\n", start)]
+    found = re.findall(r'\[SHIM_[A-Z]+_\w+\]\s*=\s*\{\s*"(\w+)",\s*'
+                       r'(TOP|IN|OUT|BOTH),\s*K_\w+,', body)
+    entries = len(re.findall(r"\[SHIM_\w+\]\s*=", body))
+    assert len(found) >= least and len(found) == entries, \
+        "read %d of the %d entries of shim_conf_table.c:%s (at least %d " \
+        "expected)" % (len(found), entries, table, least)
+    return {name: {"TOP": "top", "IN": "inbound", "OUT": "outbound",
+                   "BOTH": "both"}[dirs] for name, dirs in found}
 
 
 def diff_message(kind, code, docs):
@@ -79,22 +83,16 @@ def test_docs_001_01_directives():
     assert code == docs, diff_message("directives", code, docs)
 
 
-# Every top-level setting the shim's loader accepts has an entry, and back.
+# Every top-level setting of the shim's table has an entry, and back.
 def test_docs_001_02_shim_settings():
-    code = {n for _, n in shim_names("static int load_scalars(")}
-    code |= {n for _, n in shim_names("static int tls_setting(")}
-    assert code, "no settings found in shim/shim_conf.c:load_scalars"
+    code = set(shim_settings("scalars", 15))
     docs = set(GEN.entries(PAGES, "setting"))
     assert code == docs, diff_message("shim settings", code, docs)
 
 
 # Every rule setting has an entry, for the right direction(s).
 def test_docs_001_03_shim_rule_settings():
-    code = {}
-    for cond, name in shim_names("static int load_rule("):
-        code[name] = {"inbound": "inbound", "!inbound": "outbound",
-                      "": "both"}[cond]
-    assert code, "no rule settings found in shim/shim_conf.c:load_rule"
+    code = shim_settings("rule_settings", 15)
     docs = GEN.entries(PAGES, "rule")
     assert set(code) == set(docs), diff_message("rule settings", set(code),
                                                 set(docs))
@@ -104,16 +102,24 @@ def test_docs_001_03_shim_rule_settings():
 
 
 # The tool's long options, commands and exit codes are documented.
+# The options are tools/tbucket_args.c's table (and --help), the commands
+# tools/tbucket.c's table, the exit codes tools/tbucket_tool.h's.
 def test_docs_001_04_tool():
-    src = read("tools/tbucket.c")
-    opts = set(re.findall(r'\{\s*"([a-z-]+)",\s*(?:no|required|optional)'
-                          r'_argument', src))
+    args = read("tools/tbucket_args.c")
+    opts = set(re.findall(r'^\s*\{ "([a-z-]+)", K_[A-Z_]+,', args, re.M))
+    assert len(opts) >= 20, "no option table read in tbucket_args.c"
+    opts.add("help")
     docs = set(GEN.entries(PAGES, "option"))
     assert opts == docs, diff_message("tbucket options", opts, docs)
-    cmds = set(re.findall(r'strcmp\(t\.cmd,\s*"(\w+)"\)', src))
+    cmds = set(re.findall(r'^\s*\{ "(\w+)", tool_cmd_\w+ \}',
+                          read("tools/tbucket.c"), re.M))
+    assert len(cmds) >= 7, "no command table read in tools/tbucket.c"
     docs = set(GEN.entries(PAGES, "command"))
     assert cmds == docs, diff_message("tbucket commands", cmds, docs)
-    codes = set(re.findall(r"#define EXIT_\w+ (\d+)", src)) | {"0"}
+    codes = set(re.findall(r"#define EXIT_\w+ (\d+)",
+                           read("tools/tbucket_tool.h")))
+    assert len(codes) >= 5, "no exit codes read in tools/tbucket_tool.h"
+    codes.add("0")
     docs = set(GEN.entries(PAGES, "exit"))
     assert codes == docs, diff_message("tbucket exit codes", codes, docs)
 

@@ -1,7 +1,9 @@
-"""test_layers.py -- shared/ stays in its layers, and its functions small.
+"""test_layers.py -- shared/ stays in its layers, and every C file outside
+tests/ keeps its functions small.
 
-libtb is four layers (shared/README.md): base/ at the bottom, algo/ and
-redis/ on it, side by side, and the decision path at the top of shared/.
+libtb is five layers (shared/README.md): base/ at the bottom, algo/ and
+redis/ on it, side by side, tables/ on algo/, and the decision path at the
+top of shared/.
 A file may include the headers, and call the functions, of its own layer
 and of the layers it stands on, never of one above or beside it. These
 tests read the includes from the sources and the calls from the objects
@@ -12,7 +14,11 @@ They also keep what a new maintainer reads in shape: every .c file of
 shared/ opens with a head comment naming the file ("tb_x.c -- ..."), each
 folder's README.md names its files, and no function in shared/ takes more
 than 7 parameters or runs past 80 lines (from its opening brace to its
-closing one), as STYLE.md sections 9 and 11b ask.
+closing one), as docs/hacking.md asks. The 002 tests hold the hosts
+(mod_tbucket/, shim/, tools/, redismod/, bench/'s C) to the same: includes
+of their own folder and the core's public header only (or what their
+README says they may reach), head comments of at most 20 lines, the same
+function sizes, no file over 900 lines, a README naming every file.
 """
 import glob
 import os
@@ -24,7 +30,7 @@ import pytest
 from tbtest.env import BUILD, ROOT
 
 SHARED = os.path.join(ROOT, "shared")
-LAYERS = ("base", "algo", "redis")
+LAYERS = ("base", "algo", "redis", "tables")
 # What each layer may include and call: itself and what it stands on.
 # "top" is the decision path; "public" is tb.h, which every layer may
 # include (it declares every layer's public functions).
@@ -32,7 +38,8 @@ MAY_USE = {
     "base": {"public", "base"},
     "algo": {"public", "base", "algo"},
     "redis": {"public", "base", "redis"},
-    "top": {"public", "base", "algo", "redis", "top"},
+    "tables": {"public", "base", "algo", "tables"},
+    "top": {"public", "base", "algo", "redis", "tables", "top"},
 }
 MAX_PARAMS = 7
 MAX_LINES = 80
@@ -47,7 +54,7 @@ def layer_of(path):
     """base, algo, redis or top for a file under shared/; public for
     tb.h."""
     r = rel(path)
-    if r == "tb.h":
+    if r in ("tb.h", "tb_tables.h"):
         return "public"
     head = r.split(os.sep)[0]
     return head if head in LAYERS else "top"
@@ -298,6 +305,125 @@ def test_layers_001_07():
         text = read(readme)
         for path in sorted(glob.glob(os.path.join(d, "*.[ch]"))):
             name = os.path.basename(path)
-            if name != "tb.h" and name not in text:
+            if name not in ("tb.h", "tb_tables.h") and name not in text:
                 bad.append("%s does not name %s" % (rel(readme), name))
+    assert not bad, "\n".join(bad)
+
+
+# ---- The hosts: the same rules over every C file outside tests/ --------
+
+# Each host folder and the quoted headers its files may include: their
+# own, the core's public header, and what the folder's README says it may
+# reach beyond that (the tool the shim's loader; the Redis module the
+# core's pure twins). Headers of the system, APR and httpd are included
+# with <> or are not files of this tree, and are not checked.
+HOSTS = {
+    "mod_tbucket": {"shared/tb.h"},
+    "shim": {"shared/tb.h"},
+    "tools": {"shared/tb.h", "shim/tb_shim.h"},
+    "redismod": {"shared/tb.h", "shared/algo/tb_algo_int.h",
+                 "shared/base/tb_base.h"},
+    "bench": {"shared/tb.h"},
+}
+
+
+def host_sources(pattern):
+    out = []
+    for d in HOSTS:
+        out += glob.glob(os.path.join(ROOT, d, pattern))
+    return sorted(out)
+
+
+def tree_header(path, name):
+    """The file of this tree a quoted include names (beside the file, or
+    under shared/ as -Ishared finds it), or None for a header of the
+    system, APR or httpd."""
+    for d in (os.path.dirname(path), SHARED):
+        cand = os.path.normpath(os.path.join(d, name))
+        if os.path.exists(cand) and cand.startswith(ROOT + os.sep):
+            return os.path.relpath(cand, ROOT)
+    return None
+
+
+# Every quoted include of a host file is its own folder's header, or one
+# the table above allows: no host reaches into another, or into the
+# core's internals, unless its README says so.
+def test_layers_002_01():
+    bad, seen = [], 0
+    for path in host_sources("*.[ch]"):
+        folder = os.path.relpath(path, ROOT).split(os.sep)[0]
+        for name in INCLUDE.findall(read(path)):
+            target = tree_header(path, name)
+            if target is None:
+                continue
+            seen += 1
+            if (os.path.dirname(target) != folder
+                    and target not in HOSTS[folder]):
+                bad.append("%s includes %s" % (os.path.relpath(path, ROOT),
+                                               target))
+    assert seen > 40, "too few includes read: %d" % seen
+    assert not bad, "\n".join(bad)
+
+
+# Every host .c file opens with a head comment naming it, at most 20
+# lines long.
+def test_layers_002_02():
+    bad = []
+    files = host_sources("*.c")
+    assert len(files) > 30, files
+    for path in files:
+        text = read(path)
+        name = os.path.basename(path)
+        head = text[:text.find("*/") + 2] if text.startswith("/*") else ""
+        if not head.startswith("/* %s -- " % name):
+            bad.append("%s: head comment %r" % (name, text[:60]))
+        elif head.count("\n") + 1 > 20:
+            bad.append("%s: head comment of %d lines" % (
+                name, head.count("\n") + 1))
+    assert not bad, "\n".join(bad)
+
+
+# No function in any host takes more than 7 parameters or runs past 80
+# lines, as in shared/.
+def test_layers_002_03():
+    bad, n = [], 0
+    for path in host_sources("*.[ch]"):
+        for name, params, lines, at in functions(path):
+            n += 1
+            if params > MAX_PARAMS or lines > MAX_LINES:
+                bad.append("%s:%d %s: %d parameters, %d lines"
+                           % (os.path.relpath(path, ROOT), at, name, params,
+                              lines))
+    assert n > 300, "too few functions read: %d" % n
+    assert not bad, "\n".join(bad)
+
+
+# No C file or header of the tree, outside tests/, is over 900 lines: one
+# job per file.
+def test_layers_002_04():
+    bad = []
+    files = host_sources("*.[ch]") + sources("*.[ch]")
+    for path in files:
+        n = read(path).count("\n")
+        if n > 900:
+            bad.append("%s: %d lines" % (os.path.relpath(path, ROOT), n))
+    assert len(files) > 80, len(files)
+    assert not bad, "\n".join(bad)
+
+
+# Each host folder has a README.md naming every .c and .h file in it.
+def test_layers_002_05():
+    bad = []
+    for d in HOSTS:
+        if d == "bench":
+            continue
+        readme = os.path.join(ROOT, d, "README.md")
+        if not os.path.exists(readme):
+            bad.append("%s: no README.md" % d)
+            continue
+        text = read(readme)
+        for path in sorted(glob.glob(os.path.join(ROOT, d, "*.[ch]"))):
+            if os.path.basename(path) not in text:
+                bad.append("%s/README.md does not name %s"
+                           % (d, os.path.basename(path)))
     assert not bad, "\n".join(bad)

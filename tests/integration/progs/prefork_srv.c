@@ -39,6 +39,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "progs_listen.h"
+
 #define MAX_WORKERS 16
 #define MAX_HELD 256
 
@@ -109,13 +111,16 @@ static void worker(int w, int l)
             if (n > 0 && !memmem(buf, (size_t)n, "bye", 3)) {
                 continue;
             }
+            /* Uncounted before the close: the shim gives the place back
+             * inside close(), before the real close returns, and another
+             * child may accept at once; counting after would see both. */
+            __atomic_sub_fetch(&sh->open[w], 1, __ATOMIC_SEQ_CST);
             if (raw_close) {
                 syscall(SYS_close, p[i].fd);
             }
             else {
                 close(p[i].fd);
             }
-            __atomic_sub_fetch(&sh->open[w], 1, __ATOMIC_SEQ_CST);
             p[i] = p[held--];
         }
         if (p[0].revents == 0) {
@@ -159,10 +164,8 @@ static pid_t spawn(int w, int l)
 
 int main(int argc, char **argv)
 {
-    struct sockaddr_in sin;
-    socklen_t len = sizeof(sin);
     struct sigaction sa;
-    int port = 0, one = 1, l, o, w, status;
+    int port = 0, l, o, w, status;
     pid_t pid;
 
     while ((o = getopt(argc, argv, "p:w:m:r")) != -1) {
@@ -194,24 +197,16 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    sin.sin_port = htons((unsigned short)port);
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    l = socket(AF_INET, SOCK_STREAM, 0);
-    if (l < 0 || setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one))
-        || bind(l, (struct sockaddr *)&sin, sizeof(sin)) != 0
-        || listen(l, 1024) != 0) {
-        perror("prefork_srv: listen");
+    l = listen_loopback(port, "prefork_srv", &port);
+    if (l < 0) {
         return 1;
     }
-    getsockname(l, (struct sockaddr *)&sin, &len);
     fcntl(l, F_SETFL, fcntl(l, F_GETFL) | O_NONBLOCK);
     parent = getpid();
     for (w = 0; w < nworkers; w++) {
         workers[w] = spawn(w, l);
     }
-    printf("ready %d\n", ntohs(sin.sin_port));
+    printf("ready %d\n", port);
     fflush(stdout);
     while (!stop) {
         /* Reaped here, so a dead child's pid is gone (no zombie) by the

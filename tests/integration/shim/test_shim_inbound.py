@@ -1,14 +1,17 @@
 """test_shim_inbound.py -- inbound rules: a real daemon under LD_PRELOAD,
 its accept() limited by a shared bucket; a client opens many connections
 quickly and counts which were served, closed or answered 429."""
+import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
 from tbtest.env import free_port
-from tbtest.shim import (Proc, bucket, cli, in_rule, inbound, plain_env,
-                         redis_clients, shim_env, tb_srv, write_conf)
+from tbtest.shim import (Proc, bucket, cli, http_ask, http_daemon, in_rule,
+                         inbound, plain_env, redis_clients, shim_env, tb_srv,
+                         write_conf)
 
 
 def rule(port, **kw):
@@ -185,3 +188,91 @@ def test_shim_100_07(redis_server, progs, tmp_path):
         down_out, _ = down.stop()
     assert "served 4 " in down_out
     assert err == ""
+
+
+# One address opening idle connections at a steady pace: they connect and
+# never send a byte, and stay open until the end (seconds), at most `most`
+# of them. Non-blocking connects, so that a full backlog does not slow the
+# flood down. Prints "opened N" at the end.
+FLOOD = r"""
+import resource, socket, sys, time
+port, rate, most, secs = (int(sys.argv[1]), float(sys.argv[2]),
+                          int(sys.argv[3]), float(sys.argv[4]))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if hard != resource.RLIM_INFINITY:
+    most = min(most, hard - 64)
+resource.setrlimit(resource.RLIMIT_NOFILE, (most + 64, hard))
+held, t0 = [], time.monotonic()
+while time.monotonic() - t0 < secs:
+    wait = t0 + len(held) / rate - time.monotonic()
+    if len(held) >= most:
+        wait = t0 + secs - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+        continue
+    s = socket.socket()
+    s.setblocking(False)
+    s.bind(("127.0.0.2", 0))
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    held.append(s)
+print("opened", len(held), flush=True)
+"""
+
+
+def timed_requests(port, n, pause):
+    """n requests from 127.0.0.1, each on a new connection, pause seconds
+    apart: their status lines and latencies (s); a timeout counts 15 s."""
+    status, lat = [], []
+    for _ in range(n):
+        t0 = time.monotonic()
+        try:
+            with socket.create_connection(("127.0.0.1", port),
+                                          timeout=15) as s:
+                status.append(http_ask(s, close=True))
+        except OSError as e:
+            status.append(repr(e))
+        lat.append(time.monotonic() - t0)
+        time.sleep(pause)
+    return status, lat
+
+
+# test_shim_100_09: action `http429` under an event loop (selectors on a
+# non-blocking listener): one address flooding idle connections, refused
+# by its concurrency limit, never stalls the loop; another client's
+# requests stay fast (the worst under 1 s, where a 429 that waited for
+# each idle client's request cost seconds).
+@pytest.mark.slow
+def test_shim_100_09(redis_server, tmp_path):
+    port = free_port()
+    conf = write_conf(tmp_path / "s.conf", redis_server,
+                      inbound(rule(port, capacity=None, rate=None,
+                                   concurrency=2, action="http429")))
+    srv = http_daemon(tmp_path, conf, port)
+    (tmp_path / "flood.py").write_text(FLOOD)
+    flood = None
+    try:
+        quiet, quiet_lat = timed_requests(port, 20, 0.02)
+        flood = subprocess.Popen([sys.executable, str(tmp_path / "flood.py"),
+                                  str(port), "1000", "3000", "4"],
+                                 stdout=subprocess.PIPE, text=True,
+                                 env=plain_env())
+        time.sleep(0.5)
+        loaded, lat = timed_requests(port, 40, 0.05)
+        opened = int(flood.communicate(timeout=60)[0].split()[1])
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        out, err = srv.stop()
+    print("\nunloaded: median %.1f ms, worst %.1f ms; under a flood of %d "
+          "idle connections: median %.1f ms, worst %.1f ms"
+          % (1000 * sorted(quiet_lat)[10], 1000 * max(quiet_lat), opened,
+             1000 * sorted(lat)[20], 1000 * max(lat)))
+    assert quiet == ["HTTP/1.1 200 OK"] * 20
+    assert loaded == ["HTTP/1.1 200 OK"] * 40, loaded
+    assert opened >= 2000, opened
+    assert max(lat) < 1.0, lat
+    assert err == "", err

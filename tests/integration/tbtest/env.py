@@ -279,3 +279,19 @@ class Redis:
 
     def sigcont(self):
         os.kill(self.proc.pid, signal.SIGCONT)
+
+
+F2B_REGEX = "/usr/bin/fail2ban-regex"
+
+
+def fail2ban_hosts(log_path):
+    """The host (address or network) fail2ban-regex finds with our filter
+    (conf/fail2ban/filter.d/mod-tbucket.conf) in an error log, one per
+    line that matches; skips when fail2ban is not installed."""
+    require(F2B_REGEX, "fail2ban")
+    filt = os.path.join(ROOT, "conf", "fail2ban", "filter.d",
+                        "mod-tbucket.conf")
+    p = subprocess.run([F2B_REGEX, "-o", "ip", log_path, filt],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]

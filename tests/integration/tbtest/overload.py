@@ -28,7 +28,12 @@ seconds; Redis calls. page_cost() and shed_cost() measure the server CPU
 of one rendered page and of one shed request alone, without the flood.
 
 CONFIGS gives the module configurations the bench compares ("none",
-"per_key", "local"): config_body() writes one.
+"per_key", "local"): config_body() writes one, "local" with a fixed or an
+auto cap and, as options, CPU priority and the app's requests classed
+low. qos_body() writes the same protection with mod_qos instead
+(unpacked by scripts/fetch-qos.sh, qos_root()). CapTrace samples an
+auto cap from the status page while a scenario runs; paced() sends a
+page at a steady rate (the traffic after a flood).
 """
 import http.client
 import math
@@ -36,10 +41,11 @@ import multiprocessing
 import os
 import resource
 import socket
+import subprocess
 import threading
 import time
 
-from tbtest.env import child_pids
+from tbtest.env import ROOT, child_pids
 
 # ---- what the server side spends --------------------------------------
 
@@ -113,9 +119,9 @@ def percentile(xs, q):
     return s[max(0, min(len(s) - 1, int(math.ceil(q * len(s))) - 1))]
 
 
-def _status_text(port, path):
+def _status_text(port, path, timeout=5):
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         c.request("GET", path, headers={"Connection": "close"})
         r = c.getresponse()
         body = r.read().decode("utf-8", "replace")
@@ -394,12 +400,14 @@ def run(port, apache_pid, fpm_pid=None, redis=None, status_path=None,
     flood_res = [_collect(p, rx, max(0.0, stop_at - time.monotonic())
                           + critical_timeout + 5) for p, rx in floods]
     after = probe.read()
-    return report(before, after, crit_res, flood_res, flood, keys)
+    return report(before, after, crit_res, flood_res, flood, keys,
+                  flood_s=(warmup + duration + 0.2) if flood > 0 else None)
 
 
-def report(before, after, crit, flood_res, flood, keys):
+def report(before, after, crit, flood_res, flood, keys, flood_s=None):
     """The report of one run() from its readings and its clients'
-    results."""
+    results; flood_s, the seconds the flood sent for, gives its pages
+    (200s) per second."""
     d = Probe.delta(before, after)
     crit_res = crit.get("results", [])
     ok_lat = [r[3] for r in crit_res if r[1] == 200]
@@ -451,6 +459,8 @@ def report(before, after, crit, flood_res, flood, keys):
             "reconnects": fl["reconnects"], "cut_at_end": fl["cut"],
             "lost_processes": fl["lost"],
             "per_s": answered / wall if wall > 0 else 0.0,
+            "pages_per_s": (counts.get(200, 0) / flood_s
+                            if flood_s else None),
             "p50_ms": _ms(percentile(lat, 0.50)),
             "p99_ms": _ms(percentile(lat, 0.99)),
         },
@@ -631,13 +641,16 @@ CONFIG_NAMES = {"none": "no limiter", "per_key": "per-key TBucketLimit",
 
 def config_body(kind, redis_url, prefix="ov:", limit="100 10/s",
                 local_concurrency=4, shed="low=50 normal=75 high=90",
-                app="/app/"):
+                app="/app/", cpu_priority=None, app_priority=None):
     """The module's part of the Apache config for one configuration:
     "none" loads the module and enables nothing (the status page
     only); "per_key" limits app by X-API-Key with `limit`; "local" adds
     TBucketShed `shed` for the whole site, TBucketLocalConcurrency
-    local_concurrency on app, and TBucketPriority critical (outside the
-    local cap) for requests with X-Partner: yes."""
+    local_concurrency on app (a number, or "auto" and its options), and
+    TBucketPriority critical (outside the local cap) for requests with
+    X-Partner: yes. For "local" also: cpu_priority, the arguments of
+    TBucketCPUPriority ("On"), and app_priority, the TBucketPriority of
+    app's other requests ("low")."""
     out = ["TBucketRedis %s timeout=500" % redis_url,
            "TBucketPrefix %s" % prefix]
     if kind == "local":
@@ -646,13 +659,17 @@ def config_body(kind, redis_url, prefix="ov:", limit="100 10/s",
                 "<Location />",
                 "    TBucketEnable On",
                 "</Location>"]
+        if cpu_priority:
+            out.append("TBucketCPUPriority %s" % cpu_priority)
     if kind in ("per_key", "local"):
         out += ["<Location %s>" % app,
                 "    TBucketEnable On",
                 '    TBucketKey "%{HTTP:X-API-Key}"',
                 "    TBucketLimit %s" % limit]
         if kind == "local":
-            out.append("    TBucketLocalConcurrency %d" % local_concurrency)
+            out.append("    TBucketLocalConcurrency %s" % local_concurrency)
+            if app_priority:
+                out.append("    TBucketPriority %s" % app_priority)
         out.append("</Location>")
     if kind == "local":
         # The partner is never shed, and passes the app's local cap:
@@ -671,3 +688,162 @@ def config_body(kind, redis_url, prefix="ov:", limit="100 10/s",
             "    TBucketEnable Off",
             "</Location>"]
     return "\n".join(out) + "\n"
+
+
+# ---- mod_qos, the same protection by another module --------------------
+
+QOS_DIR = os.environ.get("TB_QOS_DIR", "/var/cache/tbucket-qos")
+FETCH_QOS = os.path.join(ROOT, "scripts", "fetch-qos.sh")
+QOS_SO = "usr/lib/apache2/modules/mod_qos.so"
+QOS_PCRE = "lib/x86_64-linux-gnu/libpcre.so.3"
+
+
+def qos_root():
+    """The directory Debian's libapache2-mod-qos (and the libpcre3 it
+    calls) is unpacked into, after running scripts/fetch-qos.sh if it
+    is missing; raises RuntimeError, naming the package, if it cannot
+    be had."""
+    root = os.path.join(QOS_DIR, "root")
+    want = (os.path.join(root, QOS_SO), os.path.join(root, QOS_PCRE))
+    if not all(os.path.exists(p) for p in want):
+        p = subprocess.run(["sh", FETCH_QOS, QOS_DIR], capture_output=True,
+                           text=True, timeout=300)
+        if p.returncode != 0 or not all(os.path.exists(x) for x in want):
+            raise RuntimeError(
+                "libapache2-mod-qos is not unpacked in %s and "
+                "scripts/fetch-qos.sh failed (rc %d): %s" % (
+                    QOS_DIR, p.returncode, (p.stdout + p.stderr)[-500:]))
+    return root
+
+
+def qos_body(root, redis_url, prefix="ov:", cap=2, app="/app/",
+             close_share="80%"):
+    """mod_qos's best per-server setup for the scenario, with mod_tbucket
+    loaded but limiting nothing (config_body "none": its status page
+    only). Every request but the partner's (X-Partner: yes) gets
+    QS_Cond=limited; QS_CondLocRequestLimitMatch lets at most `cap` of
+    them into app at once (it counts the partner's too, and refuses only
+    the limited: "Every request matching the defined pattern is counted,
+    but the defined limitation is only enforced for those requests
+    matching the specified condition", mod_qos's manual); refusals get
+    503 instead of mod_qos's default 500; QS_SrvMaxConnClose closes
+    keep-alive once close_share of MaxRequestWorkers connections are
+    open, so a refused flood connection does not keep a prefork
+    worker. mod_qos is loaded from root (qos_root()), libpcre3 first."""
+    pattern = "^%s" % app
+    return config_body("none", redis_url, prefix=prefix) + "\n".join([
+        "LoadFile %s" % os.path.join(root, QOS_PCRE),
+        "LoadModule qos_module %s" % os.path.join(root, QOS_SO),
+        'SetEnvIf Request_URI "." QS_Cond=limited',
+        'SetEnvIf X-Partner "^yes$" !QS_Cond',
+        'QS_CondLocRequestLimitMatch "%s" %d limited' % (pattern, cap),
+        "QS_SrvMaxConnClose %s" % close_share,
+        "QS_ErrorResponseCode 503",
+    ]) + "\n"
+
+
+# ---- an auto cap seen from outside, and steady traffic -----------------
+
+def parse_metrics(text):
+    """[(name, {label: value}, float value)] of a Prometheus text page."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, rest = head.partition("{")
+        labels = dict((k, v.strip('"')) for k, v in (
+            kv.split("=", 1) for kv in rest.rstrip("}").split(",")
+            if "=" in kv))
+        try:
+            out.append((name, labels, float(value)))
+        except ValueError:
+            pass
+    return out
+
+
+def auto_scope_reading(text):
+    """The first auto local scope's reading on a status page: {scope,
+    limit, in_flight, window_ms, floor_ms, up, down, probe}, or None."""
+    rows = parse_metrics(text)
+    scope = next((lb.get("scope") for n, lb, _ in rows
+                  if n == "tbucket_local_auto_bounds"), None)
+    if scope is None:
+        return None
+    got = {"scope": scope}
+    for name, lb, v in rows:
+        if lb.get("scope") != scope:
+            continue
+        if name == "tbucket_local_limit":
+            got["limit"] = int(v)
+        elif name == "tbucket_local_in_flight":
+            got["in_flight"] = int(v)
+        elif name == "tbucket_local_auto_latency_seconds":
+            got["%s_ms" % lb.get("kind")] = round(v * 1000.0, 2)
+        elif name == "tbucket_local_auto_changes_total":
+            got[lb.get("direction")] = int(v)
+    return got
+
+
+class CapTrace:
+    """A thread that reads the status page every `interval` seconds and
+    keeps the auto scope's reading (auto_scope_reading()) with the time
+    since start() and the phase mark() last named. A reading that takes
+    longer than the interval (the status request waits for a worker like
+    any other) is kept, and the next one starts at the next tick."""
+
+    def __init__(self, port, path=STATUS_PATH, interval=0.5, timeout=2.0):
+        self.port = port
+        self.path = path
+        self.interval = interval
+        self.timeout = timeout
+        self.rows = []
+        self.phase = "before"
+        self._stop = threading.Event()
+        self._thread = None
+        self.t0 = None
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def mark(self, phase):
+        self.phase = phase
+
+    def _loop(self):
+        k = 0
+        while not self._stop.is_set():
+            t = time.monotonic()
+            phase = self.phase
+            text = _status_text(self.port, self.path, self.timeout)
+            got = auto_scope_reading(text) if text else None
+            row = {"t_s": round(t - self.t0, 2), "phase": phase,
+                   "read_ms": round(1000.0 * (time.monotonic() - t), 1)}
+            row.update(got or {"limit": None})
+            self.rows.append(row)
+            k = max(k + 1, int((time.monotonic() - self.t0)
+                               / self.interval) + 1)
+            self._stop.wait(max(0.0, self.t0 + k * self.interval
+                                - time.monotonic()))
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout + 1)
+        return self.rows
+
+
+def paced(port, path, rate, seconds, headers=None, cpus=None, timeout=10.0):
+    """Requests of path at a steady `rate` a second for `seconds`, each
+    on a new connection (the critical client's loop, without its
+    header): {sent, answered, p50_ms, p99_ms}."""
+    p, rx = _spawn(_critical_proc, (port, path, dict(headers or {}),
+                                    1.0 / rate, seconds, timeout, cpus))
+    got = _collect(p, rx, seconds + timeout + 10) or {}
+    res = got.get("results", [])
+    ok = [r[3] for r in res if r[1] == 200]
+    return {"sent": got.get("started", 0), "answered": len(ok),
+            "p50_ms": _ms(percentile(ok, 0.50)),
+            "p99_ms": _ms(percentile(ok, 0.99))}

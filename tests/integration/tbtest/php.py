@@ -24,7 +24,10 @@ config lines; PhpFpm is a php-fpm process of our own (its own [global]
 and one static pool on a unix socket readable by www-data, in a temp dir
 under /tmp, stopped by PID), and gives the lines that hand .php files to
 it. Sizes and CPUs are parameters, so bench/overload.py runs the same
-stacks pinned and sized as it wants.
+stacks pinned and sized as it wants. PhpFpm(pools=...) makes several
+pools instead, each on its own socket and with its own nice value
+(process.priority), for the split that gives critical requests PHP
+workers of their own; split_conf() routes them by an <If>.
 """
 import os
 import shutil
@@ -118,14 +121,16 @@ memory_limit = 128M
 max_execution_time = 30
 """
 
-FPM_CONF = """[global]
+FPM_GLOBAL = """[global]
 pid = {dir}/php-fpm.pid
 error_log = {dir}/php-fpm.log
 log_level = notice
 daemonize = no
 process_control_timeout = 5
+"""
 
-[tb]
+FPM_POOL = """
+[{name}]
 user = www-data
 group = www-data
 listen = {sock}
@@ -207,33 +212,53 @@ class ModPhp:
 
 class PhpFpm(TempRoot):
     """One php-fpm master (`php-fpm8.2 -F -y CONF`, foreground) with a
-    static pool of `children` workers (www-data) on a unix socket, in its
+    static pool of `children` workers (www-data) on a unix socket, or
+    with `pools`, (name, workers, nice or None) each, in its
     own temp dir; pinned to `cpus` with taskset when given. The socket is
     owned by www-data, so Apache's children can connect to it."""
 
     MODULES = ("proxy", "proxy_fcgi")
 
-    def __init__(self, children=8, cpus=None, env=None):
+    def __init__(self, children=8, cpus=None, env=None, pools=None):
         self.bin = os.path.join(php_root(), PHP_FPM)
-        self.children = children
         self.cpus = cpus
         # More environment for the master and its workers (tbtest/
         # wordpress.py gives PHP_INI_SCAN_DIR, for the CLI's extensions).
         self.env = dict(env or {})
         self.root = tempfile.mkdtemp(prefix="tbfpm-", dir="/tmp")
         os.chmod(self.root, 0o755)
-        self.sock = os.path.join(self.root, "php-fpm.sock")
+        # pools: (name, children, nice or None) each, the first the one
+        # conf() names; by default one pool "tb" of `children`.
+        if not pools:
+            pools = [("tb", children, None)]
+        self.pools = [(n, c, nice) for n, c, nice in pools]
+        self.children = sum(c for _, c, _ in self.pools)
+        self.sock = self.socket(self.pools[0][0])
         self.conf_path = os.path.join(self.root, "php-fpm.conf")
         self.log = os.path.join(self.root, "php-fpm.log")
         self.php_log = os.path.join(self.root, "php.log")
         open(self.php_log, "a").close()
         shutil.chown(self.php_log, "www-data", "www-data")
         self.ini = write_ini(os.path.join(self.root, "php.ini"), self.php_log)
+        text = FPM_GLOBAL.format(dir=self.root)
+        for name, n, nice in self.pools:
+            text += FPM_POOL.format(name=name, sock=self.socket(name),
+                                    children=n)
+            if nice is not None:
+                # The nice value of the pool's workers (the master runs
+                # as root, so it may set a negative one too).
+                text += "process.priority = %d\n" % nice
         with open(self.conf_path, "w") as f:
-            f.write(FPM_CONF.format(dir=self.root, sock=self.sock,
-                                    children=children))
+            f.write(text)
         self.proc = None
         self.out = None
+
+    def socket(self, pool):
+        """The unix socket of pool `pool` (the one pool "tb" keeps the
+        name php-fpm.sock)."""
+        if pool == "tb":
+            return os.path.join(self.root, "php-fpm.sock")
+        return os.path.join(self.root, "php-fpm-%s.sock" % pool)
 
     def start(self, timeout=15):
         """Start the master; returns once the socket accepts connections
@@ -255,21 +280,21 @@ class PhpFpm(TempRoot):
                 pytest.fail("php-fpm8.2 (package php8.2-fpm, unpacked by "
                             "scripts/fetch-php.sh) exited %d: %s" % (
                                 self.proc.returncode, self.read_log()[-1500:]))
-            if self._listening() and \
-                    len(child_pids(self.proc.pid)) >= self.children:
+            if all(self._listening(self.socket(p[0])) for p in self.pools) \
+                    and len(child_pids(self.proc.pid)) >= self.children:
                 return self
             time.sleep(0.05)
         self.stop()
         pytest.fail("php-fpm8.2 (package php8.2-fpm) did not listen on %s: %s"
                     % (self.sock, self.read_log()[-1500:]))
 
-    def _listening(self):
-        if not os.path.exists(self.sock):
+    def _listening(self, sock):
+        if not os.path.exists(sock):
             return False
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.settimeout(0.5)
-            s.connect(self.sock)
+            s.connect(sock)
             return True
         except OSError:
             return False
@@ -282,6 +307,18 @@ class PhpFpm(TempRoot):
         return ('<FilesMatch "\\.php$">\n'
                 '    SetHandler "proxy:unix:%s|fcgi://localhost"\n'
                 '</FilesMatch>\n' % self.sock)
+
+    def split_conf(self, pool, expr):
+        """conf(), and .php requests for which the ap_expr `expr` holds
+        (an <If> on a header: "%{HTTP:X-Partner} == 'yes'") to pool
+        `pool` instead. Apache merges <If> after <FilesMatch>, so its
+        SetHandler wins; each pool has its own fcgi:// name, so that
+        mod_proxy never mixes their connections."""
+        return (self.conf() +
+                '<If "(%s) && %%{REQUEST_FILENAME} =~ /\\.php$/">\n'
+                '    SetHandler "proxy:unix:%s|fcgi://%s"\n'
+                '</If>\n' % (expr.replace('"', '\\"'), self.socket(pool),
+                              pool))
 
     def pids(self):
         """The master and its workers."""

@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -25,10 +26,12 @@ PHP_CGI = "/usr/bin/php-cgi8.2"
 # The test programs make builds into $TB_BUILD/progs: a TCP/HTTP daemon,
 # a client (tb_cli2 is a copy: a "$program" key must differ by name), a
 # program that closes sockets in odd ways, one with calls from a library
-# constructor, a connect() loop, a fake connect() for timing, and a
-# pre-forking daemon whose children hold their connections open.
+# constructor, a connect() loop, a fake connect() for timing, a
+# pre-forking daemon whose children hold their connections open, and an
+# HTTP daemon with a thread per connection.
 PROG_NAMES = ("tb_srv", "tb_cli", "tb_cli2", "closer", "ctor_main",
-              "connect_loop", "libfakeconnect.so", "prefork_srv")
+              "connect_loop", "libfakeconnect.so", "prefork_srv",
+              "thread_srv")
 
 
 def write_conf(path, redis, body="", **scalars):
@@ -132,10 +135,11 @@ def errs(summary):
 class Proc:
     """A server started by PID; reads its "ready <port>" line."""
 
-    def __init__(self, argv, env, ready_timeout=10.0):
+    def __init__(self, argv, env, ready_timeout=10.0, preexec_fn=None):
         self.argv = argv
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=preexec_fn)
         self.port = None
         words = self.wait_line("ready ", ready_timeout)
         if words is None:
@@ -388,3 +392,116 @@ def script_calls(redis):
     return sum(stats.get("cmdstat_" + c, {}).get("calls", 0)
                - stats.get("cmdstat_" + c, {}).get("failed_calls", 0)
                for c in ("evalsha", "eval"))
+
+
+# ---- A small HTTP daemon in Python: an event loop ------------------------
+
+HTTP_DAEMON = r'''
+import os, resource, selectors, signal, socket, sys
+port = int(sys.argv[1])
+# The descriptor limit the program raises itself once the shim has started
+# (as nginx's worker_rlimit_nofile or a JVM does): the soft one, up to the
+# hard one.
+if os.environ.get("SRV_NOFILE"):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (int(os.environ["SRV_NOFILE"]), hard))
+# exit(), not death by the signal: the shim's exit handlers run.
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port))
+ls.listen(1024)
+ls.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(ls, selectors.EVENT_READ)
+bufs = {}
+served = 0
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n%s\r\nok\n"
+
+def answer(c, buf):
+    """Answer each whole request in buf; (rest of buf, 1 to close)."""
+    while b"\r\n\r\n" in buf:
+        req, buf = buf.split(b"\r\n\r\n", 1)
+        close = b"connection: close" in req.lower()
+        c.sendall(OK % (b"Connection: close\r\n" if close else b""))
+        if close:
+            return buf, 1
+    return buf, 0
+
+def accept_all():
+    global served
+    while True:
+        try:
+            c, _ = ls.accept()
+        except BlockingIOError:
+            return
+        served += 1
+        c.setblocking(False)
+        bufs[c] = b""
+        sel.register(c, selectors.EVENT_READ)
+
+def readable(c):
+    try:
+        data = c.recv(4096)
+        bufs[c], done = answer(c, bufs[c] + data) if data else (b"", 1)
+    except OSError:
+        done = 1
+    if done:
+        sel.unregister(c)
+        del bufs[c]
+        c.close()
+
+print("ready", port, flush=True)
+try:
+    while True:
+        for key, _ in sel.select():
+            accept_all() if key.fileobj is ls else readable(key.fileobj)
+finally:
+    print("served", served, flush=True)
+'''
+
+
+def http_daemon(tmp_path, conf, port, preexec_fn=None, **env):
+    """The Python HTTP daemon above on port under the shim with config
+    conf: one thread, a selectors loop on a non-blocking listener that
+    accepts until EAGAIN. Each request gets "200 OK" with a
+    Content-Length; a request saying "Connection: close" is answered and
+    closed by the daemon, else the connection stays open until the client
+    closes it. SRV_NOFILE=N in env makes it raise its own (soft)
+    descriptor limit to N after the shim started; preexec_fn runs in the
+    child before it starts (a descriptor limit to start with). On SIGTERM
+    it exits and prints "served N"."""
+    path = tmp_path / "http_daemon.py"
+    path.write_text(HTTP_DAEMON)
+    return Proc([sys.executable, str(path), str(port)],
+                shim_env(conf, foreign=True, **env), preexec_fn=preexec_fn)
+
+
+def http_ask(sock, close=False):
+    """One GET on the connected socket sock: the status line of the
+    answer ("closed" when there was none), read by its Content-Length
+    (or to the end, for the shim's own answers)."""
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n%s\r\n"
+                 % (b"Connection: close\r\n" if close else b""))
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                length = int(v)
+        while len(body) < length:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            body += chunk
+    except ConnectionResetError:
+        pass
+    return data.split(b"\r\n")[0].decode(errors="replace") or "closed"

@@ -233,6 +233,18 @@ def require_stack():
                     "(scripts/install-deps.sh)" % " ".join(missing))
 
 
+def started_rig():
+    """A started WordPress rig for a module-scoped fixture (installing it
+    is most of the cost), cleaned up after the module's last test; skips
+    when the stack is not installed."""
+    require_stack()
+    w = WordPress()
+    try:
+        yield w.start()
+    finally:
+        w.cleanup()
+
+
 def temp_root(prefix):
     """A temp dir under /tmp that the servers' users may enter."""
     root = tempfile.mkdtemp(prefix=prefix, dir="/tmp")

@@ -21,7 +21,7 @@
 #include <signal.h>
 #include <string.h>
 
-#include "tb_int.h"
+#include "tables/tb_tables_int.h"
 
 struct tb_inflight {
     uint32_t cap;                     /* Words in owner[].              */

@@ -1,4 +1,4 @@
-/* tbucket_call.c -- a tbucket.* command's arguments, stored state and
+/* rm_command.c -- a tbucket.* command's arguments, stored state and
  * decision, without Redis.
  *
  * The arguments are the scripts' own (shared/algo/tb_prelude.lua): numkeys
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tbucket_call.h"
+#include "rm_command.h"
 
 /* Decoded numbers larger than this (2^54) come from a hand-written key:
  * the scripts never store them, and the twins' waits and TTLs stay
@@ -29,7 +29,7 @@
 #define WINDOW_MAX 4611686018427387904.0
 
 /* The names the client calls (algo/tb_algo.c), so the two cannot drift. */
-const char *tbucket_command_name(tb_algo_t algo)
+const char *rm_command_name(tb_algo_t algo)
 {
     return (unsigned)algo < TB_ALGO_COUNT ? tb_algo_module_commands[algo]
                                           : "tbucket";
@@ -37,7 +37,7 @@ const char *tbucket_command_name(tb_algo_t algo)
 
 /* ---- Numbers ------------------------------------------------------------ */
 
-int tbucket_lua_number(const char *p, size_t len, double *out)
+int rm_lua_number(const char *p, size_t len, double *out)
 {
     char buf[512], *end;
     size_t i = 0, digits = 0;
@@ -87,16 +87,16 @@ int tbucket_lua_number(const char *p, size_t len, double *out)
 }
 
 /* A stored field as a finite number within STORED_MAX, or 0. */
-static int stored_number(const tbucket_arg_t *a, double *v)
+static int stored_number(const rm_arg_t *a, double *v)
 {
-    return a && a->p && tbucket_lua_number(a->p, a->len, v) && isfinite(*v)
+    return a && a->p && rm_lua_number(a->p, a->len, v) && isfinite(*v)
            && fabs(*v) <= STORED_MAX;
 }
 
 /* ---- Stored state ------------------------------------------------------- */
 
-void tbucket_decode_bucket(const tbucket_arg_t *tokens,
-                           const tbucket_arg_t *ts, tb_bucket_t *b)
+void rm_decode_bucket(const rm_arg_t *tokens,
+                           const rm_arg_t *ts, tb_bucket_t *b)
 {
     double t, s;
 
@@ -105,21 +105,21 @@ void tbucket_decode_bucket(const tbucket_arg_t *tokens,
      * (it stops at -capacity), and would take the waits past int64. */
     if (stored_number(tokens, &t) && stored_number(ts, &s)
         && t >= -TB_MAX_CAPACITY && s == floor(s)
-        && fabs(s) <= TBUCKET_MAX_CLOCK_MS) {
+        && fabs(s) <= RM_MAX_CLOCK_MS) {
         b->tokens = t;
         b->ts_ms = (int64_t)s;
         b->exists = 1;
     }
 }
 
-double tbucket_decode_ban(const tbucket_arg_t *ban)
+double rm_decode_ban(const rm_arg_t *ban)
 {
     double v;
 
     return stored_number(ban, &v) ? v : -1;
 }
 
-void tbucket_decode_gcra(const tbucket_arg_t *tat, tb_gcra_t *g)
+void rm_decode_gcra(const rm_arg_t *tat, tb_gcra_t *g)
 {
     double t;
 
@@ -130,8 +130,8 @@ void tbucket_decode_gcra(const tbucket_arg_t *tat, tb_gcra_t *g)
     }
 }
 
-void tbucket_decode_window(const tbucket_arg_t *w, const tbucket_arg_t *cur,
-                           const tbucket_arg_t *prev, tb_window_t *st)
+void rm_decode_window(const rm_arg_t *w, const rm_arg_t *cur,
+                           const rm_arg_t *prev, tb_window_t *st)
 {
     double a, b, c = 0;
 
@@ -147,7 +147,7 @@ void tbucket_decode_window(const tbucket_arg_t *w, const tbucket_arg_t *cur,
 
 /* ---- Arguments ---------------------------------------------------------- */
 
-static int arg_is(const tbucket_arg_t *a, const char *s)
+static int arg_is(const rm_arg_t *a, const char *s)
 {
     size_t n = strlen(s);
 
@@ -156,7 +156,7 @@ static int arg_is(const tbucket_arg_t *a, const char *s)
 
 /* A whole number as Redis's string2ll() reads it (EVAL's numkeys): an
  * optional '-', no leading zero, no white space, at most 18 digits. */
-static int strict_ll(const tbucket_arg_t *a, long long *v)
+static int strict_ll(const rm_arg_t *a, long long *v)
 {
     size_t i = 0;
     long long u = 0;
@@ -181,7 +181,7 @@ static int strict_ll(const tbucket_arg_t *a, long long *v)
     return 1;
 }
 
-int tbucket_numkeys(int argc, const tbucket_arg_t *argv)
+int rm_numkeys(int argc, const rm_arg_t *argv)
 {
     long long v;
 
@@ -192,9 +192,9 @@ int tbucket_numkeys(int argc, const tbucket_arg_t *argv)
 }
 
 /* A finite number argument, or 0 with err set. */
-static int number_arg(const tbucket_arg_t *a, double *v)
+static int number_arg(const rm_arg_t *a, double *v)
 {
-    return tbucket_lua_number(a->p, a->len, v) && isfinite(*v);
+    return rm_lua_number(a->p, a->len, v) && isfinite(*v);
 }
 
 #define FAIL(...)                                                      \
@@ -205,7 +205,7 @@ static int number_arg(const tbucket_arg_t *a, double *v)
     } while (0)
 
 /* numkeys as EVAL checks it, with EVAL's messages. */
-static int parse_numkeys(int argc, const tbucket_arg_t *argv, int *numkeys,
+static int parse_numkeys(int argc, const rm_arg_t *argv, int *numkeys,
                          char *err, size_t errlen)
 {
     long long v;
@@ -228,8 +228,8 @@ static int parse_numkeys(int argc, const tbucket_arg_t *argv, int *numkeys,
 }
 
 /* The clock, ARGV[1]: "" for Redis's, or whole ms within +-2^53. */
-static int parse_clock(const char *name, const tbucket_arg_t *a,
-                       tbucket_call_t *c, char *err, size_t errlen)
+static int parse_clock(const char *name, const rm_arg_t *a,
+                       rm_call_t *c, char *err, size_t errlen)
 {
     double v;
 
@@ -237,7 +237,7 @@ static int parse_clock(const char *name, const tbucket_arg_t *a,
         return TB_OK;
     }
     if (!number_arg(a, &v) || v != floor(v)
-        || fabs(v) > TBUCKET_MAX_CLOCK_MS) {
+        || fabs(v) > RM_MAX_CLOCK_MS) {
         FAIL("ARGV[1] must be empty (Redis's clock) or whole ms");
     }
     c->has_now = 1;
@@ -247,8 +247,8 @@ static int parse_clock(const char *name, const tbucket_arg_t *a,
 
 /* Capacity, rate and cost of every bucket, checked as the twins check
  * them (tb_limit_check, the cost range of the mode). */
-static int parse_buckets(const char *name, const tbucket_arg_t *a,
-                         tbucket_call_t *c, char *err, size_t errlen)
+static int parse_buckets(const char *name, const rm_arg_t *a,
+                         rm_call_t *c, char *err, size_t errlen)
 {
     static const char *const what[3] = { "capacity", "rate", "cost" };
     char why[128];
@@ -286,8 +286,8 @@ static int parse_buckets(const char *name, const tbucket_arg_t *a,
 
 /* 'rules': two per bucket, held ("1" or "0") and the ban in whole ms;
  * the script fails (ERR bad rules) on a count or a ban it cannot use. */
-static int parse_rules(const char *name, const tbucket_arg_t *a, int extra,
-                       tbucket_call_t *c, char *err, size_t errlen)
+static int parse_rules(const char *name, const rm_arg_t *a, int extra,
+                       rm_call_t *c, char *err, size_t errlen)
 {
     int i;
 
@@ -320,8 +320,8 @@ static int parse_rules(const char *name, const tbucket_arg_t *a, int extra,
  * 'settle' (token bucket, GCRA); the token bucket's lease size and what
  * it gives back. The script ignores arguments past those; we refuse
  * them. */
-static int parse_mode(const char *name, const tbucket_arg_t *a, int extra,
-                      tbucket_call_t *c, char *err, size_t errlen)
+static int parse_mode(const char *name, const rm_arg_t *a, int extra,
+                      rm_call_t *c, char *err, size_t errlen)
 {
     int settle_ok = c->algo == TB_ALGO_TOKEN_BUCKET
                     || c->algo == TB_ALGO_GCRA;
@@ -356,8 +356,8 @@ static int parse_mode(const char *name, const tbucket_arg_t *a, int extra,
 }
 
 /* 'conc' N ttl id, the last four arguments. */
-static int parse_conc(const char *name, const tbucket_arg_t *a,
-                      tbucket_call_t *c, char *err, size_t errlen)
+static int parse_conc(const char *name, const rm_arg_t *a,
+                      rm_call_t *c, char *err, size_t errlen)
 {
     double ttl;
 
@@ -368,8 +368,8 @@ static int parse_conc(const char *name, const tbucket_arg_t *a,
         || ttl > TB_MAX_CONCURRENCY_TTL_MS) {
         FAIL("a slot's ttl must be whole ms, 1 .. 86400000");
     }
-    if (a[3].len > TBUCKET_MAX_SLOT_ID) {
-        FAIL("a slot id is at most %d bytes", TBUCKET_MAX_SLOT_ID);
+    if (a[3].len > RM_MAX_SLOT_ID) {
+        FAIL("a slot id is at most %d bytes", RM_MAX_SLOT_ID);
     }
     c->conc = 1;
     c->conc_ttl_ms = (int64_t)ttl;
@@ -377,11 +377,11 @@ static int parse_conc(const char *name, const tbucket_arg_t *a,
     return TB_OK;
 }
 
-int tbucket_parse(tb_algo_t algo, int argc, const tbucket_arg_t *argv,
-                  tbucket_call_t *c, char *err, size_t errlen)
+int rm_parse(tb_algo_t algo, int argc, const rm_arg_t *argv,
+                  rm_call_t *c, char *err, size_t errlen)
 {
-    const char *name = tbucket_command_name(algo);
-    const tbucket_arg_t *a;
+    const char *name = rm_command_name(algo);
+    const rm_arg_t *a;
     int nargv, extra;
 
     memset(c, 0, sizeof(*c));
@@ -389,14 +389,14 @@ int tbucket_parse(tb_algo_t algo, int argc, const tbucket_arg_t *argv,
     if ((unsigned)algo >= TB_ALGO_COUNT || argc < 2) {
         FAIL("wrong number of arguments");
     }
-    if (argc > TBUCKET_MAX_ARGS) {
-        FAIL("at most %d arguments", TBUCKET_MAX_ARGS);
+    if (argc > RM_MAX_ARGS) {
+        FAIL("at most %d arguments", RM_MAX_ARGS);
     }
     if (parse_numkeys(argc, argv, &c->numkeys, err, errlen) != TB_OK) {
         return TB_ERR;
     }
-    if (c->numkeys > TBUCKET_MAX_KEYS) {
-        FAIL("at most %d keys: %d buckets and a slot set", TBUCKET_MAX_KEYS,
+    if (c->numkeys > RM_MAX_KEYS) {
+        FAIL("at most %d keys: %d buckets and a slot set", RM_MAX_KEYS,
              TB_MAX_BUCKETS);
     }
     a = argv + 2 + c->numkeys;
@@ -440,11 +440,21 @@ int tbucket_parse(tb_algo_t algo, int argc, const tbucket_arg_t *argv,
 
 /* ---- The decision ------------------------------------------------------- */
 
+/* What a twin runs on: the call, the states read, the clock and, for the
+ * sliding log, the reader of its entries. */
+typedef struct rm_input {
+    const rm_call_t *c;
+    const rm_state_t *in;
+    int64_t now_ms;
+    rm_nth_fn *nth;
+    void *nth_ctx;
+} rm_input_t;
+
 /* Sliding log: counts and the entries the twin asks for, for costs cost. */
-static int slog_run(const tbucket_call_t *c, const tbucket_state_t *in,
-                    const double *cost, int64_t now_ms, tbucket_nth_fn *nth,
-                    void *nth_ctx, tb_verdict_t *v)
+static int slog_run(const rm_input_t *x, const double *cost, tb_verdict_t *v)
 {
+    const rm_call_t *c = x->c;
+    const rm_state_t *in = x->in;
     tb_slog_count_t cnt[TB_MAX_BUCKETS] = { { 0, 0 } };
     int i;
 
@@ -454,7 +464,7 @@ static int slog_run(const tbucket_call_t *c, const tbucket_state_t *in,
         cnt[i].count = in[i].count;
         cnt[i].nth_ms = 0;
         if (k >= 0) {
-            double t = nth(nth_ctx, i, k);
+            double t = x->nth(x->nth_ctx, i, k);
 
             /* A score no script writes (another client's member) is held
              * within the range that keeps the wait an int64. */
@@ -463,7 +473,7 @@ static int slog_run(const tbucket_call_t *c, const tbucket_state_t *in,
                                         : (t > 0 ? STORED_MAX : -STORED_MAX);
         }
     }
-    return tb_slog_decide(cnt, c->lim, cost, c->n, now_ms, v);
+    return tb_slog_decide(cnt, c->lim, cost, c->n, x->now_ms, v);
 }
 
 /* Windows: the window a key stores is read under the limit of the call,
@@ -473,7 +483,7 @@ static int slog_run(const tbucket_call_t *c, const tbucket_state_t *in,
  * beyond (or behind) any window of the clock, so every comparison the
  * script makes comes out the same, and the TTL of a write is past what
  * the script could set (tbucket_redis.c refuses it as the script fails). */
-static void window_in(const tbucket_call_t *c, const tbucket_state_t *in,
+static void window_in(const rm_call_t *c, const rm_state_t *in,
                       tb_window_t *w)
 {
     int i;
@@ -491,7 +501,7 @@ static void window_in(const tbucket_call_t *c, const tbucket_state_t *in,
 /* A settled bucket's TTL: the refill from its level, or what is left of
  * a ban when longer (a settlement never ends a ban early). */
 static int64_t settle_ttl_ms(const tb_limit_t *lim, const tb_bucket_t *b,
-                             const tbucket_state_t *in, int64_t now_ms)
+                             const rm_state_t *in, int64_t now_ms)
 {
     int64_t ttl = tb_bucket_refill_ttl_ms(lim, b->tokens);
 
@@ -503,10 +513,12 @@ static int64_t settle_ttl_ms(const tb_limit_t *lim, const tb_bucket_t *b,
 
 /* The twin of c's algorithm on costs `cost`: the verdict, and in o the new
  * states and their TTLs (not yet which are stored). */
-static int run_twin(const tbucket_call_t *c, const tbucket_state_t *in,
-                    const double *cost, int64_t now_ms, tbucket_nth_fn *nth,
-                    void *nth_ctx, tb_verdict_t *v, tbucket_outcome_t *o)
+static int run_twin(const rm_input_t *x, const double *cost,
+                    tb_verdict_t *v, rm_outcome_t *o)
 {
+    const rm_call_t *c = x->c;
+    const rm_state_t *in = x->in;
+    int64_t now_ms = x->now_ms;
     tb_bucket_t b[TB_MAX_BUCKETS] = { { 0, 0, 0 } };
     tb_gcra_t g[TB_MAX_BUCKETS], gout[TB_MAX_BUCKETS];
     tb_window_t w[TB_MAX_BUCKETS], wout[TB_MAX_BUCKETS];
@@ -555,7 +567,7 @@ static int run_twin(const tbucket_call_t *c, const tbucket_state_t *in,
         }
         break;
     case TB_ALGO_SLIDING_LOG:
-        rc = slog_run(c, in, cost, now_ms, nth, nth_ctx, v);
+        rc = slog_run(x, cost, v);
         for (i = 0; i < n && rc == TB_OK; i++) {
             o->st[i].count = in[i].count;
             o->ttl_ms[i] = tb_slog_ttl_ms(&c->lim[i]);
@@ -568,9 +580,9 @@ static int run_twin(const tbucket_call_t *c, const tbucket_state_t *in,
 /* The token bucket's lease: give back, then lease. *held receives the
  * bucket before the grant (what a refused call that gave tokens back
  * writes). */
-static int run_lease(const tbucket_call_t *c, const tbucket_state_t *in,
+static int run_lease(const rm_call_t *c, const rm_state_t *in,
                      int64_t now_ms, tb_verdict_t *v, tb_bucket_t *held,
-                     tbucket_outcome_t *o)
+                     rm_outcome_t *o)
 {
     tb_bucket_grant_t g;
     tb_bucket_t out;
@@ -595,15 +607,14 @@ static int run_lease(const tbucket_call_t *c, const tbucket_state_t *in,
  * buckets with nothing deducted. A refused verdict has it already, and so
  * has a settlement, which deducts whatever the verdict; an allowed take
  * runs again at zero cost, which deducts nothing and keeps every state. */
-static int refused_remaining(const tbucket_call_t *c,
-                             const tbucket_state_t *in, int64_t now_ms,
-                             tbucket_nth_fn *nth, void *nth_ctx,
-                             const tb_verdict_t *v, const tb_bucket_t *held,
-                             int64_t *remaining)
+static int refused_remaining(const rm_input_t *x, const tb_verdict_t *v,
+                             const tb_bucket_t *held, int64_t *remaining)
 {
     static const double zero[TB_MAX_BUCKETS];
-    tbucket_outcome_t scratch;
-    tbucket_state_t base[TB_MAX_BUCKETS];
+    const rm_call_t *c = x->c;
+    rm_outcome_t scratch;
+    rm_state_t base[TB_MAX_BUCKETS];
+    rm_input_t y = *x;
     tb_verdict_t z;
     int i;
 
@@ -612,13 +623,13 @@ static int refused_remaining(const tbucket_call_t *c,
         return TB_OK;
     }
     for (i = 0; i < c->n; i++) {
-        base[i] = in[i];
+        base[i] = x->in[i];
     }
     if (c->lease) {
         base[0].bucket = *held; /* After the give-back. */
     }
-    if (run_twin(c, base, zero, now_ms, nth, nth_ctx, &z, &scratch)
-        != TB_OK) {
+    y.in = base;
+    if (run_twin(&y, zero, &z, &scratch) != TB_OK) {
         return TB_ERR;
     }
     *remaining = z.remaining;
@@ -628,8 +639,8 @@ static int refused_remaining(const tbucket_call_t *c,
 /* 'rules': 1 when a bucket is banned at now_ms; o then holds the
  * script's early refusal (the longest ban binds, its time left the
  * wait, nothing stored). */
-static int rules_banned(const tbucket_call_t *c, const tbucket_state_t *in,
-                        int64_t now_ms, tbucket_outcome_t *o)
+static int rules_banned(const rm_call_t *c, const rm_state_t *in,
+                        int64_t now_ms, rm_outcome_t *o)
 {
     double left = 0;
     int i;
@@ -655,7 +666,7 @@ static int rules_banned(const tbucket_call_t *c, const tbucket_state_t *in,
 /* 'rules', after a refusal: each bucket that itself lacked its cost (as
  * refilled in o->st) and has a ban is banned; the longest ban is the
  * wait, unless waiting can never help. */
-static void rules_ban(const tbucket_call_t *c, tbucket_outcome_t *o)
+static void rules_ban(const rm_call_t *c, rm_outcome_t *o)
 {
     int i;
 
@@ -671,10 +682,11 @@ static void rules_ban(const tbucket_call_t *c, tbucket_outcome_t *o)
     }
 }
 
-int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
-                   int64_t now_ms, int conc_full, tbucket_nth_fn *nth,
-                   void *nth_ctx, tbucket_outcome_t *o)
+int rm_decide(const rm_call_t *c, const rm_state_t *in,
+                   int64_t now_ms, int conc_full, rm_nth_fn *nth,
+                   void *nth_ctx, rm_outcome_t *o)
 {
+    rm_input_t x = { c, in, now_ms, nth, nth_ctx };
     tb_verdict_t v;
     tb_bucket_t held;
     int64_t remaining;
@@ -688,7 +700,7 @@ int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
     }
     if (c->n > 0) {
         rc = c->lease ? run_lease(c, in, now_ms, &v, &held, o)
-                      : run_twin(c, in, c->cost, now_ms, nth, nth_ctx, &v, o);
+                      : run_twin(&x, c->cost, &v, o);
         if (rc != TB_OK) {
             return TB_ERR;
         }
@@ -703,8 +715,7 @@ int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
         tb__fold_wait(&o->v, c->n, TB_CONCURRENCY_RETRY_MS);
         if (c->n > 0) {
             tb__fold_wait(&o->v, v.binding, v.retry_ms);
-            if (refused_remaining(c, in, now_ms, nth, nth_ctx, &v, &held,
-                                  &remaining) != TB_OK) {
+            if (refused_remaining(&x, &v, &held, &remaining) != TB_OK) {
                 return TB_ERR;
             }
             o->v.remaining = remaining;

@@ -18,7 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tb_int.h"
+#include "base/tb_base.h"
 
 static int safe_byte(unsigned char c)
 {

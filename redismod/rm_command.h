@@ -1,17 +1,17 @@
-/* tbucket_call.h -- the pure half of tbucket_redis.so: a tbucket.* command's
+/* rm_command.h -- the pure half of tbucket_redis.so: a tbucket.* command's
  * arguments read as the Lua scripts read them, the stored state decoded as
  * they decode it, and the decision made by the core's C twins.
  *
  * Nothing here calls Redis: tbucket_redis.c reads the keys, hands their
- * text to the decoders, runs tbucket_decide() and writes back what the
+ * text to the decoders, runs rm_decide() and writes back what the
  * outcome says; tests/fuzz/fuzz_rmcall.c drives the same functions with
  * hostile bytes. The math is the twins' (shared/algo/tb_bucket.c,
  * tb_gcra.c, tb_fwindow.c, tb_swindow.c, tb_slog.c); this file only
  * chooses which twin runs, and folds a full concurrency slot set into the
  * verdict the way shared/algo/tb_prelude.lua does.
  */
-#ifndef TBUCKET_CALL_H
-#define TBUCKET_CALL_H
+#ifndef RM_COMMAND_H
+#define RM_COMMAND_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -21,31 +21,31 @@
 #include "base/tb_base.h"
 
 /* KEYS of one call: TB_MAX_BUCKETS buckets and the slot set. */
-#define TBUCKET_MAX_KEYS (TB_MAX_BUCKETS + 1)
+#define RM_MAX_KEYS (TB_MAX_BUCKETS + 1)
 /* The longest command: name, numkeys, the keys, the clock, three numbers
  * per bucket, the optional ones ('rules' and two per bucket, more than
  * the lease's two) and the four concurrency arguments. */
-#define TBUCKET_MAX_ARGS (2 + TBUCKET_MAX_KEYS + 1 + 5 * TB_MAX_BUCKETS + 1 + 4)
+#define RM_MAX_ARGS (2 + RM_MAX_KEYS + 1 + 5 * TB_MAX_BUCKETS + 1 + 4)
 /* The longest slot id accepted (the client's are under TB_SLOT_ID_LEN). */
-#define TBUCKET_MAX_SLOT_ID 512
+#define RM_MAX_SLOT_ID 512
 /* The largest clock, in ms, a caller may inject (2^53: every whole number
  * up to it is exact in a double, as the scripts hold it). */
-#define TBUCKET_MAX_CLOCK_MS 9007199254740992.0
+#define RM_MAX_CLOCK_MS 9007199254740992.0
 
 /* The longest TTL a script can set: PEXPIRE takes its argument as
  * Redis formats a Lua number, "%.17g", which has an exponent from 1e17
  * on, and refuses it. */
-#define TBUCKET_MAX_TTL_MS 1e17
+#define RM_MAX_TTL_MS 1e17
 
 /* One argument of a command: bytes, not NUL-terminated. */
-typedef struct tbucket_arg {
+typedef struct rm_arg {
     const char *p;
     size_t len;
-} tbucket_arg_t;
+} rm_arg_t;
 
 /* A parsed call. The keys stay where they were: bucket i is argv[2 + i],
  * the slot set (conc) argv[2 + n]. */
-typedef struct tbucket_call {
+typedef struct rm_call {
     tb_algo_t algo;
     int numkeys;                  /* KEYS: n buckets, then the slot set.  */
     int n;                        /* Buckets, 0 .. TB_MAX_BUCKETS.        */
@@ -70,15 +70,15 @@ typedef struct tbucket_call {
     double conc_limit;            /* N: slots in flight at most.          */
     int64_t conc_ttl_ms;          /* A slot's life, 1 ..
                                    * TB_MAX_CONCURRENCY_TTL_MS.          */
-    tbucket_arg_t slot_id;        /* The member the slot is taken as.     */
-} tbucket_call_t;
+    rm_arg_t slot_id;        /* The member the slot is taken as.     */
+} rm_call_t;
 
 /* The command name of an algorithm ("tbucket.bucket", ...). */
-const char *tbucket_command_name(tb_algo_t algo);
+const char *rm_command_name(tb_algo_t algo);
 
 /* numkeys of a command as EVAL reads it: 0 .. argc - 2. -1 when it is not
  * a whole number in range (the getkeys callback then names no key). */
-int tbucket_numkeys(int argc, const tbucket_arg_t *argv);
+int rm_numkeys(int argc, const rm_arg_t *argv);
 
 /* Parse a whole tbucket.<algo> command (argv[0] is its name) into *c.
  * TB_OK, or TB_ERR with the error reply in err: EVAL's own messages for
@@ -87,20 +87,20 @@ int tbucket_numkeys(int argc, const tbucket_arg_t *argv);
  * script accepts of it; refuses what the script would fail on or turn into
  * nonsense (not a number, NaN, infinities, limits tb_limit_check()
  * refuses, costs out of range, trailing arguments the script ignores). */
-int tbucket_parse(tb_algo_t algo, int argc, const tbucket_arg_t *argv,
-                  tbucket_call_t *c, char *err, size_t errlen);
+int rm_parse(tb_algo_t algo, int argc, const rm_arg_t *argv,
+                  rm_call_t *c, char *err, size_t errlen);
 
 /* Read a number as Lua 5.1's tonumber() does (strtod in the C locale,
  * hexadecimal, surrounding white space). 1 with *out set, 0 for what
  * tonumber() turns into nil, and for embedded NULs. */
-int tbucket_lua_number(const char *p, size_t len, double *out);
+int rm_lua_number(const char *p, size_t len, double *out);
 
 /* Numbers are written as Redis 7.0 writes a Lua number handed to
  * redis.call(), "%.17g" in the C locale, so that the stored bytes are the
  * script's: tb__fmt_num (base/tb_cnum.c). */
 
 /* The state of bucket i as read from its key. */
-typedef struct tbucket_state {
+typedef struct rm_state {
     tb_bucket_t bucket;   /* Token bucket: hash fields tokens, ts.        */
     tb_gcra_t gcra;       /* GCRA: the string's TAT.                      */
     tb_window_t window;   /* Windows: hash fields w, n or w, cur, prev.   */
@@ -108,50 +108,50 @@ typedef struct tbucket_state {
     double ban_until;     /* Token bucket, 'rules' and 'settle': the hash
                            * field ban (ms of the clock), -1 when absent
                            * or not a number.                             */
-} tbucket_state_t;
+} rm_state_t;
 
 /* Decode a key's fields, each NULL (p NULL) when missing, as the scripts
  * do: a field tonumber() cannot read makes the whole bucket a missing
  * one. Fields that read as infinities, NaN or (for a stamp) not a whole
  * number within +-2^53 count as missing too: only a hand-written key
  * holds them, and the twins' arithmetic is defined on finite numbers. */
-void tbucket_decode_bucket(const tbucket_arg_t *tokens,
-                           const tbucket_arg_t *ts, tb_bucket_t *b);
+void rm_decode_bucket(const rm_arg_t *tokens,
+                           const rm_arg_t *ts, tb_bucket_t *b);
 /* The ban field as tonumber() reads it: -1 when missing or not a finite
  * number. */
-double tbucket_decode_ban(const tbucket_arg_t *ban);
-void tbucket_decode_gcra(const tbucket_arg_t *tat, tb_gcra_t *g);
+double rm_decode_ban(const rm_arg_t *ban);
+void rm_decode_gcra(const rm_arg_t *tat, tb_gcra_t *g);
 /* prev is NULL for the fixed window, which does not read it. */
-void tbucket_decode_window(const tbucket_arg_t *w, const tbucket_arg_t *cur,
-                           const tbucket_arg_t *prev, tb_window_t *st);
+void rm_decode_window(const rm_arg_t *w, const rm_arg_t *cur,
+                           const rm_arg_t *prev, tb_window_t *st);
 
 /* The sliding log's read of one entry: the score of entry k (0-based,
  * oldest first) of bucket i's set, after the trim. */
-typedef double tbucket_nth_fn(void *ctx, int i, int64_t k);
+typedef double rm_nth_fn(void *ctx, int i, int64_t k);
 
 /* What a call decided and what it writes. */
-typedef struct tbucket_outcome {
+typedef struct rm_outcome {
     tb_verdict_t v;        /* allowed, remaining, retry_ms, binding: the
                             * reply's first four elements.               */
     int64_t granted;       /* Lease: the reply's fifth, 0 when refused.  */
     int store[TB_MAX_BUCKETS];  /* 1: write st[i] with ttl_ms[i] (sliding
                                  * log: append cost[i] members).         */
-    tbucket_state_t st[TB_MAX_BUCKETS];
+    rm_state_t st[TB_MAX_BUCKETS];
     int64_t ttl_ms[TB_MAX_BUCKETS];
     /* 'rules': the banned buckets that refused (bit i), and those this
      * call bans: bucket i's field ban becomes now + c->ban_ms[i], its TTL
      * at least that long. */
     unsigned banned;
     unsigned ban_set;
-} tbucket_outcome_t;
+} rm_outcome_t;
 
 /* The decision of call c on the states in[] at now_ms, the slot set full
  * (conc_full) or not. For the sliding log in[i].count is the count after
  * the trim and nth() reads the entries the twin asks for. TB_OK, or
- * TB_ERR when a twin refused its arguments (tbucket_parse() lets no such
+ * TB_ERR when a twin refused its arguments (rm_parse() lets no such
  * call through). */
-int tbucket_decide(const tbucket_call_t *c, const tbucket_state_t *in,
-                   int64_t now_ms, int conc_full, tbucket_nth_fn *nth,
-                   void *nth_ctx, tbucket_outcome_t *o);
+int rm_decide(const rm_call_t *c, const rm_state_t *in,
+                   int64_t now_ms, int conc_full, rm_nth_fn *nth,
+                   void *nth_ctx, rm_outcome_t *o);
 
-#endif /* TBUCKET_CALL_H */
+#endif /* RM_COMMAND_H */
