@@ -61,9 +61,13 @@ class HAProxy:
     """haproxy -db (foreground) with generated frontends, stopped by PID.
 
     frontends: {name: (balance, [(host, port), ...])}; each gets a free
-    loopback port, available as .ports[name]."""
+    loopback port, available as .ports[name]. A server may be a triple
+    (host, port, options): options are appended to its server line
+    ("check maxconn 12"). global_ and defaults are more lines for those
+    sections, after ours, so they may override them ("no option
+    http-server-close", "retries 3")."""
 
-    def __init__(self, frontends):
+    def __init__(self, frontends, global_=(), defaults=()):
         require(HAPROXY, "haproxy")
         self.dir = tempfile.mkdtemp(prefix="tbh-", dir="/tmp")
         self.cfg = os.path.join(self.dir, "haproxy.cfg")
@@ -71,13 +75,14 @@ class HAProxy:
         lines = [
             "global",
             "    maxconn 4096",
+        ] + ["    " + g for g in global_] + [
             "defaults",
             "    mode http",
             "    timeout connect 2s",
             "    timeout client 30s",
             "    timeout server 30s",
             "    option http-server-close",
-        ]
+        ] + ["    " + d for d in defaults]
         for name, (balance, servers) in frontends.items():
             port = free_port()
             self.ports[name] = port
@@ -88,8 +93,11 @@ class HAProxy:
                 "backend be_%s" % name,
                 "    balance %s" % balance,
             ]
-            for i, (host, sport) in enumerate(servers):
-                lines.append("    server s%d %s:%d" % (i, host, sport))
+            for i, srv in enumerate(servers):
+                line = "    server s%d %s:%d" % (i, srv[0], srv[1])
+                if len(srv) > 2 and srv[2]:
+                    line += " " + srv[2]
+                lines.append(line)
         with open(self.cfg, "w") as f:
             f.write("\n".join(lines) + "\n")
         self.proc = None
@@ -348,12 +356,17 @@ def write_tsv(name, header, rows):
     return path
 
 
+# An error-log or stderr line that means a process crashed or a
+# sanitizer fired.
+CRASH_RE = re.compile(r"Segmentation fault|exit signal|AH00052|"
+                      r"AddressSanitizer|runtime error:|double free|"
+                      r"\bSIGSEGV\b|\babort")
+
+
 def crash_lines(apache):
     """Error-log lines that mean a child crashed or a sanitizer fired."""
     bad = []
     for line in (apache.read_log() + apache.read_stderr()).splitlines():
-        if re.search(r"Segmentation fault|exit signal|AH00052|"
-                     r"AddressSanitizer|runtime error:|double free|"
-                     r"\bSIGSEGV\b|\babort", line):
+        if CRASH_RE.search(line):
             bad.append(line)
     return bad

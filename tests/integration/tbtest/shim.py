@@ -133,19 +133,23 @@ def errs(summary):
 
 
 class Proc:
-    """A server started by PID; reads its "ready <port>" line."""
+    """A server started by PID; reads its "ready <port>" line. stderr: a
+    file to write the server's stderr to instead of a pipe (a server that
+    runs for long may write more than a pipe holds)."""
 
-    def __init__(self, argv, env, ready_timeout=10.0, preexec_fn=None):
+    def __init__(self, argv, env, ready_timeout=10.0, preexec_fn=None,
+                 stderr=None):
         self.argv = argv
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=preexec_fn)
+                                     stderr=stderr or subprocess.PIPE,
+                                     text=True, preexec_fn=preexec_fn)
         self.port = None
         words = self.wait_line("ready ", ready_timeout)
         if words is None:
             self.stop()
-            raise RuntimeError("%s did not become ready: %s" %
-                               (argv, self.proc.stderr.read()))
+            raise RuntimeError("%s did not become ready: %s" % (
+                argv, self.proc.stderr.read() if self.proc.stderr
+                else "see " + getattr(stderr, "name", "its stderr")))
         self.port = int(words[1])
 
     def wait_line(self, prefix, timeout=10.0):
