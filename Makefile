@@ -5,6 +5,7 @@
 #   make run          install missing packages, build, start the demo
 #   make deb          Debian packages into $(BUILD)/deb (scripts/build-deb.sh)
 #   make unit | integration | asan | noopt | clean
+#   make soak         hours under faults (bench/soak.py; SOAK_MINUTES, SAN=1)
 #   make progs        only the test programs tests/integration runs
 #
 # Our flags live in TB_CFLAGS / TB_LDFLAGS so a caller's CFLAGS / LDFLAGS
@@ -156,7 +157,7 @@ UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: all deps test unit integration asan noopt run clean install \
-        uninstall bench fuzz deb progs
+        uninstall bench fuzz deb progs soak
 # What ships; the test programs are built by `make progs` (and before the
 # integration tests), so a package build compiles none of them.
 all: $(ALGO_LUA_BUILT) $(LIBTB) $(if $(MOD_SRC),$(MOD_SO)) \
@@ -384,6 +385,25 @@ bench:
 	$(PYTHON) bench/rules_bench.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/overload.py --build $(abspath $(BUILD))
+
+# The soak (bench/soak.py, never part of make test): the deployment of
+# two replicas behind haproxy, Redis with the module and the shim, under
+# steady load with a fault every minute, sampled every 10 s and judged
+# on crashes, memory, descriptors, Redis keys, limits and lost requests.
+# SOAK_MINUTES sets the length (30; 10 with SAN=1, which runs the
+# sanitizer build in build/san). Figures, report.md and soak.png land in
+# build/results/soak/ (soak_san/); the exit status is the verdict.
+SOAK_MINUTES ?=
+SAN ?=
+soak: deps
+ifeq ($(SAN),1)
+	$(MAKE) SANITIZER=address,undefined all progs
+else
+	$(MAKE) all progs
+endif
+	sh scripts/fetch-php.sh
+	$(PYTHON) bench/soak.py $(if $(filter 1,$(SAN)),--san) \
+	    $(if $(SOAK_MINUTES),--minutes $(SOAK_MINUTES))
 
 clean:
 	rm -rf build
