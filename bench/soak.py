@@ -30,8 +30,9 @@ Faults, one a minute from minute 1 in this order, again and again
 a in even rounds and of b in odd ones; a hard restart (stop, then start)
 of replica a; a flood of 48 connections for 5 s on the PHP page with new
 keys. No fault in the last 30 s. So replica b's parent lives through the
-run and its children about 10 minutes, long enough to fit a slope, while
-replica a is restarted one way or the other every round.
+run (judged by its slope, as the shim's host is) and its children about
+10 minutes (judged against the noise band, soak_report.judge_growth),
+while replica a is restarted one way or the other every round.
 
 Every 10 s (sample()): RSS (VmRSS, RssAnon, RssShmem) and open
 descriptors of every Apache parent and child, Redis, tb_srv, haproxy and
