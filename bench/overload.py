@@ -109,8 +109,9 @@ PRIO_FACTOR = {"modphp": 2.0, "fpm": 3.0}
 AUTO_PAGES_SHARE = 0.90
 # The split's pools: the flood's (every request but the partner's) at
 # nice 10, TBucketCPUPriority's default low step; the partner's own two
-# workers at the nice php-fpm starts with (0).
+# workers at -10, the guide's critical step.
 FLOOD_POOL_NICE = 10
+CRITICAL_POOL_NICE = -10
 CRITICAL_POOL = "critical"
 PARTNER_EXPR = "%{HTTP:X-Partner} == 'yes'"
 
@@ -232,7 +233,7 @@ def start_apache(args, stack, col, fpm, redis_url):
 def start_fpms(args, stack):
     """The php-fpm masters of the fpm stack: one pool of 8 (today's
     setup), and the split (the flood's 8 workers at nice
-    FLOOD_POOL_NICE, the partner's 2 at 0). Both on the server's CPU;
+    FLOOD_POOL_NICE, the partner's 2 at CRITICAL_POOL_NICE). Both on the server's CPU;
     the one a column does not use idles."""
     if stack != "fpm":
         return {}
@@ -243,7 +244,7 @@ def start_fpms(args, stack):
         fpms["split"] = guarded(PhpFpm(
             cpus=args.server_cpu,
             pools=[("app", n, FLOOD_POOL_NICE),
-                   (CRITICAL_POOL, 2, None)]).start)
+                   (CRITICAL_POOL, 2, CRITICAL_POOL_NICE)]).start)
     except BaseException:
         for f in fpms.values():
             f.cleanup()
@@ -971,9 +972,10 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="short runs, for trying the driver")
     ap.add_argument("--stacks", default="modphp,fpm")
-    ap.add_argument("--cpu-priority", default="On",
+    ap.add_argument("--cpu-priority", default="On low=10 critical=-10",
                     help="TBucketCPUPriority's value in the priority "
-                         "columns, e.g. 'On low=19' (default On: low=10)")
+                         "columns (default the guide's: On low=10 "
+                         "critical=-10)")
     ap.add_argument("--part", default="all", choices=sorted(PARTS),
                     help="base: no limiter, per-key, local protection; "
                          "priority: local protection, mod_qos, CPU "

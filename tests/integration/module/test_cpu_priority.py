@@ -86,10 +86,13 @@ def comm(pid):
 
 def threads(a):
     """{(pid, tid): nice} of every thread of every child of a's parent
-    (workers, mod_cgid's daemon, the helper); threads that end while
-    read are left out."""
+    (workers, mod_cgid's daemon) but the helper, which runs at the top
+    of the nice scale (test_module_220_10); threads that end while read
+    are left out."""
     out = {}
     for pid in a.child_pids():
+        if comm(pid) == "tbucket-nice":
+            continue
         try:
             tids = [int(t) for t in os.listdir("/proc/%d/task" % pid)]
         except OSError:
@@ -491,4 +494,47 @@ def test_module_220_09(apache_factory):
     assert pairs == [[want, base]] * 40, pairs
     all_back(a, base)
     assert changes(a)["low"] == 40
+    a.assert_log_clean()
+
+
+def get_kept(s, path):
+    """One GET on the open keep-alive connection s; its body (nice.cgi's
+    number), read to the end of its chunked or sized body."""
+    s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+    data = b""
+    while not re.search(rb"\r\n\r\n(?:[0-9a-f]+\r\n)?-?\d+\n(?:\r\n0\r\n\r\n)?$",
+                        data):
+        got = s.recv(65536)
+        assert got, data
+        data += got
+    return int(re.findall(rb"\r\n\r\n(?:[0-9a-f]+\r\n)?(-?\d+)\n", data)[0])
+
+
+# The helper runs at the top of the nice scale (a move waits for it, and
+# a helper behind the flood it lowers would delay the critical request's
+# own move). On one keep-alive connection, a normal request after a low
+# one runs at base (the thread is put back before the next request is
+# read, not at the low response's end, so that its last write, its log
+# line and a closing connection's lingering close stay at low's step),
+# and once the client closes after a low request every thread is back.
+@pytest.mark.parametrize("mpm", MPMS)
+def test_module_220_10(apache_factory, mpm):
+    a = server(apache_factory, mpm).start(cpu_body())
+    base = base_of(a)
+    want = step_nice(base, LOW)
+    assert os.getpriority(os.PRIO_PROCESS, the_helper(a)) == -20
+    cgi = want if mpm == "prefork" else base
+    s = socket.create_connection(("127.0.0.1", a.port), timeout=10)
+    try:
+        got = [get_kept(s, "/cgi-bin/low.cgi?0"),
+               get_kept(s, "/cgi-bin/norm.cgi?0"),
+               get_kept(s, "/cgi-bin/low.cgi?0"),
+               get_kept(s, "/cgi-bin/low.cgi?0"),
+               get_kept(s, "/cgi-bin/norm.cgi?0"),
+               get_kept(s, "/cgi-bin/low.cgi?0")]
+    finally:
+        s.close()
+    assert got == [cgi, base, cgi, cgi, base, cgi], got
+    all_back(a, base)
+    assert changes(a)["low"] == 4
     a.assert_log_clean()
