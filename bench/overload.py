@@ -27,10 +27,11 @@ both with Debian's keep-alive defaults (KeepAlive On, MaxKeepAliveRequests
                     keep-alive closed from 80% of MaxRequestWorkers
   priority, cap N   local protection with /app/ classed low (the
                     partner's <If> makes it critical), TBucketCPUPriority
-                    On (low=10), cap N = 1, 2, 4, 8; under php-fpm also
-                    the pool split: the partner's requests to a pool of
-                    their own (2 workers, nice 0), the rest to the app's
-                    (8 workers, process.priority 10)
+                    On low=10 critical=-10 (--cpu-priority), cap N = 1,
+                    2, 4, 8; under php-fpm also the pool split: the
+                    partner's requests to a pool of their own (2
+                    workers, process.priority -10), the rest to the
+                    app's (8 workers, process.priority 10)
   priority, auto    the same with TBucketLocalConcurrency auto
   auto, prio off    local protection with TBucketLocalConcurrency auto
                     and nothing else changed (no class, no CPU priority,
@@ -906,15 +907,15 @@ def write(args, res, started, t0):
              "unloaded %d s, a request every %d ms; "
              "TBucketLocalConcurrency %d (and mod_qos's cap). %s and "
              "auto class /app/ low (TBucketPriority low; the partner's "
-             "<If> makes it critical) with TBucketCPUPriority On (low=10); "
+             "<If> makes it critical) with TBucketCPUPriority %s; "
              "under php-fpm they also route the partner to a pool of its "
-             "own (2 workers, nice 0) and the rest to the app's (8, "
-             "process.priority %d)." % (
+             "own (2 workers, process.priority %d) and the rest to the "
+             "app's (8, process.priority %d)." % (
                  args.load_start, os.getloadavg()[0], args.pin_text,
                  args.seconds, args.flood, args.keys,
                  args.unloaded_seconds, UNLOADED_INTERVAL * 1000,
                  args.local_concurrency, "The priority columns",
-                 FLOOD_POOL_NICE)]
+                 args.cpu_priority, CRITICAL_POOL_NICE, FLOOD_POOL_NICE)]
     tsv = []
     columns = ("unloaded",) + args.columns
     for stack in args.stacks:
