@@ -6,6 +6,7 @@
 # Sourced, not run: the caller sets ME (its name, the prefix of every
 # message) and DIR, and runs under `set -eu`. What each script downloads
 # and how it decides that DIR is up to date stay in the script.
+# shellcheck shell=sh
 
 # fetch_lock: DIR made and turned absolute, then held: one fetch at a
 # time (two test or bench runs may start together). The lock is fd 9,

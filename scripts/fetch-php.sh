@@ -19,6 +19,7 @@
 # `make integration`; the tests and bench/overload.py run it too when
 # DIR is missing.
 set -eu
+# shellcheck source=scripts/fetch-lib.sh
 . "$(dirname "$0")/fetch-lib.sh"
 
 ME=fetch-php

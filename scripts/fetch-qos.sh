@@ -21,6 +21,7 @@
 # it and does nothing. Run by bench/overload.py when DIR is missing, as
 # fetch-php.sh is.
 set -eu
+# shellcheck source=scripts/fetch-lib.sh
 . "$(dirname "$0")/fetch-lib.sh"
 
 ME=fetch-qos
