@@ -999,16 +999,12 @@ def main():
     args.columns = PARTS[args.part]
     args.flood = 64
     args.keys = 10000
-    args.seconds = 4 if args.quick else 12
-    args.unloaded_seconds = args.seconds
-    args.page_requests = 20 if args.quick else 40
     args.shed_requests = 400
     args.after_rate = 16.0
-    args.after_seconds = 2 if args.quick else 4
-    args.io_seconds = 3 if args.quick else 6
-    args.cost_n = 100 if args.quick else 300
-    args.cost_timed_n = 200 if args.quick else 500
-    args.cost_rounds = 2 if args.quick else 4
+    bench.sized(args, seconds=(4, 12), page_requests=(20, 40),
+                after_seconds=(2, 4), io_seconds=(3, 6), cost_n=(100, 300),
+                cost_timed_n=(200, 500), cost_rounds=(2, 4))
+    args.unloaded_seconds = args.seconds
     ncpu = os.cpu_count() or 1
     if ncpu > 1:
         args.server_cpu, args.client_cpu = str(ncpu - 1), "0"
