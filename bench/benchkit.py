@@ -3,8 +3,8 @@
 bounded commands, CPU pinning and accounting, Redis and Apache started on
 free loopback ports by PID, the peers, tb_bench, redis-benchmark and wrk.
 
-run.py, floor_bench.py, tls_bench.py and conc.py import it; it measures
-nothing by itself.
+run.py, floor_bench.py, tls_bench.py, conc.py and overload.py import it;
+it measures nothing by itself.
 """
 
 import argparse
@@ -55,6 +55,13 @@ def miss(what, why):
 
 def over_budget():
     return time.monotonic() - T_START > BUDGET_S
+
+
+def sized(args, **sizes):
+    """Set each of sizes on args (the parsed command line): a size is a
+    (quick, full) pair, its first value for a --quick run."""
+    for name, (quick, full) in sizes.items():
+        setattr(args, name, quick if args.quick else full)
 
 
 def pin(cpus):

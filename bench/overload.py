@@ -27,10 +27,11 @@ both with Debian's keep-alive defaults (KeepAlive On, MaxKeepAliveRequests
                     keep-alive closed from 80% of MaxRequestWorkers
   priority, cap N   local protection with /app/ classed low (the
                     partner's <If> makes it critical), TBucketCPUPriority
-                    On (low=10), cap N = 1, 2, 4, 8; under php-fpm also
-                    the pool split: the partner's requests to a pool of
-                    their own (2 workers, nice 0), the rest to the app's
-                    (8 workers, process.priority 10)
+                    On low=10 critical=-10 (--cpu-priority), cap N = 1,
+                    2, 4, 8; under php-fpm also the pool split: the
+                    partner's requests to a pool of their own (2
+                    workers, process.priority -10), the rest to the
+                    app's (8 workers, process.priority 10)
   priority, auto    the same with TBucketLocalConcurrency auto
   auto, prio off    local protection with TBucketLocalConcurrency auto
                     and nothing else changed (no class, no CPU priority,
@@ -109,8 +110,9 @@ PRIO_FACTOR = {"modphp": 2.0, "fpm": 3.0}
 AUTO_PAGES_SHARE = 0.90
 # The split's pools: the flood's (every request but the partner's) at
 # nice 10, TBucketCPUPriority's default low step; the partner's own two
-# workers at the nice php-fpm starts with (0).
+# workers at -10, the guide's critical step.
 FLOOD_POOL_NICE = 10
+CRITICAL_POOL_NICE = -10
 CRITICAL_POOL = "critical"
 PARTNER_EXPR = "%{HTTP:X-Partner} == 'yes'"
 
@@ -232,7 +234,7 @@ def start_apache(args, stack, col, fpm, redis_url):
 def start_fpms(args, stack):
     """The php-fpm masters of the fpm stack: one pool of 8 (today's
     setup), and the split (the flood's 8 workers at nice
-    FLOOD_POOL_NICE, the partner's 2 at 0). Both on the server's CPU;
+    FLOOD_POOL_NICE, the partner's 2 at CRITICAL_POOL_NICE). Both on the server's CPU;
     the one a column does not use idles."""
     if stack != "fpm":
         return {}
@@ -243,7 +245,7 @@ def start_fpms(args, stack):
         fpms["split"] = guarded(PhpFpm(
             cpus=args.server_cpu,
             pools=[("app", n, FLOOD_POOL_NICE),
-                   (CRITICAL_POOL, 2, None)]).start)
+                   (CRITICAL_POOL, 2, CRITICAL_POOL_NICE)]).start)
     except BaseException:
         for f in fpms.values():
             f.cleanup()
@@ -905,15 +907,15 @@ def write(args, res, started, t0):
              "unloaded %d s, a request every %d ms; "
              "TBucketLocalConcurrency %d (and mod_qos's cap). %s and "
              "auto class /app/ low (TBucketPriority low; the partner's "
-             "<If> makes it critical) with TBucketCPUPriority On (low=10); "
+             "<If> makes it critical) with TBucketCPUPriority %s; "
              "under php-fpm they also route the partner to a pool of its "
-             "own (2 workers, nice 0) and the rest to the app's (8, "
-             "process.priority %d)." % (
+             "own (2 workers, process.priority %d) and the rest to the "
+             "app's (8, process.priority %d)." % (
                  args.load_start, os.getloadavg()[0], args.pin_text,
                  args.seconds, args.flood, args.keys,
                  args.unloaded_seconds, UNLOADED_INTERVAL * 1000,
                  args.local_concurrency, "The priority columns",
-                 FLOOD_POOL_NICE)]
+                 args.cpu_priority, CRITICAL_POOL_NICE, FLOOD_POOL_NICE)]
     tsv = []
     columns = ("unloaded",) + args.columns
     for stack in args.stacks:
@@ -971,9 +973,10 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="short runs, for trying the driver")
     ap.add_argument("--stacks", default="modphp,fpm")
-    ap.add_argument("--cpu-priority", default="On",
+    ap.add_argument("--cpu-priority", default="On low=10 critical=-10",
                     help="TBucketCPUPriority's value in the priority "
-                         "columns, e.g. 'On low=19' (default On: low=10)")
+                         "columns (default the guide's: On low=10 "
+                         "critical=-10)")
     ap.add_argument("--part", default="all", choices=sorted(PARTS),
                     help="base: no limiter, per-key, local protection; "
                          "priority: local protection, mod_qos, CPU "
@@ -996,16 +999,12 @@ def main():
     args.columns = PARTS[args.part]
     args.flood = 64
     args.keys = 10000
-    args.seconds = 4 if args.quick else 12
-    args.unloaded_seconds = args.seconds
-    args.page_requests = 20 if args.quick else 40
     args.shed_requests = 400
     args.after_rate = 16.0
-    args.after_seconds = 2 if args.quick else 4
-    args.io_seconds = 3 if args.quick else 6
-    args.cost_n = 100 if args.quick else 300
-    args.cost_timed_n = 200 if args.quick else 500
-    args.cost_rounds = 2 if args.quick else 4
+    bench.sized(args, seconds=(4, 12), page_requests=(20, 40),
+                after_seconds=(2, 4), io_seconds=(3, 6), cost_n=(100, 300),
+                cost_timed_n=(200, 500), cost_rounds=(2, 4))
+    args.unloaded_seconds = args.seconds
     ncpu = os.cpu_count() or 1
     if ncpu > 1:
         args.server_cpu, args.client_cpu = str(ncpu - 1), "0"

@@ -57,7 +57,7 @@ from benchkit import (Apache, BUDGET_S, HERE, MISSES, NCPU, Peer, ROOT, ROWS,
                       Redis, THREADS_PER_CHILD, T_START, build_tools,
                       child_pids, embedded_sha, free_port, kv, log,
                       median, miss, module_conf, over_budget, pin, record,
-                      redis_benchmark, run, script_path, script_text,
+                      redis_benchmark, run, script_path, script_text, sized,
                       tb_bench, wrk, measured_wrk)
 from floor_bench import part_floor
 
@@ -642,21 +642,14 @@ def main():
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     a.concurrency = 50
-    a.rounds = 2 if a.quick else 3
-    a.http_rounds = 2 if a.quick else 3
-    a.core_seconds = 1 if a.quick else 2
-    a.tls_seconds = 1 if a.quick else 2
-    a.http_seconds = 2 if a.quick else 3
-    a.callgrind_decisions = 2000 if a.quick else 20000
     a.top_functions = 10
-    a.mem_buckets = 10000 if a.quick else 50000
-    a.rss_requests = 20000 if a.quick else 100000
-    a.ab_requests = 2000 if a.quick else 5000
-    a.shim_calls = 1000 if a.quick else 5000
-    a.floor_rounds = 2 if a.quick else 5
     a.floor_seconds = 2
-    a.perf_seconds = 2 if a.quick else 3
     a.perf_top = 12
+    sized(a, rounds=(2, 3), http_rounds=(2, 3), floor_rounds=(2, 5),
+          core_seconds=(1, 2), tls_seconds=(1, 2), http_seconds=(2, 3),
+          perf_seconds=(2, 3), callgrind_decisions=(2000, 20000),
+          mem_buckets=(10000, 50000), rss_requests=(20000, 100000),
+          ab_requests=(2000, 5000), shim_calls=(1000, 5000))
     a.peer_workers = 2 * NCPU + 1
     if a.pin == "split" and NCPU > 1:
         a.server_cpu = a.redis_cpu = str(NCPU - 1)

@@ -1,8 +1,8 @@
 /* tbucket_cpu.c -- CPU priority that follows request priority
  * (TBucketCPUPriority): while a worker serves a request whose priority
  * has a nice step other than 0, its thread runs that many nice steps
- * from the worker's own, and is put back when the response ends, before
- * the thread takes another request.
+ * from the worker's own, and is put back when its connection ends or
+ * before the thread reads another request, whichever comes first.
  *
  * Nice values, per thread (Linux gives each thread its own): graded,
  * inherited by a CGI that mod_cgi forks, and never starving a low
@@ -24,6 +24,7 @@
 
 #include "httpd.h"
 #include "http_config.h"
+#include "http_connection.h"
 #include "http_log.h"
 #include "http_protocol.h"
 #include "http_request.h"
@@ -73,11 +74,14 @@ typedef struct cpu_thread {
 
 static __thread cpu_thread *self;
 
-/* What a response gives back: the thread and the word it set. */
+/* What a connection gives back when it ends: the thread and the word
+ * its last moved request set; one per connection, in its pool. */
 typedef struct cpu_restore {
     cpu_thread *t;
     uint64_t word;
 } cpu_restore;
+
+#define RESTORE_KEY "tbucket_cpu_restore"
 
 #define STEP_OF(w) ((int)((w) & 0xff) - 128)
 #define WORD(serial, step) (((serial) << 8) | (uint64_t)((step) + 128))
@@ -331,6 +335,33 @@ static apr_status_t restore_at_end(void *data)
     return APR_SUCCESS;
 }
 
+/* Give t back when connection c ends, unless a request read before then
+ * (cpu_pre_read_request) or another connection on the thread
+ * (cpu_pre_connection) puts it back first. Not at the response's end:
+ * the response's last write, its log line and, for a connection that
+ * closes (every 503 does), the lingering close are the request's work
+ * too, and under a flood of refused reconnections they were most of
+ * what the flood took at the workers' own nice. One record per
+ * connection, so a long keep-alive connection does not grow its pool. */
+static void restore_at_close(conn_rec *conn, cpu_thread *t, uint64_t word)
+{
+    cpu_restore *c = NULL;
+
+    apr_pool_userdata_get((void **)&c, RESTORE_KEY, conn->pool);
+    if (!c) {
+        c = apr_palloc(conn->pool, sizeof(*c));
+        apr_pool_userdata_setn(c, RESTORE_KEY, NULL, conn->pool);
+        apr_pool_pre_cleanup_register(conn->pool, c, restore_at_end);
+    }
+    else if (c->t != t) {
+        /* The event MPM served the connection's last moved request on
+         * another thread, now idle: it goes back now, not never. */
+        restore(c->t, c->word);
+    }
+    c->t = t;
+    c->word = word;
+}
+
 /* Wait, bounded, until a move asked of the helper has landed on t: the
  * handler runs next, and a CGI that mod_cgi forks keeps the nice value
  * its thread has at the fork for its whole life. Without the wait, one
@@ -360,7 +391,6 @@ void tbucket_cpu_enter(request_rec *r, request_rec *root,
                        const tbucket_dir_conf *dc)
 {
     tbucket_priority prio = tbucket_dir_priority(dc);
-    cpu_restore *c;
     cpu_thread *t = self;
     uint64_t word;
 
@@ -386,10 +416,7 @@ void tbucket_cpu_enter(request_rec *r, request_rec *root,
     tbucket_count_cpu(prio, 0);
     settle(t);
     if (cpu.step[prio] != 0) {
-        c = apr_palloc(root->pool, sizeof(*c));
-        c->t = t;
-        c->word = word;
-        tbucket_release_at_end(r, root, restore_at_end, c);
+        restore_at_close(root->connection, t, word);
     }
 }
 
@@ -412,19 +439,36 @@ static int cpu_fixups(request_rec *r)
     return DECLINED;
 }
 
-/* A request is about to be read on this thread (never a sub-request or
- * an internal redirect: httpd runs this hook from ap_read_request only):
- * a thread whose give-back never came is put back first. One load when
- * it was. */
-static void cpu_pre_read_request(request_rec *r, conn_rec *c)
+/* Put this thread back if it still runs at a request's step. One load
+ * when it does not. */
+static void restore_self(void)
 {
     cpu_thread *t = self;
 
-    (void)r;
-    (void)c;
     if (t) {
         restore(t, __atomic_load_n(&t->word, __ATOMIC_ACQUIRE));
     }
+}
+
+/* A request is about to be read on this thread (never a sub-request or
+ * an internal redirect: httpd runs this hook from ap_read_request only):
+ * the thread is put back before it reads, whatever it served before. */
+static void cpu_pre_read_request(request_rec *r, conn_rec *c)
+{
+    (void)r;
+    (void)c;
+    restore_self();
+}
+
+/* A new connection on this thread (the event MPM's thread may take one
+ * while the connection of its last low request waits in keep-alive): its
+ * TLS handshake and first read run at the worker's own nice. */
+static int cpu_pre_connection(conn_rec *c, void *csd)
+{
+    (void)c;
+    (void)csd;
+    restore_self();
+    return OK;
 }
 
 void tbucket_cpu_register(void)
@@ -432,4 +476,6 @@ void tbucket_cpu_register(void)
     ap_hook_fixups(cpu_fixups, NULL, NULL, APR_HOOK_REALLY_LAST);
     ap_hook_pre_read_request(cpu_pre_read_request, NULL, NULL,
                              APR_HOOK_MIDDLE);
+    ap_hook_pre_connection(cpu_pre_connection, NULL, NULL,
+                           APR_HOOK_REALLY_FIRST);
 }

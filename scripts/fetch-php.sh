@@ -19,17 +19,16 @@
 # `make integration`; the tests and bench/overload.py run it too when
 # DIR is missing.
 set -eu
+# shellcheck source=scripts/fetch-lib.sh
+. "$(dirname "$0")/fetch-lib.sh"
 
+ME=fetch-php
 DIR=${1:-${TB_PHP_DIR:-/var/cache/tbucket-php}}
 PKGS="libapache2-mod-php8.2 php8.2-fpm"
 MOD_PHP=usr/lib/apache2/modules/libphp8.2.so
 FPM=usr/sbin/php-fpm8.2
 
-mkdir -p "$DIR"
-DIR=$(cd "$DIR" && pwd)
-# One fetch at a time (two test runs may start together).
-exec 9>"$DIR/.lock"
-flock 9
+fetch_lock
 
 ver=$(dpkg-query -W -f='${Version}' php8.2-common 2>/dev/null || true)
 if [ -n "$ver" ] && [ "$(cat "$DIR/VERSION" 2>/dev/null)" = "$ver" ] \
@@ -38,11 +37,7 @@ if [ -n "$ver" ] && [ "$(cat "$DIR/VERSION" 2>/dev/null)" = "$ver" ] \
     exit 0
 fi
 
-tmp=$(mktemp -d "$DIR/.fetch.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-chmod 755 "$tmp"
-# apt downloads as _apt when that user may write the directory.
-chown _apt "$tmp" 2>/dev/null || true
+fetch_scratch
 
 # download PKG...: the packages at $ver, with a fresh package list if
 # the first try fails, else at the candidate version.
@@ -70,19 +65,7 @@ if ! download $PKGS; then
     echo "fetch-php: apt-get download $PKGS failed" >&2
     exit 1
 fi
-rm -rf "$tmp/root"
-for deb in "$tmp"/*.deb; do
-    dpkg -x "$deb" "$tmp/root"
-done
-for f in "$MOD_PHP" "$FPM"; do
-    if [ ! -e "$tmp/root/$f" ]; then
-        echo "fetch-php: $f is not in $PKGS" >&2
-        exit 1
-    fi
-done
+fetch_unpack "$PKGS" "$MOD_PHP" "$FPM"
 got=$(dpkg-deb -f "$(ls "$tmp"/php8.2-fpm_*.deb)" Version)
-rm -rf "$DIR/root"
-mv "$tmp/root" "$DIR/root"
-chmod 755 "$DIR" "$DIR/root"
-printf '%s\n' "${ver:-$got}" > "$DIR/VERSION"
+fetch_install "${ver:-$got}"
 echo "fetch-php: unpacked PHP $got into $DIR/root"

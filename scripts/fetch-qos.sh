@@ -21,18 +21,17 @@
 # it and does nothing. Run by bench/overload.py when DIR is missing, as
 # fetch-php.sh is.
 set -eu
+# shellcheck source=scripts/fetch-lib.sh
+. "$(dirname "$0")/fetch-lib.sh"
 
+ME=fetch-qos
 DIR=${1:-${TB_QOS_DIR:-/var/cache/tbucket-qos}}
 PKG=libapache2-mod-qos
 PKGS="$PKG libpcre3"
 SO=usr/lib/apache2/modules/mod_qos.so
 PCRE=lib/x86_64-linux-gnu/libpcre.so.3
 
-mkdir -p "$DIR"
-DIR=$(cd "$DIR" && pwd)
-# One fetch at a time (two bench runs may start together).
-exec 9>"$DIR/.lock"
-flock 9
+fetch_lock
 
 if [ -f "$DIR/root/$SO" ] && [ -e "$DIR/root/$PCRE" ] \
         && [ -s "$DIR/VERSION" ]; then
@@ -40,11 +39,7 @@ if [ -f "$DIR/root/$SO" ] && [ -e "$DIR/root/$PCRE" ] \
     exit 0
 fi
 
-tmp=$(mktemp -d "$DIR/.fetch.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-chmod 755 "$tmp"
-# apt downloads as _apt when that user may write the directory.
-chown _apt "$tmp" 2>/dev/null || true
+fetch_scratch
 
 echo "fetch-qos: apt-get download $PKGS into $DIR"
 # shellcheck disable=SC2086
@@ -54,19 +49,8 @@ if ! (cd "$tmp" && { apt-get download -q $PKGS >/dev/null 2>&1 \
     echo "fetch-qos: apt-get download $PKGS failed" >&2
     exit 1
 fi
-for d in "$tmp"/*.deb; do
-    dpkg -x "$d" "$tmp/root"
-done
-for f in "$SO" "$PCRE"; do
-    if [ ! -e "$tmp/root/$f" ]; then
-        echo "fetch-qos: $f is not in $PKGS" >&2
-        exit 1
-    fi
-done
+fetch_unpack "$PKGS" "$SO" "$PCRE"
 deb=$(ls "$tmp"/${PKG}_*.deb)
 got=$(dpkg-deb -f "$deb" Version)
-rm -rf "$DIR/root"
-mv "$tmp/root" "$DIR/root"
-chmod 755 "$DIR" "$DIR/root"
-printf '%s\n' "$got" > "$DIR/VERSION"
+fetch_install "$got"
 echo "fetch-qos: unpacked $PKG $got into $DIR/root"

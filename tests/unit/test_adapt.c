@@ -203,6 +203,15 @@ static void assert_serves_all(sim_t *s)
     assert_int_equal(s->refused, 0);
 }
 
+/* Within ms milliseconds the cap grows to cap or more, and then serves
+ * every client (assert_serves_all()). */
+static void assert_grows_to(sim_t *s, int ms, uint32_t cap)
+{
+    sim_run(s, ms, 1);
+    assert_true(tb_adapt_cap(s->a) >= cap);
+    assert_serves_all(s);
+}
+
 /* The CPUs' busy share over the phase. */
 static double busy(const sim_t *s)
 {
@@ -260,9 +269,7 @@ static void test_adapt_grows_when_latency_holds(void **state)
     sim_run(&s, 3000, 1);
     assert_true(s.cap_hi <= 4);
     assert_int_equal(tb_adapt_bounds(s.a, 1, 100), TB_OK);
-    sim_run(&s, 20000, 1);
-    assert_true(tb_adapt_cap(s.a) >= 32);
-    assert_serves_all(&s);
+    assert_grows_to(&s, 20000, 32);
     sim_free(&s);
 }
 
@@ -281,9 +288,7 @@ static void test_adapt_recovers_after_flood(void **state)
     assert_true(low <= 4);
     /* Clients beyond 32 stop sending: their next time is far away. */
     sim_load(&s, 32, 1, 50, 1);
-    sim_run(&s, 30000, 1);
-    assert_true(tb_adapt_cap(s.a) >= 32);
-    assert_serves_all(&s);
+    assert_grows_to(&s, 30000, 32);
     sim_free(&s);
 }
 

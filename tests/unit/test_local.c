@@ -52,6 +52,32 @@ static void table_free(table_t *tab)
     guarded_free(&tab->g, "tb_local");
 }
 
+/* cmocka setup of the tests of a bucket table: *state is a table_t
+ * holding a table of 64 entries; table_teardown() checks its guard and
+ * frees it (also the lease tests' table, lease_setup()). */
+static int table_setup(void **state)
+{
+    table_t *tab = calloc(1, sizeof(*tab));
+
+    *state = tab;
+    if (!tab) {
+        return -1;
+    }
+    table_new(tab, 64);
+    return 0;
+}
+
+static int table_teardown(void **state)
+{
+    table_free(*state);
+    free(*state);
+    return 0;
+}
+
+/* A test of a bucket table: run with a table of its own (table_setup()). */
+#define TABLE_TEST(f) \
+    cmocka_unit_test_setup_teardown(f, table_setup, table_teardown)
+
 /* tb_local_take() with the limits and costs in arrays of their own;
  * lim or cost NULL passes no takes at all. */
 static int local_take(tb_local_t *t, const char *const *keys,
@@ -103,66 +129,60 @@ static void test_local_size_rounds_up(void **state)
 /* A new key is a full bucket; its state is remembered between calls. */
 static void test_local_new_key_is_full(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     tb_verdict_t v;
     int k;
 
-    (void)state;
-    table_new(&tab, 64);
-    assert_int_equal(tb_local_used(tab.t), 0);
-    v = take1(tab.t, "tb:{a}", 5, 1, 1, 1, 1000);
+    assert_int_equal(tb_local_used(tab->t), 0);
+    v = take1(tab->t, "tb:{a}", 5, 1, 1, 1, 1000);
     assert_int_equal(v.allowed, 1);
     assert_int_equal(v.remaining, 4);
-    assert_int_equal(tb_local_used(tab.t), 1);
+    assert_int_equal(tb_local_used(tab->t), 1);
     for (k = 0; k < 4; k++) {
-        assert_int_equal(take1(tab.t, "tb:{a}", 5, 1, 1, 1, 1000).allowed,
+        assert_int_equal(take1(tab->t, "tb:{a}", 5, 1, 1, 1, 1000).allowed,
                          1);
     }
-    v = take1(tab.t, "tb:{a}", 5, 1, 1, 1, 1000);
+    v = take1(tab->t, "tb:{a}", 5, 1, 1, 1, 1000);
     assert_int_equal(v.allowed, 0);
     assert_int_equal(v.retry_ms, 1000);
     /* Another key is another bucket. */
-    assert_int_equal(take1(tab.t, "tb:{b}", 5, 1, 1, 1, 1000).remaining, 4);
-    assert_int_equal(tb_local_used(tab.t), 2);
+    assert_int_equal(take1(tab->t, "tb:{b}", 5, 1, 1, 1, 1000).remaining, 4);
+    assert_int_equal(tb_local_used(tab->t), 2);
     /* Refill with injected time. */
-    assert_int_equal(take1(tab.t, "tb:{a}", 5, 1, 1, 1, 2000).allowed, 1);
-    table_free(&tab);
+    assert_int_equal(take1(tab->t, "tb:{a}", 5, 1, 1, 1, 2000).allowed, 1);
 }
 
 /* Each of N replicas gets capacity/N and rate/N. */
 static void test_local_limits_divided_by_replicas(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     tb_verdict_t v;
     int k, allowed = 0;
 
-    (void)state;
-    table_new(&tab, 64);
-    v = take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 0);
+    v = take1(tab->t, "tb:{r2}", 10, 4, 1, 2, 0);
     assert_int_equal(v.remaining, 4);
     for (k = 0; k < 20; k++) {
-        allowed += take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 0).allowed;
+        allowed += take1(tab->t, "tb:{r2}", 10, 4, 1, 2, 0).allowed;
     }
     assert_int_equal(allowed, 4);
-    v = take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 0);
+    v = take1(tab->t, "tb:{r2}", 10, 4, 1, 2, 0);
     assert_int_equal(v.allowed, 0);
     assert_int_equal(v.retry_ms, 500); /* 2 tokens/s locally. */
-    assert_int_equal(take1(tab.t, "tb:{r2}", 10, 4, 1, 2, 500).allowed, 1);
+    assert_int_equal(take1(tab->t, "tb:{r2}", 10, 4, 1, 2, 500).allowed, 1);
     /* A share that is not whole: 10 / 4 = 2.5 tokens. */
     allowed = 0;
     for (k = 0; k < 10; k++) {
-        allowed += take1(tab.t, "tb:{r4}", 10, 4, 1, 4, 0).allowed;
+        allowed += take1(tab->t, "tb:{r4}", 10, 4, 1, 4, 0).allowed;
     }
     assert_int_equal(allowed, 2);
-    v = take1(tab.t, "tb:{r4}", 10, 4, 1, 4, 0);
+    v = take1(tab->t, "tb:{r4}", 10, 4, 1, 4, 0);
     assert_int_equal(v.retry_ms, 500); /* Half a token at 1/s. */
     /* One replica is the whole limit. */
     allowed = 0;
     for (k = 0; k < 20; k++) {
-        allowed += take1(tab.t, "tb:{r1}", 10, 4, 1, 1, 0).allowed;
+        allowed += take1(tab->t, "tb:{r1}", 10, 4, 1, 1, 0).allowed;
     }
     assert_int_equal(allowed, 10);
-    table_free(&tab);
 }
 
 /* All or nothing across the buckets of one call. */
@@ -171,71 +191,63 @@ static void test_local_all_or_nothing(void **state)
     const char *keys[2] = {"tb:{u}", "tb:{u}:route:search"};
     tb_limit_t lim[2] = {{10, 0.001}, {1, 0.001}};
     double cost[2] = {1, 1};
-    table_t tab;
+    table_t *tab = *state;
     tb_verdict_t v;
 
-    (void)state;
-    table_new(&tab, 64);
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 2, 1, 0, &v),
                      TB_OK);
     assert_int_equal(v.allowed, 1);
     assert_int_equal(v.remaining, 0);
     assert_int_equal(v.binding, 1);
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 2, 1, 0, &v),
                      TB_OK);
     assert_int_equal(v.allowed, 0);
     assert_int_equal(v.binding, 1);
     /* The refused call took nothing from the main bucket: 9 are left. */
-    v = take1(tab.t, keys[0], 10, 0.001, 9, 1, 0);
+    v = take1(tab->t, keys[0], 10, 0.001, 9, 1, 0);
     assert_int_equal(v.allowed, 1);
     assert_int_equal(v.remaining, 0);
-    table_free(&tab);
 }
 
 /* A flood of distinct keys never takes more than the table's entries and
  * never writes outside the caller's block. */
 static void test_local_bounded_never_grows(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     char key[64];
     int k;
 
-    (void)state;
-    table_new(&tab, 64);
     for (k = 0; k < 20000; k++) {
         snprintf(key, sizeof(key), "tb:{flood-%d}", k);
-        assert_int_equal(take1(tab.t, key, 3, 1, 1, 1, k).allowed, 1);
-        assert_true(tb_local_used(tab.t) <= 64);
+        assert_int_equal(take1(tab->t, key, 3, 1, 1, 1, k).allowed, 1);
+        assert_true(tb_local_used(tab->t) <= 64);
     }
-    assert_true(tb_local_used(tab.t) > 32);
-    table_check_guard(&tab);
-    table_free(&tab);
+    assert_true(tb_local_used(tab->t) > 32);
+    table_check_guard(tab);
 }
 
 /* A key evicted by the flood comes back as a full bucket (as a missing
  * Redis key does); a key used all along survives it (LRU). */
 static void test_local_eviction_is_lru(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     char key[64];
     int64_t now = 0;
     int k, hot_allowed = 0;
 
-    (void)state;
-    table_new(&tab, 64);
     /* Drain "old" and "hot"; the rate is so slow nothing refills. */
     for (k = 0; k < 3; k++) {
-        take1(tab.t, "tb:{old}", 3, 0.0001, 1, 1, now);
+        take1(tab->t, "tb:{old}", 3, 0.0001, 1, 1, now);
     }
-    assert_int_equal(take1(tab.t, "tb:{old}", 3, 0.0001, 1, 1, now).allowed,
+    assert_int_equal(take1(tab->t, "tb:{old}", 3, 0.0001, 1, 1, now).allowed,
                      0);
     for (k = 0; k < 10000; k++) {
         now++;
         snprintf(key, sizeof(key), "tb:{cold-%d}", k);
-        take1(tab.t, key, 3, 0.0001, 1, 1, now);
+        take1(tab->t, key, 3, 0.0001, 1, 1, now);
         if (k % 2 == 0) {
             now++;
-            hot_allowed += take1(tab.t, "tb:{hot}", 5, 0.0001, 1, 1,
+            hot_allowed += take1(tab->t, "tb:{hot}", 5, 0.0001, 1, 1,
                                  now).allowed;
         }
     }
@@ -244,9 +256,8 @@ static void test_local_eviction_is_lru(void **state)
     assert_int_equal(hot_allowed, 5);
     /* old was the least recent everywhere: evicted, so full again. */
     now++;
-    assert_int_equal(take1(tab.t, "tb:{old}", 3, 0.0001, 1, 1, now).remaining,
+    assert_int_equal(take1(tab->t, "tb:{old}", 3, 0.0001, 1, 1, now).remaining,
                      2);
-    table_free(&tab);
 }
 
 /* Keys that differ only late, or look alike, are different buckets. */
@@ -257,19 +268,16 @@ static void test_local_keys_do_not_collide(void **state)
         "tb:{#00000000000000000000000000000000}", "tb:{A}", "tc:{a}",
     };
     enum { N = sizeof(keys) / sizeof(keys[0]) };
-    table_t tab;
+    table_t *tab = *state;
     size_t k;
 
-    (void)state;
-    table_new(&tab, 64);
     for (k = 0; k < N; k++) {
-        assert_int_equal(take1(tab.t, keys[k], 1, 0.001, 1, 1, 0).allowed, 1);
+        assert_int_equal(take1(tab->t, keys[k], 1, 0.001, 1, 1, 0).allowed, 1);
     }
     for (k = 0; k < N; k++) {
-        assert_int_equal(take1(tab.t, keys[k], 1, 0.001, 1, 1, 0).allowed, 0);
+        assert_int_equal(take1(tab->t, keys[k], 1, 0.001, 1, 1, 0).allowed, 0);
     }
-    assert_int_equal(tb_local_used(tab.t), N);
-    table_free(&tab);
+    assert_int_equal(tb_local_used(tab->t), N);
 }
 
 typedef struct hammer {
@@ -300,14 +308,12 @@ static void *hammer_main(void *arg)
 /* Four threads on one key at one instant: exactly capacity let through. */
 static void test_local_threads_count_exactly(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     hammer_t h[4];
     int k, total = 0;
 
-    (void)state;
-    table_new(&tab, 64);
     for (k = 0; k < 4; k++) {
-        h[k].t = tab.t;
+        h[k].t = tab->t;
         h[k].key = "tb:{shared}";
         h[k].calls = 5000;
         h[k].allowed = 0;
@@ -317,7 +323,6 @@ static void test_local_threads_count_exactly(void **state)
         total += h[k].allowed;
     }
     assert_int_equal(total, 1000);
-    table_free(&tab);
 }
 
 /* The block is pointer-free: in MAP_SHARED memory a forked child's
@@ -362,12 +367,9 @@ typedef struct halt {
 
 static halt_t *halt;
 
-int __real_tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
-                          const double *cost, int n, int64_t now_ms,
-                          tb_bucket_t *out, tb_verdict_t *v);
-int __wrap_tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
-                          const double *cost, int n, int64_t now_ms,
-                          tb_bucket_t *out, tb_verdict_t *v);
+/* The linker's names for the real function and its wrapper, declared
+ * with tb_bucket_take's own type so that the three cannot drift apart. */
+__typeof__(tb_bucket_take) __real_tb_bucket_take, __wrap_tb_bucket_take;
 
 int __wrap_tb_bucket_take(const tb_bucket_t *in, const tb_limit_t *lim,
                           const double *cost, int n, int64_t now_ms,
@@ -488,35 +490,33 @@ static void test_local_bad_arguments(void **state)
     tb_limit_t lim[TB_MAX_BUCKETS + 1];
     double cost[TB_MAX_BUCKETS + 1];
     unsigned char *raw;
-    table_t tab;
+    table_t *tab = *state;
     tb_verdict_t v;
     int k;
 
-    (void)state;
-    table_new(&tab, 64);
     for (k = 0; k <= TB_MAX_BUCKETS; k++) {
         keys[k] = "tb:{x}";
         lim[k].capacity = 10;
         lim[k].rate_per_sec = 1;
         cost[k] = 1;
     }
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 0, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 0, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, lim, cost,
+    assert_int_equal(local_take(tab->t, keys, lim, cost,
                                    TB_MAX_BUCKETS + 1, 1, 0, &v), TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 0, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 1, 0, 0, &v),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, -3, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 1, -3, 0, &v),
                      TB_ERR);
     lim[0].rate_per_sec = 0;
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
     lim[0].rate_per_sec = 1;
     cost[0] = -1;
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
     cost[0] = 1;
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 1, 1, 0, &v),
                      TB_OK);
     /* Memory that was never initialised is refused. */
     raw = calloc(1, tb_local_size(64));
@@ -526,7 +526,6 @@ static void test_local_bad_arguments(void **state)
     free(raw);
     assert_null(tb_local_init(NULL, 64));
     assert_int_equal(tb_local_used(NULL), 0);
-    table_free(&tab);
 }
 
 /* ---- The lease table --------------------------------------------------- */
@@ -539,7 +538,7 @@ static tb_lease_t *lease_new(table_t *tab, size_t entries)
 }
 
 /* cmocka setup of the lease tests: *state is a table_t holding a lease
- * table of 64 entries; the teardown checks its guard and frees it. */
+ * table of 64 entries; table_teardown() checks its guard and frees it. */
 static int lease_setup(void **state)
 {
     table_t *tab = calloc(1, sizeof(*tab));
@@ -548,16 +547,9 @@ static int lease_setup(void **state)
     return tab && lease_new(tab, 64) ? 0 : -1;
 }
 
-static int lease_teardown(void **state)
-{
-    table_free(*state);
-    free(*state);
-    return 0;
-}
-
 /* A lease test: run with a table of its own (lease_setup()). */
 #define LEASE_TEST(f) \
-    cmocka_unit_test_setup_teardown(f, lease_setup, lease_teardown)
+    cmocka_unit_test_setup_teardown(f, lease_setup, table_teardown)
 
 /* The lease table of a test run with lease_setup(). */
 static tb_lease_t *lease_of(void **state)
@@ -829,24 +821,21 @@ static void test_local_null_arguments(void **state)
     const char *keys[2] = {"tb:{x}", NULL};
     tb_limit_t lim[2] = {{10, 1}, {10, 1}};
     double cost[2] = {1, 1};
-    table_t tab;
+    table_t *tab = *state;
     tb_verdict_t v;
 
-    (void)state;
-    table_new(&tab, 64);
     assert_int_equal(local_take(NULL, keys, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, NULL, lim, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, NULL, lim, cost, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, NULL, cost, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, NULL, cost, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, lim, NULL, 1, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, NULL, 1, 1, 0, &v),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 1, 1, 0, NULL),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 1, 1, 0, NULL),
                      TB_ERR);
-    assert_int_equal(local_take(tab.t, keys, lim, cost, 2, 1, 0, &v),
+    assert_int_equal(local_take(tab->t, keys, lim, cost, 2, 1, 0, &v),
                      TB_ERR);
-    table_free(&tab);
 }
 
 /* ---- Slot counts of concurrency limits ---------------------------------- */
@@ -855,32 +844,29 @@ static void test_local_null_arguments(void **state)
  * own; a bucket under the same table is untouched. */
 static void test_local_conc_take_and_release(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     int64_t w[4], held = 0;
     int k;
 
-    (void)state;
-    table_new(&tab, 64);
     for (k = 0; k < 3; k++) {
-        assert_int_equal(tb_local_conc_take(tab.t, "tb:{a}:conc", 3, 1000,
+        assert_int_equal(tb_local_conc_take(tab->t, "tb:{a}:conc", 3, 1000,
                                             5000, &w[k], &held), 1);
         assert_int_equal(held, k + 1);
         assert_int_equal(w[k], 5);
     }
-    assert_int_equal(tb_local_conc_take(tab.t, "tb:{a}:conc", 3, 1000, 5000,
+    assert_int_equal(tb_local_conc_take(tab->t, "tb:{a}:conc", 3, 1000, 5000,
                                         &w[3], &held), 0);
     assert_int_equal(held, 3);
-    assert_int_equal(tb_local_conc_take(tab.t, "tb:{b}:conc", 3, 1000, 5000,
+    assert_int_equal(tb_local_conc_take(tab->t, "tb:{b}:conc", 3, 1000, 5000,
                                         &w[3], &held), 1);
     assert_int_equal(held, 1);
-    tb_local_conc_release(tab.t, "tb:{a}:conc", 1000, w[0], 5100);
-    assert_int_equal(tb_local_conc_take(tab.t, "tb:{a}:conc", 3, 1000, 5200,
+    tb_local_conc_release(tab->t, "tb:{a}:conc", 1000, w[0], 5100);
+    assert_int_equal(tb_local_conc_take(tab->t, "tb:{a}:conc", 3, 1000, 5200,
                                         &w[0], &held), 1);
     assert_int_equal(held, 3);
     /* A release of a key never seen claims nothing. */
-    tb_local_conc_release(tab.t, "tb:{none}:conc", 1000, 5, 5200);
-    assert_int_equal(tb_local_used(tab.t), 2);
-    table_free(&tab);
+    tb_local_conc_release(tab->t, "tb:{none}:conc", 1000, 5, 5200);
+    assert_int_equal(tb_local_used(tab->t), 2);
 }
 
 /* A slot is counted in its window and the next, then forgotten: a slot
@@ -889,59 +875,53 @@ static void test_local_conc_take_and_release(void **state)
  * next window finds the slot there. */
 static void test_local_conc_windows(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     int64_t w1, w2, w3, held = 0;
 
-    (void)state;
-    table_new(&tab, 64);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 10999, &w1,
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 2, 1000, 10999, &w1,
                                         &held), 1);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 11000, &w2,
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 2, 1000, 11000, &w2,
                                         &held), 1);
     assert_int_equal(held, 2);                  /* 10 and 11 */
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 11999, &w3,
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 2, 1000, 11999, &w3,
                                         &held), 0);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 12000, &w3,
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 2, 1000, 12000, &w3,
                                         &held), 1);
     assert_int_equal(held, 2);                  /* 10 forgotten at 12 */
     /* The slot of window 11 is in the previous window now. */
-    tb_local_conc_release(tab.t, "k", 1000, w2, 12500);
-    tb_local_conc_release(tab.t, "k", 1000, w1, 12500);  /* forgotten */
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 2, 1000, 12600, &w1,
+    tb_local_conc_release(tab->t, "k", 1000, w2, 12500);
+    tb_local_conc_release(tab->t, "k", 1000, w1, 12500);  /* forgotten */
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 2, 1000, 12600, &w1,
                                         &held), 1);
     assert_int_equal(held, 2);
     /* A clock that goes back counts in the stored window. */
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 9, 1000, 1000, &w2,
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 9, 1000, 1000, &w2,
                                         &held), 1);
     assert_int_equal(w2, 12);
     assert_int_equal(held, 3);
     /* Two windows without a take or a release: nothing is in flight. */
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 1000, 14000, &w2,
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 1, 1000, 14000, &w2,
                                         &held), 1);
     assert_int_equal(held, 1);
-    table_free(&tab);
 }
 
 static void test_local_conc_bad_arguments(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     int64_t w, held;
 
-    (void)state;
-    table_new(&tab, 64);
     assert_int_equal(tb_local_conc_take(NULL, "k", 1, 1, 0, &w, &held), -1);
-    assert_int_equal(tb_local_conc_take(tab.t, NULL, 1, 1, 0, &w, &held),
+    assert_int_equal(tb_local_conc_take(tab->t, NULL, 1, 1, 0, &w, &held),
                      -1);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 0, 1, 0, &w, &held), -1);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 0, 0, &w, &held), -1);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 1, -1, &w, &held),
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 0, 1, 0, &w, &held), -1);
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 1, 0, 0, &w, &held), -1);
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 1, 1, -1, &w, &held),
                      -1);
-    assert_int_equal(tb_local_conc_take(tab.t, "k", 1, 1, 0, NULL, &held),
+    assert_int_equal(tb_local_conc_take(tab->t, "k", 1, 1, 0, NULL, &held),
                      -1);
     tb_local_conc_release(NULL, "k", 1, 0, 0);
-    tb_local_conc_release(tab.t, NULL, 1, 0, 0);
-    assert_int_equal(tb_local_used(tab.t), 0);
-    table_free(&tab);
+    tb_local_conc_release(tab->t, NULL, 1, 0, 0);
+    assert_int_equal(tb_local_used(tab->t), 0);
 }
 
 typedef struct conc_hammer {
@@ -972,15 +952,13 @@ static void *conc_hammer_main(void *arg)
  * and every slot comes back. */
 static void test_local_conc_threads(void **state)
 {
-    table_t tab;
+    table_t *tab = *state;
     conc_hammer_t h[4];
     int64_t w, held;
     int k;
 
-    (void)state;
-    table_new(&tab, 64);
     for (k = 0; k < 4; k++) {
-        h[k].t = tab.t;
+        h[k].t = tab->t;
         h[k].rounds = 20000;
         h[k].max_seen = 0;
     }
@@ -988,37 +966,36 @@ static void test_local_conc_threads(void **state)
     for (k = 0; k < 4; k++) {
         assert_true(h[k].max_seen >= 1 && h[k].max_seen <= 3);
     }
-    assert_int_equal(tb_local_conc_take(tab.t, "tb:{hot}:conc", 3, 1000000,
+    assert_int_equal(tb_local_conc_take(tab->t, "tb:{hot}:conc", 3, 1000000,
                                         0, &w, &held), 1);
     assert_int_equal(held, 1);
-    table_free(&tab);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local_size_rounds_up),
-        cmocka_unit_test(test_local_new_key_is_full),
-        cmocka_unit_test(test_local_limits_divided_by_replicas),
-        cmocka_unit_test(test_local_all_or_nothing),
-        cmocka_unit_test(test_local_bounded_never_grows),
-        cmocka_unit_test(test_local_eviction_is_lru),
-        cmocka_unit_test(test_local_keys_do_not_collide),
-        cmocka_unit_test(test_local_threads_count_exactly),
+        TABLE_TEST(test_local_new_key_is_full),
+        TABLE_TEST(test_local_limits_divided_by_replicas),
+        TABLE_TEST(test_local_all_or_nothing),
+        TABLE_TEST(test_local_bounded_never_grows),
+        TABLE_TEST(test_local_eviction_is_lru),
+        TABLE_TEST(test_local_keys_do_not_collide),
+        TABLE_TEST(test_local_threads_count_exactly),
         cmocka_unit_test(test_local_shared_memory_across_fork),
         cmocka_unit_test(test_local_stopped_holder_keeps_lock),
         cmocka_unit_test(test_local_dead_holder_entry_dropped),
-        cmocka_unit_test(test_local_bad_arguments),
-        cmocka_unit_test(test_local_null_arguments),
+        TABLE_TEST(test_local_bad_arguments),
+        TABLE_TEST(test_local_null_arguments),
         LEASE_TEST(test_local_lease_spend_and_expire),
         LEASE_TEST(test_local_lease_expired_tokens_come_back),
         LEASE_TEST(test_local_lease_size_follows_traffic),
         LEASE_TEST(test_local_lease_drain),
         cmocka_unit_test(test_local_lease_shared_across_fork),
-        cmocka_unit_test(test_local_conc_take_and_release),
-        cmocka_unit_test(test_local_conc_windows),
-        cmocka_unit_test(test_local_conc_bad_arguments),
-        cmocka_unit_test(test_local_conc_threads),
+        TABLE_TEST(test_local_conc_take_and_release),
+        TABLE_TEST(test_local_conc_windows),
+        TABLE_TEST(test_local_conc_bad_arguments),
+        TABLE_TEST(test_local_conc_threads),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,10 +16,6 @@
 
 #include "tb.h"
 
-/* Failures in the current table test: every bad entry is printed, then
- * the test fails once. */
-static int nbad;
-
 static const struct good {
     const char *url;
     const char *host;
@@ -49,35 +45,49 @@ static const struct good {
      "", "", 4},
 };
 
-static void test_url_parse_good(void **state)
+/* Runs check on entries 0..n-1 of a table: every entry it finds wrong
+ * (check returns 1, having printed why) is reported, then the test fails
+ * once, with their count. */
+static void check_table(size_t n, int (*check)(size_t k))
 {
     size_t k;
+    int nbad = 0;
 
-    (void)state;
-    nbad = 0;
-    for (k = 0; k < sizeof(good) / sizeof(good[0]); k++) {
-        tb_redis_addr_t a;
-        char err[128] = "";
-        const struct good *g = &good[k];
-
-        memset(&a, 0x5a, sizeof(a));
-        if (tb_url_parse(g->url, &a, err, sizeof(err)) != TB_OK) {
-            nbad++;
-            print_error("%s refused: %s\n", g->url, err);
-            continue;
-        }
-        if (strcmp(a.host, g->host) || strcmp(a.path, g->path)
-            || strcmp(a.user, g->user) || strcmp(a.password, g->password)
-            || a.db != g->db || (!g->path[0] && a.port != g->port)) {
-            nbad++;
-            print_error("%s: host '%s' port %d path '%s' user '%s' "
-                        "password '%s' db %d\n", g->url, a.host, a.port,
-                        a.path, a.user, a.password, a.db);
-        }
+    for (k = 0; k < n; k++) {
+        nbad += check(k);
     }
     if (nbad) {
         fail_msg("%d table entries failed", nbad);
     }
+}
+
+/* good[k] parses to its address. */
+static int good_entry_wrong(size_t k)
+{
+    tb_redis_addr_t a;
+    char err[128] = "";
+    const struct good *g = &good[k];
+
+    memset(&a, 0x5a, sizeof(a));
+    if (tb_url_parse(g->url, &a, err, sizeof(err)) != TB_OK) {
+        print_error("%s refused: %s\n", g->url, err);
+        return 1;
+    }
+    if (strcmp(a.host, g->host) || strcmp(a.path, g->path)
+        || strcmp(a.user, g->user) || strcmp(a.password, g->password)
+        || a.db != g->db || (!g->path[0] && a.port != g->port)) {
+        print_error("%s: host '%s' port %d path '%s' user '%s' "
+                    "password '%s' db %d\n", g->url, a.host, a.port,
+                    a.path, a.user, a.password, a.db);
+        return 1;
+    }
+    return 0;
+}
+
+static void test_url_parse_good(void **state)
+{
+    (void)state;
+    check_table(sizeof(good) / sizeof(good[0]), good_entry_wrong);
 }
 
 static const char *bad[] = {
@@ -112,66 +122,69 @@ static const char *bad[] = {
     "unix:/tmp/s?foo=1",
 };
 
+/* bad[k] is refused with a message; the error buffer is never overrun,
+ * even when it is tiny (an overrun fails the test at once). */
+static int bad_entry_wrong(size_t k)
+{
+    tb_redis_addr_t a;
+    char err[128 + 8];
+    char tiny[8 + 8];
+    size_t i;
+    int wrong = 0;
+
+    memset(err, 0, sizeof(err));
+    if (tb_url_parse(bad[k], &a, err, 128) != TB_ERR) {
+        print_error("bad url %zu '%s' accepted\n", k, bad[k]);
+        return 1;
+    }
+    if (err[0] == '\0') {
+        print_error("bad url '%s' refused without a message\n", bad[k]);
+        wrong = 1;
+    }
+    memset(tiny, 0x5a, sizeof(tiny));
+    assert_int_equal(tb_url_parse(bad[k], &a, tiny, 8), TB_ERR);
+    assert_non_null(memchr(tiny, '\0', 8));
+    for (i = 8; i < sizeof(tiny); i++) {
+        assert_int_equal((unsigned char)tiny[i], 0x5a);
+    }
+    return wrong;
+}
+
 /* Every bad URL is refused with a message; the error buffer is never
  * overrun, even when it is tiny. */
 static void test_url_parse_bad(void **state)
 {
-    size_t k;
-
     (void)state;
-    nbad = 0;
-    for (k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
-        tb_redis_addr_t a;
-        char err[128 + 8];
-        char tiny[8 + 8];
-        size_t i;
-
-        memset(err, 0, sizeof(err));
-        if (tb_url_parse(bad[k], &a, err, 128) != TB_ERR) {
-            nbad++;
-            print_error("bad url %zu '%s' accepted\n", k, bad[k]);
-            continue;
-        }
-        if (err[0] == '\0') {
-            nbad++;
-            print_error("bad url '%s' refused without a message\n", bad[k]);
-        }
-        memset(tiny, 0x5a, sizeof(tiny));
-        assert_int_equal(tb_url_parse(bad[k], &a, tiny, 8), TB_ERR);
-        assert_non_null(memchr(tiny, '\0', 8));
-        for (i = 8; i < sizeof(tiny); i++) {
-            assert_int_equal((unsigned char)tiny[i], 0x5a);
-        }
-    }
-    if (nbad) {
-        fail_msg("%d table entries failed", nbad);
-    }
+    check_table(sizeof(bad) / sizeof(bad[0]), bad_entry_wrong);
 }
 
-/* Parts too long for their fields are refused, not truncated. */
+/* Parts too long for their fields are refused, not truncated: each URL
+ * is head, len bytes of fill (the part), then tail. */
 static void test_url_parse_overlong_parts(void **state)
 {
+    static const struct {
+        const char *head;
+        char fill;
+        size_t len;
+        const char *tail;
+    } parts[] = {
+        {"redis://", 'h', 300, ":1"},          /* host */
+        {"unix:/", 'p', 200, ""},              /* socket path */
+        {"redis://:", 'w', 400, "@h"},         /* password */
+        {"redis://", 'u', 200, ":p@h"},        /* user */
+    };
     char url[2048], err[128];
     tb_redis_addr_t a;
-    size_t n;
+    size_t k, n;
 
     (void)state;
-    n = (size_t)snprintf(url, sizeof(url), "redis://");
-    memset(url + n, 'h', 300);
-    snprintf(url + n + 300, sizeof(url) - n - 300, ":1");
-    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
-    n = (size_t)snprintf(url, sizeof(url), "unix:/");
-    memset(url + n, 'p', 200);
-    url[n + 200] = '\0';
-    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
-    n = (size_t)snprintf(url, sizeof(url), "redis://:");
-    memset(url + n, 'w', 400);
-    snprintf(url + n + 400, sizeof(url) - n - 400, "@h");
-    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
-    n = (size_t)snprintf(url, sizeof(url), "redis://");
-    memset(url + n, 'u', 200);
-    snprintf(url + n + 200, sizeof(url) - n - 200, ":p@h");
-    assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
+    for (k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+        n = (size_t)snprintf(url, sizeof(url), "%s", parts[k].head);
+        memset(url + n, parts[k].fill, parts[k].len);
+        n += parts[k].len;
+        snprintf(url + n, sizeof(url) - n, "%s", parts[k].tail);
+        assert_int_equal(tb_url_parse(url, &a, err, sizeof(err)), TB_ERR);
+    }
 }
 
 static void test_url_parse_null_arguments(void **state)

@@ -191,6 +191,14 @@ def all_calls(rig):
     return {n.port: calls(n) for n in rig.nodes}
 
 
+def spent_two(rig, drivers, key):
+    """A driver of engine=module (policy closed) that has spent 2 of
+    key's 5 tokens, both decided by Redis: the start of a slot's move."""
+    d = drivers(rig.url, engine="module", policy="closed")
+    exact(takes(d, key, 5, 2), 5)
+    return d
+
+
 # engine=module on a cluster whose nodes all have the module: keys of
 # every node decided through the module on their own node (per-node
 # commandstats), limits exact, no script call anywhere; `engine` says
@@ -225,8 +233,7 @@ def test_ha_013_04(mod_cluster, drivers):
     src, dst = rig.nodes[0], rig.nodes[1]
     key = rig.key_on(src.port, "mv")
     slot = keyslot(redis_key("tb:", key))
-    d = drivers(rig.url, engine="module", policy="closed")
-    exact(takes(d, key, 5, 2), 5)
+    d = spent_two(rig, drivers, key)
     rig.migrate_slot(slot, src, dst)
     try:
         before = all_calls(rig)
@@ -257,8 +264,7 @@ def test_ha_013_05(mod_cluster, drivers):
     held = rig.key_on(src.port, "ask")
     slot = keyslot(redis_key("tb:", held))
     fresh = rig.key_in_slot(slot, held + "-")
-    d = drivers(rig.url, engine="module", policy="closed")
-    exact(takes(d, held, 5, 2), 5)
+    d = spent_two(rig, drivers, held)
     rig.migrate_begin(slot, src, dst)
     try:
         before = all_calls(rig)

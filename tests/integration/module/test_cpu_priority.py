@@ -86,10 +86,13 @@ def comm(pid):
 
 def threads(a):
     """{(pid, tid): nice} of every thread of every child of a's parent
-    (workers, mod_cgid's daemon, the helper); threads that end while
-    read are left out."""
+    (workers, mod_cgid's daemon) but the helper, which runs at the top
+    of the nice scale (test_module_220_10); threads that end while read
+    are left out."""
     out = {}
     for pid in a.child_pids():
+        if comm(pid) == "tbucket-nice":
+            continue
         try:
             tids = [int(t) for t in os.listdir("/proc/%d/task" % pid)]
         except OSError:
@@ -124,6 +127,12 @@ def step_nice(base, step):
         pytest.skip("base nice %d leaves no room for a step of %d"
                     % (base, step))
     return want
+
+
+def base_and_step(a, step):
+    """(base_of(a), the nice value step moves a thread at base to)."""
+    base = base_of(a)
+    return base, step_nice(base, step)
 
 
 def helpers(a):
@@ -195,6 +204,15 @@ def all_back(a, base, timeout=5):
         (base, moved(a, base))
 
 
+def answered(a, base, t, out):
+    """Waits for background()'s request (t, out): answered 200, then
+    every thread back at base; returns the response."""
+    t.join(timeout=30)
+    assert out["r"].status_code == 200
+    all_back(a, base)
+    return out["r"]
+
+
 MPMS = ["prefork", "event"]
 
 
@@ -206,18 +224,14 @@ MPMS = ["prefork", "event"]
 @pytest.mark.parametrize("mpm", MPMS)
 def test_module_220_01(apache_factory, mpm):
     a = server(apache_factory, mpm).start(cpu_body())
-    base = base_of(a)
-    want = step_nice(base, LOW)
+    base, want = base_and_step(a, LOW)
     helper = the_helper(a)
     woke = wakeups(helper)
     t, out = background(a, "/cgi-bin/low.cgi?1.5")
     pid, tid = one_moved(a, base, want)
     assert pid != helper and comm(pid) == "apache2"
-    t.join(timeout=30)
-    assert out["r"].status_code == 200
-    cgi_nice = int(out["r"].text)
+    cgi_nice = int(answered(a, base, t, out).text)
     assert cgi_nice == (want if mpm == "prefork" else base), cgi_nice
-    all_back(a, base)
     assert wakeups(helper) > woke
     assert changes(a) == {"low": 1, "normal": 0, "high": 0, "critical": 0,
                           "failed": 0}
@@ -271,8 +285,7 @@ def test_module_220_02(apache_factory, mpm):
 @pytest.mark.parametrize("mpm", MPMS)
 def test_module_220_03(apache_factory, mpm):
     a = server(apache_factory, mpm).start(cpu_body())
-    base = base_of(a)
-    want = step_nice(base, LOW)
+    base, want = base_and_step(a, LOW)
     s = socket.create_connection(("127.0.0.1", a.port))
     s.sendall(b"GET /cgi-bin/low.cgi?1 HTTP/1.1\r\nHost: x\r\n\r\n")
     one_moved(a, base, want)
@@ -280,9 +293,7 @@ def test_module_220_03(apache_factory, mpm):
     all_back(a, base, timeout=8)
     t, out = background(a, "/cgi-bin/low.cgi?1")
     one_moved(a, base, want)
-    t.join(timeout=30)
-    assert out["r"].status_code == 200
-    all_back(a, base)
+    answered(a, base, t, out)
     assert changes(a)["low"] == 2
     a.assert_log_clean()
 
@@ -303,15 +314,12 @@ TBucketPrefix cpu:
     TBucketLimit 1 1/h
 </Location>
 """ % redis_server.url))
-    base = base_of(a)
-    want = step_nice(base, LOW)
+    base, want = base_and_step(a, LOW)
     helper = the_helper(a)
     h = {"X-Key": "k1"}
     t, out = background(a, "/cgi-bin/low.cgi?0.5", h)
     one_moved(a, base, want)
-    t.join(timeout=30)
-    assert out["r"].status_code == 200
-    all_back(a, base)
+    answered(a, base, t, out)
     woke = wakeups(helper)
     for _ in range(10):
         assert http_get(a.url("/cgi-bin/low.cgi?0"), h).status_code == 429
@@ -333,8 +341,7 @@ def test_module_220_05(apache_factory, mpm):
     # old process that still serves.
     a = server(apache_factory, mpm).start(cpu_body(
         extra="ServerLimit 4\n" if mpm == "event" else ""))
-    base = base_of(a)
-    want = step_nice(base, LOW)
+    base, want = base_and_step(a, LOW)
     helper = [the_helper(a)]
     old_pids = set(a.child_pids()) - set(helper)
     t, out = background(a, "/cgi-bin/low.cgi?3")
@@ -362,9 +369,7 @@ def test_module_220_05(apache_factory, mpm):
     t, out = background(a, "/cgi-bin/low.cgi?1")
     pid, _ = one_moved(a, base, want)
     assert pid not in old_pids
-    t.join(timeout=30)
-    assert out["r"].status_code == 200
-    all_back(a, base)
+    answered(a, base, t, out)
     assert changes(a)["low"] == 2
     a.assert_log_clean()
 
@@ -378,18 +383,14 @@ def test_module_220_05(apache_factory, mpm):
 @pytest.mark.parametrize("mpm", MPMS)
 def test_module_220_06(apache_factory, mpm):
     a = server(apache_factory, mpm).start(cpu_body())
-    base = base_of(a)
-    want = step_nice(base, CRIT)
+    base, want = base_and_step(a, CRIT)
     helper = the_helper(a)
     woke = wakeups(helper)
     t, out = background(a, "/cgi-bin/crit.cgi?1.5")
     one_moved(a, base, want)
     assert wakeups(helper) > woke
-    t.join(timeout=30)
-    assert out["r"].status_code == 200
-    all_back(a, base)
     cgi = want if mpm == "prefork" else base
-    got = [int(out["r"].text)]
+    got = [int(answered(a, base, t, out).text)]
     got += [int(http_get(a.url("/cgi-bin/crit.cgi?0")).text)
             for _ in range(20)]
     assert got == [cgi] * 21, got
@@ -484,11 +485,53 @@ def pipelined(a, first, second):
 # the handler waited for it, about one in twenty ran at base+7).
 def test_module_220_09(apache_factory):
     a = server(apache_factory, "prefork").start(cpu_body())
-    base = base_of(a)
-    want = step_nice(base, LOW)
+    base, want = base_and_step(a, LOW)
     pairs = [pipelined(a, "/cgi-bin/low.cgi?0", "/cgi-bin/norm.cgi?0")
              for _ in range(40)]
     assert pairs == [[want, base]] * 40, pairs
     all_back(a, base)
     assert changes(a)["low"] == 40
+    a.assert_log_clean()
+
+
+def get_kept(s, path):
+    """One GET on the open keep-alive connection s; its body (nice.cgi's
+    number), read to the end of its chunked or sized body."""
+    s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+    data = b""
+    while not re.search(rb"\r\n\r\n(?:[0-9a-f]+\r\n)?-?\d+\n(?:\r\n0\r\n\r\n)?$",
+                        data):
+        got = s.recv(65536)
+        assert got, data
+        data += got
+    return int(re.findall(rb"\r\n\r\n(?:[0-9a-f]+\r\n)?(-?\d+)\n", data)[0])
+
+
+# The helper runs at the top of the nice scale (a move waits for it, and
+# a helper behind the flood it lowers would delay the critical request's
+# own move). On one keep-alive connection, a normal request after a low
+# one runs at base (the thread is put back before the next request is
+# read, not at the low response's end, so that its last write, its log
+# line and a closing connection's lingering close stay at low's step),
+# and once the client closes after a low request every thread is back.
+@pytest.mark.parametrize("mpm", MPMS)
+def test_module_220_10(apache_factory, mpm):
+    a = server(apache_factory, mpm).start(cpu_body())
+    base = base_of(a)
+    want = step_nice(base, LOW)
+    assert os.getpriority(os.PRIO_PROCESS, the_helper(a)) == -20
+    cgi = want if mpm == "prefork" else base
+    s = socket.create_connection(("127.0.0.1", a.port), timeout=10)
+    try:
+        got = [get_kept(s, "/cgi-bin/low.cgi?0"),
+               get_kept(s, "/cgi-bin/norm.cgi?0"),
+               get_kept(s, "/cgi-bin/low.cgi?0"),
+               get_kept(s, "/cgi-bin/low.cgi?0"),
+               get_kept(s, "/cgi-bin/norm.cgi?0"),
+               get_kept(s, "/cgi-bin/low.cgi?0")]
+    finally:
+        s.close()
+    assert got == [cgi, base, cgi, cgi, base, cgi], got
+    all_back(a, base)
+    assert changes(a)["low"] == 4
     a.assert_log_clean()

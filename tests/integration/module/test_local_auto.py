@@ -260,6 +260,17 @@ def shrink(a, clients, bound, seconds=15):
     return run
 
 
+def cut_server(apache_factory, workers, bounds, clients, bound):
+    """server() started with auto_body(bounds), its cap then cut to bound
+    or below by shrink() with clients, and nothing of the scope left in
+    flight; (it, the backend's state dir)."""
+    a, state = server(apache_factory, workers)
+    a.start(auto_body(bounds))
+    shrink(a, clients, bound)
+    idle(a, state)
+    return a, state
+
+
 # Grows: from a cap a flood cut low (34 clients of ?grow over max=32: the
 # cap binds, a probe at min measures the 100 ms floor, the cap comes down),
 # 12 clients of ?fixed (100 ms whatever the concurrency) raise it to what
@@ -268,10 +279,7 @@ def shrink(a, clients, bound, seconds=15):
 # in the last 2.5 s.
 @pytest.mark.slow
 def test_module_221_01(apache_factory):
-    a, state = server(apache_factory, 40)
-    a.start(auto_body("min=1 max=32"))
-    shrink(a, 34, 6)
-    idle(a, state)
+    a, state = cut_server(apache_factory, 40, "min=1 max=32", 34, 6)
     before = auto_metrics(a)
     reset_backend(state)
     run = drive(a, "fixed", 12, 15, until=held(raised_to(12), 3))
@@ -311,10 +319,7 @@ def test_module_221_02(apache_factory):
 # within 12 s; the last 2 s answer no 503.
 @pytest.mark.slow
 def test_module_221_03(apache_factory):
-    a, state = server(apache_factory, 20)
-    a.start(auto_body("min=1 max=12"))
-    shrink(a, 16, 4)
-    idle(a, state)
+    a, state = cut_server(apache_factory, 20, "min=1 max=12", 16, 4)
     run = drive(a, "fixed", 12, 12, until=held(raised_to(12), 2.5))
     assert auto_metrics(a)["cap"] == 12, run
     assert run.caps[-1][0] < 11.5, run
@@ -401,13 +406,9 @@ def test_module_221_06(apache_factory, args, msg):
 # holds the backend to that cap, not to max (12).
 @pytest.mark.slow
 def test_module_221_07(apache_factory):
-    a, state = server(apache_factory, 20)
-    body = auto_body("min=1 max=12")
-    a.start(body)
-    shrink(a, 16, 4)
-    idle(a, state)
+    a, state = cut_server(apache_factory, 20, "min=1 max=12", 16, 4)
     before = auto_metrics(a)
-    a.graceful(body)
+    a.graceful(auto_body("min=1 max=12"))
     after = auto_metrics(a)
     assert after == before, (before, after)
     reset_backend(state)

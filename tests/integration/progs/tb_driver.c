@@ -537,6 +537,107 @@ static void cmd_stats(tb_client_t *c)
 #undef S
 }
 
+/* The commands that read their arguments: each is called with those
+ * past its name, and with flag when it takes one (with_now for the _at
+ * forms, lift for unban). */
+typedef void plain_cmd_t(tb_client_t *c, char **av, int ac);
+typedef void flag_cmd_t(tb_client_t *c, char **av, int ac, int flag);
+
+static const struct command {
+    const char *name;
+    plain_cmd_t *plain;
+    flag_cmd_t *with_flag;
+    int flag;
+} commands[] = {
+    {"take", NULL, cmd_take, 0},
+    {"take_at", NULL, cmd_take, 1},
+    {"lease", NULL, cmd_lease, 0},
+    {"lease_at", NULL, cmd_lease, 1},
+    {"run", cmd_run, NULL, 0},
+    {"settle", cmd_settle, NULL, 0},
+    {"give_back", cmd_give_back, NULL, 0},
+    {"take_shard", cmd_take_shard, NULL, 0},
+    {"conc", NULL, cmd_conc, 0},
+    {"conc_at", NULL, cmd_conc, 1},
+    {"rules", cmd_rules, NULL, 0},
+    {"charge", cmd_charge, NULL, 0},
+    {"ban", NULL, cmd_ban, 0},
+    {"unban", NULL, cmd_ban, 1},
+    {"bans", cmd_bans, NULL, 0},
+    {"release", cmd_release, NULL, 0},
+    {"hammer", cmd_hammer, NULL, 0},
+};
+
+/* Runs av[0] when commands[] has it; 1 when it did, else 0. */
+static int run_command(tb_client_t *c, char **av, int ac)
+{
+    size_t i;
+
+    for (i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+        const struct command *k = &commands[i];
+
+        if (strcmp(av[0], k->name) != 0) {
+            continue;
+        }
+        if (k->with_flag) {
+            k->with_flag(c, av + 1, ac - 1, k->flag);
+        }
+        else {
+            k->plain(c, av + 1, ac - 1);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Runs av[0] when it is one of the commands that print what the client
+ * or libtb says of a key, the client's state, or the locale; 1 when it
+ * did, else 0. */
+static int run_query(tb_client_t *c, char **av, int ac)
+{
+    if (strcmp(av[0], "key") == 0) {
+        cmd_key(av + 1, ac - 1);
+    }
+    else if (strcmp(av[0], "slot") == 0) {
+        cmd_slot(av + 1, ac - 1);
+    }
+    else if (strcmp(av[0], "stats") == 0) {
+        cmd_stats(c);
+    }
+    else if (strcmp(av[0], "engine") == 0) {
+        int mixed;
+        tb_engine_t e = tb_client_engine(c, &mixed);
+
+        printf("ok engine=%s mixed=%d\n", tb_engine_names[e], mixed);
+    }
+    else if (strcmp(av[0], "breaker") == 0) {
+        printf("ok state=%s\n",
+               tb_breaker_state_name(tb_client_breaker_state(c)));
+    }
+    else if (strcmp(av[0], "pool") == 0) {
+        int size, open, in_use;
+
+        tb_client_pool_usage(c, &size, &open, &in_use);
+        printf("ok size=%d open=%d in_use=%d\n", size, open, in_use);
+    }
+    else if (strcmp(av[0], "lasterr") == 0) {
+        printf("ok kind=%s %s\n", tb_err_name(c->err), c->errstr);
+    }
+    else if (strcmp(av[0], "locale") == 0 && ac == 2) {
+        if (!setlocale(LC_ALL, av[1])) {
+            printf("error locale %s is not installed\n", av[1]);
+        }
+        else {
+            printf("ok locale=%s point=%s\n", av[1],
+                   localeconv()->decimal_point);
+        }
+    }
+    else {
+        return 0;
+    }
+    return 1;
+}
+
 /* Split a line on spaces into av[]; returns the count (at most max). */
 static int split(char *line, char **av, int max)
 {
@@ -613,99 +714,11 @@ int main(int argc, char **argv)
         else if (ac == 0) {
             printf("error empty command\n");
         }
-        else if (strcmp(av[0], "take") == 0) {
-            cmd_take(c, av + 1, ac - 1, 0);
-        }
-        else if (strcmp(av[0], "take_at") == 0) {
-            cmd_take(c, av + 1, ac - 1, 1);
-        }
-        else if (strcmp(av[0], "lease") == 0) {
-            cmd_lease(c, av + 1, ac - 1, 0);
-        }
-        else if (strcmp(av[0], "lease_at") == 0) {
-            cmd_lease(c, av + 1, ac - 1, 1);
-        }
-        else if (strcmp(av[0], "run") == 0) {
-            cmd_run(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "settle") == 0) {
-            cmd_settle(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "give_back") == 0) {
-            cmd_give_back(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "take_shard") == 0) {
-            cmd_take_shard(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "conc") == 0) {
-            cmd_conc(c, av + 1, ac - 1, 0);
-        }
-        else if (strcmp(av[0], "conc_at") == 0) {
-            cmd_conc(c, av + 1, ac - 1, 1);
-        }
-        else if (strcmp(av[0], "rules") == 0) {
-            cmd_rules(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "charge") == 0) {
-            cmd_charge(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "ban") == 0) {
-            cmd_ban(c, av + 1, ac - 1, 0);
-        }
-        else if (strcmp(av[0], "unban") == 0) {
-            cmd_ban(c, av + 1, ac - 1, 1);
-        }
-        else if (strcmp(av[0], "bans") == 0) {
-            cmd_bans(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "engine") == 0) {
-            int mixed;
-            tb_engine_t e = tb_client_engine(c, &mixed);
-
-            printf("ok engine=%s mixed=%d\n", tb_engine_names[e], mixed);
-        }
-        else if (strcmp(av[0], "release") == 0) {
-            cmd_release(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "hammer") == 0) {
-            cmd_hammer(c, av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "key") == 0) {
-            cmd_key(av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "slot") == 0) {
-            cmd_slot(av + 1, ac - 1);
-        }
-        else if (strcmp(av[0], "stats") == 0) {
-            cmd_stats(c);
-        }
-        else if (strcmp(av[0], "breaker") == 0) {
-            printf("ok state=%s\n",
-                   tb_breaker_state_name(tb_client_breaker_state(c)));
-        }
-        else if (strcmp(av[0], "pool") == 0) {
-            int size, open, in_use;
-
-            tb_client_pool_usage(c, &size, &open, &in_use);
-            printf("ok size=%d open=%d in_use=%d\n", size, open, in_use);
-        }
-        else if (strcmp(av[0], "lasterr") == 0) {
-            printf("ok kind=%s %s\n", tb_err_name(c->err), c->errstr);
-        }
-        else if (strcmp(av[0], "locale") == 0 && ac == 2) {
-            if (!setlocale(LC_ALL, av[1])) {
-                printf("error locale %s is not installed\n", av[1]);
-            }
-            else {
-                printf("ok locale=%s point=%s\n", av[1],
-                       localeconv()->decimal_point);
-            }
-        }
         else if (strcmp(av[0], "quit") == 0) {
             printf("ok bye\n");
             break;
         }
-        else {
+        else if (!run_command(c, av, ac) && !run_query(c, av, ac)) {
             printf("error unknown command '%s'\n", av[0]);
         }
     }

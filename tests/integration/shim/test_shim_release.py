@@ -37,6 +37,12 @@ def conf_for(tmp_path, redis_server, port, limit, **kw):
                       "inbound = ( %s );" % in_rule(port, **fields))
 
 
+def limited_port(tmp_path, redis_server, limit, **kw):
+    """A free port and conf_for() it: (port, config path)."""
+    port = free_port()
+    return port, conf_for(tmp_path, redis_server, port, limit, **kw)
+
+
 def one_request(port, server_closes):
     """One request on a new connection; its status line. The client
     closes first (after reading the answer by its Content-Length), or the
@@ -78,8 +84,7 @@ def refusals(statuses):
 # limit of 1.
 @pytest.mark.parametrize("limit", sorted(LIMITS))
 def test_shim_530_01(redis_server, progs, tmp_path, limit):
-    port = free_port()
-    conf = conf_for(tmp_path, redis_server, port, limit)
+    port, conf = limited_port(tmp_path, redis_server, limit)
     out = sequential(thread_srv(progs, conf, port), port, False)
     assert "served %d" % N in out
 
@@ -89,8 +94,7 @@ def test_shim_530_01(redis_server, progs, tmp_path, limit):
 @pytest.mark.parametrize("server_closes", [False, True])
 @pytest.mark.parametrize("limit", sorted(LIMITS))
 def test_shim_530_02(redis_server, tmp_path, limit, server_closes):
-    port = free_port()
-    conf = conf_for(tmp_path, redis_server, port, limit)
+    port, conf = limited_port(tmp_path, redis_server, limit)
     out = sequential(http_daemon(tmp_path, conf, port), port, server_closes)
     assert "served %d" % N in out
 
@@ -102,8 +106,7 @@ def test_shim_530_02(redis_server, tmp_path, limit, server_closes):
 # close, where another thread accepts.
 @pytest.mark.parametrize("limit", sorted(LIMITS))
 def test_shim_530_03(redis_server, progs, tmp_path, limit):
-    port = free_port()
-    conf = conf_for(tmp_path, redis_server, port, limit, key="all")
+    port, conf = limited_port(tmp_path, redis_server, limit, key="all")
     srv = Proc([progs["prefork_srv"], "-p", str(port), "-w", "3"],
                shim_env(conf))
     got = []
@@ -123,8 +126,7 @@ def test_shim_530_03(redis_server, progs, tmp_path, limit):
     assert bad == [], (len(bad), bad[:3])
     assert "served %d " % N in out, out
     assert err == "", err
-    port = free_port()
-    conf = conf_for(tmp_path, redis_server, port, limit)
+    port, conf = limited_port(tmp_path, redis_server, limit)
     sequential(thread_srv(progs, conf, port), port, True)
 
 
@@ -133,8 +135,7 @@ def test_shim_530_03(redis_server, progs, tmp_path, limit):
 # connection meanwhile is.
 @pytest.mark.parametrize("limit", sorted(LIMITS))
 def test_shim_530_04(redis_server, progs, tmp_path, limit):
-    port = free_port()
-    conf = conf_for(tmp_path, redis_server, port, limit)
+    port, conf = limited_port(tmp_path, redis_server, limit)
     srv = thread_srv(progs, conf, port)
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tbtest.env import (BUILD, ROOT, TempRoot, child_pids, free_port,
-                         require, wait_port, wait_until)
+                         read_text, require, wait_port, wait_until)
 
 APACHE = "/usr/sbin/apache2"
 APACHE2_SH = os.path.join(ROOT, "scripts", "apache2.sh")
@@ -330,19 +330,11 @@ class Apache(TempRoot):
 
     # ---- logs ----------------------------------------------------------
 
-    @staticmethod
-    def _text(path):
-        try:
-            with open(path, errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
-
     def read_log(self):
-        return self._text(self.error_log)
+        return read_text(self.error_log)
 
     def read_stderr(self):
-        return self._text(os.path.join(self.root, "logs", "stderr.log"))
+        return read_text(os.path.join(self.root, "logs", "stderr.log"))
 
     def access_text(self, until=None, timeout=5.0):
         """The access log's text; with until, read again (bounded) until
@@ -350,11 +342,11 @@ class Apache(TempRoot):
         its response has gone, so a client can hold its answer before
         the line exists, more so under a sanitizer."""
         def ready():
-            text = self._text(self.access_log)
+            text = read_text(self.access_log)
             return (text,) if until is None or until(text) else None
 
         got = wait_until(ready, timeout=timeout)
-        return got[0] if got else self._text(self.access_log)
+        return got[0] if got else read_text(self.access_log)
 
     def mark_log(self):
         """Later log checks only look at lines written after this."""

@@ -126,6 +126,33 @@ def stop_pid(proc, sig=signal.SIGTERM, timeout=10.0):
         pass
 
 
+def read_text(path):
+    """The text of a file (a log, say), bad bytes replaced; "" when it
+    does not exist (yet)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def fetched(script, where, files):
+    """Packages a scripts/fetch-*.sh unpacks, without installing them:
+    runs script (its path) on where when one of files (paths under
+    where/root) is missing. (where/root, None) when every file is there,
+    else (where/root, the script's CompletedProcess) for the caller to
+    report."""
+    root = os.path.join(where, "root")
+    want = [os.path.join(root, f) for f in files]
+    if all(os.path.exists(p) for p in want):
+        return root, None
+    p = subprocess.run(["sh", script, where], capture_output=True,
+                       text=True, timeout=300)
+    if p.returncode != 0 or not all(os.path.exists(x) for x in want):
+        return root, p
+    return root, None
+
+
 def child_pids(ppid):
     """PIDs of the processes whose parent is ppid (from /proc)."""
     pids = []

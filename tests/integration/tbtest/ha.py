@@ -53,6 +53,13 @@ def bounded(pred, timeout, step=0.05, what="condition"):
                          % (what, timeout, last))
 
 
+def bounded_all(items, check, timeout, what):
+    """bounded(), polling every 0.1 s, until check(x) holds for every x
+    of items (the servers of a rig)."""
+    return bounded(lambda: all(check(x) for x in items), timeout, step=0.1,
+                   what=what)
+
+
 class Sentinel:
     """One sentinel process watching MASTER."""
 
@@ -126,16 +133,13 @@ class SentinelRig:
                                            self.primary.port,
                                            self.down_after_ms).start())
 
-        def settled():
-            for s in self.sentinels:
-                m = s.client().execute_command("SENTINEL", "MASTER", MASTER)
-                m = dict(zip(m[::2], m[1::2]))
-                if (int(m["num-other-sentinels"]) != 2
-                        or int(m["num-slaves"]) != 1):
-                    return False
-            return True
+        def settled(s):
+            m = s.client().execute_command("SENTINEL", "MASTER", MASTER)
+            m = dict(zip(m[::2], m[1::2]))
+            return (int(m["num-other-sentinels"]) == 2
+                    and int(m["num-slaves"]) == 1)
         # Sentinels find each other through hello messages every ~2 s.
-        bounded(settled, 15, step=0.1, what="sentinels discovering")
+        bounded_all(self.sentinels, settled, 15, "sentinels discovering")
         return self
 
     @property
@@ -211,17 +215,13 @@ class ClusterRig:
                              stderr=subprocess.STDOUT, timeout=30)
         assert out.returncode == 0, out.stdout.decode()[-2000:]
 
-        def ok():
-            for n in self.nodes:
-                info = n.cluster("INFO")
-                if "cluster_state:ok" not in info:
-                    return False
-                rows = self.slots(n)
-                if self.replicas and (len(rows) < 3 or any(
-                        len(r[3]) < self.replicas for r in rows)):
-                    return False
-            return True
-        bounded(ok, 20, step=0.1, what="cluster_state:ok on every node")
+        def ok(n):
+            if "cluster_state:ok" not in n.cluster("INFO"):
+                return False
+            rows = self.slots(n)
+            return not self.replicas or (len(rows) >= 3 and all(
+                len(r[3]) >= self.replicas for r in rows))
+        bounded_all(self.nodes, ok, 20, "cluster_state:ok on every node")
         return self
 
     @property

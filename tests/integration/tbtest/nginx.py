@@ -15,7 +15,8 @@ import subprocess
 import tempfile
 import time
 
-from tbtest.env import TempRoot, free_port, require, stop_pid, wait_port
+from tbtest.env import (TempRoot, free_port, read_text, require, stop_pid,
+                        wait_port)
 
 NGINX = "/usr/sbin/nginx"
 
@@ -91,12 +92,7 @@ class Nginx(TempRoot):
     def url(self, path="/"):
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
-    def read(self, path):
-        try:
-            with open(path, errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
+    read = staticmethod(read_text)
 
     def requests(self):
         """The access log as (connection serial, peer, status, unix time)

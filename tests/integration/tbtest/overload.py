@@ -41,11 +41,10 @@ import multiprocessing
 import os
 import resource
 import socket
-import subprocess
 import threading
 import time
 
-from tbtest.env import ROOT, child_pids
+from tbtest.env import ROOT, child_pids, fetched
 
 # ---- what the server side spends --------------------------------------
 
@@ -703,16 +702,13 @@ def qos_root():
     calls) is unpacked into, after running scripts/fetch-qos.sh if it
     is missing; raises RuntimeError, naming the package, if it cannot
     be had."""
-    root = os.path.join(QOS_DIR, "root")
-    want = (os.path.join(root, QOS_SO), os.path.join(root, QOS_PCRE))
-    if not all(os.path.exists(p) for p in want):
-        p = subprocess.run(["sh", FETCH_QOS, QOS_DIR], capture_output=True,
-                           text=True, timeout=300)
-        if p.returncode != 0 or not all(os.path.exists(x) for x in want):
-            raise RuntimeError(
-                "libapache2-mod-qos is not unpacked in %s and "
-                "scripts/fetch-qos.sh failed (rc %d): %s" % (
-                    QOS_DIR, p.returncode, (p.stdout + p.stderr)[-500:]))
+    root, failed = fetched(FETCH_QOS, QOS_DIR, (QOS_SO, QOS_PCRE))
+    if failed:
+        raise RuntimeError(
+            "libapache2-mod-qos is not unpacked in %s and "
+            "scripts/fetch-qos.sh failed (rc %d): %s" % (
+                QOS_DIR, failed.returncode,
+                (failed.stdout + failed.stderr)[-500:]))
     return root
 
 

@@ -39,7 +39,7 @@ import time
 
 import pytest
 
-from tbtest.env import ROOT, TempRoot, child_pids, stop_pid
+from tbtest.env import ROOT, TempRoot, child_pids, fetched, stop_pid
 
 PHP_DIR = os.environ.get("TB_PHP_DIR", "/var/cache/tbucket-php")
 FETCH_PHP = os.path.join(ROOT, "scripts", "fetch-php.sh")
@@ -149,16 +149,12 @@ def php_root():
     """The directory the two packages are unpacked into (DIR/root), after
     running scripts/fetch-php.sh if either binary is missing; fails the
     test, naming the packages, if they cannot be had."""
-    root = os.path.join(PHP_DIR, "root")
-    want = (os.path.join(root, MOD_PHP_SO), os.path.join(root, PHP_FPM))
-    if not all(os.path.exists(p) for p in want):
-        p = subprocess.run(["sh", FETCH_PHP, PHP_DIR], capture_output=True,
-                           text=True, timeout=300)
-        if p.returncode != 0 or not all(os.path.exists(x) for x in want):
-            pytest.fail("libapache2-mod-php8.2 / php8.2-fpm are not unpacked "
-                        "in %s and scripts/fetch-php.sh failed (rc %d): %s"
-                        % (PHP_DIR, p.returncode,
-                           (p.stdout + p.stderr)[-800:]))
+    root, failed = fetched(FETCH_PHP, PHP_DIR, (MOD_PHP_SO, PHP_FPM))
+    if failed:
+        pytest.fail("libapache2-mod-php8.2 / php8.2-fpm are not unpacked "
+                    "in %s and scripts/fetch-php.sh failed (rc %d): %s"
+                    % (PHP_DIR, failed.returncode,
+                       (failed.stdout + failed.stderr)[-800:]))
     return root
 
 
