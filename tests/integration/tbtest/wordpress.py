@@ -74,7 +74,7 @@ from http.cookies import SimpleCookie
 import pytest
 
 from tbtest.apache import Apache
-from tbtest.env import TempRoot, free_port, stop_pid
+from tbtest.env import TempRoot, free_port, read_text, stop_pid
 from tbtest.php import ModPhp, PhpFpm
 
 WP_DIR = "/usr/share/wordpress"
@@ -656,5 +656,5 @@ class WordPress:
 
     def php_log(self):
         """PHP's error logs of every replica, one after the other."""
-        return "".join(Apache._text(p.log if self.sapi == "mod_php"
-                                    else p.php_log) for p in self.php)
+        return "".join(read_text(p.log if self.sapi == "mod_php"
+                                 else p.php_log) for p in self.php)
