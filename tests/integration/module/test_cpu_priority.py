@@ -344,7 +344,7 @@ def test_module_220_05(apache_factory, mpm):
     base, want = base_and_step(a, LOW)
     helper = [the_helper(a)]
     old_pids = set(a.child_pids()) - set(helper)
-    t, out = background(a, "/cgi-bin/low.cgi?3")
+    t, out = background(a, "/cgi-bin/low.cgi?10")
     old = one_moved(a, base, want)
     a.graceful()
     new_pids = wait_until(lambda: set(a.child_pids()) - old_pids
@@ -355,7 +355,7 @@ def test_module_220_05(apache_factory, mpm):
     assert now.get(old) == want, now
     new_threads = {k: v for k, v in now.items() if k[0] in new_pids}
     assert new_threads and set(new_threads.values()) == {base}, new_threads
-    t.join(timeout=30)
+    t.join(timeout=40)
     assert out["r"].status_code == 200
 
     def old_done():
