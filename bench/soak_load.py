@@ -293,11 +293,10 @@ def make_request(gen, cls, idx):
     raise ValueError(cls)
 
 
-async def http_worker(gen, cls, idx, interval, t_stop=None):
-    """One keep-alive connection to haproxy sending class cls every
-    interval seconds (0: back to back) until the load stops (or t_stop)."""
-    tally = gen.tally[cls]
-    conn = None
+async def paced(gen, interval, t_stop=None):
+    """Yields once every interval seconds (0: back to back), from a random
+    phase, while the load runs (and before t_stop), each time taking one
+    request of the budget; a late turn is not made up beyond one interval."""
     nxt = time.time() + gen.rng.random() * interval
     while gen.running() and (t_stop is None or time.time() < t_stop):
         now = time.time()
@@ -305,8 +304,17 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
             await asyncio.sleep(nxt - now)
         nxt = max(nxt + interval, time.time() - interval)
         if not gen.running():
-            break
+            return
         gen.budget -= 1
+        yield
+
+
+async def http_worker(gen, cls, idx, interval, t_stop=None):
+    """One keep-alive connection to haproxy sending class cls every
+    interval seconds (0: back to back) until the load stops (or t_stop)."""
+    tally = gen.tally[cls]
+    conn = None
+    async for _ in paced(gen, interval, t_stop):
         req, kind, key = make_request(gen, cls, idx)
         t0 = time.time()
         try:
@@ -360,16 +368,8 @@ async def shim_worker(gen, cls, idx, interval):
     peers = [SHIM_PROBE_PEER] if cls == "shimprobe" else \
         SHIM_PEERS[idx::nworkers]
     n = 0
-    nxt = time.time() + gen.rng.random() * interval
     req = request_bytes("GET", "/", {"Connection": "close"})
-    while gen.running():
-        now = time.time()
-        if nxt > now:
-            await asyncio.sleep(nxt - now)
-        nxt = max(nxt + interval, time.time() - interval)
-        if not gen.running():
-            break
-        gen.budget -= 1
+    async for _ in paced(gen, interval):
         peer = peers[n % len(peers)]
         n += 1
         t0 = time.time()

@@ -18,6 +18,7 @@ import requests
 
 from tbtest.apache import limited_conf
 from tbtest.env import wait_until
+from tbtest.proof import rss_kb
 
 READS = 120
 CONNS = 8
@@ -25,14 +26,6 @@ CONNS = 8
 # part of it: kept in an arena, 5.3 MB here); the page's own text, kept
 # by each thread's pool allocator, is about 0.5 MB in all.
 GROWTH_LIMIT_KB = 2048
-
-
-def rss_anon_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return None
 
 
 def hammer(url, n, headers=None):
@@ -79,12 +72,12 @@ def test_module_240_01(apache_factory, redis_server):
     codes = hammer(a.url("/limited/ok.txt"), 400, {"X-Key": "warm"})
     assert set(codes) == {200}, set(codes)
     child = serving_child(a)
-    before = rss_anon_kb(child)
+    before = rss_kb(child, "RssAnon")
     codes = hammer(a.url("/tbucket-status"), READS)
     assert codes.count(200) == READS, set(codes)
     # The child is the same one (no restart, no recycling).
     assert wait_until(lambda: child in a.child_pids(), timeout=2)
-    after = rss_anon_kb(child)
+    after = rss_kb(child, "RssAnon")
     print("\nevent child %d: RssAnon %d KB before %d status reads, %d KB "
           "after (%+d KB)" % (child, before, READS, after, after - before))
     assert after - before < GROWTH_LIMIT_KB, (before, after)

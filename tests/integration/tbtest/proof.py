@@ -255,10 +255,13 @@ def redis_sockets(pids, redis_port):
     return count
 
 
-def rss_kb(pid):
+def rss_kb(pid, field="VmRSS"):
+    """A memory field of /proc/PID/status in KB (VmRSS, or RssAnon: the
+    process's own heap, without the shared memory it maps); None if the
+    field is absent."""
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return None
 
