@@ -75,13 +75,12 @@ typedef struct cpu_thread {
 static __thread cpu_thread *self;
 
 /* What a connection gives back when it ends: the thread and the word
- * its last moved request set; one per connection, in its pool. */
+ * its last moved request set; one per connection, in its pool and its
+ * conn_config slot (the module's only use of that slot). */
 typedef struct cpu_restore {
     cpu_thread *t;
     uint64_t word;
 } cpu_restore;
-
-#define RESTORE_KEY "tbucket_cpu_restore"
 
 #define STEP_OF(w) ((int)((w) & 0xff) - 128)
 #define WORD(serial, step) (((serial) << 8) | (uint64_t)((step) + 128))
@@ -345,12 +344,12 @@ static apr_status_t restore_at_end(void *data)
  * connection, so a long keep-alive connection does not grow its pool. */
 static void restore_at_close(conn_rec *conn, cpu_thread *t, uint64_t word)
 {
-    cpu_restore *c = NULL;
+    cpu_restore *c = ap_get_module_config(conn->conn_config,
+                                          &tbucket_module);
 
-    apr_pool_userdata_get((void **)&c, RESTORE_KEY, conn->pool);
     if (!c) {
         c = apr_palloc(conn->pool, sizeof(*c));
-        apr_pool_userdata_setn(c, RESTORE_KEY, NULL, conn->pool);
+        ap_set_module_config(conn->conn_config, &tbucket_module, c);
         apr_pool_pre_cleanup_register(conn->pool, c, restore_at_end);
     }
     else if (c->t != t) {

@@ -334,11 +334,12 @@ TBucketPrefix cpu:
 # that response ends the old thread is back at base or its process has
 # exited; the helper is the same process, and low requests of the new
 # generation are moved again.
-# Under event the held request is a CGI of mod_cgid, whose daemon a
-# graceful restart replaces: in two clean runs under load the CGI ended
-# before the new generation was seen ("the held request ended before the
-# check"), so the event case may fail for that reason alone (not strict:
-# it passes whenever the CGI outlives the restart, as it does unloaded).
+# The held CGI sleeps 6 s, within the server's Timeout of 10 (a 10-s CGI
+# got 504 at that bound). Under event, in two loaded clean runs, the held
+# request ended before the new generation was seen ("the held request
+# ended before the check"); not proven why (mod_cgid's daemon is replaced
+# by the restart; or the new generation came late), so that case is a
+# non-strict xfail: it passes whenever the CGI outlives the restart.
 @pytest.mark.slow
 @pytest.mark.parametrize("mpm", [
     "prefork",
@@ -353,7 +354,7 @@ def test_module_220_05(apache_factory, mpm):
     base, want = base_and_step(a, LOW)
     helper = [the_helper(a)]
     old_pids = set(a.child_pids()) - set(helper)
-    t, out = background(a, "/cgi-bin/low.cgi?10")
+    t, out = background(a, "/cgi-bin/low.cgi?6")
     old = one_moved(a, base, want)
     a.graceful()
     new_pids = wait_until(lambda: set(a.child_pids()) - old_pids
