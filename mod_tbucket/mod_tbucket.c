@@ -20,6 +20,7 @@
 
 #include "httpd.h"
 #include "http_config.h"
+#include "http_connection.h"
 #include "http_core.h"
 #include "http_log.h"
 #include "http_protocol.h"
@@ -97,7 +98,7 @@ static void child_init(apr_pool_t *pchild, server_rec *main_s)
 /* The first request of r's chain: internal redirects point back through
  * r->prev, sub-requests up through r->main. Bounded like httpd's own
  * redirect limit. */
-static request_rec *chain_root(request_rec *r)
+request_rec *tbucket_chain_root(request_rec *r)
 {
     int hops;
 
@@ -317,12 +318,17 @@ static void count_refusal(const tbucket_srv_conf *sc, const tb_result_t *res)
 }
 
 /* The request's decision: one script call (or a lease, or a shard of the
- * key) for the buckets and the concurrency slot together. */
+ * key) for the buckets and the concurrency slot together. Without the
+ * main bucket (main 0: rules only) it is a plain token-bucket call. */
 static void decide(const tbucket_dir_conf *dc, tbucket_srv_conf *sc,
-                   tb_request_t *q, tb_result_t *res)
+                   tb_request_t *q, tb_result_t *res, int main)
 {
     int k = dc->shards > 1 ? dc->shards : 1;
 
+    if (!main) {
+        tb_client_run(sc->client->tb, q, res);
+        return;
+    }
     if (dc->concurrency > 0) {
         /* check_config refuses shards and leases with concurrency where
          * it can see them; in .htaccess they are ignored here. */
@@ -385,6 +391,7 @@ static int refuse_locally(request_rec *r, const tbucket_srv_conf *sc,
     tbucket_count(sc, TBUCKET_OUT_SHED, 0);
     tbucket_count_shed(sc, prio, full != NULL);
     r->connection->keepalive = AP_CONN_CLOSE;
+    tbucket_refusing_body(r, root);
     apr_table_setn(r->err_headers_out, "Retry-After",
                    apr_itoa(r->pool, sc->shed_retry_s));
     if (full) {
@@ -437,13 +444,135 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
     return DECLINED;
 }
 
-/* Ask the shared limit about r: 1 when it decided (d->res), 0 when r is
- * not limited (no client in this process, arguments refused). */
+/* Whether dc's main bucket (TBucketLimit, routes, TBucketConcurrency)
+ * is decided in parts: with the rules on early keys, unless TBucketKey
+ * needs the user. */
+static int main_in(const tbucket_dir_conf *dc, int parts)
+{
+    return (dc->limit_set || dc->concurrency > 0)
+           && (parts & (dc->key_late ? TBUCKET_PART_LATE
+                                     : TBUCKET_PART_EARLY));
+}
+
+/* Log and note what an answer from Redis (or its absence) says. */
+static void note_call(request_rec *r, tbucket_srv_conf *sc,
+                      const tb_result_t *res)
+{
+    tbucket_note_breaker(r, sc->client, res, sc);
+    if (res->err != TB_ERR_NONE) {
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00109)
+                      "Redis did not decide (%s: %s): %s policy answered",
+                      tb_err_name(res->err), sc->client->tb->errstr,
+                      tb_policy_name((tb_policy_t)sc->policy));
+    }
+}
+
+/* Give back what an allowed decision of q took (its token buckets, its
+ * concurrency slot): a later part of the chain refused it, and a refused
+ * request is charged nothing. Best effort, as the core's own undo
+ * across Cluster slots: a lease, a shard or a window keeps its take. */
+static void undo_taken(tbucket_srv_conf *sc, const tb_request_t *q,
+                       const tb_result_t *res)
+{
+    tb_result_t ignored;
+
+    if (!res->allowed || res->source != TB_SRC_REDIS) {
+        return;
+    }
+    if (q->ntakes && q->algo == TB_ALGO_TOKEN_BUCKET && q->shards <= 1) {
+        tb_client_refund(sc->client->tb, q, &ignored);
+    }
+    if (res->slot.kind != TB_SLOT_NONE) {
+        tb_client_release(sc->client->tb, q, &res->slot);
+    }
+}
+
+/* Fold the result of the call for d's takes from `from` on (sub) into
+ * d->res, the result of the takes before: the first refusal decides
+ * (and what the earlier call took is given back), else the tightest
+ * bucket binds. */
+static void fold_part(tbucket_srv_conf *sc, tbucket_decision *d, int from,
+                      const tb_request_t *sub, const tb_result_t *res)
+{
+    tb_request_t before = d->q;
+
+    before.ntakes = from;
+    if (!res->allowed) {
+        undo_taken(sc, &before, &d->res);
+        d->res = *res;
+        d->res.binding += from;
+        d->res.banned = res->banned << from;
+        d->res.bans_set = res->bans_set << from;
+        return;
+    }
+    if (res->source != TB_SRC_REDIS) {
+        d->res.source = res->source;
+        d->res.err = res->err;
+    }
+    if (res->remaining < d->res.remaining) {
+        d->res.remaining = res->remaining;
+        d->res.binding = res->binding + from;
+        d->res.limit = sub->takes[res->binding].limit.capacity;
+    }
+    d->res.bans_set |= res->bans_set << from;
+    d->res.redis_us += res->redis_us;
+}
+
+/* Decide the form body's rules of dc for r, after d's takes (allowed,
+ * or none yet): evaluating their keys reads the body. 1 when some
+ * applied (d holds the whole decision). */
+static int decide_body(request_rec *r, const tbucket_dir_conf *dc,
+                       tbucket_srv_conf *sc, tbucket_decision *d)
+{
+    int from = d->q.ntakes;
+    tb_request_t sub;
+    tb_result_t res;
+
+    if (tbucket_rules_takes(r, dc, sc, d, TBUCKET_PART_BODY) == from) {
+        return 0;
+    }
+    sub = d->q;
+    sub.takes = d->takes + from;
+    sub.ntakes = d->q.ntakes - from;
+    sub.algo = TB_ALGO_TOKEN_BUCKET;
+    sub.concurrency = 0;
+    sub.shards = 0;
+    sub.lease = 0;
+    tb_client_run(sc->client->tb, &sub, &res);
+    note_call(r, sc, &res);
+    if (from == 0) {
+        d->res = res;
+    }
+    else {
+        fold_part(sc, d, from, &sub, &res);
+    }
+    return 1;
+}
+
+/* The answer's figures from d->res. */
+static void read_answer(tbucket_decision *d)
+{
+    const tb_result_t *res = &d->res;
+
+    d->by_conc = !res->allowed && res->refused_by == TB_LIMIT_CONCURRENCY;
+    d->cost_exceeded = !res->allowed && res->retry_ms < 0;
+    d->retry_s = 0;
+    if (!res->allowed && !d->cost_exceeded) {
+        d->retry_s = (res->retry_ms + 999) / 1000;
+        d->retry_s = d->retry_s < 1 ? 1 : d->retry_s;
+    }
+}
+
+/* Ask the shared limit about the parts of r's limits (TBUCKET_PART_*):
+ * 1 when it decided (d->res), 0 when nothing applied or r is not
+ * limited (no client in this process, arguments refused). What needs no
+ * body is decided first, in one call, and the body's rules only when
+ * that allowed: a banned address never has its upload read. */
 static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
-                      tbucket_srv_conf *sc, tbucket_decision *d)
+                      tbucket_srv_conf *sc, tbucket_decision *d, int parts)
 {
     const char *key, *prefix;
-    const tb_result_t *res = &d->res;
+    int main = main_in(dc, parts), decided = 0;
 
     if (!sc->client || !sc->client->tb) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00107)
@@ -457,36 +586,29 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     d->q.key = key;
     d->q.key_len = strlen(key);
     d->q.takes = d->takes;
-    d->q.ntakes = dc->limit_set ? build_takes(dc, key, d->takes) : 0;
+    d->q.ntakes = main && dc->limit_set ? build_takes(dc, key, d->takes) : 0;
     if (dc->nrules) {
-        d->q.ntakes = tbucket_rules_takes(r, dc, sc, d->takes, d->which,
-                                          d->q.ntakes);
-        if (!d->q.ntakes && dc->concurrency <= 0) {
-            return 0;
-        }
+        tbucket_rules_takes(r, dc, sc, d, parts & ~TBUCKET_PART_BODY);
     }
     d->q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
-    decide(dc, sc, &d->q, &d->res);
-    if (res->err == TB_ERR_ARG) {
-        ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
-                      "the limiter refused its arguments: not limited");
-        return 0;
+    if (d->q.ntakes || (main && dc->concurrency > 0)) {
+        decide(dc, sc, &d->q, &d->res, main);
+        if (d->res.err == TB_ERR_ARG) {
+            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, TBLOGNO(00108)
+                          "the limiter refused its arguments: not limited");
+            return 0;
+        }
+        note_call(r, sc, &d->res);
+        decided = 1;
     }
-    tbucket_note_breaker(r, sc->client, res, sc);
-    if (res->err != TB_ERR_NONE) {
-        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00109)
-                      "Redis did not decide (%s: %s): %s policy answered",
-                      tb_err_name(res->err), sc->client->tb->errstr,
-                      tb_policy_name((tb_policy_t)sc->policy));
+    if ((parts & TBUCKET_PART_BODY) && dc->rules_body
+        && (!decided || d->res.allowed)) {
+        decided |= decide_body(r, dc, sc, d);
     }
-    d->by_conc = !res->allowed && res->refused_by == TB_LIMIT_CONCURRENCY;
-    d->cost_exceeded = !res->allowed && res->retry_ms < 0;
-    d->retry_s = 0;
-    if (!res->allowed && !d->cost_exceeded) {
-        d->retry_s = (res->retry_ms + 999) / 1000;
-        d->retry_s = d->retry_s < 1 ? 1 : d->retry_s;
+    if (decided) {
+        read_answer(d);
     }
-    return 1;
+    return decided;
 }
 
 /* Count d for the status page: under its rule by outcome, and under its
@@ -524,16 +646,40 @@ static void count_key(request_rec *r, const tbucket_dir_conf *dc,
                       r->request_time);
 }
 
+/* Keep a copy of what an allowed decision d took (its request, its
+ * takes, their keys) in root's pool, for a later part to give back. */
+static void keep_taken(request_rec *root, tbucket_req *rq,
+                       const tbucket_decision *d)
+{
+    tbucket_taken *t = apr_pcalloc(root->pool, sizeof(*t));
+    int i;
+
+    t->q = d->q;
+    t->q.key = apr_pmemdup(root->pool, d->q.key, d->q.key_len);
+    t->q.takes = t->takes;
+    for (i = 0; i < d->q.ntakes; i++) {
+        t->takes[i] = d->takes[i];
+        if (d->takes[i].key) {
+            t->takes[i].key = apr_pmemdup(root->pool, d->takes[i].key,
+                                          d->takes[i].key_len);
+        }
+    }
+    t->res = d->res;
+    rq->taken = t;
+}
+
 /* Keep what d decided for r's chain (its record, a slot to give back,
  * what settling needs), tell the application and the client (the
- * environment, the limit headers) and count it. */
+ * environment, the limit headers) and count it. more: a later part of
+ * the chain's limits is still to be decided (in fixups). */
 static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
                                 tbucket_srv_conf *sc, request_rec *root,
-                                tbucket_decision *d)
+                                tbucket_decision *d, int more)
 {
     tbucket_req *rq = chain_record(root);
     const tb_result_t *res = &d->res;
     apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
+    int later = rq->taken != NULL;
 
     if (res->slot.kind != TB_SLOT_NONE) {
         hold_slot(r, root, sc, &d->q, &res->slot);
@@ -544,8 +690,10 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         && left > (apr_int64_t)d->takes[res->binding].limit.capacity) {
         left = (apr_int64_t)d->takes[res->binding].limit.capacity;
     }
-    rq->decided = 1;
-    rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res);
+    rq->decided = !more || !res->allowed;
+    if (!later) {
+        rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res);
+    }
     rq->outcome = outcome_of(res, dc->shadow == 1);
     if (tbucket_refusing_rule(d)) {
         rq->rule = tbucket_refusing_rule(d)->name;
@@ -553,33 +701,56 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     if (dc->nrules) {
         tbucket_rules_count(&d->q, d->which, res);
         if (res->allowed && res->source == TB_SRC_REDIS) {
-            rq->charge = tbucket_rules_hold(root, sc, &d->q, d->which);
+            rq->charge = tbucket_rules_reserve(root, sc, d, rq->charge);
         }
+    }
+    if (later && !res->allowed) {
+        /* Refused by a later part: what the earlier took goes back. */
+        undo_taken(sc, &rq->taken->q, &rq->taken->res);
+        tbucket_rules_cancel(rq->charge);
+    }
+    else if (more && res->allowed) {
+        keep_taken(root, rq, d);
     }
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT, left);
     set_env(r, rq);
     if (d->q.ntakes) {
         tbucket_limit_headers(r, dc, d->takes, res, d->retry_s);
     }
-    tbucket_count(sc, rq->outcome, d->cost_exceeded);
-    count_refusal(sc, res);
-    count_key(r, dc, sc, d, rq->outcome);
+    /* A chain is counted once: a later part only for its refusal. */
+    if (!later || !res->allowed) {
+        tbucket_count(sc, rq->outcome, d->cost_exceeded);
+        count_refusal(sc, res);
+        count_key(r, dc, sc, d, rq->outcome);
+    }
     return rq;
 }
 
-/* The shared limit's decision for r: one call for the buckets and the
- * concurrency slot (or a lease, or a shard). DECLINED to let it through,
- * or the response status. */
+/* Whether parts of dc are left for fixups, after check_access decided
+ * the early and body parts. */
+static int late_parts(const tbucket_dir_conf *dc)
+{
+    return dc->rules_late || (dc->key_late && main_in(dc, TBUCKET_PART_LATE));
+}
+
+/* The shared limit's decision for the parts (TBUCKET_PART_*) of r: one
+ * call for the buckets and the concurrency slot (or a lease, or a
+ * shard), and one more for the form body's rules. DECLINED to let it
+ * through, or the response status. */
 static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
-                        tbucket_srv_conf *sc, request_rec *root)
+                        tbucket_srv_conf *sc, request_rec *root, int parts)
 {
     tbucket_decision d;
     tbucket_req *rq;
 
-    if (!ask_shared(r, dc, sc, &d)) {
+    if (dc->rules_counted) {
+        tbucket_rules_no_ranges(r, dc);
+    }
+    if (!ask_shared(r, dc, sc, &d, parts)) {
         return DECLINED;
     }
-    rq = note_shared(r, dc, sc, root, &d);
+    rq = note_shared(r, dc, sc, root, &d,
+                     !(parts & TBUCKET_PART_LATE) && late_parts(dc));
     if (d.res.allowed) {
         return DECLINED;
     }
@@ -593,6 +764,7 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
         return DECLINED;
     }
     rq->refused = 1;
+    tbucket_refusing_body(r, root);
     return tbucket_refuse_shared(r, dc, sc, rq, &d);
 }
 
@@ -604,12 +776,12 @@ int tbucket_chain_admitted(request_rec *root)
     return !rq || !rq->refused;
 }
 
-/* Decide request r (not a sub-request) for the first time in its chain:
- * local protection, unless an earlier request of the chain passed it,
- * then the shared limit. Returns DECLINED to let it through, or the
- * response status. */
+/* Decide the parts (TBUCKET_PART_*) of request r's limits (r is not a
+ * sub-request; root the first request of its chain): local protection,
+ * unless an earlier request of the chain passed it, then the shared
+ * limit. Returns DECLINED to let it through, or the response status. */
 static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
-                         request_rec *root)
+                         request_rec *root, int parts)
 {
     tbucket_srv_conf *sc = srv_conf(r->server);
     int rc;
@@ -625,39 +797,47 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
     if (!dc->limit_set && dc->concurrency <= 0 && !dc->nrules) {
         return DECLINED;
     }
-    return limit_shared(r, dc, sc, root);
+    if (parts & TBUCKET_PART_EARLY) {
+        chain_record(root)->early = 1;
+    }
+    return limit_shared(r, dc, sc, root, parts);
 }
 
 /* check_access: the normal place to decide. It runs before authentication
  * and the handler, so an over-limit client costs neither, and after the
  * <If>/<Location> walk, so the merged config is final. Only a chain's
- * first request decides here; later ones are handled in fixups. A key
- * that needs REMOTE_USER waits for fixups (after authn), and so does
- * "Satisfy Any", where a refusal here would not end the request. */
+ * first request decides here; later ones are handled in fixups. Limits
+ * on keys that need REMOTE_USER wait for fixups (after authn); the
+ * others are decided here, so that a failed authentication is refused
+ * and counted by them. "Satisfy Any", where a refusal here would not end
+ * the request, waits for fixups whole. */
 static int check_access(request_rec *r)
 {
     const tbucket_dir_conf *dc = ap_get_module_config(r->per_dir_config,
                                                       &tbucket_module);
 
-    if (dc->enable != 1 || r->main || r->prev || dc->key_late
-        || dc->rules_late || ap_satisfies(r) == SATISFY_ANY) {
+    if (dc->enable != 1 || r->main || r->prev
+        || ap_satisfies(r) == SATISFY_ANY) {
         return DECLINED;
     }
-    return limit_request(r, dc, r);
+    return limit_request(r, dc, r, TBUCKET_PART_EARLY | TBUCKET_PART_BODY);
 }
 
 /* fixups run for every request of a chain, even when httpd skips the
- * access phase of an internal redirect whose config did not change. A
- * later request of a chain gets the decision of the first under the exact
- * variable names (httpd only copies them as REDIRECT_TBUCKET_*); a chain
- * whose first request was not limited is decided by the first request in
- * it that is; sub-requests never count. */
+ * access phase of an internal redirect whose config did not change. The
+ * chain's first request decides here what check_access left (the late
+ * parts). A later request of a chain gets the decision of the first
+ * under the exact variable names (httpd only copies them as
+ * REDIRECT_TBUCKET_*); a chain whose first request was not limited is
+ * decided by the first request in it that is; sub-requests never
+ * count. */
 static int fixups(request_rec *r)
 {
     const tbucket_dir_conf *dc;
-    request_rec *root = chain_root(r);
+    request_rec *root = tbucket_chain_root(r);
     const tbucket_req *rq = ap_get_module_config(root->request_config,
                                                  &tbucket_module);
+    int parts = TBUCKET_PART_EARLY | TBUCKET_PART_BODY | TBUCKET_PART_LATE;
 
     if (rq) {
         if (r != root) {
@@ -666,12 +846,45 @@ static int fixups(request_rec *r)
         if (rq->decided) {
             return DECLINED;
         }
+        if (rq->early && r == root) {
+            parts = TBUCKET_PART_LATE;
+        }
     }
     dc = ap_get_module_config(r->per_dir_config, &tbucket_module);
     if (dc->enable != 1 || r->main) {
         return DECLINED;
     }
-    return limit_request(r, dc, root);
+    return limit_request(r, dc, root, parts);
+}
+
+/* After the response: a refused request whose body was never read gives
+ * its connection up at once, without httpd's lingering close reading
+ * what a slow client still sends (prefork would hold a worker for it). */
+static int log_transaction(request_rec *r)
+{
+    const tbucket_req *rq = ap_get_module_config(
+        tbucket_chain_root(r)->request_config, &tbucket_module);
+
+    if (rq && rq->drop) {
+        apr_socket_t *sock = ap_get_conn_socket(r->connection);
+
+        if (sock && !r->connection->master) {
+            ap_flush_conn(r->connection);
+            apr_socket_shutdown(sock, APR_SHUTDOWN_WRITE);
+        }
+        r->connection->aborted = 1;
+    }
+    return DECLINED;
+}
+
+void tbucket_refusing_body(request_rec *r, request_rec *root)
+{
+    /* httpd reads and discards a body before it answers unless the
+     * connection closes: a paced upload would hold the worker. */
+    if (tbucket_form_unread(r)) {
+        r->connection->keepalive = AP_CONN_CLOSE;
+        chain_record(root)->drop = 1;
+    }
 }
 
 static void register_hooks(apr_pool_t *p)
@@ -689,6 +902,8 @@ static void register_hooks(apr_pool_t *p)
      * read by the handler; the order among MIDDLE fixups does not matter
      * since handlers read subprocess_env only after all fixups. */
     ap_hook_fixups(fixups, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_log_transaction(log_transaction, NULL, NULL,
+                            APR_HOOK_REALLY_LAST);
     ap_hook_handler(tbucket_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     tbucket_settle_register();
     tbucket_local_register();

@@ -125,7 +125,10 @@ typedef struct tbucket_named_rule {
                                        * TBucketKey's default is.       */
     unsigned int key_late:1;          /* Needs authentication or another
                                        * module: decided in fixups.     */
-    unsigned int key_form:1;          /* Reads %{FORM:...}.             */
+    unsigned int key_body:1;          /* Reads the form body
+                                       * (%{FORM:...}, %{FORMLOGIN:...}):
+                                       * decided once what needs no
+                                       * body has passed.               */
     tb_limit_t limit;
     double cost;                      /* cost=, default 1.              */
     int counted;                      /* count= given: held before the
@@ -441,7 +444,10 @@ typedef struct tbucket_dir_conf {
     int nrules;
     const tbucket_named_rule *rules[TBUCKET_MAX_RULES];
     int rules_late;
+    int rules_body;                   /* A rule reads the form body.    */
+    int rules_counted;                /* A rule has count=.             */
     apr_off_t form_limit;
+    int form_timeout_ms;              /* TBucketFormTimeout, -1 unset.  */
 } tbucket_dir_conf;
 
 typedef struct tbucket_settle tbucket_settle;
@@ -452,9 +458,25 @@ typedef struct tbucket_settle tbucket_settle;
  * and so that the chain's real cost can be settled after the response. */
 typedef struct tbucket_charge tbucket_charge;
 
+/* What an allowed decision took, kept for a later part of the chain's
+ * limits to give back if it refuses (all or nothing across parts). */
+typedef struct tbucket_taken {
+    tb_request_t q;
+    tb_take_t takes[TB_MAX_BUCKETS];
+    tb_result_t res;
+} tbucket_taken;
+
 typedef struct tbucket_req {
-    int decided;                      /* The shared limit decided; when
-                                       * 0 only local protection ran.   */
+    int decided;                      /* The shared limit decided every
+                                       * part; when 0 only local
+                                       * protection ran, or the late
+                                       * parts are still to come.       */
+    int early;                        /* check_access decided the early
+                                       * and body parts.               */
+    int drop;                         /* Refused with its body unread:
+                                       * close without lingering.      */
+    tbucket_taken *taken;             /* An earlier part's takes, while
+                                       * a later part is to come.      */
     int refused;                      /* The shared limit refused it.   */
     tbucket_outcome outcome;
     const char *remaining;            /* TBUCKET_REMAINING, as text.    */
@@ -466,6 +488,14 @@ typedef struct tbucket_req {
 } tbucket_req;
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
+
+/* The first request of r's chain: internal redirects point back through
+ * r->prev, sub-requests up through r->main (mod_tbucket.c). */
+request_rec *tbucket_chain_root(request_rec *r);
+
+/* r of root's chain is refused: when its body was never read, close the
+ * connection without reading it (mod_tbucket.c). */
+void tbucket_refusing_body(request_rec *r, request_rec *root);
 
 /* 0 when the shared limit refused root's chain (mod_tbucket.c), else 1:
  * whether the chain's latency says anything about the application. */
@@ -683,20 +713,42 @@ void tbucket_named_rules_setup(server_rec *main_s);
 /* pre_config: start a new list of rules. */
 void tbucket_named_rules_pre_config(apr_pool_t *pconf);
 
-/* Append to takes (from n, at most TB_MAX_BUCKETS) a bucket for every
- * rule of dc whose key is not empty for r, into which[] the rule of each
- * (same index). Returns the new count. */
-int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
-                        const tbucket_srv_conf *sc, tb_take_t *takes,
-                        const tbucket_named_rule **which, int n);
+/* When a request's limits can be decided: the parts of a scope, by
+ * when their keys exist. EARLY: in the access phase, before the body
+ * is read (the main bucket, routes, rules on addresses and headers);
+ * BODY: rules on the form body, read once EARLY has passed; LATE: in
+ * fixups, after authentication (REMOTE_USER, another module's
+ * variables). */
+#define TBUCKET_PART_EARLY 1
+#define TBUCKET_PART_BODY 2
+#define TBUCKET_PART_LATE 4
+int tbucket_rule_part(const tbucket_named_rule *ru);
 
-/* After an allowed decision of root's chain: when some of its rule
- * buckets are held (count=), keep what charging them needs and add the
- * filter that charges them once the response's status is known. */
-tbucket_charge *tbucket_rules_hold(request_rec *root,
-                                   tbucket_srv_conf *sc,
-                                   const tb_request_t *q,
-                                   const tbucket_named_rule *const *which);
+struct tbucket_decision;
+
+/* Append to d's takes (from d->q.ntakes, at most TB_MAX_BUCKETS) a
+ * bucket for every rule of dc in parts whose key is not empty for r,
+ * into d->which[] the rule of each (same index); d->q.ntakes is the new
+ * count, also returned. */
+int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
+                        const tbucket_srv_conf *sc,
+                        struct tbucket_decision *d, int parts);
+
+/* After an allowed decision d of root's chain: keep the reservations of
+ * its count= rules in ch (made when NULL; the filter that settles them
+ * once the response's status is known is then added). Returns ch. */
+tbucket_charge *tbucket_rules_reserve(request_rec *root,
+                                      tbucket_srv_conf *sc,
+                                      const struct tbucket_decision *d,
+                                      tbucket_charge *ch);
+
+/* Forget ch's reservations (they were given back with the rest of a
+ * refused chain's takes). NULL does nothing. */
+void tbucket_rules_cancel(tbucket_charge *ch);
+
+/* Drop r's Range, Request-Range and If-Range when a rule of dc counts
+ * by status: the status must reach count= as the handler set it. */
+void tbucket_rules_no_ranges(request_rec *r, const tbucket_dir_conf *dc);
 
 /* Count a decision's rules for the status page (applied, refused,
  * banned, bans set). */
@@ -708,6 +760,13 @@ void tbucket_rules_count(const tb_request_t *q,
 void tbucket_rules_register(void);
 
 /* ---- tbucket_form.c ------------------------------------------------- */
+
+/* TBucketFormTimeout's handler. */
+const char *tbucket_set_form_timeout(cmd_parms *cmd, void *dcv,
+                                     const char *arg);
+
+/* 1 when r has a body that the form reader has not read whole. */
+int tbucket_form_unread(request_rec *r);
 
 /* %{FORM:field} for ap_expr: the field of r's urlencoded body, read once
  * per request (at most dc->form_limit bytes, kept for the handler), ""

@@ -749,6 +749,10 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_TAKE1("TBucketFormLimit", tbucket_set_form_limit, NULL,
                   DIR_SCOPE, "Bytes of a form body %{FORM:field} reads at "
                   "most, e.g. 8192 (the default)"),
+    AP_INIT_TAKE1("TBucketFormTimeout", tbucket_set_form_timeout, NULL,
+                  DIR_SCOPE, "How long %{FORM:field} waits for the body "
+                  "before its fields share one key, e.g. 2s (the "
+                  "default)"),
     AP_INIT_TAKE1("TBucketCost", set_cost, NULL, DIR_SCOPE,
                   "Tokens per request in this scope, e.g. 10"),
     AP_INIT_TAKE3("TBucketTenant", set_tenant, NULL, DIR_SCOPE,

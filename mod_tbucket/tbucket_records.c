@@ -113,6 +113,7 @@ void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)
     dc->priority = -1;
     dc->local_state = -1;
     dc->form_limit = -1;
+    dc->form_timeout_ms = -1;
     return dc;
 }
 

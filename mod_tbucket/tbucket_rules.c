@@ -4,14 +4,16 @@
  *
  * A scope's rules ride in the same decision as its TBucketLimit and
  * routes (one Redis call, all or nothing: the core's rule buckets), each
- * keyed by its own expression. This file owns the directive and its
- * merge, a request's rule buckets and the rules' counters, and count=:
- * before the handler a counted rule's bucket must hold its cost but is
- * not charged; once the final status is known a protocol filter charges
- * the rules that count it, before the first byte leaves, so a client that
- * waits for each answer is never one charge behind. A protocol-level
- * filter survives internal redirects and ErrorDocument and sees error
- * responses made before the handler. */
+ * keyed by its own expression; rules whose keys come later (the form
+ * body, the authenticated user) are decided when their keys exist
+ * (mod_tbucket.c's parts). This file owns the directive and its merge, a
+ * request's rule buckets and the rules' counters, and count=: before the
+ * handler a counted rule takes its cost as a reservation, so parallel
+ * attempts see each other; once the final status is known a protocol
+ * filter keeps the reservations whose rule counts the status and gives
+ * the others back, before the first byte leaves. A protocol-level filter
+ * survives internal redirects and ErrorDocument and sees error responses
+ * made before the handler. */
 #include "apr_lib.h"
 #include "apr_strings.h"
 
@@ -35,11 +37,12 @@ static apr_array_header_t *named;
 
 static ap_filter_rec_t *charge_filter_handle;
 
-/* What charging a chain's count= rules needs, kept in the root's pool. */
+/* The reservations of a chain's count= rules, settled by the status;
+ * kept in the root's pool. */
 struct tbucket_charge {
     tbucket_srv_conf *sc;
     tb_request_t q;                   /* Prefix, clock: the decision's. */
-    int n;
+    int n;                            /* 0 once settled or cancelled.   */
     tb_take_t takes[TBUCKET_MAX_RULES];
     const tbucket_named_rule *which[TBUCKET_MAX_RULES];
 };
@@ -177,7 +180,8 @@ static const char *parse_key(cmd_parms *cmd, const char *key,
     }
     ru->key_addr = !strcasecmp(key, "%{REMOTE_ADDR}");
     ru->key_late = tbucket_key_is_late(key);
-    ru->key_form = ap_strcasestr(key, "%{FORM:") != NULL;
+    ru->key_body = ap_strcasestr(key, "%{FORM:") != NULL
+                   || ap_strcasestr(key, "%{FORMLOGIN:") != NULL;
     return NULL;
 }
 
@@ -205,6 +209,31 @@ static const char *parse_rule(cmd_parms *cmd, const char *args,
     }
     ru->cost = 1;
     return parse_options(cmd, &args, ru);
+}
+
+/* When dc's rules can be decided (tbucket_rule_part), and whether one
+ * of them counts by status. */
+static void rules_flags(tbucket_dir_conf *dc)
+{
+    int i;
+
+    dc->rules_late = dc->rules_body = dc->rules_counted = 0;
+    for (i = 0; i < dc->nrules; i++) {
+        const tbucket_named_rule *ru = dc->rules[i];
+
+        if (ru->off) {
+            continue;
+        }
+        dc->rules_late |= ru->key_late;
+        dc->rules_body |= ru->key_body && !ru->key_late;
+        dc->rules_counted |= ru->counted;
+    }
+}
+
+int tbucket_rule_part(const tbucket_named_rule *ru)
+{
+    return ru->key_late ? TBUCKET_PART_LATE
+           : ru->key_body ? TBUCKET_PART_BODY : TBUCKET_PART_EARLY;
 }
 
 const char *tbucket_set_rule(cmd_parms *cmd, void *dcv, const char *args)
@@ -236,7 +265,7 @@ const char *tbucket_set_rule(cmd_parms *cmd, void *dcv, const char *args)
         return msg;
     }
     dc->rules[dc->nrules++] = ru;
-    dc->rules_late |= ru->key_late;
+    rules_flags(dc);
     if (named && !ru->off && !ap_check_cmd_context(cmd, NOT_IN_HTACCESS)) {
         APR_ARRAY_PUSH(named, tbucket_named_rule *) = ru;
     }
@@ -285,7 +314,6 @@ void tbucket_rules_merge(tbucket_dir_conf *m, const tbucket_dir_conf *base,
 {
     int i, j, n = 0;
 
-    m->rules_late = 0;
     for (i = 0; i < base->nrules; i++) {
         m->rules[n++] = base->rules[i];
     }
@@ -306,9 +334,9 @@ void tbucket_rules_merge(tbucket_dir_conf *m, const tbucket_dir_conf *base,
         }
     }
     m->nrules = n;
-    for (i = 0; i < n; i++) {
-        m->rules_late |= m->rules[i]->key_late;
-    }
+    rules_flags(m);
+    m->form_timeout_ms = add->form_timeout_ms != -1 ? add->form_timeout_ms
+                                                    : base->form_timeout_ms;
     m->form_limit = add->form_limit != -1 ? add->form_limit
                                           : base->form_limit;
 }
@@ -343,16 +371,19 @@ static const char *rule_key(request_rec *r, const tbucket_named_rule *ru,
 }
 
 int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
-                        const tbucket_srv_conf *sc, tb_take_t *takes,
-                        const tbucket_named_rule **which, int n)
+                        const tbucket_srv_conf *sc, tbucket_decision *d,
+                        int parts)
 {
-    int i;
+    tb_take_t *takes = d->takes;
+    const tbucket_named_rule **which = d->which;
+    int i, n = d->q.ntakes;
 
     for (i = 0; i < dc->nrules && n < TB_MAX_BUCKETS; i++) {
         const tbucket_named_rule *ru = dc->rules[i];
         const char *key;
 
-        if (ru->off || !(key = rule_key(r, ru, sc))) {
+        if (ru->off || !(tbucket_rule_part(ru) & parts)
+            || !(key = rule_key(r, ru, sc))) {
             continue;
         }
         memset(&takes[n], 0, sizeof(takes[n]));
@@ -365,10 +396,14 @@ int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
         takes[n].prefix = sc->prefix;
         takes[n].key = key;
         takes[n].key_len = strlen(key);
-        takes[n].hold = ru->counted;
+        /* A count= rule takes its cost now, as a reservation the
+         * response's status keeps or gives back: held without taking,
+         * N parallel attempts would all pass a bucket holding one. */
+        takes[n].hold = 0;
         takes[n].ban_ms = ru->ban_ms;
         which[n++] = ru;
     }
+    d->q.ntakes = n;
     return n;
 }
 
@@ -395,18 +430,19 @@ void tbucket_rules_count(const tb_request_t *q,
     }
 }
 
-/* ---- count=: the charge once the status is known --------------------- */
+/* ---- count=: reservations settled by the status --------------------- */
 
-tbucket_charge *tbucket_rules_hold(request_rec *root,
-                                   tbucket_srv_conf *sc,
-                                   const tb_request_t *q,
-                                   const tbucket_named_rule *const *which)
+tbucket_charge *tbucket_rules_reserve(request_rec *root,
+                                      tbucket_srv_conf *sc,
+                                      const tbucket_decision *d,
+                                      tbucket_charge *ch)
 {
-    tbucket_charge *ch = NULL;
-    int i;
+    const tb_request_t *q = &d->q;
+    const tbucket_named_rule *const *which = d->which;
+    int i, added = 0;
 
     for (i = 0; i < q->ntakes; i++) {
-        if (!which[i] || !q->takes[i].hold) {
+        if (!which[i] || !which[i]->counted) {
             continue;
         }
         if (!ch) {
@@ -414,19 +450,29 @@ tbucket_charge *tbucket_rules_hold(request_rec *root,
             ch->sc = sc;
             ch->q.prefix = q->prefix;
             ch->q.now_ms = q->now_ms;
+            added = 1;
+        }
+        if (ch->n >= TBUCKET_MAX_RULES) {
+            break;
         }
         ch->takes[ch->n] = q->takes[i];
         ch->takes[ch->n].key = apr_pstrmemdup(root->pool, q->takes[i].key,
                                               q->takes[i].key_len);
-        ch->takes[ch->n].hold = 0;
         ch->takes[ch->n].ban_ms = 0;
         ch->which[ch->n++] = which[i];
     }
-    if (ch) {
+    if (added) {
         ap_add_output_filter_handle(charge_filter_handle, ch, root,
                                     root->connection);
     }
     return ch;
+}
+
+void tbucket_rules_cancel(tbucket_charge *ch)
+{
+    if (ch) {
+        ch->n = 0;
+    }
 }
 
 static int counts(const tbucket_named_rule *ru, int status)
@@ -435,8 +481,9 @@ static int counts(const tbucket_named_rule *ru, int status)
            && (ru->count[(status - 100) / 8] & (1u << ((status - 100) % 8)));
 }
 
-/* Charge the rules of ch that count status, in one call per slot. */
-static void charge(request_rec *r, tbucket_charge *ch, int status)
+/* Settle ch by status: a reservation whose rule counts the status is
+ * kept (no call), the others are given back in one call per slot. */
+static void settle(request_rec *r, tbucket_charge *ch, int status)
 {
     tb_take_t takes[TBUCKET_MAX_RULES];
     const tbucket_named_rule *which[TBUCKET_MAX_RULES];
@@ -447,38 +494,51 @@ static void charge(request_rec *r, tbucket_charge *ch, int status)
 
     for (i = 0; i < ch->n; i++) {
         if (counts(ch->which[i], status)) {
+            tbucket_count_named(ch->which[i]->slot, TBUCKET_RULE_CHARGED);
+        }
+        else {
             which[n] = ch->which[i];
             takes[n++] = ch->takes[i];
         }
     }
+    ch->n = 0;
     if (!n || !c || !c->tb) {
         return;
     }
     q.takes = takes;
     q.ntakes = n;
-    if (tb_client_charge(c->tb, &q, &res) != TB_OK) {
+    if (tb_client_refund(c->tb, &q, &res) != TB_OK) {
         tbucket_note_breaker(r, c, &res, ch->sc);
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00172)
-                      "status %d: %d rule(s) not charged (%s: %s)", status,
-                      n, tb_err_name(res.err), c->tb->errstr);
+                      "status %d: %d reservation(s) not given back (%s: "
+                      "%s)", status, n, tb_err_name(res.err), c->tb->errstr);
         return;
     }
     tbucket_note_breaker(r, c, &res, ch->sc);
-    for (i = 0; i < n; i++) {
-        tbucket_count_named(which[i]->slot, TBUCKET_RULE_CHARGED);
-    }
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00173)
-                  "status %d: charged %d rule(s), first %s (%s)", status, n,
-                  which[0]->name, res.allowed ? "no debt" : "in debt");
+                  "status %d: gave back %d reservation(s), first %s", status,
+                  n, which[0]->name);
 }
 
 /* The first brigade of the final response: its status is known and no
- * byte of it has left. Charge, then step aside. */
+ * byte of it has left. Settle, then step aside. */
 static apr_status_t charge_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
-    charge(f->r, f->ctx, f->r->status);
+    settle(f->r, f->ctx, f->r->status);
     ap_remove_output_filter(f);
     return ap_pass_brigade(f->next, bb);
+}
+
+void tbucket_rules_no_ranges(request_rec *r, const tbucket_dir_conf *dc)
+{
+    /* httpd's byte-range filter would turn the status count= judges (a
+     * failed login's 200) into a 206 before the filter sees it; the
+     * scope's pages are logins, not downloads to resume. */
+    if (dc->rules_counted) {
+        apr_table_unset(r->headers_in, "Range");
+        apr_table_unset(r->headers_in, "Request-Range");
+        apr_table_unset(r->headers_in, "If-Range");
+    }
 }
 
 void tbucket_rules_register(void)

@@ -779,6 +779,14 @@ int tb_client_give_back(tb_client_t *c, const char *rkey,
 int tb_client_charge(tb_client_t *c, const tb_request_t *req,
                      tb_result_t *res);
 
+/* Give every bucket of req its cost back, up to its capacity: the
+ * reservation of a request whose outcome says it should not count (a
+ * count= rule whose status the response did not have), or the takes of
+ * an earlier decision of a request that a later one refused. Same keys,
+ * calls, results and errors as tb_client_charge(). Thread-safe. */
+int tb_client_refund(tb_client_t *c, const tb_request_t *req,
+                     tb_result_t *res);
+
 /* The index of bans under a prefix is the sorted set "<prefix>bans"
  * (members the banned buckets' full keys, scores the bans' ends in ms of
  * Redis's clock), which no client key can name: theirs start with

@@ -264,21 +264,25 @@ void tb__rules_slots(tb_client_t *c, const tb_request_t *q, tb__call_t *k,
 
 /* ---- Charges after the response -------------------------------------- */
 
-/* Charge the buckets of plain in k (prepared), one call per slot. */
+/* Settle the buckets of plain in k (prepared, each cost already given
+ * its sign), one call per slot. */
 static int charge_slots(tb_client_t *c, const tb_request_t *plain,
-                        tb__call_t *k, tb_result_t *res)
+                        tb__call_t *k, double sign, tb_result_t *res)
 {
     group_t g[MAX_GROUPS];
     tb_take_t takes[TB_MAX_BUCKETS];
     tb_request_t sub;
     tb__call_t part;
     tb_result_t r;
-    int i, ng = make_groups(plain, k, g), rc = TB_OK;
+    int i, j, ng = make_groups(plain, k, g), rc = TB_OK;
 
     for (i = 0; i < ng; i++) {
         sub_request(plain, &g[i], takes, &sub);
         if (!tb__call_prepare(&sub, part.takes, part.keys)) {
             continue;
+        }
+        for (j = 0; j < sub.ntakes; j++) {
+            part.takes[j].cost *= sign;
         }
         if (tb__client_settle_call(c, &sub, &part, &r) != TB_OK) {
             rc = TB_ERR;
@@ -292,11 +296,14 @@ static int charge_slots(tb_client_t *c, const tb_request_t *plain,
     return rc;
 }
 
-int tb_client_charge(tb_client_t *c, const tb_request_t *req,
-                     tb_result_t *res)
+/* Take (sign 1) or give back (sign -1) every bucket of req its cost, one
+ * settlement call per Cluster slot the keys lie in. */
+static int adjust(tb_client_t *c, const tb_request_t *req, double sign,
+                  tb_result_t *res)
 {
     tb_request_t plain;
     tb__call_t k;
+    int i;
 
     memset(res, 0, sizeof(*res));
     res->source = TB_SRC_ERROR;
@@ -316,9 +323,24 @@ int tb_client_charge(tb_client_t *c, const tb_request_t *req,
     }
     k.conc = NULL;
     if (tb__client_cluster(c) && !tb__rules_one_slot(&plain, &k, NULL)) {
-        return charge_slots(c, &plain, &k, res);
+        return charge_slots(c, &plain, &k, sign, res);
+    }
+    for (i = 0; i < plain.ntakes; i++) {
+        k.takes[i].cost *= sign;
     }
     return tb__client_settle_call(c, &plain, &k, res);
+}
+
+int tb_client_charge(tb_client_t *c, const tb_request_t *req,
+                     tb_result_t *res)
+{
+    return adjust(c, req, 1, res);
+}
+
+int tb_client_refund(tb_client_t *c, const tb_request_t *req,
+                     tb_result_t *res)
+{
+    return adjust(c, req, -1, res);
 }
 
 /* ---- Bans ------------------------------------------------------------ */
