@@ -62,6 +62,14 @@ def apache_factory():
 
 
 @pytest.fixture
+def fpm_factory():
+    """Start php-fpm pools on demand; each is stopped by PID and its
+    temp dir removed at teardown."""
+    from tbtest.php import PhpFpm
+    yield from factory(PhpFpm, PhpFpm.cleanup, then=PhpFpm.start)
+
+
+@pytest.fixture
 def haproxy_factory():
     """Start haproxies on demand; each is stopped by PID at teardown."""
     yield from factory(HAProxy, HAProxy.stop, then=HAProxy.start)

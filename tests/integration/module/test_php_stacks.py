@@ -13,18 +13,10 @@ import requests
 
 from tbtest import overload
 from tbtest.apache import http_get, limited_conf
-from tbtest.env import factory
-from tbtest.php import ModPhp, PhpFpm, fpm_apache
+from tbtest.php import ModPhp, fpm_apache
 
 # What heavy.php prints for its default 300 rows, whatever the stack.
 HEAVY_DIGEST = "6046c6a71a141fde0d41bc74a01ba67e"
-
-
-@pytest.fixture
-def fpm_factory():
-    """Start php-fpm pools on demand; each is stopped by PID and its
-    temp dir removed at teardown."""
-    yield from factory(PhpFpm, PhpFpm.cleanup, then=PhpFpm.start)
 
 
 def limited(redis, prefix, limit="3 1/m"):

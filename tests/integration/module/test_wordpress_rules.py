@@ -18,13 +18,14 @@ logging in throughout (never charged), and every login body reaching
 WordPress intact. The figures are written to $TB_RESULTS/login_flood.tsv
 (docs/benchmarks.md quotes them).
 """
+import concurrent.futures
 import os
 import time
 
 import pytest
 
 from tbtest.proof import RESULTS
-from tbtest.wordpress import login_body, started_rig
+from tbtest.wordpress import TEST_COOKIE, login_body, request, started_rig
 
 RULES = """<Location "/wp-login.php">
     TBucketEnable On
@@ -178,3 +179,47 @@ def test_module_191_03(wp, redis_server):
         'limit="user"' in logs, logs[-2000:]
     for a in wp.replicas:
         a.assert_log_clean(allowed=("TB00160",))
+
+
+def range_login(wp, replica, user, password, src):
+    """A login POST with a Range header that covers the whole answer."""
+    return request(
+        wp.replica(replica), "POST", "/wp-login.php",
+        body=login_body(user, password), source_ip=src,
+        headers={"Content-Type": "application/x-www-form-urlencoded",
+                 "Cookie": "%s=%s" % TEST_COOKIE,
+                 "Range": "bytes=0-999999"}).status
+
+
+# A Range header on every attempt: httpd's byte-range filter would answer
+# 206 instead of the counted 200; count= judges the status WordPress set,
+# so at most the bound reach PHP and then the real password is refused.
+def test_module_191_04(wp, redis_server):
+    protect(wp, redis_server, "wr:")
+    victim, real = wp.admin
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    got = [range_login(wp, i % 2, victim, "guess%d" % i, "127.0.3.1")
+           for i in range(15)]
+    assert 206 not in got, got
+    reached = [e for e in wp.post_log()[before:]
+               if e["remote_addr"] == "127.0.3.1"]
+    assert len(reached) <= bound(5, 1, t0), (len(reached), got)
+    assert range_login(wp, 0, victim, real, "127.0.3.2") == 429
+
+
+# 50 concurrent attempts from one address: each holds its reservation
+# while WordPress checks the password, so at most the user rule's bound
+# reach PHP, not one per worker.
+def test_module_191_05(wp, redis_server):
+    protect(wp, redis_server, "wc:")
+    victim = wp.admin[0]
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(50) as ex:
+        got = list(ex.map(lambda i: wp.login(i % 2, victim, "p%d" % i,
+                                             "127.0.3.10"), range(50)))
+    reached = [e for e in wp.post_log()[before:]
+               if e["remote_addr"] == "127.0.3.10"]
+    assert len(reached) <= bound(5, 1, t0), (len(reached), got)
+    assert got.count(200) == len(reached), got
