@@ -6,8 +6,11 @@ side by side:
   /a/  one limit (TBucketLimit), the plain case;
   /b/  that limit and two TBucketRules keyed by other expressions (three
        buckets of three client keys in one call: "3 rules against 1");
-  /c/  the same three, one of them count=200: held before the handler
-       and charged once the status is known, one more call per request.
+  /c/  the same three, one of them count=200: reserved before the
+       handler and kept once the status (200) is known: a failed login,
+       no call after the response;
+  /d/  the same with count=401: the 200 does not count, the reservation
+       is given back, one more call per request: a successful login.
 
 wrk alternates the variants round by round (the order reverses every
 round); the ratios are the medians of the per-round ratios. Apache's and
@@ -47,9 +50,17 @@ TBucketPrefix bench:
     TBucketRule addr "%{{REMOTE_ADDR}}-%{{HTTP:X-API-Key}}" 1000000000 1000000000/s
     TBucketRule user "u-%{{HTTP:X-API-Key}}" 1000000000 1000000000/s count=200
 </Location>
+<Location /d/>
+    TBucketEnable On
+    TBucketKey "%{{HTTP:X-API-Key}}"
+    TBucketLimit 1000000000 1000000000/s
+    TBucketRule addr "%{{REMOTE_ADDR}}-%{{HTTP:X-API-Key}}" 1000000000 1000000000/s
+    TBucketRule user "u-%{{HTTP:X-API-Key}}" 1000000000 1000000000/s count=401
+</Location>
 """
 
-VARIANTS = (("one", "/a/"), ("three", "/b/"), ("counted", "/c/"))
+VARIANTS = (("one", "/a/"), ("three", "/b/"), ("counted", "/c/"),
+            ("uncounted", "/d/"))
 
 
 def table(srv, rd, wcpu, res):
@@ -57,7 +68,7 @@ def table(srv, rd, wcpu, res):
     for name, path in VARIANTS:
         rows += bench.round_rows(name, res[name])
         rows += bench.calls_rows(rd, srv, name, path, wcpu, ("evalsha",))
-    for name in ("three", "counted"):
+    for name in ("three", "counted", "uncounted"):
         ratio = bench.median([x["rps"] / o["rps"] for x, o in
                               zip(res[name], res["one"])])
         rows.append(("http.ratio.%s_over_one" % name, round(ratio, 3), "x"))
