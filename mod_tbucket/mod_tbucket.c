@@ -444,18 +444,7 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
     return DECLINED;
 }
 
-/* Whether dc's main bucket (TBucketLimit, routes, TBucketConcurrency)
- * is decided in parts: with the rules on early keys, unless TBucketKey
- * needs the user. */
-static int main_in(const tbucket_dir_conf *dc, int parts)
-{
-    return (dc->limit_set || dc->concurrency > 0)
-           && (parts & (dc->key_late ? TBUCKET_PART_LATE
-                                     : TBUCKET_PART_EARLY));
-}
-
-/* Log and note what an answer from Redis (or its absence) says. */
-static void note_call(request_rec *r, tbucket_srv_conf *sc,
+void tbucket_note_call(request_rec *r, tbucket_srv_conf *sc,
                       const tb_result_t *res)
 {
     tbucket_note_breaker(r, sc->client, res, sc);
@@ -465,88 +454,6 @@ static void note_call(request_rec *r, tbucket_srv_conf *sc,
                       tb_err_name(res->err), sc->client->tb->errstr,
                       tb_policy_name((tb_policy_t)sc->policy));
     }
-}
-
-/* Give back what an allowed decision of q took (its token buckets, its
- * concurrency slot): a later part of the chain refused it, and a refused
- * request is charged nothing. Best effort, as the core's own undo
- * across Cluster slots: a lease, a shard or a window keeps its take. */
-static void undo_taken(tbucket_srv_conf *sc, const tb_request_t *q,
-                       const tb_result_t *res)
-{
-    tb_result_t ignored;
-
-    if (!res->allowed || res->source != TB_SRC_REDIS) {
-        return;
-    }
-    if (q->ntakes && q->algo == TB_ALGO_TOKEN_BUCKET && q->shards <= 1) {
-        tb_client_refund(sc->client->tb, q, &ignored);
-    }
-    if (res->slot.kind != TB_SLOT_NONE) {
-        tb_client_release(sc->client->tb, q, &res->slot);
-    }
-}
-
-/* Fold the result of the call for d's takes from `from` on (sub) into
- * d->res, the result of the takes before: the first refusal decides
- * (and what the earlier call took is given back), else the tightest
- * bucket binds. */
-static void fold_part(tbucket_srv_conf *sc, tbucket_decision *d, int from,
-                      const tb_request_t *sub, const tb_result_t *res)
-{
-    tb_request_t before = d->q;
-
-    before.ntakes = from;
-    if (!res->allowed) {
-        undo_taken(sc, &before, &d->res);
-        d->res = *res;
-        d->res.binding += from;
-        d->res.banned = res->banned << from;
-        d->res.bans_set = res->bans_set << from;
-        return;
-    }
-    if (res->source != TB_SRC_REDIS) {
-        d->res.source = res->source;
-        d->res.err = res->err;
-    }
-    if (res->remaining < d->res.remaining) {
-        d->res.remaining = res->remaining;
-        d->res.binding = res->binding + from;
-        d->res.limit = sub->takes[res->binding].limit.capacity;
-    }
-    d->res.bans_set |= res->bans_set << from;
-    d->res.redis_us += res->redis_us;
-}
-
-/* Decide the form body's rules of dc for r, after d's takes (allowed,
- * or none yet): evaluating their keys reads the body. 1 when some
- * applied (d holds the whole decision). */
-static int decide_body(request_rec *r, const tbucket_dir_conf *dc,
-                       tbucket_srv_conf *sc, tbucket_decision *d)
-{
-    int from = d->q.ntakes;
-    tb_request_t sub;
-    tb_result_t res;
-
-    if (tbucket_rules_takes(r, dc, sc, d, TBUCKET_PART_BODY) == from) {
-        return 0;
-    }
-    sub = d->q;
-    sub.takes = d->takes + from;
-    sub.ntakes = d->q.ntakes - from;
-    sub.algo = TB_ALGO_TOKEN_BUCKET;
-    sub.concurrency = 0;
-    sub.shards = 0;
-    sub.lease = 0;
-    tb_client_run(sc->client->tb, &sub, &res);
-    note_call(r, sc, &res);
-    if (from == 0) {
-        d->res = res;
-    }
-    else {
-        fold_part(sc, d, from, &sub, &res);
-    }
-    return 1;
 }
 
 /* The answer's figures from d->res. */
@@ -572,7 +479,7 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
                       tbucket_srv_conf *sc, tbucket_decision *d, int parts)
 {
     const char *key, *prefix;
-    int main = main_in(dc, parts), decided = 0;
+    int main = tbucket_main_in(dc, parts), decided = 0;
 
     if (!sc->client || !sc->client->tb) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00107)
@@ -598,12 +505,12 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
                           "the limiter refused its arguments: not limited");
             return 0;
         }
-        note_call(r, sc, &d->res);
+        tbucket_note_call(r, sc, &d->res);
         decided = 1;
     }
     if ((parts & TBUCKET_PART_BODY) && dc->rules_body
         && (!decided || d->res.allowed)) {
-        decided |= decide_body(r, dc, sc, d);
+        decided |= tbucket_decide_body(r, dc, sc, d);
     }
     if (decided) {
         read_answer(d);
@@ -646,28 +553,6 @@ static void count_key(request_rec *r, const tbucket_dir_conf *dc,
                       r->request_time);
 }
 
-/* Keep a copy of what an allowed decision d took (its request, its
- * takes, their keys) in root's pool, for a later part to give back. */
-static void keep_taken(request_rec *root, tbucket_req *rq,
-                       const tbucket_decision *d)
-{
-    tbucket_taken *t = apr_pcalloc(root->pool, sizeof(*t));
-    int i;
-
-    t->q = d->q;
-    t->q.key = apr_pmemdup(root->pool, d->q.key, d->q.key_len);
-    t->q.takes = t->takes;
-    for (i = 0; i < d->q.ntakes; i++) {
-        t->takes[i] = d->takes[i];
-        if (d->takes[i].key) {
-            t->takes[i].key = apr_pmemdup(root->pool, d->takes[i].key,
-                                          d->takes[i].key_len);
-        }
-    }
-    t->res = d->res;
-    rq->taken = t;
-}
-
 /* Keep what d decided for r's chain (its record, a slot to give back,
  * what settling needs), tell the application and the client (the
  * environment, the limit headers) and count it. more: a later part of
@@ -706,11 +591,11 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     }
     if (later && !res->allowed) {
         /* Refused by a later part: what the earlier took goes back. */
-        undo_taken(sc, &rq->taken->q, &rq->taken->res);
+        tbucket_undo_taken(sc, &rq->taken->q, &rq->taken->res);
         tbucket_rules_cancel(rq->charge);
     }
     else if (more && res->allowed) {
-        keep_taken(root, rq, d);
+        tbucket_keep_taken(root, rq, d);
     }
     rq->remaining = apr_psprintf(root->pool, "%" APR_INT64_T_FMT, left);
     set_env(r, rq);
@@ -724,13 +609,6 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         count_key(r, dc, sc, d, rq->outcome);
     }
     return rq;
-}
-
-/* Whether parts of dc are left for fixups, after check_access decided
- * the early and body parts. */
-static int late_parts(const tbucket_dir_conf *dc)
-{
-    return dc->rules_late || (dc->key_late && main_in(dc, TBUCKET_PART_LATE));
 }
 
 /* The shared limit's decision for the parts (TBUCKET_PART_*) of r: one
@@ -750,7 +628,7 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
         return DECLINED;
     }
     rq = note_shared(r, dc, sc, root, &d,
-                     !(parts & TBUCKET_PART_LATE) && late_parts(dc));
+                     !(parts & TBUCKET_PART_LATE) && tbucket_late_parts(dc));
     if (d.res.allowed) {
         return DECLINED;
     }

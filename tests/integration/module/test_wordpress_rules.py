@@ -223,3 +223,28 @@ def test_module_191_05(wp, redis_server):
                if e["remote_addr"] == "127.0.3.10"]
     assert len(reached) <= bound(5, 1, t0), (len(reached), got)
     assert got.count(200) == len(reached), got
+    record("parallel-one-address", attempts=50, addresses=1,
+           reached_php=len(reached), bound=round(bound(5, 1, t0), 1),
+           seconds=round(time.monotonic() - t0, 2), real_user_302=0)
+
+
+# Credential stuffing as a tool sends it: 100 attempts from 50 addresses
+# over 8 parallel connections against one name. The reservations make
+# the bound hold in parallel as it does one at a time.
+def test_module_191_06(wp, redis_server):
+    protect(wp, redis_server, "wp8:")
+    victim = wp.admin[0]
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    srcs = ["127.0.4.%d" % (i % 50 + 1) for i in range(100)]
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(lambda i: wp.login(i % 2, victim, "s%d" % i,
+                                             srcs[i]), range(100)))
+    reached = [e for e in wp.post_log()[before:]
+               if e["remote_addr"].startswith("127.0.4.")]
+    assert len(reached) <= bound(5, 1, t0), (len(reached), got)
+    assert got.count(200) == len(reached) and \
+        got.count(429) == 100 - len(reached), got
+    record("stuffing-8-parallel", attempts=100, addresses=50,
+           reached_php=len(reached), bound=round(bound(5, 1, t0), 1),
+           seconds=round(time.monotonic() - t0, 2), real_user_302=0)
