@@ -489,6 +489,8 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     key = request_key(r, dc, sc, &prefix);
     memset(&d->q, 0, sizeof(d->q));
     memset(d->which, 0, sizeof(d->which));
+    memset(d->base_key, 0, sizeof(d->base_key));
+    d->known = 0;
     d->q.prefix = prefix;
     d->q.key = key;
     d->q.key_len = strlen(key);
@@ -584,7 +586,7 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         rq->rule = tbucket_refusing_rule(d)->name;
     }
     if (dc->nrules) {
-        tbucket_rules_count(&d->q, d->which, res);
+        tbucket_rules_count(&d->q, d->which, d->known, res);
         if (res->allowed && res->source == TB_SRC_REDIS) {
             rq->charge = tbucket_rules_reserve(root, sc, d, rq->charge);
         }

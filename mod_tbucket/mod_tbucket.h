@@ -105,6 +105,10 @@ extern const char *const tbucket_refusal_log_names[TBUCKET_REFUSAL_LOGS];
 
 /* ---- Rules: TBucketRule ------------------------------------------ */
 
+/* known-by=: how a rule's known clients are recognised. */
+#define TBUCKET_KNOWN_COOKIE 1
+#define TBUCKET_KNOWN_ADDRESS 2
+
 /* Rules one scope may hold, after the merge with the outer ones. */
 #define TBUCKET_MAX_RULES 8
 /* The statuses count= may name: 100 .. 599, a bit each. */
@@ -125,6 +129,10 @@ typedef struct tbucket_named_rule {
                                        * TBucketKey's default is.       */
     unsigned int key_late:1;          /* Needs authentication or another
                                        * module: decided in fixups.     */
+    unsigned int key_user:1;          /* A name the client chooses (a
+                                       * form field, a header, the
+                                       * user): ban= can lock its owner
+                                       * out without known=.            */
     unsigned int key_body:1;          /* Reads the form body
                                        * (%{FORM:...}, %{FORMLOGIN:...}):
                                        * decided once what needs no
@@ -135,6 +143,8 @@ typedef struct tbucket_named_rule {
                                        * handler, charged by status.   */
     unsigned char count[(TBUCKET_STATUS_BITS + 7) / 8];
     int64_t ban_ms;                   /* ban=, 0: none.                 */
+    int64_t known_ms;                 /* known=, 0: none.               */
+    int known_by;                     /* known-by=: TBUCKET_KNOWN_*.    */
     int slot;                         /* Its counters in the segment
                                        * (by name), -1 before
                                        * post_config or when none.     */
@@ -148,6 +158,10 @@ typedef enum {
     TBUCKET_RULE_BANS,                /* Bans it set.                   */
     TBUCKET_RULE_CHARGED,             /* count= charges after the
                                        * response.                      */
+    TBUCKET_RULE_KNOWN,               /* Decisions of known clients, on
+                                       * a bucket of their own.         */
+    TBUCKET_RULE_MARKED,              /* Clients made known (a success
+                                       * under known=).                 */
     TBUCKET_RULE_EVENTS
 } tbucket_rule_event;
 
@@ -318,7 +332,8 @@ enum {
     TBUCKET_SET_IPV6 = 1u << 9,
     TBUCKET_SET_SHED = 1u << 10,
     TBUCKET_SET_SHED_RETRY = 1u << 11,
-    TBUCKET_SET_REFUSAL_LOG = 1u << 12
+    TBUCKET_SET_REFUSAL_LOG = 1u << 12,
+    TBUCKET_SET_SECRET = 1u << 13
 };
 
 /* Server (and virtual host) scope; `set` says which scalars a virtual
@@ -362,6 +377,7 @@ typedef struct tbucket_srv_conf {
     tb_tls_t *tls_ctx;
     int engine;                       /* A tb_engine_t (engine= of the
                                        * TBucketRedis line).            */
+    const tb_token_keys_t *secret;    /* TBucketSecret, NULL unset.     */
     unsigned int set;                 /* TBUCKET_SET_* bits.            */
 
     /* Filled in post_config (parent) and child_init (child). */
@@ -754,7 +770,7 @@ void tbucket_rules_no_ranges(request_rec *r, const tbucket_dir_conf *dc);
  * banned, bans set). */
 void tbucket_rules_count(const tb_request_t *q,
                          const tbucket_named_rule *const *which,
-                         const tb_result_t *res);
+                         unsigned known, const tb_result_t *res);
 
 /* The hooks of rules (the FORM expression function, the charge filter). */
 void tbucket_rules_register(void);
@@ -783,6 +799,10 @@ typedef struct tbucket_decision {
     const tbucket_named_rule *which[TB_MAX_BUCKETS]; /* Each take's
                                        * TBucketRule, NULL for the main
                                        * bucket and routes.             */
+    const char *base_key[TB_MAX_BUCKETS]; /* A known= rule's key K before
+                                       * a known client's own bucket
+                                       * was chosen, else NULL.         */
+    unsigned known;                   /* Takes decided as known.        */
     tb_request_t q;
     tb_result_t res;
     apr_int64_t retry_s;              /* Retry-After of a refusal, >= 1;
@@ -818,40 +838,6 @@ int tbucket_refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
                           const tbucket_srv_conf *sc, const tbucket_req *rq,
                           const tbucket_decision *d);
 
-/* ---- tbucket_parts.c ------------------------------------------------ */
-
-/* Log and note what an answer from Redis (or its absence) says
- * (mod_tbucket.c). */
-void tbucket_note_call(request_rec *r, tbucket_srv_conf *sc,
-                       const tb_result_t *res);
-
-/* Whether dc's main bucket (TBucketLimit, routes, TBucketConcurrency) is
- * decided in parts (TBUCKET_PART_*): with the early rules, unless
- * TBucketKey needs the user. */
-int tbucket_main_in(const tbucket_dir_conf *dc, int parts);
-
-/* Whether parts of dc are left for fixups once check_access decided the
- * early and body parts. */
-int tbucket_late_parts(const tbucket_dir_conf *dc);
-
-/* Decide the form body's rules of dc for r after d's takes (allowed, or
- * none yet): evaluating their keys reads the body. 1 when some applied
- * (d->res is then the whole decision, an earlier part given back when
- * this one refused). */
-int tbucket_decide_body(request_rec *r, const tbucket_dir_conf *dc,
-                        tbucket_srv_conf *sc, tbucket_decision *d);
-
-/* Give back what an allowed decision q (result res) took: its token
- * buckets and its concurrency slot. Best effort; a lease, a shard or a
- * window keeps its take. */
-void tbucket_undo_taken(tbucket_srv_conf *sc, const tb_request_t *q,
-                        const tb_result_t *res);
-
-/* Keep a copy of what the allowed decision d took in root's pool (rq's
- * taken), for a later part to give back if it refuses. */
-void tbucket_keep_taken(request_rec *root, tbucket_req *rq,
-                        const tbucket_decision *d);
-
 /* ---- tbucket_settle.c ----------------------------------------------- */
 
 /* Record what settling the chain's real cost needs after a decision of
@@ -872,5 +858,8 @@ void tbucket_settle_register(void);
 
 /* The tbucket-status handler: Prometheus text, or HTML with ?view=html. */
 int tbucket_status_handler(request_rec *r);
+
+/* The login defence's files: parts, known clients. */
+#include "tbucket_login.h"
 
 #endif /* MOD_TBUCKET_H */

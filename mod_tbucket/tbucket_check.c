@@ -50,6 +50,26 @@ static void check_cost(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     }
 }
 
+/* A ban on a name clients choose, without known=, lets anyone lock the
+ * name's owner out. */
+static void check_lockout(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                          const char *where, const tbucket_dir_conf *dc)
+{
+    int i;
+
+    for (i = 0; i < dc->nrules; i++) {
+        const tbucket_named_rule *ru = dc->rules[i];
+
+        if (ru->ban_ms && ru->key_user && !ru->known_ms) {
+            warn_once(seen, s, apr_psprintf(p, "TBucketRule %s in %s bans "
+                      "a name clients choose (a form field, a header, the "
+                      "user) without known=: anyone can lock its owner "
+                      "out; add known=30d to keep clients that logged in "
+                      "as it on a budget of their own", ru->name, where));
+        }
+    }
+}
+
 /* Warn about what can be seen to be wrong in one effective scope. */
 static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                         const char *where, const tbucket_dir_conf *dc)
@@ -69,6 +89,7 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                   "TBucketLocalConcurrency or TBucketShed in %s: requests "
                   "there are not limited", where));
     }
+    check_lockout(p, seen, s, where, dc);
     if (dc->enable == 1 && dc->key_is_addr) {
         warn_once(seen, s, apr_psprintf(p, "TBucketKey %%{REMOTE_ADDR} in "
                   "%s keeps IP buckets among the keys clients send (a key "
@@ -220,6 +241,26 @@ static const char *refuse_scope(apr_pool_t *p, const char *where,
                : NULL;
 }
 
+/* A rule that recognises known clients by cookie needs the key that
+ * signs them. */
+static const char *refuse_known(apr_pool_t *p, const char *where,
+                                const tbucket_dir_conf *dc, server_rec *s)
+{
+    const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                      &tbucket_module);
+    int i;
+
+    for (i = 0; i < dc->nrules; i++) {
+        if ((dc->rules[i]->known_by & TBUCKET_KNOWN_COOKIE) && !sc->secret) {
+            return apr_psprintf(p, "TBucketRule %s in %s: known= signs "
+                                "its cookies with TBucketSecret, which is "
+                                "not set for this server",
+                                dc->rules[i]->name, where);
+        }
+    }
+    return NULL;
+}
+
 /* Log a refusal at startup and under apache2 -t. */
 static int refused(server_rec *s, const char *msg)
 {
@@ -273,6 +314,9 @@ static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
         const tbucket_dir_conf *m = tbucket_merge_dir_conf(p, base, dc);
         const char *msg = refuse_scope(p, where, m);
 
+        if (!msg) {
+            msg = refuse_known(p, where, m, s);
+        }
         if (msg) {
             return refused(s, msg);
         }
@@ -328,7 +372,8 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
                                             s->defn_line_number)
                              : "the main server";
         dc = ap_get_module_config(s->lookup_defaults, &tbucket_module);
-        if ((msg = refuse_scope(ptemp, where, dc))) {
+        if ((msg = refuse_scope(ptemp, where, dc))
+            || (msg = refuse_known(ptemp, where, dc, s))) {
             return refused(s, msg);
         }
         check_scope(ptemp, seen, s, where, dc);

@@ -803,6 +803,10 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_TAKE1("TBucketTopKeys", set_top_keys, NULL, RSRC_CONF,
                   "Keys shown on the status page by refusals and by "
                   "decisions, 1..1000 (default 20), or Off"),
+    AP_INIT_TAKE12("TBucketSecret", tbucket_set_secret, NULL, RSRC_CONF,
+                   "The file of the key that signs known clients' cookies "
+                   "(at least 32 bytes, not readable by others), and the "
+                   "previous one while it is rotated out"),
     AP_INIT_TAKE1("TBucketRefusalLog", set_srv_scalar,
                   (void *)&sc_refusal_log, RSRC_CONF,
                   "Level of the line logged for each refusal: off, notice, "

@@ -67,6 +67,7 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(shed_min, TBUCKET_SET_SHED);
     TAKE(shed_retry_s, TBUCKET_SET_SHED_RETRY);
     TAKE(refusal_log, TBUCKET_SET_REFUSAL_LOG);
+    TAKE(secret, TBUCKET_SET_SECRET);
 #undef TAKE
     m->top_k = base->top_k;
     m->set = add->set | base->set;

@@ -30,12 +30,14 @@
 APLOG_USE_MODULE(tbucket);
 
 #define CHARGE_FILTER "TBUCKET_CHARGE"
+#define KNOWN_FILTER "TBUCKET_KNOWN"
 #define RULE_NAME_MAX 32
 
 /* The rules of the configuration being read (pconf), for their records. */
 static apr_array_header_t *named;
 
 static ap_filter_rec_t *charge_filter_handle;
+static ap_filter_rec_t *known_filter_handle;
 
 /* The reservations of a chain's count= rules, settled by the status;
  * kept in the root's pool. */
@@ -43,8 +45,10 @@ struct tbucket_charge {
     tbucket_srv_conf *sc;
     tb_request_t q;                   /* Prefix, clock: the decision's. */
     int n;                            /* 0 once settled or cancelled.   */
+    int marked;                       /* Known clients marked already.  */
     tb_take_t takes[TBUCKET_MAX_RULES];
     const tbucket_named_rule *which[TBUCKET_MAX_RULES];
+    const char *base_key[TBUCKET_MAX_RULES]; /* known= rules' K.       */
 };
 
 /* ---- The directive ---------------------------------------------------- */
@@ -135,6 +139,56 @@ static const char *parse_ban(cmd_parms *cmd, const char *v,
     return tbucket_bad_value(cmd, "ban", v, why);
 }
 
+/* known=30d: how long a success keeps a client known, 1 s .. 400 d. */
+static const char *parse_known(cmd_parms *cmd, const char *v,
+                               tbucket_named_rule *ru)
+{
+    static const struct { char unit; int64_t ms; } units[] = {
+        { 's', 1000 }, { 'm', 60000 }, { 'h', 3600000 }, { 'd', 86400000 }
+    };
+    size_t len = strlen(v), i;
+    char *end;
+    long long n;
+
+    if (len >= 2 && apr_isdigit(v[0])) {
+        n = strtoll(v, &end, 10);
+        for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+            if (end == v + len - 1 && *end == units[i].unit && n > 0
+                && n <= 400LL * 86400000 / units[i].ms) {
+                ru->known_ms = n * units[i].ms;
+                return NULL;
+            }
+        }
+    }
+    return tbucket_bad_value(cmd, "known", v, "a whole number of s, m, h "
+                             "or d, from 1s to 400d");
+}
+
+/* known-by=cookie|address|cookie,address. */
+static const char *parse_known_by(cmd_parms *cmd, const char *v,
+                                  tbucket_named_rule *ru)
+{
+    char *copy = apr_pstrdup(cmd->temp_pool, v), *tok, *last;
+
+    ru->known_by = 0;
+    for (tok = apr_strtok(copy, ",", &last); tok;
+         tok = apr_strtok(NULL, ",", &last)) {
+        if (!strcasecmp(tok, "cookie")) {
+            ru->known_by |= TBUCKET_KNOWN_COOKIE;
+        }
+        else if (!strcasecmp(tok, "address")) {
+            ru->known_by |= TBUCKET_KNOWN_ADDRESS;
+        }
+        else {
+            return tbucket_bad_value(cmd, "known-by", v, "cookie, address "
+                                     "or cookie,address");
+        }
+    }
+    return ru->known_by ? NULL : tbucket_bad_value(cmd, "known-by", v,
+                                                   "cookie, address or "
+                                                   "cookie,address");
+}
+
 /* The options after CAPACITY RATE. */
 static const char *parse_options(cmd_parms *cmd, const char **args,
                                  tbucket_named_rule *ru)
@@ -154,10 +208,26 @@ static const char *parse_options(cmd_parms *cmd, const char **args,
         else if (!strncasecmp(w, "ban=", 4)) {
             msg = parse_ban(cmd, w + 4, ru);
         }
+        else if (!strncasecmp(w, "known=", 6)) {
+            msg = parse_known(cmd, w + 6, ru);
+        }
+        else if (!strncasecmp(w, "known-by=", 9)) {
+            msg = parse_known_by(cmd, w + 9, ru);
+        }
         else {
             msg = tbucket_bad_value(cmd, "option", w, "expected cost=N, "
-                                    "count=STATUS,... or ban=DURATION");
+                                    "count=STATUS,..., ban=DURATION, "
+                                    "known=DURATION or known-by=cookie|"
+                                    "address|cookie,address");
         }
+    }
+    if (!msg && ru->known_ms && !ru->counted) {
+        msg = tbucket_bad_value(cmd, "known", "", "known= needs count=: "
+                                "a client becomes known by a status the "
+                                "rule does not count");
+    }
+    if (!msg && ru->known_ms && !ru->known_by) {
+        ru->known_by = TBUCKET_KNOWN_COOKIE;
     }
     return msg;
 }
@@ -182,6 +252,11 @@ static const char *parse_key(cmd_parms *cmd, const char *key,
     ru->key_late = tbucket_key_is_late(key);
     ru->key_body = ap_strcasestr(key, "%{FORM:") != NULL
                    || ap_strcasestr(key, "%{FORMLOGIN:") != NULL;
+    ru->key_user = ru->key_body || ap_strcasestr(key, "REMOTE_USER")
+                   || ap_strcasestr(key, "%{HTTP:")
+                   || ap_strcasestr(key, "%{HTTP_")
+                   || ap_strcasestr(key, "req(")
+                   || ap_strcasestr(key, "http(");
     return NULL;
 }
 
@@ -387,6 +462,14 @@ int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
             continue;
         }
         memset(&takes[n], 0, sizeof(takes[n]));
+        d->base_key[n] = NULL;
+        if (ru->known_ms) {
+            int known;
+
+            d->base_key[n] = key;
+            key = tbucket_known_key(r, ru, sc, key, &known);
+            d->known |= (unsigned)known << n;
+        }
         takes[n].limit = ru->limit;
         takes[n].cost = ru->cost;
         takes[n].route = ru->name;
@@ -409,7 +492,7 @@ int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
 
 void tbucket_rules_count(const tb_request_t *q,
                          const tbucket_named_rule *const *which,
-                         const tb_result_t *res)
+                         unsigned known, const tb_result_t *res)
 {
     int i;
 
@@ -418,6 +501,9 @@ void tbucket_rules_count(const tb_request_t *q,
             continue;
         }
         tbucket_count_named(which[i]->slot, TBUCKET_RULE_APPLIED);
+        if (known & (1u << i)) {
+            tbucket_count_named(which[i]->slot, TBUCKET_RULE_KNOWN);
+        }
         if (res->bans_set & (1u << i)) {
             tbucket_count_named(which[i]->slot, TBUCKET_RULE_BANS);
         }
@@ -459,10 +545,14 @@ tbucket_charge *tbucket_rules_reserve(request_rec *root,
         ch->takes[ch->n].key = apr_pstrmemdup(root->pool, q->takes[i].key,
                                               q->takes[i].key_len);
         ch->takes[ch->n].ban_ms = 0;
+        ch->base_key[ch->n] = d->base_key[i]
+                              ? apr_pstrdup(root->pool, d->base_key[i]) : NULL;
         ch->which[ch->n++] = which[i];
     }
     if (added) {
         ap_add_output_filter_handle(charge_filter_handle, ch, root,
+                                    root->connection);
+        ap_add_output_filter_handle(known_filter_handle, ch, root,
                                     root->connection);
     }
     return ch;
@@ -529,6 +619,48 @@ static apr_status_t charge_filter(ap_filter_t *f, apr_bucket_brigade *bb)
     return ap_pass_brigade(f->next, bb);
 }
 
+/* The first brigade of a response of the chain, before its headers are
+ * made: a known= rule whose status this is not counted (a success) makes
+ * the client known for its key, by a Set-Cookie the response still
+ * carries. */
+static apr_status_t known_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    tbucket_charge *ch = f->ctx;
+    int i;
+
+    for (i = 0; i < ch->n && !ch->marked; i++) {
+        if (ch->base_key[i] && !counts(ch->which[i], f->r->status)) {
+            tbucket_known_mark(f->r, ch->which[i], ch->sc, ch->base_key[i]);
+        }
+    }
+    ch->marked = 1;
+    ap_remove_output_filter(f);
+    return ap_pass_brigade(f->next, bb);
+}
+
+/* Every later request of a chain with known= reservations gets the
+ * filter again: an internal redirect's request starts from the
+ * connection's filters. */
+static void insert_known(request_rec *r)
+{
+    const tbucket_req *rq;
+    int i;
+
+    if (r->main || !r->prev) {
+        return;
+    }
+    rq = ap_get_module_config(tbucket_chain_root(r)->request_config,
+                              &tbucket_module);
+    for (i = 0; rq && rq->charge && !rq->charge->marked
+                && i < rq->charge->n; i++) {
+        if (rq->charge->base_key[i]) {
+            ap_add_output_filter_handle(known_filter_handle, rq->charge, r,
+                                        r->connection);
+            return;
+        }
+    }
+}
+
 void tbucket_rules_no_ranges(request_rec *r, const tbucket_dir_conf *dc)
 {
     /* httpd's byte-range filter would turn the status count= judges (a
@@ -550,5 +682,10 @@ void tbucket_rules_register(void)
     charge_filter_handle = ap_register_output_filter(
         CHARGE_FILTER, charge_filter, NULL,
         (ap_filter_type)(AP_FTYPE_PROTOCOL + 1));
+    /* Before the response's headers are made, to add a cookie to them;
+     * a request filter, so each request of a chain gets its own. */
+    known_filter_handle = ap_register_output_filter(
+        KNOWN_FILTER, known_filter, NULL, AP_FTYPE_CONTENT_SET);
+    ap_hook_insert_filter(insert_known, NULL, NULL, APR_HOOK_MIDDLE);
     tbucket_form_register();
 }

@@ -37,7 +37,7 @@ const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
 };
 
 const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS] = {
-    "applied", "refused", "banned", "ban", "charged"
+    "applied", "refused", "banned", "ban", "charged", "known", "marked"
 };
 
 const char *const tbucket_priority_names[TBUCKET_PRIOS] = {

@@ -779,11 +779,9 @@ int tb_client_give_back(tb_client_t *c, const char *rkey,
 int tb_client_charge(tb_client_t *c, const tb_request_t *req,
                      tb_result_t *res);
 
-/* Give every bucket of req its cost back, up to its capacity: the
- * reservation of a request whose outcome says it should not count (a
- * count= rule whose status the response did not have), or the takes of
- * an earlier decision of a request that a later one refused. Same keys,
- * calls, results and errors as tb_client_charge(). Thread-safe. */
+/* Give every bucket of req its cost back, up to its capacity (a count=
+ * reservation whose status does not count; what a refused request's
+ * earlier part took): as tb_client_charge(), the other way. */
 int tb_client_refund(tb_client_t *c, const tb_request_t *req,
                      tb_result_t *res);
 
@@ -894,5 +892,8 @@ int tb_client_failing(tb_client_t *c);
 #ifdef __cplusplus
 }
 #endif
+
+/* Known clients: signed tokens and address marks. */
+#include "tb_known.h"
 
 #endif /* TB_H */

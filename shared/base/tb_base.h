@@ -67,6 +67,11 @@ void tb__cond_init(pthread_cond_t *cv);
  * not be used. Thread-safe. */
 int tb_sha256(const void *data, size_t len, unsigned char out[32]);
 
+/* HMAC-SHA-256 of len bytes at data under a 32-byte key, into out; as
+ * tb_sha256 for errors. Thread-safe. */
+int tb_hmac_sha256(const unsigned char key[32], const void *data,
+                   size_t len, unsigned char out[32]);
+
 /* ---- Counters (tb_stats.c) ----------------------------------------- */
 
 /* Count one Redis call's latency in the histogram. */

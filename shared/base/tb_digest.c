@@ -1,4 +1,5 @@
-/* tb_digest.c -- SHA-256 from libcrypto, for hashing untrusted keys.
+/* tb_digest.c -- SHA-256 and HMAC-SHA-256 from libcrypto, for hashing
+ * untrusted keys and signing known-client tokens.
  *
  * Client keys that are too long or hold unsafe bytes are replaced by a
  * digest of themselves, and the local tables know their entries by the
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "base/tb_base.h"
 
@@ -39,6 +41,19 @@ int tb_sha256(const void *data, size_t len, unsigned char out[32])
 
     pthread_once(&sha256_once, sha256_fetch);
     if (!EVP_Digest(data, len, out, &n, sha256_md, NULL) || n != 32) {
+        memset(out, 0, 32);
+        return TB_ERR;
+    }
+    return TB_OK;
+}
+
+int tb_hmac_sha256(const unsigned char key[32], const void *data,
+                   size_t len, unsigned char out[32])
+{
+    unsigned int n = 0;
+
+    pthread_once(&sha256_once, sha256_fetch);
+    if (!HMAC(sha256_md, key, 32, data, len, out, &n) || n != 32) {
         memset(out, 0, 32);
         return TB_ERR;
     }
