@@ -7,8 +7,8 @@
  *  - the value fits the body's length and is NUL-terminated there;
  *  - the answer is what a reference model of PHP's POST reader gives,
  *    written the long way (each name decoded whole, cut, renamed, then
- *    compared; tests/integration/hostile/test_form_php.py checks the
- *    model's cases against PHP itself): FOUND with the same bytes when
+ *    compared; tests/integration/hostile/test_hostile_form.py sets the
+ *    reader beside PHP itself on this corpus): FOUND with the same bytes when
  *    one pair sets the field, ABSENT when none does, SHARED when two do,
  *    one makes it an array or the body has over 1000 pairs;
  *  - FORMLOGIN's name is either SHARED (the value holds a byte >= 0x80,

@@ -1,6 +1,6 @@
 /* form_read.c -- the module's form reader (mod_tbucket/tbucket_form_parse.c)
  * on bodies a test gives it, to set beside what PHP makes of them
- * (hostile/test_form_php.py).
+ * (hostile/test_hostile_form.py).
  *
  *   form_read < CASES
  *

@@ -1,4 +1,4 @@
-"""test_form_php.py -- the module's form reader against PHP itself.
+"""test_hostile_form.py -- the module's form reader against PHP itself.
 
 The key of a rule on %{FORM:field} must be what the application gets in
 $_POST, or a client shows the rule one field and PHP another. The same
