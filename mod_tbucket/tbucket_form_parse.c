@@ -67,11 +67,11 @@ static int next_byte(const char *s, size_t n, size_t *i)
 static int name_kind(const char *enc, size_t n, const char *name)
 {
     size_t i = 0, k = 0, want = strlen(name);
-    int c, lead = 1, same = 1;
+    int lead = 1, same = 1;
     int base = -1;  /* at the first '[': 1 if what came before is name */
 
     while (i < n) {
-        c = next_byte(enc, n, &i);
+        int c = next_byte(enc, n, &i);
         if (c == '\0') {
             break;
         }
