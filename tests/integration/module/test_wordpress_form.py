@@ -187,3 +187,11 @@ def test_module_195_04(wp, redis_server):
         assert post(wp, 1, b"log=" + admin() + right, "127.0.34.3") == 302
     finally:
         os.unlink(plugin)
+
+
+# After every shape above: no sanitizer report and no module warning in
+# either replica's log (PHP's own warning for the pairs past
+# max_input_vars aside).
+def test_module_195_05(wp):
+    for a in wp.replicas:
+        a.assert_log_clean(allowed=("TB00160", "Input variables exceeded"))
