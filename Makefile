@@ -150,8 +150,10 @@ REPLAY_CORE = $(patsubst shared/%.c,$(REPLAY_DIR)/shared/%.o,$(CORE_SRC)) \
 # dl_main loads a plugin found only through its RUNPATH ($ORIGIN/plug), as
 # PHP loads extensions: the shim's dlopen() must keep the caller's identity.
 TPROG_DL = $(TPROG)/dl_main $(TPROG)/plug/libtbplug.so
+# form_read runs the module's form reader on a test's bodies (beside PHP).
 TEST_PROGS = $(TPROG_DRIVERS) $(TPROG_PLAIN) $(TPROG_LIBS) $(TPROG_DL) \
-             $(TPROG)/ctor_main $(TPROG)/tb_cli2 $(REPLAY_BIN)
+             $(TPROG)/ctor_main $(TPROG)/tb_cli2 $(REPLAY_BIN) \
+             $(TPROG)/form_read
 
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 UNIT_BIN = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
@@ -236,6 +238,12 @@ $(TPROG)/tb_driver: $(TPROG_SRC)/driver_rules.h
 $(TPROG_PLAIN): $(TPROG)/%: $(TPROG_SRC)/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS)
+
+$(TPROG)/form_read: $(TPROG_SRC)/form_read.c mod_tbucket/tbucket_form_parse.c \
+    mod_tbucket/tbucket_form_parse.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(TPROG_CFLAGS) -Imod_tbucket $(CFLAGS) \
+	    $(filter %.c,$^) -o $@ $(LDFLAGS)
 
 $(TPROG)/libctor.so: $(TPROG_SRC)/ctor_lib.c
 $(TPROG)/libfakeconnect.so: $(TPROG_SRC)/fake_connect.c

@@ -272,12 +272,17 @@ static const char *form_func(ap_expr_eval_ctx_t *ctx, const void *data,
         return TBUCKET_FORM_UNREADABLE;
     }
     out = apr_palloc(r->pool, fb->len + 1);
-    if (tbucket_form_field(fb->data, fb->len, arg, out, &n)
-        != TBUCKET_FORM_FOUND) {
+    switch (tbucket_form_field(fb->data, fb->len, arg, out, &n)) {
+    case TBUCKET_FORM_FOUND:
+        break;
+    case TBUCKET_FORM_SHARED:
+        /* Given twice, as an array, or past what PHP reads. */
+        return TBUCKET_FORM_UNREADABLE;
+    default:
         return "";
     }
-    if (data) {
-        n = tbucket_form_login(out, n);
+    if (data && tbucket_form_login(out, n, &n) != TBUCKET_FORM_FOUND) {
+        return TBUCKET_FORM_UNREADABLE;
     }
     /* A NUL in the value would end the key early: a key of its own. */
     return memchr(out, '\0', n) ? TBUCKET_FORM_UNREADABLE : out;

@@ -3,15 +3,26 @@
  *
  * The key of a rule on %{FORM:log} must be the user the application
  * sees, or a client could spread its tries over spellings that name one
- * user: PHP decodes names as well as values ("l%6fg=admin" is log), drops
- * leading spaces of a name and keeps the last of repeated fields, so this
- * does too. %{FORMLOGIN:log} goes further, for names the application
- * itself folds (tbucket_form_login). Pure and bounded: the module calls
- * it on a body it has read (tbucket_form.c), the fuzzer on any bytes.
+ * user, or show the rule one field and PHP another. So this follows PHP
+ * 8.2's POST reader (main/php_variables.c): the pairs it reads, how it
+ * decodes, cuts and renames a name, and which name makes an array. When
+ * the answer is not one plain value -- the field given twice in any
+ * spellings PHP merges, given as an array, or a body of more pairs than
+ * PHP reads -- it says so, and the caller uses the shared key. For
+ * %{FORMLOGIN:log}, names the application folds in ways we do not
+ * follow (markup, entities, accents, collations) are shared too
+ * (tbucket_form_login). Pure and bounded (one pass over the body): the
+ * module calls it on a body it has read (tbucket_form.c), the fuzzer on
+ * any bytes.
  */
 #include <string.h>
 
 #include "tbucket_form_parse.h"
+
+/* How a pair's name names the field in $_POST. */
+#define NAME_NO 0
+#define NAME_PLAIN 1
+#define NAME_ARRAY 2
 
 static int hexval(int c)
 {
@@ -46,45 +57,80 @@ static int next_byte(const char *s, size_t n, size_t *i)
     return c;
 }
 
-/* 1 when the pair's name (enc, n bytes, encoded) decodes to name, its
- * leading spaces dropped. */
-static int name_is(const char *enc, size_t n, const char *name)
+/* What the pair's name (enc, n bytes, encoded) makes of $_POST[name]:
+ * NAME_PLAIN when it sets it to the pair's value, NAME_ARRAY when it
+ * makes it an array, NAME_NO when it leaves it alone. PHP decodes the
+ * name, cuts it at a NUL, drops its leading spaces and skips it if that
+ * leaves nothing before a '['; ' ' and '.' become '_'. At the first '['
+ * the part before it is the name of an array if a ']' follows anywhere;
+ * else that '[' and every ' ', '.' and '[' after it become '_'. */
+static int name_kind(const char *enc, size_t n, const char *name)
 {
     size_t i = 0, k = 0, want = strlen(name);
-    int c, lead = 1;
+    int lead = 1, same = 1;
+    int base = -1;  /* at the first '[': 1 if what came before is name */
 
     while (i < n) {
-        c = next_byte(enc, n, &i);
+        int c = next_byte(enc, n, &i);
+        if (c == '\0') {
+            break;
+        }
         if (lead && c == ' ') {
             continue;
         }
         lead = 0;
-        if (k >= want || c != (unsigned char)name[k++]) {
-            return 0;
+        if (base >= 0 && c == ']') {
+            return base ? NAME_ARRAY : NAME_NO;
+        }
+        if (c == '[' && base < 0) {
+            if (k == 0) {
+                return NAME_NO;
+            }
+            base = same && k == want;
+        }
+        if (c == ' ' || c == '.' || c == '[') {
+            c = '_';
+        }
+        if (same && (k >= want || c != (unsigned char)name[k])) {
+            same = 0;
+        }
+        k++;
+        /* Only a ']' still to come can matter, and only to a match. */
+        if (!same && base <= 0) {
+            return NAME_NO;
         }
     }
-    return k == want;
+    return same && k == want && k > 0 ? NAME_PLAIN : NAME_NO;
 }
 
 int tbucket_form_field(const char *body, size_t len, const char *name,
                        char *out, size_t *vlen)
 {
     const char *p = body, *end = body + len, *val = NULL;
-    size_t vn = 0, i = 0;
+    size_t vn = 0, i = 0, pairs = 0;
 
     *vlen = 0;
+    out[0] = '\0';
     while (p < end) {
         const char *amp = memchr(p, '&', (size_t)(end - p));
         const char *stop = amp ? amp : end;
         const char *eq = memchr(p, '=', (size_t)(stop - p));
-        size_t nlen = (size_t)((eq ? eq : stop) - p);
+        int kind;
 
-        if (nlen && name_is(p, nlen, name)) {
-            /* The last pair of the name wins, as in PHP. */
+        /* PHP counts every pair, empty ones too, and stops reading
+         * after max_input_vars: what it misses we cannot know. */
+        if (++pairs > TBUCKET_FORM_MAX_PAIRS) {
+            return TBUCKET_FORM_SHARED;
+        }
+        kind = name_kind(p, (size_t)((eq ? eq : stop) - p), name);
+        if (kind == NAME_ARRAY || (kind == NAME_PLAIN && val)) {
+            return TBUCKET_FORM_SHARED;
+        }
+        if (kind == NAME_PLAIN) {
             val = eq ? eq + 1 : stop;
             vn = (size_t)(stop - val);
         }
-        p = stop + 1;
+        p = amp ? amp + 1 : end;
     }
     while (val && i < vn) {
         out[(*vlen)++] = (char)next_byte(val, vn, &i);
@@ -93,25 +139,27 @@ int tbucket_form_field(const char *body, size_t len, const char *name,
     return val ? TBUCKET_FORM_FOUND : TBUCKET_FORM_ABSENT;
 }
 
-size_t tbucket_form_login(char *s, size_t len)
+int tbucket_form_login(char *s, size_t len, size_t *olen)
 {
     size_t i, o = 0;
-    int space = 0, tag = 0;
+    int space = 0;
 
+    /* WordPress's sanitize_user() strips markup, entities and %XX and
+     * folds accents, and the database's collation folds width, case and
+     * ignorable code points: rather than follow each, such a name is
+     * not told apart from the others. */
     for (i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
 
-        if (tag || c == '<') {
-            tag = c != '>';
-            continue;
+        if (c >= 0x80 || c < 0x20 || c == 0x7f || c == '&' || c == '<'
+            || c == '%') {
+            return TBUCKET_FORM_SHARED;
         }
-        if (c == '%' && i + 2 < len && hexval((unsigned char)s[i + 1]) >= 0
-            && hexval((unsigned char)s[i + 2]) >= 0) {
-            i += 2;
-            continue;
-        }
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'
-            || c == '\v') {
+    }
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == ' ') {
             space = o > 0;
             continue;
         }
@@ -122,5 +170,6 @@ size_t tbucket_form_login(char *s, size_t len)
         s[o++] = (char)(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
     }
     s[o] = '\0';
-    return o;
+    *olen = o;
+    return TBUCKET_FORM_FOUND;
 }

@@ -267,9 +267,9 @@ def chunked(a, path, parts, delay=0.0, ctype=None):
 
 # %{FORM:field}: the field of an exact, a chunked and a slow body is the
 # key, and the handler gets every byte; a body over TBucketFormLimit, not
-# a form, or with a NUL shares one key (padding cannot evade the rule);
-# an absent field or no body leaves the rule out; PHP's reading of the
-# field (the last of repeated ones, %-encoded names) is ours.
+# a form, with a NUL, or naming the field twice or as an array shares one
+# key (padding or decoys cannot evade the rule); an absent field or no
+# body leaves the rule out; PHP's reading of %-encoded names is ours.
 def test_module_180_04(apache_factory, redis_server):
     rules = """    TBucketRule user "%{FORM:log}" 2 1/h count=401
     TBucketFormLimit 256"""
@@ -294,11 +294,10 @@ def test_module_180_04(apache_factory, redis_server):
     assert st == 401 and "len=14" in text, text
     assert b"r4:{frank}:rule:user" in users()
     assert b"r4:{gina}:rule:user" in users()
-    # Repeated and encoded names: PHP's $_POST['log'] is the key.
-    assert request(a, "/cgi-bin/login.cgi?401",
-                   "log=decoy&l%6fg=hank&pwd=1")[0] == 401
+    # Encoded names: PHP's $_POST['log'] is the key.
+    assert request(a, "/cgi-bin/login.cgi?401", "l%6fg=hank&pwd=1")[0] \
+        == 401
     assert b"r4:{hank}:rule:user" in users()
-    assert b"r4:{decoy}:rule:user" not in users()
     # Over the limit, not a form, a NUL: one shared key for all of them,
     # so two padded tries and a third in JSON exhaust it together.
     pad = "log=ivan&pwd=x&pad=" + "p" * 400
@@ -311,6 +310,12 @@ def test_module_180_04(apache_factory, redis_server):
     assert st == 429 and '"rule":"user"' in text, text
     st, _, _ = request(a, "/cgi-bin/login.cgi?401", "log=lu%00cy&p=1")
     assert st == 429
+    # A field given twice (in spellings PHP merges) or as an array: the
+    # shared key too, never either value's.
+    for body in ("log=decoy&l%6fg=ivan", "log%00x=decoy&log=ivan",
+                 "log[]=ivan"):
+        assert request(a, "/cgi-bin/login.cgi?401", body)[0] == 429, body
+    assert b"r4:{decoy}:rule:user" not in users()
     assert b"r4:{ivan}:rule:user" not in users()
     assert len(users()) == 5, users()
     # No field, no body: the rule does not apply.
@@ -321,14 +326,19 @@ def test_module_180_04(apache_factory, redis_server):
 
 
 # %{FORMLOGIN:field}: the spellings an application folds into one user
-# (case, spaces around, markup) are one key.
+# (case, spaces around) are one key; those it folds in ways not followed
+# (markup, entities, accents, invisible characters) share another.
 def test_module_180_05(apache_factory, redis_server):
     rules = '    TBucketRule user "%{FORMLOGIN:log}" 3 1/h count=401'
     a = start(apache_factory, site(redis_server, "r5:", rules))
-    got = [login(a, u)[0] for u in ("Admin", "+admin+", "ad%3Cb%3Emin",
+    got = [login(a, u)[0] for u in ("Admin", "+admin+", "++ADMIN",
                                     "ADMIN")]
     assert got == [401, 401, 401, 429], got
     assert redis_server.client().keys(b"r5:{*") == [b"r5:{admin}:rule:user"]
+    got = [login(a, u)[0] for u in ("ad%3Cb%3Emin", "%C3%A1dmin",
+                                    "admin%26x%3B", "ad%E2%80%8Bmin")]
+    assert got == [401, 401, 401, 429], got
+    assert len(redis_server.client().keys(b"r5:{*")) == 2
 
 
 # Keys that need authentication or another module are decided after it:
