@@ -248,3 +248,80 @@ def test_module_191_06(wp, redis_server):
     record("stuffing-8-parallel", attempts=100, addresses=50,
            reached_php=len(reached), bound=round(bound(5, 1, t0), 1),
            seconds=round(time.monotonic() - t0, 2), real_user_302=0)
+
+
+KNOWN_RULES = """<Location "/wp-login.php">
+    TBucketEnable On
+    TBucketRule ip   "%%{REMOTE_ADDR}" 20 1/m count=200 ban=1h
+    TBucketRule user "%%{FORMLOGIN:log}" 5 1/m count=200 ban=15m known=30d%s
+</Location>"""
+
+
+def protect_known(wp, redis, prefix, by=""):
+    secret = os.path.join(wp.root, "tbucket.secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(48))
+    os.chmod(secret, 0o600)
+    wp.configure(server="TBucketRedis %s timeout=1000\nTBucketPrefix %s\n"
+                        "TBucketSecret %s" % (redis.url, prefix, secret),
+                 vhost=KNOWN_RULES % by)
+
+
+def browser_login(wp, replica, user, password, src, jar):
+    """A login from a browser that keeps its cookies in jar (a dict)."""
+    cookies = dict(jar)
+    cookies[TEST_COOKIE[0]] = TEST_COOKIE[1]
+    res = request(
+        wp.replica(replica), "POST", "/wp-login.php",
+        body=login_body(user, password), source_ip=src,
+        headers={"Content-Type": "application/x-www-form-urlencoded",
+                 "Cookie": "; ".join("%s=%s" % kv for kv in cookies.items())})
+    jar.update({k: v for k, v in res.cookies.items() if k.startswith("tbk_")})
+    return res.status
+
+
+# Nobody can lock the owner out: 60 addresses stuff the real user's own
+# name on both replicas while she logs in from her browser (which keeps
+# cookies) every few attempts: every one of her logins succeeds, and at
+# most capacity + rate x T of the attack reaches WordPress. A new browser
+# of hers during the attack shares the attackers' budget.
+def test_module_191_07(wp, redis_server):
+    protect_known(wp, redis_server, "wk:")
+    name, password = wp.user
+    jar = {}
+    assert browser_login(wp, 0, name, password, "127.0.6.200", jar) == 302
+    assert "tbk_user" in jar
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    hers = []
+    for i in range(60):
+        wp.login(i % 2, name, "stuffed%d" % i, "127.0.6.%d" % (i + 1))
+        if i % 3 == 0:
+            hers.append(browser_login(wp, 1 - i % 2, name, password,
+                                      "127.0.6.200", jar))
+    attack = [e for e in wp.post_log()[before:]
+              if e["remote_addr"] != "127.0.6.200"]
+    assert hers == [302] * 20, hers
+    assert len(attack) <= bound(5, 1, t0), len(attack)
+    assert wp.login(0, name, password, "127.0.6.201") == 429
+    record("known-owner", attempts=60, addresses=60,
+           reached_php=len(attack), bound=round(bound(5, 1, t0), 1),
+           seconds=round(time.monotonic() - t0, 2), real_user_302=20)
+
+
+# The same with known-by=address and a client that keeps no cookies.
+def test_module_191_08(wp, redis_server):
+    protect_known(wp, redis_server, "wka:", " known-by=address")
+    name, password = wp.user
+    assert wp.login(0, name, password, "127.0.7.200") == 302
+    before = len(wp.post_log())
+    t0 = time.monotonic()
+    hers = []
+    for i in range(60):
+        wp.login(i % 2, name, "stuffed%d" % i, "127.0.7.%d" % (i + 1))
+        if i % 3 == 0:
+            hers.append(wp.login(1 - i % 2, name, password, "127.0.7.200"))
+    attack = [e for e in wp.post_log()[before:]
+              if e["remote_addr"] != "127.0.7.200"]
+    assert hers == [302] * 20, hers
+    assert len(attack) <= bound(5, 1, t0), len(attack)
