@@ -570,9 +570,10 @@ def rounds_until(port, n, secs, queue, done, timeout=30):
 # local_concurrency = "auto": the cap starts at local_concurrency_max and
 # learns from how long connections last. Connections that last longer
 # the more are open at once (the program works 20 ms before it answers
-# for each one it holds, six tried at a time, one per worker) bring it down to two or three (after a probe at min:
-# no floor was measured yet), not to the probe's one; connections that
-# last 20 ms however many are open bring it back up to five or six. It
+# for each one it holds, six tried at a time, one per worker) bring it
+# down to two or three (after a probe at min: no floor was measured
+# yet), not to the probe's one; connections that last 20 ms however many
+# are open bring it back up to five or six. It
 # never lets more than max (6) in at once, nor refuses below min (1).
 def test_shim_500_20(progs, tmp_path):
     with local_daemon(progs, tmp_path, workers=6, max_held=1,
