@@ -1,5 +1,6 @@
 /* shim_local.c -- `local_concurrency = N` or "auto": at most N (or a
- * cap set from how long connections last, shared/tables/tb_adapt.c)
+ * cap set from how long connections last, shared/tables/tb_adapt.c,
+ * counting only those whose client did not set the pace)
  * connections of an inbound rule open at once across the processes of
  * one host program, counted in shared memory, with no Redis call.
  *
