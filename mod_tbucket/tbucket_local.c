@@ -18,6 +18,8 @@
 #include "httpd.h"
 #include "http_config.h"
 #include "http_log.h"
+#include "http_protocol.h"
+#include "util_filter.h"
 #include "ap_mpm.h"
 #include "scoreboard.h"
 
@@ -38,6 +40,8 @@ static int sb_threads;                /* Columns: ThreadLimit (1).      */
 
 /* This process's owner tag in the in-flight tables: its pid. */
 static uint32_t owner_tag;
+
+static void register_body_wait(void);
 
 
 /* ---- Configuration time --------------------------------------------- */
@@ -129,6 +133,7 @@ static void child_status(server_rec *s, pid_t pid, ap_generation_t gen,
 void tbucket_local_register(void)
 {
     ap_hook_child_status(child_status, NULL, NULL, APR_HOOK_MIDDLE);
+    register_body_wait();
 }
 
 /* ---- Shedding --------------------------------------------------------- */
@@ -246,17 +251,21 @@ tbucket_priority tbucket_dir_priority(const tbucket_dir_conf *dc)
 /* ---- Local concurrency ------------------------------------------------ */
 
 /* The places a chain holds, given back when its response ends; an auto
- * scope's cap learns the latency of each (from taking to giving back)
- * when the shared limit, if any, let the chain through. */
+ * scope's cap learns the latency of each when the shared limit, if any,
+ * let the chain through: from taking to giving back, less the time its
+ * reads of the request body waited for the client (waited_us). */
 typedef struct tbucket_places {
     int n;
     tb_inflight_t *table[TBUCKET_MAX_LOCAL];
     int index[TBUCKET_MAX_LOCAL];
     tb_adapt_t *adapt[TBUCKET_MAX_LOCAL];
     uint64_t started_us;
+    uint64_t waited_us;
     uint32_t tag;
     request_rec *root;
 } tbucket_places;
+
+static ap_filter_rec_t *body_wait_filter;
 
 /* Microseconds of the monotonic clock: async-signal-safe, as a give
  * from a prefork child's signal handler needs. */
@@ -277,7 +286,7 @@ static apr_status_t give_places(void *data)
          * flood of refusals would teach the cap a floor no page has. */
         if (h->adapt[i] && learn) {
             now = now ? now : mono_us();
-            tb_adapt_sample(h->adapt[i], h->started_us, now);
+            tb_adapt_sample(h->adapt[i], h->started_us + h->waited_us, now);
         }
     }
     h->n = 0;
@@ -343,6 +352,52 @@ const tbucket_local_scope *tbucket_local_take(request_rec *r,
     }
     if (h->n) {
         tbucket_release_at_end(r, root, give_places, h);
+        /* Only an auto scope learns, and only a body can be waited on. */
+        if (h->started_us && ap_request_has_body(r)) {
+            ap_add_input_filter_handle(body_wait_filter, h, r, r->connection);
+        }
     }
     return NULL;
+}
+
+/* The request body's reads, timed: a client sets the pace of its upload
+ * (a byte every 0.15 s is within mod_reqtimeout's defaults), and counted
+ * as latency, a few slow uploads to a lightly used auto scope read as a
+ * queue and cut its cap to min. What a read waits for is the client's;
+ * the rest of the request's time (a handler's start, its work, a
+ * backend's queue) is the server's, and is what the cap learns. A
+ * protocol filter below HTTP_IN, so that it times every read of the body
+ * (the handler's, a form field's, a request after an internal redirect,
+ * which keeps the protocol filters) and only the waits on the
+ * connection: chunk headers included, the kept bytes of a form excluded.
+ * Added only to requests with a body in an auto scope: one filter record
+ * each, two clock reads per blocking read. Non-blocking reads do not
+ * wait. Reads after the places went back (the discarded rest of a body)
+ * are not timed. */
+static apr_status_t body_wait(ap_filter_t *f, apr_bucket_brigade *bb,
+                              ap_input_mode_t mode, apr_read_type_e block,
+                              apr_off_t readbytes)
+{
+    tbucket_places *h = f->ctx;
+    uint64_t t0;
+    apr_status_t rv;
+
+    if (!h->n) {
+        ap_remove_input_filter(f);
+        return ap_get_brigade(f->next, bb, mode, block, readbytes);
+    }
+    if (block == APR_NONBLOCK_READ) {
+        return ap_get_brigade(f->next, bb, mode, block, readbytes);
+    }
+    t0 = mono_us();
+    rv = ap_get_brigade(f->next, bb, mode, block, readbytes);
+    h->waited_us += mono_us() - t0;
+    return rv;
+}
+
+static void register_body_wait(void)
+{
+    body_wait_filter = ap_register_input_filter("TBUCKET_BODY_WAIT",
+                                                body_wait, NULL,
+                                                AP_FTYPE_PROTOCOL);
 }

@@ -329,7 +329,7 @@ void shim_release(const shim_held_t *h)
     tb_request_t q;
     tb_client_t *c;
 
-    shim_local_give(&h->place);
+    shim_local_give(&h->place, h->fd);
     if (h->slot.kind == TB_SLOT_NONE) {
         return;
     }

@@ -126,8 +126,9 @@ int shim_local_start(const shim_conf_t *conf, char *err, size_t errlen);
 int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p);
 
 /* Give back the place *p holds, if any and if its owner was not reaped
- * meanwhile. Lock-free. */
-void shim_local_give(const shim_place_t *p);
+ * meanwhile; with auto, tell its cap how long connection fd (still open;
+ * -1 if unknown) lasted, unless its client set the pace. Lock-free. */
+void shim_local_give(const shim_place_t *p, int fd);
 
 /* ---- Leases (shim_lease.c) ------------------------------------------ */
 

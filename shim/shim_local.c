@@ -1,5 +1,6 @@
 /* shim_local.c -- `local_concurrency = N` or "auto": at most N (or a
- * cap set from how long connections last, shared/tables/tb_adapt.c)
+ * cap set from how long connections last, shared/tables/tb_adapt.c,
+ * counting only those whose client did not set the pace)
  * connections of an inbound rule open at once across the processes of
  * one host program, counted in shared memory, with no Redis call.
  *
@@ -12,17 +13,25 @@
  * full. Lock-free, no allocation; docs/design.md ("File notes") says what
  * is left out. */
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
+
+#include <linux/tcp.h>
 
 #include "shim_int.h"
 
 #define SHIM_REAP_MS 100      /* Least time between searches of one table
                                * for dead owners, ms.                    */
 #define LOCAL_ALIGN 64        /* Each table starts on its own cache line. */
+#define PACED_SLACK_MS 10     /* The client's share of a connection that
+                               * never drops its sample: TCP_INFO's times
+                               * are in jiffies (4 ms at HZ=250).       */
 
 /* The head of each rule's part of the mapping; the table follows it. */
 typedef struct local_head {
@@ -178,10 +187,53 @@ int shim_local_take(const shim_rule_t *r, uint32_t tag, shim_place_t *p)
     return 1;
 }
 
-void shim_local_give(const shim_place_t *p)
+/* Whether connection fd, accepted life_ms before, tells auto anything
+ * about the program: 1 when the client said its piece at once and the
+ * program answered it, 0 when the client set the pace. The shim sees
+ * accept and close, not the reads and writes between: the kernel's
+ * TCP_INFO says when data last came in and went out. The client's share
+ * is the time from the accept to its last byte (an upload paced a byte
+ * at a time, a request sent late, a second request on a kept-alive
+ * connection) and the time from the program's last answer to the close
+ * (a connection held open idle after it). A connection whose client
+ * spoke last (the program answered nothing after it), that carried no
+ * data either way, or whose client's share is over PACED_SLACK_MS and
+ * half its life gives no sample; any other gives its whole life, to the
+ * microsecond. Not TCP, or a kernel without tcpi_data_segs_out (before
+ * 4.6): its whole life, as before there was a way to tell. */
+static int answered_at_once(int fd, uint64_t life_ms)
 {
-    if (p->table != NULL
-        && tb_inflight_give(p->table, p->i, p->tag) && p->adapt) {
-        tb_adapt_sample(p->adapt, p->started_us, now_us());
+    struct tcp_info ti;
+    socklen_t len = sizeof(ti);
+    uint64_t client_ms;
+
+    memset(&ti, 0, sizeof(ti));
+    if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0
+        || len < offsetof(struct tcp_info, tcpi_data_segs_out)
+                 + sizeof(ti.tcpi_data_segs_out)) {
+        return 1;
+    }
+    if (!ti.tcpi_data_segs_in || !ti.tcpi_data_segs_out
+        || ti.tcpi_last_data_sent > ti.tcpi_last_data_recv) {
+        return 0;
+    }
+    client_ms = life_ms > ti.tcpi_last_data_recv
+                ? life_ms - ti.tcpi_last_data_recv : 0;
+    client_ms += ti.tcpi_last_data_sent;
+    return client_ms <= PACED_SLACK_MS || client_ms * 2 <= life_ms;
+}
+
+void shim_local_give(const shim_place_t *p, int fd)
+{
+    uint64_t now;
+
+    if (p->table == NULL || !tb_inflight_give(p->table, p->i, p->tag)
+        || !p->adapt) {
+        return;
+    }
+    now = now_us();
+    if (now >= p->started_us
+        && answered_at_once(fd, (now - p->started_us) / 1000)) {
+        tb_adapt_sample(p->adapt, p->started_us, now);
     }
 }

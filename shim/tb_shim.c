@@ -559,7 +559,7 @@ static int admit(int cfd, const shim_rule_t *r,
             shim_decide(r, key, klen, &res);
         }
         if (!res.allowed) {
-            shim_local_give(&place);
+            shim_local_give(&place, cfd);
             refuse_conn(cfd, r, 0, res.retry_ms);
             return 0;
         }

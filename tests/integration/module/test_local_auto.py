@@ -23,6 +23,7 @@ by a 10 s timeout.
 """
 import http.client
 import os
+import socket
 import threading
 import time
 
@@ -50,6 +51,8 @@ sub count {
     close($l);
     return $cur;
 }
+# A body is read first, as an application reads its form before it works.
+read(STDIN, my $body, $ENV{CONTENT_LENGTH}) if $ENV{CONTENT_LENGTH};
 my $n = count(1);
 my $grow = ($ENV{QUERY_STRING} || '') eq 'grow';
 select(undef, undef, undef, __BASE__ + ($grow ? __STEP__ * ($n - 1) : 0));
@@ -414,4 +417,94 @@ def test_module_221_07(apache_factory):
     reset_backend(state)
     run = drive(a, "grow", 16, 1.5)
     assert backend(state)[1] <= max(run.cap_values()) <= 5, run
+    a.assert_log_clean()
+
+
+def slow_post(port, path, nbytes, gap):
+    """A POST of nbytes to path on a fresh connection, its body sent a
+    byte every gap seconds; its status, 0 when it failed."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\n"
+                   "Content-Type: application/octet-stream\r\n"
+                   "Content-Length: %d\r\nConnection: close\r\n\r\n"
+                   % (path, nbytes)).encode())
+        for _ in range(nbytes):
+            time.sleep(gap)
+            s.sendall(b"x")
+        head = s.makefile("rb").readline().split()
+        return int(head[1]) if len(head) > 1 else 0
+    except (OSError, ValueError):
+        return 0
+    finally:
+        s.close()
+
+
+# An auto scope on /upload that reaches lat.cgi through Action, an
+# internal redirect: the body is read by the chain's second request.
+ACTION = """
+Action lat-upload /cgi-bin/lat.cgi virtual
+<Location /upload>
+    TBucketEnable On
+    TBucketLocalConcurrency auto min=1 max=16
+    SetHandler lat-upload
+</Location>
+""" + STATUS
+
+
+# Slow uploads are the client's time, not the scope's latency: one
+# client of ?fixed (100 ms) every half second sets the floor, then 6
+# clients upload to the same scope a byte every 0.15 s (16 bytes, 2.4 s
+# each, within mod_reqtimeout's defaults) for 8 s beside it, to lat.cgi
+# directly or through Action (the body read after an internal redirect).
+# The cap never falls below half its max (16) and every request,
+# legitimate or slow, is answered 200. When an upload counted as
+# latency, each slow POST read as 24 times the floor and the cap fell to
+# 1 or 2, refusing the legitimate client.
+@pytest.mark.slow
+@pytest.mark.parametrize("via", ["direct", "action"])
+def test_module_221_08(apache_factory, via):
+    a, state = server(apache_factory, 24)
+    if via == "direct":
+        a.start(auto_body("min=1 max=16"))
+        path, scope = "/cgi-bin/lat.cgi?fixed", SCOPE
+    else:
+        a.start(ACTION)
+        path, scope = "/upload?fixed", "<Location /upload>"
+    caps, legit, slow = [], [], []
+    stop = threading.Event()
+    uploading = threading.Event()
+
+    def light():
+        while not stop.is_set():
+            legit.append(get(a.port, path))
+            stop.wait(0.5)
+
+    def uploader():
+        uploading.wait()
+        t_end = time.monotonic() + 8
+        while not stop.is_set() and time.monotonic() < t_end:
+            slow.append(slow_post(a.port, path, 16, 0.15))
+
+    def sampler():
+        while not stop.is_set():
+            caps.append(int(metric(status(a), "tbucket_local_limit",
+                                   scope=scope)))
+            stop.wait(0.1)
+
+    ups = [threading.Thread(target=uploader) for _ in range(6)]
+    others = [threading.Thread(target=light), threading.Thread(target=sampler)]
+    for t in ups + others:
+        t.start()
+    time.sleep(1.5)
+    uploading.set()
+    for t in ups:
+        t.join(timeout=25)
+    stop.set()
+    for t in others:
+        t.join(timeout=15)
+    assert not any(t.is_alive() for t in ups + others), "a client hangs"
+    assert len(slow) >= 12 and len(legit) >= 10, (slow, legit)
+    assert min(caps) >= 8, caps
+    assert set(legit) == {200} and set(slow) == {200}, (legit, slow, caps)
     a.assert_log_clean()

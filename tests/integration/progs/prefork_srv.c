@@ -10,7 +10,10 @@
  * in its place and "respawn <old pid> <new pid>" printed. Each child polls
  * the listener and accepts; it greets each connection with "OK <pid>\n"
  * and keeps it open until the client closes its end or sends "bye" (then
- * the client's next read sees the end only after the child's close). A child holding MAX
+ * the client's next read sees the end only after the child's close); a
+ * line "sleep MS" is answered "done\n" after MS milliseconds of the
+ * child's time (its other connections wait), as a server that works on
+ * a request before it answers. A child holding MAX
  * connections (default 64) stops accepting until one closes, so a test
  * can spread connections over several processes. With -r a child closes
  * its connections with the raw close system call, which no preloaded
@@ -86,7 +89,7 @@ static void count_open(int w)
 static void worker(int w, int l)
 {
     struct pollfd p[MAX_HELD + 1];
-    char buf[256];
+    char buf[256], *sleep_at;
     int held = 0, i, c, n;
 
     /* A parent killed outright takes its children with it: no test leaves
@@ -107,7 +110,15 @@ static void worker(int w, int l)
             if (p[i].revents == 0) {
                 continue;
             }
-            n = (int)read(p[i].fd, buf, sizeof(buf));
+            n = (int)read(p[i].fd, buf, sizeof(buf) - 1);
+            buf[n > 0 ? n : 0] = '\0';
+            if (n > 0 && (sleep_at = strstr(buf, "sleep ")) != NULL) {
+                usleep((useconds_t)atoi(sleep_at + 6) * 1000);
+                if (write(p[i].fd, "done\n", 5) < 0) {
+                    /* The client left; its close is seen by poll. */
+                }
+                continue;
+            }
             if (n > 0 && !memmem(buf, (size_t)n, "bye", 3)) {
                 continue;
             }

@@ -16,6 +16,7 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 from tbtest.env import BUILD, free_port
@@ -518,19 +519,41 @@ def test_shim_500_12(tmp_path):
     assert len({line[4] for line in seen[:2]}) == 2, seen
 
 
+def answered(s):
+    """Wait for the program's "done" on s, then close our end and return
+    once the program has closed its own."""
+    s.settimeout(5)
+    data = b""
+    while not data.endswith(b"done\n"):
+        chunk = s.recv(64)
+        assert chunk, "closed before done: %r" % data
+        data += chunk
+    answered_close(s)
+
+
+def answered_close(s):
+    """Close our end of s and return once the program has closed its
+    own."""
+    s.shutdown(socket.SHUT_WR)
+    assert s.recv(16) == b""
+    s.close()
+
+
 def hold_round(port, n, secs, queue=False):
-    """n connections opened at once and held secs seconds (with queue,
-    secs for each one the program got, as a server on one CPU would take
-    longer the more it serves at once), then closed with "bye": how many
-    the program got."""
+    """n connections opened at once, each asking the program to work secs
+    seconds before it answers (with queue, secs for each one the program
+    got, as a server on one CPU would take longer the more it serves at
+    once), then closed once answered: how many the program got."""
     got = []
     for _ in range(n):
         what, _, s = open_conn(port)
         if what == "OK":
             got.append(s)
-    time.sleep(secs * (len(got) if queue else 1))
+    ms = int(secs * 1000 * (len(got) if queue else 1))
     for s in got:
-        bye(s)
+        s.sendall(b"sleep %d\n" % ms)
+    for s in got:
+        answered(s)
     return len(got)
 
 
@@ -546,14 +569,16 @@ def rounds_until(port, n, secs, queue, done, timeout=30):
 
 # local_concurrency = "auto": the cap starts at local_concurrency_max and
 # learns from how long connections last. Connections that last longer
-# the more are open at once (20 ms for each one the program holds, six
-# tried at a time) bring it down to two or three (after a probe at min:
-# no floor was measured yet), not to the probe's one; connections that
-# last 20 ms however many are open bring it back up to five or six. It
+# the more are open at once (the program works 20 ms before it answers
+# for each one it holds, six tried at a time, one per worker) bring it
+# down to two or three (after a probe at min: no floor was measured
+# yet), not to the probe's one; connections that last 20 ms however many
+# are open bring it back up to five or six. It
 # never lets more than max (6) in at once, nor refuses below min (1).
 def test_shim_500_20(progs, tmp_path):
-    with local_daemon(progs, tmp_path, workers=3, local_concurrency="auto",
-                      local_concurrency_min=1, local_concurrency_max=6) as d:
+    with local_daemon(progs, tmp_path, workers=6, max_held=1,
+                      local_concurrency="auto", local_concurrency_min=1,
+                      local_concurrency_max=6) as d:
         down = rounds_until(d.port, 6, 0.02, True,
                             lambda g: len(g) >= 60)
         assert max(down[-20:]) <= 3 and max(down[-20:]) >= 2, down
@@ -562,4 +587,74 @@ def test_shim_500_20(progs, tmp_path):
         assert len(up) >= 5 and min(up[-5:]) >= 5, up
         assert min(down + up) >= 1 and max(down + up) <= 6, (down, up)
     assert d.summary["peak"] <= 6, d.summary
+    assert d.err == "", d.err
+
+
+def paced(port, nbytes, gap, hold):
+    """One connection whose client sets the pace: nbytes sent a byte every
+    gap seconds before its request (an upload), or the request at once
+    and the answer held hold seconds before the close; 1 when the
+    program got it."""
+    what, _, s = open_conn(port)
+    if what != "OK":
+        return 0
+    for _ in range(nbytes):
+        time.sleep(gap)
+        s.sendall(b"x")
+    s.sendall(b"sleep 20\n")
+    s.settimeout(5)
+    assert s.recv(16) == b"done\n"
+    time.sleep(hold)
+    answered_close(s)
+    return 1
+
+
+# "auto" learns from what the program takes, not from what its clients
+# hold: beside one client that asks for 20 ms of work every 0.4 s, three
+# clients upload a byte every 0.15 s (8 bytes, 1.2 s) before asking, and
+# two ask at once and then hold the answered connection 1.2 s, again and
+# again for 6 s. Every connection of the light client is served, and at
+# the end the program gets at least half of max (8) of 8 connections
+# opened at once. When the cap learnt whole lifetimes, the held
+# connections read as 60 times the floor and cut it to 1 or 2.
+def test_shim_500_21(progs, tmp_path):
+    light, slow = [], []
+    stop = threading.Event()
+    with local_daemon(progs, tmp_path, workers=12, max_held=1,
+                      local_concurrency="auto", local_concurrency_min=1,
+                      local_concurrency_max=8) as d:
+        def client():
+            while not stop.is_set():
+                what, _, s = open_conn(d.port)
+                light.append(what)
+                if s is not None:
+                    s.sendall(b"sleep 20\n")
+                    answered(s)
+                stop.wait(0.4)
+
+        def holder(upload):
+            t_end = time.monotonic() + 6
+            while time.monotonic() < t_end:
+                got = paced(d.port, 8 if upload else 0, 0.15,
+                            0 if upload else 1.2)
+                slow.append(got)
+                if not got:
+                    time.sleep(0.05)
+
+        light_t = threading.Thread(target=client)
+        light_t.start()
+        time.sleep(1)
+        holders = [threading.Thread(target=holder, args=(i < 3,))
+                   for i in range(5)]
+        for t in holders:
+            t.start()
+        for t in holders:
+            t.join(timeout=30)
+        stop.set()
+        light_t.join(timeout=15)
+        assert not any(t.is_alive() for t in holders + [light_t])
+        assert len(light) >= 10 and set(light) == {"OK"}, (light, slow)
+        assert sum(slow) >= 15, slow
+        got = hold_round(d.port, 8, 0.02)
+        assert got >= 4, (got, light, slow)
     assert d.err == "", d.err
