@@ -134,7 +134,7 @@ static void set_env(request_rec *r, const tbucket_req *rq)
  * "<prefix>ip:": were an IP bucket "<prefix>{IP}", a client sending
  * "X-API-Key: <victim's IP>" to a Location keyed by that header could
  * drain the victim's bucket of a Location keyed by IP. */
-static const char *ip_key(request_rec *r, const tbucket_srv_conf *sc)
+const char *tbucket_ip_key(request_rec *r, const tbucket_srv_conf *sc)
 {
     const char *ip = r->useragent_ip;
     char *out;
@@ -157,7 +157,7 @@ static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
     *prefix = sc->prefix;
     if (!dc->key) {
         *prefix = sc->ip_prefix;
-        return ip_key(r, sc);
+        return tbucket_ip_key(r, sc);
     }
     key = ap_expr_str_exec(r, dc->key, &err);
     if (err) {
@@ -168,7 +168,7 @@ static const char *request_key(request_rec *r, const tbucket_dir_conf *dc,
     }
     if (!key || !*key) {
         *prefix = sc->ip_prefix;
-        return ip_key(r, sc);
+        return tbucket_ip_key(r, sc);
     }
     return key;
 }

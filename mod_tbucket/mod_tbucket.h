@@ -509,6 +509,10 @@ extern module AP_MODULE_DECLARE_DATA tbucket_module;
  * r->prev, sub-requests up through r->main (mod_tbucket.c). */
 request_rec *tbucket_chain_root(request_rec *r);
 
+/* r's client address as a key: an IPv6 client's network
+ * (TBucketIPv6Prefix), in r's pool (mod_tbucket.c). */
+const char *tbucket_ip_key(request_rec *r, const tbucket_srv_conf *sc);
+
 /* r of root's chain is refused: when its body was never read, close the
  * connection without reading it (mod_tbucket.c). */
 void tbucket_refusing_body(request_rec *r, request_rec *root);

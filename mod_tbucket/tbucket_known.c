@@ -109,20 +109,6 @@ static const char *cookie_value(request_rec *r, const char *name,
     return NULL;
 }
 
-/* The client's address as known-by=address names it: an IPv6 client by
- * its network, as the address rules key it. */
-static const char *client_addr(request_rec *r, const tbucket_srv_conf *sc)
-{
-    const char *ip = r->useragent_ip;
-    char *net;
-
-    if (!ip || !strchr(ip, ':')) {
-        return ip;
-    }
-    net = apr_palloc(r->pool, TB_IP_KEY_LEN);
-    return tb_ip_key(ip, sc->ipv6_bits, net, TB_IP_KEY_LEN) ? net : ip;
-}
-
 const char *tbucket_known_key(request_rec *r, const tbucket_named_rule *ru,
                               const tbucket_srv_conf *sc, const char *key,
                               int *known)
@@ -147,7 +133,7 @@ const char *tbucket_known_key(request_rec *r, const tbucket_named_rule *ru,
         return apr_pstrcat(r->pool, key, "#k", id, NULL);
     }
     if ((ru->known_by & TBUCKET_KNOWN_ADDRESS) && sc->client
-        && sc->client->tb && (addr = client_addr(r, sc))
+        && sc->client->tb && (addr = tbucket_ip_key(r, sc))
         && tb_client_known(sc->client->tb, sc->prefix, ru->name, key,
                            strlen(key), addr, &marked) == TB_OK
         && marked) {
@@ -209,7 +195,7 @@ void tbucket_known_mark(request_rec *r, const tbucket_named_rule *ru,
         set_cookie(r, ru, sc, key);
     }
     if ((ru->known_by & TBUCKET_KNOWN_ADDRESS) && sc->client
-        && sc->client->tb && (addr = client_addr(r, sc))
+        && sc->client->tb && (addr = tbucket_ip_key(r, sc))
         && tb_client_know(sc->client->tb, sc->prefix, ru->name, key,
                           strlen(key), addr, ru->known_ms) != TB_OK) {
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, TBLOGNO(00175)
