@@ -351,6 +351,10 @@ typedef struct tbucket_srv_conf {
     /* TBucketTopKeys K (0: Off; TBUCKET_DEFAULT_TOP_K unless set), read
      * in the main server's record only. */
     int top_k;
+    /* TBucketCPUPriority On (cpu_on) and each priority's nice step, read
+     * in the main server's record only (tbucket_cpu_check). */
+    int cpu_on;
+    int cpu_step[TBUCKET_PRIOS];
     /* TLS: the tls_* options of the TBucketRedis line (they go with its
      * URL, never inherited apart from it) and the context made from
      * them at config time, in the parent, before privileges are
@@ -509,27 +513,76 @@ const char *tbucket_section_name(cmd_parms *cmd,
 /* pre_config: start a new list of rules. */
 void tbucket_rules_pre_config(apr_pool_t *pconf);
 
-/* Helpers of the directive handlers, for the files that have some:
- * "DIRECTIVE: bad WHAT 'VALUE': WHY" from cmd->pool; a whole number in
- * min..max; CAPACITY RATE as a checked limit; the start of a quote
- * inside %{NAME:arg} (httpd's scanner cannot take it), or NULL; 1 when
- * an expression names what only authentication or another module sets
- * (REMOTE_USER, AUTH_TYPE, %{ENV:..}, %{reqenv:..}, %{note:..}), so that
- * it is decided in fixups. */
+/* CAPACITY RATE as a checked limit; the start of a quote inside
+ * %{NAME:arg} (httpd's scanner cannot take it), or NULL. */
+const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
+                                const char *rate, tb_limit_t *lim);
+const char *tbucket_quote_in_var_arg(const char *arg);
+
+/* ---- tbucket_options.c ---------------------------------------------- */
+
+/* What one value of a directive is: a scalar directive's argument, or
+ * one name=value option. */
+typedef enum {
+    TBUCKET_V_INT = 0,                /* A whole number in min..max.    */
+    TBUCKET_V_DURATION,               /* ms in min..max, the core's
+                                       * grammar (flags: TB_DURATION_*).*/
+    TBUCKET_V_NAME,                   /* The index of one of names (max
+                                       * of them), any case.            */
+    TBUCKET_V_TEXT,                   /* The text, copied.              */
+    TBUCKET_V_FN                      /* fn reads it.                   */
+} tbucket_value_kind;
+
+/* The type of the field a number goes to. */
+typedef enum {
+    TBUCKET_AT_INT = 0,
+    TBUCKET_AT_INT64,
+    TBUCKET_AT_DOUBLE
+} tbucket_value_at;
+
+/* One value, as a table entry; a table of options ends with an entry
+ * whose name is NULL. */
+typedef struct tbucket_value {
+    const char *name;                 /* The option's name; a scalar's:
+                                       * what its value is called.      */
+    tbucket_value_kind kind;
+    tbucket_value_at at;
+    apr_size_t off;                   /* The field, in the record.      */
+    unsigned int set;                 /* TBUCKET_SET_* bit it sets.     */
+    int64_t min, max;                 /* INT, DURATION (ms): the range;
+                                       * NAME: the count of names.      */
+    unsigned int flags;               /* DURATION: TB_DURATION_*.       */
+    const char *const *names;         /* NAME: in enum order.           */
+    const char *form;                 /* In "expected a=FORM": "N",
+                                       * "DURATION"; NULL for NAME (its
+                                       * names) or to leave it out.     */
+    const char *why;                  /* Added to a refusal; for NAME,
+                                       * the whole of it.               */
+    const char *(*fn)(cmd_parms *cmd, void *rec, const char *value);
+} tbucket_value;
+
+/* text as v says into rec: NULL, or "DIRECTIVE: bad NAME 'TEXT': WHY"
+ * from cmd->pool. */
+const char *tbucket_value_store(cmd_parms *cmd, const tbucket_value *v,
+                                void *rec, const char *text);
+/* Every word of args as a name=value option of table (names in any
+ * case; a later one wins) into rec; each option's bit into *set and the
+ * options read into *count (either may be NULL). NULL, or the refusal:
+ * a bad value as above, "DIRECTIVE: unknown option 'WORD' (expected
+ * a=N, b=DURATION or c=x|y)" for a word the table does not have. */
+const char *tbucket_options(cmd_parms *cmd, const tbucket_value *table,
+                            void *rec, unsigned int *set, const char *args,
+                            int *count);
+/* "DIRECTIVE: bad WHAT 'VALUE': WHY" from cmd->pool; a whole number in
+ * min..max, else that message; "name=value" into name (returned, from
+ * p) and *value, NULL when there is no '='. */
 const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
                               const char *value, const char *why);
 const char *tbucket_int_value(cmd_parms *cmd, const char *what,
                               const char *arg, int64_t min, int64_t max,
                               int64_t *n);
-const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
-                                const char *rate, tb_limit_t *lim);
-const char *tbucket_quote_in_var_arg(const char *arg);
-/* "name=value" into name (returned, from p) and *value; NULL when there
- * is no '='. A duration for what into *out, in ms, 1 ms .. 60 s. */
 const char *tbucket_split_opt(apr_pool_t *p, const char *word,
                               const char **value);
-const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
-                             const char *value, int *out);
 
 /* ---- tbucket_config_redis.c ------------------------------------------ */
 
@@ -570,9 +623,10 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
 const char *tbucket_cpu_set(cmd_parms *cmd, void *dummy, const char *args);
 /* pre_config: Off until the directive says otherwise. */
 void tbucket_cpu_pre_config(void);
-/* check_config (parent, before children): RLIMIT_NICE raised so that a
+/* check_config (parent, before children): main_s's settings taken for
+ * the configuration that runs, RLIMIT_NICE raised so that a
  * worker can put its priority back, or the message refusing the start. */
-const char *tbucket_cpu_check(apr_pool_t *p);
+const char *tbucket_cpu_check(apr_pool_t *p, server_rec *main_s);
 /* post_config (parent): the helper started where the workers need one. */
 int tbucket_cpu_post_config(server_rec *main_s);
 /* tbucket_nice.c: the helper for [lo, hi] (started, or kept from an
