@@ -50,15 +50,16 @@ const char *tbucket_split_opt(apr_pool_t *p, const char *word,
     return apr_pstrmemdup(p, word, eq - word);
 }
 
-/* "a, b or c" of the n names, from p. */
+/* The n names joined, "a, b or c" (between ", ", last " or "), from
+ * p. */
 static const char *names_list(apr_pool_t *p, const char *const *names,
-                              int n, const char *sep)
+                              int n, const char *between, const char *last)
 {
     const char *s = names[0];
     int i;
 
     for (i = 1; i < n; i++) {
-        s = apr_pstrcat(p, s, i == n - 1 ? sep : ", ", names[i], NULL);
+        s = apr_pstrcat(p, s, i == n - 1 ? last : between, names[i], NULL);
     }
     return s;
 }
@@ -71,7 +72,8 @@ static const char *why_of(cmd_parms *cmd, const tbucket_value *v,
         return v->why ? v->why
                       : apr_pstrcat(cmd->temp_pool, "expected ",
                                     names_list(cmd->temp_pool, v->names,
-                                               (int)v->max, " or "), NULL);
+                                               (int)v->max, ", ", " or "),
+                                    NULL);
     }
     return v->why ? apr_psprintf(cmd->temp_pool, "%s (%s)", err, v->why)
                   : err;
@@ -133,14 +135,15 @@ static const char *usage(cmd_parms *cmd, const tbucket_value *table)
         const char *form = v->form;
 
         if (v->kind == TBUCKET_V_NAME && !form) {
-            form = names_list(cmd->temp_pool, v->names, (int)v->max, "|");
+            form = names_list(cmd->temp_pool, v->names, (int)v->max, "|",
+                              "|");
         }
         if (form) {
             forms[n++] = apr_pstrcat(cmd->temp_pool, v->name, "=", form,
                                      NULL);
         }
     }
-    return n ? names_list(cmd->temp_pool, forms, n, " or ") : "none";
+    return n ? names_list(cmd->temp_pool, forms, n, ", ", " or ") : "none";
 }
 
 const char *tbucket_options(cmd_parms *cmd, const tbucket_value *table,

@@ -90,22 +90,19 @@ tb_monotime_us tb_clock_monotonic_us(void);
  * large (> 1e9/s) or malformed values. */
 int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen);
 
-/* Parse a duration: a plain decimal and a unit, ms, s, m, h or d
- * ("500ms", "30s", "1.5m", "1h", "1d"), rounded up to a whole ms, into
- * *ms, within [min_ms, max_ms]; with TB_DURATION_BARE_MS a number
- * without a unit is ms too. Every refusal says the same: "expected a
- * duration such as 500ms, 30s, 15m, 1h or 1d, from MIN to MAX". */
+/* Parse a duration: a plain decimal and a unit, ms, s, m, h or d ("1.5m",
+ * "1d"), rounded up to a whole ms, into *ms, within [min_ms, max_ms];
+ * with TB_DURATION_BARE_MS a bare number is ms. Every refusal says:
+ * "expected a duration such as 500ms, 30s, 15m, 1h or 1d, from MIN to MAX". */
 #define TB_DURATION_BARE_MS 1u
 int tb_parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
                       unsigned flags, int64_t *ms, char *err, size_t errlen);
 
-/* The shim's and the tool's durations: the same grammar, bare numbers
- * as ms, units up to h, 0 .. 86400000 ms. */
+/* The shim's and tool's: the same grammar, bare ms, up to h, 0..24h. */
 int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
                          size_t errlen);
 
-/* ms written with the largest unit that takes it whole ("30d", "90s",
- * "1500ms") into buf; the length written, as snprintf's. */
+/* ms in its largest whole unit ("30d", "1500ms"); length as snprintf. */
 size_t tb_format_duration(int64_t ms, char *buf, size_t len);
 
 /* Parse a whole number in [min, max] with nothing trailing. */

@@ -89,6 +89,7 @@ static const unit_t duration_units[] = {
     {"d", 86400000}, {NULL, 0}
 };
 #define UNIT_DAY 5                    /* duration_units[UNIT_DAY] is d. */
+#define UP_TO_HOURS 0x100u            /* Flag: no d (the shim's, tool's). */
 
 /* 1 and *factor when end is one of the units, else 0. */
 static int unit_factor(const char *end, const unit_t *u, double *factor)
@@ -164,11 +165,12 @@ static int duration_refused(int64_t min_ms, int64_t max_ms, int days,
     return TB_ERR;
 }
 
-/* s in the grammar above, units up to last, within [min_ms, max_ms]. */
+/* s in the grammar above, within [min_ms, max_ms]. */
 static int parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
-                          unsigned flags, int last, int64_t *ms, char *err,
+                          unsigned flags, int64_t *ms, char *err,
                           size_t errlen)
 {
+    int last = flags & UP_TO_HOURS ? UNIT_DAY - 1 : UNIT_DAY;
     char *end;
     double v, mult = 0;
     int i;
@@ -194,14 +196,14 @@ static int parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
 int tb_parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
                       unsigned flags, int64_t *ms, char *err, size_t errlen)
 {
-    return parse_duration(s, min_ms, max_ms, flags, UNIT_DAY, ms, err,
-                          errlen);
+    return parse_duration(s, min_ms, max_ms, flags & TB_DURATION_BARE_MS, ms,
+                          err, errlen);
 }
 
 int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
                          size_t errlen)
 {
-    return parse_duration(s, 0, 86400000, TB_DURATION_BARE_MS, UNIT_DAY - 1,
+    return parse_duration(s, 0, 86400000, TB_DURATION_BARE_MS | UP_TO_HOURS,
                           ms, err, errlen);
 }
 
