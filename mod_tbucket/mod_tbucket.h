@@ -471,6 +471,8 @@ typedef struct tbucket_req {
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
 
+/* ---- mod_tbucket.c -------------------------------------------------- */
+
 /* 0 when the shared limit refused root's chain (mod_tbucket.c), else 1:
  * whether the chain's latency says anything about the application. */
 int tbucket_chain_admitted(request_rec *root);
@@ -512,6 +514,11 @@ const char *tbucket_section_name(cmd_parms *cmd,
 
 /* pre_config: start a new list of rules. */
 void tbucket_rules_pre_config(apr_pool_t *pconf);
+
+/* post_config (parent): give each rule of the configuration its record
+ * in the segment (by name, so a rule a restart keeps keeps its counts);
+ * a rule left without one is logged and not counted. */
+void tbucket_rules_setup(server_rec *main_s);
 
 /* CAPACITY RATE as a checked limit; the start of a quote inside
  * %{NAME:arg} (httpd's scanner cannot take it), or NULL. */
@@ -590,12 +597,6 @@ const char *tbucket_split_opt(apr_pool_t *p, const char *word,
 const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args);
 const char *tbucket_set_breaker(cmd_parms *cmd, void *dummy,
                                 const char *args);
-int tbucket_key_is_late(const char *expr);
-
-/* post_config (parent): give each rule of the configuration its record
- * in the segment (by name, so a rule a restart keeps keeps its counts);
- * a rule left without one is logged and not counted. */
-void tbucket_rules_setup(server_rec *main_s);
 
 /* ---- tbucket_records.c --------------------------------------------- */
 
@@ -629,11 +630,6 @@ void tbucket_cpu_pre_config(void);
 const char *tbucket_cpu_check(apr_pool_t *p, server_rec *main_s);
 /* post_config (parent): the helper started where the workers need one. */
 int tbucket_cpu_post_config(server_rec *main_s);
-/* tbucket_nice.c: the helper for [lo, hi] (started, or kept from an
- * earlier load): the socket children ask on, or -1 (logged). */
-int tbucket_nice_helper(server_rec *main_s, int lo, int hi);
-/* Ask the helper to move thread tid to nice: 0, or -1. */
-int tbucket_nice_ask(int fd, pid_t tid, int nice);
 /* child_init: the worker's own nice value, the one to put back. */
 void tbucket_cpu_child_init(void);
 /* Move r's thread to the step of its priority in dc (the chain's root
@@ -645,6 +641,14 @@ void tbucket_cpu_enter(request_rec *r, request_rec *root,
 /* register_hooks: the fixup that moves a thread, the give-back before a
  * thread reads its next request. */
 void tbucket_cpu_register(void);
+
+/* ---- tbucket_nice.c ------------------------------------------------- */
+
+/* The helper for [lo, hi] (started, or kept from an earlier load): the
+ * socket children ask on, or -1 (logged). */
+int tbucket_nice_helper(server_rec *main_s, int lo, int hi);
+/* Ask the helper to move thread tid to nice: 0, or -1. */
+int tbucket_nice_ask(int fd, pid_t tid, int nice);
 
 /* ---- tbucket_local.c ------------------------------------------------ */
 
@@ -720,6 +724,11 @@ void tbucket_release_at_end(request_rec *r, request_rec *root,
 void tbucket_lease_setup(apr_pool_t *pconf, server_rec *main_s);
 
 /* ---- tbucket_rules.c ------------------------------------------------ */
+
+/* 1 when an expression names what only authentication or another
+ * module sets (REMOTE_USER, AUTH_TYPE, %{ENV:..}, %{reqenv:..},
+ * %{note:..}), so that it is decided in fixups. */
+int tbucket_key_is_late(const char *expr);
 
 /* TBucketRule's and TBucketFormLimit's handlers (tbucket_config.c's
  * table names them). */
