@@ -369,6 +369,10 @@ typedef struct tbucket_srv_conf {
     /* TBucketTopKeys K (0: Off; TBUCKET_DEFAULT_TOP_K unless set), read
      * in the main server's record only. */
     int top_k;
+    /* TBucketCPUPriority On (cpu_on) and each priority's nice step, read
+     * in the main server's record only (tbucket_cpu_check). */
+    int cpu_on;
+    int cpu_step[TBUCKET_PRIOS];
     /* TLS: the tls_* options of the TBucketRedis line (they go with its
      * URL, never inherited apart from it) and the context made from
      * them at config time, in the parent, before privileges are
@@ -505,16 +509,22 @@ typedef struct tbucket_req {
 
 extern module AP_MODULE_DECLARE_DATA tbucket_module;
 
+/* ---- mod_tbucket.c -------------------------------------------------- */
+
 /* The first request of r's chain: internal redirects point back through
- * r->prev, sub-requests up through r->main (mod_tbucket.c). */
+ * r->prev, sub-requests up through r->main. */
 request_rec *tbucket_chain_root(request_rec *r);
 
 /* r's client address as a key: an IPv6 client's network
- * (TBucketIPv6Prefix), in r's pool (mod_tbucket.c). */
+ * (TBucketIPv6Prefix), in r's pool. */
 const char *tbucket_ip_key(request_rec *r, const tbucket_srv_conf *sc);
 
+/* Log and note what an answer from Redis (or its absence) says. */
+void tbucket_note_call(request_rec *r, tbucket_srv_conf *sc,
+                       const tb_result_t *res);
+
 /* r of root's chain is refused: when its body was never read, close the
- * connection without reading it (mod_tbucket.c). */
+ * connection without reading it. */
 void tbucket_refusing_body(request_rec *r, request_rec *root);
 
 /* 0 when the shared limit refused root's chain (mod_tbucket.c), else 1:
@@ -559,27 +569,81 @@ const char *tbucket_section_name(cmd_parms *cmd,
 /* pre_config: start a new list of rules. */
 void tbucket_rules_pre_config(apr_pool_t *pconf);
 
-/* Helpers of the directive handlers, for the files that have some:
- * "DIRECTIVE: bad WHAT 'VALUE': WHY" from cmd->pool; a whole number in
- * min..max; CAPACITY RATE as a checked limit; the start of a quote
- * inside %{NAME:arg} (httpd's scanner cannot take it), or NULL; 1 when
- * an expression names what only authentication or another module sets
- * (REMOTE_USER, AUTH_TYPE, %{ENV:..}, %{reqenv:..}, %{note:..}), so that
- * it is decided in fixups. */
+/* post_config (parent): give each rule of the configuration its record
+ * in the segment (by name, so a rule a restart keeps keeps its counts);
+ * a rule left without one is logged and not counted. */
+void tbucket_rules_setup(server_rec *main_s);
+
+/* CAPACITY RATE as a checked limit; the start of a quote inside
+ * %{NAME:arg} (httpd's scanner cannot take it), or NULL. */
+const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
+                                const char *rate, tb_limit_t *lim);
+const char *tbucket_quote_in_var_arg(const char *arg);
+
+/* ---- tbucket_options.c ---------------------------------------------- */
+
+/* What one value of a directive is: a scalar directive's argument, or
+ * one name=value option. */
+typedef enum {
+    TBUCKET_V_INT = 0,                /* A whole number in min..max.    */
+    TBUCKET_V_DURATION,               /* ms in min..max, the core's
+                                       * grammar (flags: TB_DURATION_*).*/
+    TBUCKET_V_NAME,                   /* The index of one of names (max
+                                       * of them), any case.            */
+    TBUCKET_V_TEXT,                   /* The text, copied.              */
+    TBUCKET_V_FN                      /* fn reads it.                   */
+} tbucket_value_kind;
+
+/* The type of the field a number goes to. */
+typedef enum {
+    TBUCKET_AT_INT = 0,
+    TBUCKET_AT_INT64,
+    TBUCKET_AT_DOUBLE
+} tbucket_value_at;
+
+/* One value, as a table entry; a table of options ends with an entry
+ * whose name is NULL. */
+typedef struct tbucket_value {
+    const char *name;                 /* The option's name; a scalar's:
+                                       * what its value is called.      */
+    tbucket_value_kind kind;
+    tbucket_value_at at;
+    apr_size_t off;                   /* The field, in the record.      */
+    unsigned int set;                 /* TBUCKET_SET_* bit it sets.     */
+    int64_t min, max;                 /* INT, DURATION (ms): the range;
+                                       * NAME: the count of names.      */
+    unsigned int flags;               /* DURATION: TB_DURATION_*.       */
+    const char *const *names;         /* NAME: in enum order.           */
+    const char *form;                 /* In "expected a=FORM": "N",
+                                       * "DURATION"; NULL for NAME (its
+                                       * names) or to leave it out.     */
+    const char *why;                  /* Added to a refusal; for NAME,
+                                       * the whole of it.               */
+    const char *(*fn)(cmd_parms *cmd, void *rec, const char *value);
+} tbucket_value;
+
+/* text as v says into rec: NULL, or "DIRECTIVE: bad NAME 'TEXT': WHY"
+ * from cmd->pool. */
+const char *tbucket_value_store(cmd_parms *cmd, const tbucket_value *v,
+                                void *rec, const char *text);
+/* Every word of args as a name=value option of table (names in any
+ * case; a later one wins) into rec; each option's bit into *set and the
+ * options read into *count (either may be NULL). NULL, or the refusal:
+ * a bad value as above, "DIRECTIVE: unknown option 'WORD' (expected
+ * a=N, b=DURATION or c=x|y)" for a word the table does not have. */
+const char *tbucket_options(cmd_parms *cmd, const tbucket_value *table,
+                            void *rec, unsigned int *set, const char *args,
+                            int *count);
+/* "DIRECTIVE: bad WHAT 'VALUE': WHY" from cmd->pool; a whole number in
+ * min..max, else that message; "name=value" into name (returned, from
+ * p) and *value, NULL when there is no '='. */
 const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
                               const char *value, const char *why);
 const char *tbucket_int_value(cmd_parms *cmd, const char *what,
                               const char *arg, int64_t min, int64_t max,
                               int64_t *n);
-const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
-                                const char *rate, tb_limit_t *lim);
-const char *tbucket_quote_in_var_arg(const char *arg);
-/* "name=value" into name (returned, from p) and *value; NULL when there
- * is no '='. A duration for what into *out, in ms, 1 ms .. 60 s. */
 const char *tbucket_split_opt(apr_pool_t *p, const char *word,
                               const char **value);
-const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
-                             const char *value, int *out);
 
 /* ---- tbucket_config_redis.c ------------------------------------------ */
 
@@ -587,12 +651,6 @@ const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
 const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args);
 const char *tbucket_set_breaker(cmd_parms *cmd, void *dummy,
                                 const char *args);
-int tbucket_key_is_late(const char *expr);
-
-/* post_config (parent): give each rule of the configuration its record
- * in the segment (by name, so a rule a restart keeps keeps its counts);
- * a rule left without one is logged and not counted. */
-void tbucket_rules_setup(server_rec *main_s);
 
 /* ---- tbucket_records.c --------------------------------------------- */
 
@@ -620,16 +678,12 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
 const char *tbucket_cpu_set(cmd_parms *cmd, void *dummy, const char *args);
 /* pre_config: Off until the directive says otherwise. */
 void tbucket_cpu_pre_config(void);
-/* check_config (parent, before children): RLIMIT_NICE raised so that a
+/* check_config (parent, before children): main_s's settings taken for
+ * the configuration that runs, RLIMIT_NICE raised so that a
  * worker can put its priority back, or the message refusing the start. */
-const char *tbucket_cpu_check(apr_pool_t *p);
+const char *tbucket_cpu_check(apr_pool_t *p, server_rec *main_s);
 /* post_config (parent): the helper started where the workers need one. */
 int tbucket_cpu_post_config(server_rec *main_s);
-/* tbucket_nice.c: the helper for [lo, hi] (started, or kept from an
- * earlier load): the socket children ask on, or -1 (logged). */
-int tbucket_nice_helper(server_rec *main_s, int lo, int hi);
-/* Ask the helper to move thread tid to nice: 0, or -1. */
-int tbucket_nice_ask(int fd, pid_t tid, int nice);
 /* child_init: the worker's own nice value, the one to put back. */
 void tbucket_cpu_child_init(void);
 /* Move r's thread to the step of its priority in dc (the chain's root
@@ -641,6 +695,14 @@ void tbucket_cpu_enter(request_rec *r, request_rec *root,
 /* register_hooks: the fixup that moves a thread, the give-back before a
  * thread reads its next request. */
 void tbucket_cpu_register(void);
+
+/* ---- tbucket_nice.c ------------------------------------------------- */
+
+/* The helper for [lo, hi] (started, or kept from an earlier load): the
+ * socket children ask on, or -1 (logged). */
+int tbucket_nice_helper(server_rec *main_s, int lo, int hi);
+/* Ask the helper to move thread tid to nice: 0, or -1. */
+int tbucket_nice_ask(int fd, pid_t tid, int nice);
 
 /* ---- tbucket_local.c ------------------------------------------------ */
 
@@ -714,85 +776,6 @@ void tbucket_release_at_end(request_rec *r, request_rec *root,
 /* post_config (parent): have the lease table drained into Redis when
  * this configuration ends (a stop or a restart, graceful or not). */
 void tbucket_lease_setup(apr_pool_t *pconf, server_rec *main_s);
-
-/* ---- tbucket_rules.c ------------------------------------------------ */
-
-/* TBucketRule's and TBucketFormLimit's handlers (tbucket_config.c's
- * table names them). */
-const char *tbucket_set_rule(cmd_parms *cmd, void *dcv, const char *args);
-const char *tbucket_set_form_limit(cmd_parms *cmd, void *dcv,
-                                   const char *arg);
-
-/* The merge of two scopes' rules into m (tbucket_merge_dir_conf). */
-void tbucket_rules_merge(tbucket_dir_conf *m, const tbucket_dir_conf *base,
-                         const tbucket_dir_conf *add);
-
-/* post_config (parent): each rule's counters in the segment. */
-void tbucket_named_rules_setup(server_rec *main_s);
-
-/* pre_config: start a new list of rules. */
-void tbucket_named_rules_pre_config(apr_pool_t *pconf);
-
-/* When a request's limits can be decided: the parts of a scope, by
- * when their keys exist. EARLY: in the access phase, before the body
- * is read (the main bucket, routes, rules on addresses and headers);
- * BODY: rules on the form body, read once EARLY has passed; LATE: in
- * fixups, after authentication (REMOTE_USER, another module's
- * variables). */
-#define TBUCKET_PART_EARLY 1
-#define TBUCKET_PART_BODY 2
-#define TBUCKET_PART_LATE 4
-int tbucket_rule_part(const tbucket_named_rule *ru);
-
-struct tbucket_decision;
-
-/* Append to d's takes (from d->q.ntakes, at most TB_MAX_BUCKETS) a
- * bucket for every rule of dc in parts whose key is not empty for r,
- * into d->which[] the rule of each (same index); d->q.ntakes is the new
- * count, also returned. */
-int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
-                        const tbucket_srv_conf *sc,
-                        struct tbucket_decision *d, int parts);
-
-/* After an allowed decision d of root's chain: keep the reservations of
- * its count= rules in ch (made when NULL; the filter that settles them
- * once the response's status is known is then added). Returns ch. */
-tbucket_charge *tbucket_rules_reserve(request_rec *root,
-                                      tbucket_srv_conf *sc,
-                                      const struct tbucket_decision *d,
-                                      tbucket_charge *ch);
-
-/* Forget ch's reservations (they were given back with the rest of a
- * refused chain's takes). NULL does nothing. */
-void tbucket_rules_cancel(tbucket_charge *ch);
-
-/* Drop r's Range, Request-Range and If-Range when a rule of dc counts
- * by status: the status must reach count= as the handler set it. */
-void tbucket_rules_no_ranges(request_rec *r, const tbucket_dir_conf *dc);
-
-/* Count a decision's rules for the status page (applied, refused,
- * banned, bans set). */
-void tbucket_rules_count(const tb_request_t *q,
-                         const tbucket_named_rule *const *which,
-                         unsigned known, const tb_result_t *res);
-
-/* The hooks of rules (the FORM expression function, the charge filter). */
-void tbucket_rules_register(void);
-
-/* ---- tbucket_form.c ------------------------------------------------- */
-
-/* TBucketFormTimeout's handler. */
-const char *tbucket_set_form_timeout(cmd_parms *cmd, void *dcv,
-                                     const char *arg);
-
-/* 1 when r has a body that the form reader has not read whole. */
-int tbucket_form_unread(request_rec *r);
-
-/* %{FORM:field} for ap_expr: the field of r's urlencoded body, read once
- * per request (at most dc->form_limit bytes, kept for the handler), ""
- * when absent, TBUCKET_FORM_UNREADABLE when it cannot be read. */
-#define TBUCKET_FORM_UNREADABLE "#form?"
-void tbucket_form_register(void);
 
 /* ---- tbucket_answer.c ------------------------------------------------ */
 

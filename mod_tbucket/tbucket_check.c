@@ -391,7 +391,7 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
                       where));
         }
     }
-    if ((msg = tbucket_cpu_check(ptemp))) {
+    if ((msg = tbucket_cpu_check(ptemp, main_s))) {
         return refused(main_s, msg);
     }
     return OK;

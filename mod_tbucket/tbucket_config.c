@@ -110,27 +110,6 @@ void tbucket_rules_setup(server_rec *main_s)
 
 /* ---- Directive handlers --------------------------------------------- */
 
-const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
-                              const char *value, const char *why)
-{
-    return apr_psprintf(cmd->pool, "%s: bad %s '%s': %s", cmd->cmd->name,
-                        what, value, why);
-}
-
-/* arg as a whole number in min..max into *n; else the message that
- * names what (bad_value). */
-const char *tbucket_int_value(cmd_parms *cmd, const char *what,
-                              const char *arg, int64_t min, int64_t max,
-                              int64_t *n)
-{
-    char err[128];
-
-    if (tb_parse_int(arg, min, max, n, err, sizeof(err)) != TB_OK) {
-        return tbucket_bad_value(cmd, what, arg, err);
-    }
-    return NULL;
-}
-
 /* "N | Off" with N in 1..max: *n is 0 for Off. */
 static const char *int_or_off(cmd_parms *cmd, const char *what,
                               const char *arg, int64_t max, int64_t *n)
@@ -145,129 +124,74 @@ static const char *int_or_off(cmd_parms *cmd, const char *what,
     return msg ? apr_pstrcat(cmd->pool, msg, " (or Off)", NULL) : NULL;
 }
 
-/* "name=value" into its two halves; NULL when there is no '='. */
-const char *tbucket_split_opt(apr_pool_t *p, const char *word,
-                              const char **value)
-{
-    const char *eq = strchr(word, '=');
-
-    if (!eq) {
-        return NULL;
-    }
-    *value = eq + 1;
-    return apr_pstrmemdup(p, word, eq - word);
-}
-
-const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
-                             const char *value, int *out)
-{
-    int64_t ms;
-    char err[128];
-
-    if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
-        return tbucket_bad_value(cmd, what, value, err);
-    }
-    if (ms < 1 || ms > 60000) {
-        return tbucket_bad_value(cmd, what, value, "must be 1ms..60s");
-    }
-    *out = (int)ms;
-    return NULL;
-}
-
 /* ---- Scalars: one value, one field --------------------------------- */
 
-/* A directive that sets one int field of a record from one word, as
- * httpd's ap_set_int_slot does: an enum's name, or an integer in range.
- * The table entry's cmd->info points at one. */
-typedef struct tbucket_scalar {
-    apr_size_t off;                   /* The int field.                 */
-    unsigned int set;                 /* Server records: its bit.       */
-    const char *what;                 /* The value, in messages.        */
-    const char *const *names;         /* An enum's names, in enum order;
-                                       * NULL for an integer.           */
-    int64_t min, max;                 /* names: their count in max.     */
-    const char *expect;               /* A bad name: what is expected.  */
-} tbucket_scalar;
-
+/* A directive that sets one field of a record from one word, as
+ * httpd's ap_set_int_slot does: the table entry's cmd->info is a
+ * tbucket_value (tbucket_options.c reads it), its name what the value is
+ * called in messages. */
 static const char *const mode_names[] = { "enforce", "shadow" };
 static const char *const header_names[] = { "legacy", "ietf", "both",
                                             "off" };
 
-static const tbucket_scalar sc_policy = {
-    APR_OFFSETOF(tbucket_srv_conf, policy), TBUCKET_SET_POLICY, "policy",
-    tb_policy_names, 0, TB_POLICY_COUNT, "expected open, closed or local"
+#define SRV(f) APR_OFFSETOF(tbucket_srv_conf, f)
+#define DIR(f) APR_OFFSETOF(tbucket_dir_conf, f)
+
+static const tbucket_value sc_policy = {
+    "policy", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(policy),
+    TBUCKET_SET_POLICY, 0, TB_POLICY_COUNT, 0, tb_policy_names, NULL,
+    NULL, NULL
 };
-static const tbucket_scalar sc_replicas = {
-    APR_OFFSETOF(tbucket_srv_conf, replicas), TBUCKET_SET_REPLICAS,
-    "replica count", NULL, 1, 100000, NULL
+static const tbucket_value sc_replicas = {
+    "replica count", TBUCKET_V_INT, TBUCKET_AT_INT, SRV(replicas),
+    TBUCKET_SET_REPLICAS, 1, 100000, 0, NULL, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_ipv6 = {
-    APR_OFFSETOF(tbucket_srv_conf, ipv6_bits), TBUCKET_SET_IPV6,
-    "IPv6 prefix length", NULL, 1, 128, NULL
+static const tbucket_value sc_ipv6 = {
+    "IPv6 prefix length", TBUCKET_V_INT, TBUCKET_AT_INT, SRV(ipv6_bits),
+    TBUCKET_SET_IPV6, 1, 128, 0, NULL, NULL, NULL, NULL
 };
 
 const char *const tbucket_refusal_log_names[TBUCKET_REFUSAL_LOGS] = {
     "off", "notice", "info", "debug"
 };
 
-static const tbucket_scalar sc_refusal_log = {
-    APR_OFFSETOF(tbucket_srv_conf, refusal_log), TBUCKET_SET_REFUSAL_LOG,
-    "level", tbucket_refusal_log_names, 0, TBUCKET_REFUSAL_LOGS,
-    "expected off, notice, info or debug"
+static const tbucket_value sc_refusal_log = {
+    "level", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(refusal_log),
+    TBUCKET_SET_REFUSAL_LOG, 0, TBUCKET_REFUSAL_LOGS, 0,
+    tbucket_refusal_log_names, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_shed_retry = {
-    APR_OFFSETOF(tbucket_srv_conf, shed_retry_s), TBUCKET_SET_SHED_RETRY,
-    "seconds", NULL, 1, 86400, NULL
+static const tbucket_value sc_shed_retry = {
+    "seconds", TBUCKET_V_INT, TBUCKET_AT_INT, SRV(shed_retry_s),
+    TBUCKET_SET_SHED_RETRY, 1, 86400, 0, NULL, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_mode = {
-    APR_OFFSETOF(tbucket_dir_conf, shadow), 0, "mode", mode_names, 0, 2,
-    "expected enforce or shadow"
+static const tbucket_value sc_mode = {
+    "mode", TBUCKET_V_NAME, TBUCKET_AT_INT, DIR(shadow), 0, 0, 2, 0,
+    mode_names, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_algorithm = {
-    APR_OFFSETOF(tbucket_dir_conf, algo), 0, "algorithm", tb_algo_names, 0,
-    TB_ALGO_COUNT, "expected token-bucket, gcra, sliding-window, "
-    "fixed-window or sliding-log"
+static const tbucket_value sc_algorithm = {
+    "algorithm", TBUCKET_V_NAME, TBUCKET_AT_INT, DIR(algo), 0, 0,
+    TB_ALGO_COUNT, 0, tb_algo_names, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_headers = {
-    APR_OFFSETOF(tbucket_dir_conf, headers), 0, "header style",
-    header_names, 0, 4, "expected legacy, ietf, both or off"
+static const tbucket_value sc_headers = {
+    "header style", TBUCKET_V_NAME, TBUCKET_AT_INT, DIR(headers), 0, 0, 4,
+    0, header_names, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_shards = {
-    APR_OFFSETOF(tbucket_dir_conf, shards), 0, "shard count", NULL, 1,
-    TB_MAX_SHARDS, NULL
+static const tbucket_value sc_shards = {
+    "shard count", TBUCKET_V_INT, TBUCKET_AT_INT, DIR(shards), 0, 1,
+    TB_MAX_SHARDS, 0, NULL, NULL, NULL, NULL
 };
-static const tbucket_scalar sc_priority = {
-    APR_OFFSETOF(tbucket_dir_conf, priority), 0, "priority",
-    tbucket_priority_names, 0, TBUCKET_PRIOS,
-    "expected critical, high, normal or low"
+static const tbucket_value sc_priority = {
+    "priority", TBUCKET_V_NAME, TBUCKET_AT_INT, DIR(priority), 0, 0,
+    TBUCKET_PRIOS, 0, tbucket_priority_names, NULL,
+    "expected critical, high, normal or low", NULL
 };
-
-/* Store d's value of arg in the record rec, or say what is wrong. */
-static const char *scalar_store(cmd_parms *cmd, const tbucket_scalar *d,
-                                void *rec, const char *arg)
-{
-    const char *msg;
-    int64_t n;
-
-    if (d->names) {
-        n = tb_name_index(d->names, (int)d->max, arg, 1);
-        if (n < 0) {
-            return tbucket_bad_value(cmd, d->what, arg, d->expect);
-        }
-    }
-    else if ((msg = tbucket_int_value(cmd, d->what, arg, d->min, d->max, &n))) {
-        return msg;
-    }
-    *(int *)((char *)rec + d->off) = (int)n;
-    return NULL;
-}
 
 static const char *set_srv_scalar(cmd_parms *cmd, void *dummy,
                                   const char *arg)
 {
-    const tbucket_scalar *d = cmd->info;
+    const tbucket_value *d = cmd->info;
     tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *msg = scalar_store(cmd, d, sc, arg);
+    const char *msg = tbucket_value_store(cmd, d, sc, arg);
 
     (void)dummy;
     if (!msg) {
@@ -279,7 +203,7 @@ static const char *set_srv_scalar(cmd_parms *cmd, void *dummy,
 static const char *set_dir_scalar(cmd_parms *cmd, void *dcv,
                                   const char *arg)
 {
-    return scalar_store(cmd, cmd->info, dcv, arg);
+    return tbucket_value_store(cmd, cmd->info, dcv, arg);
 }
 
 static const char *set_prefix(cmd_parms *cmd, void *dummy, const char *arg)
@@ -472,10 +396,8 @@ typedef struct tbucket_n_ttl {
     const char *what;                 /* N, in messages.                */
     int64_t max_n;
     int dflt_ttl_ms;
-    int64_t max_ttl_ms;
-    const char *ttl_why;              /* A ttl out of range.            */
     apr_size_t n_field;
-    apr_size_t ttl_field;
+    const tbucket_value *opts;        /* ttl=, into its field.          */
 } tbucket_n_ttl;
 
 /* The handler of both: cmd->info is the directive's tbucket_n_ttl. N
@@ -484,11 +406,10 @@ static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
 {
     const tbucket_n_ttl *f = cmd->info;
     int *n = (int *)((char *)dcv + f->n_field);
-    int *ttl_ms = (int *)((char *)dcv + f->ttl_field);
+    int *ttl_ms = (int *)((char *)dcv + f->opts[0].off);
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
-    const char *word, *value, *msg;
-    char err[128];
-    int64_t v, ms;
+    const char *msg;
+    int64_t v;
 
     if (!*n_arg) {
         return f->usage;
@@ -503,31 +424,26 @@ static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
         return msg;
     }
     *n = (int)v;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = tbucket_split_opt(cmd->temp_pool, word, &value);
-
-        if (!name || strcmp(name, "ttl")) {
-            return apr_psprintf(cmd->pool, "%s: unknown option '%s' "
-                                "(expected ttl=DURATION)", cmd->cmd->name,
-                                word);
-        }
-        if (tb_parse_duration_ms(value, &ms, err, sizeof(err)) != TB_OK) {
-            return tbucket_bad_value(cmd, "ttl", value, err);
-        }
-        if (ms < 1 || ms > f->max_ttl_ms) {
-            return tbucket_bad_value(cmd, "ttl", value, f->ttl_why);
-        }
-        *ttl_ms = (int)ms;
-    }
-    return NULL;
+    return tbucket_options(cmd, f->opts, dcv, NULL, args, NULL);
 }
+
+static const tbucket_value lease_opts[] = {
+    { "ttl", TBUCKET_V_DURATION, TBUCKET_AT_INT, DIR(lease_ttl_ms), 0, 1,
+      60000, TB_DURATION_BARE_MS, NULL, "DURATION", NULL, NULL },
+    { NULL }
+};
+
+static const tbucket_value concurrency_opts[] = {
+    { "ttl", TBUCKET_V_DURATION, TBUCKET_AT_INT, DIR(concurrency_ttl_ms), 0,
+      1, TB_MAX_CONCURRENCY_TTL_MS, TB_DURATION_BARE_MS, NULL, "DURATION",
+      NULL, NULL },
+    { NULL }
+};
 
 /* TBucketLease N [ttl=DURATION] | Off. */
 static const tbucket_n_ttl lease_form = {
     "TBucketLease: expected the tokens per lease, e.g. TBucketLease 20 "
-    "ttl=1s (or Off)", "lease size", 1000000, 1000, 60000,
-    "must be 1ms..60s", APR_OFFSETOF(tbucket_dir_conf, lease),
-    APR_OFFSETOF(tbucket_dir_conf, lease_ttl_ms)
+    "ttl=1s (or Off)", "lease size", 1000000, 1000, DIR(lease), lease_opts
 };
 
 
@@ -560,9 +476,7 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
 static const tbucket_n_ttl concurrency_form = {
     "TBucketConcurrency: expected the requests in flight per key, e.g. "
     "TBucketConcurrency 4 ttl=60s (or Off)", "limit", TB_MAX_CONCURRENCY,
-    TB_CONCURRENCY_TTL_MS, TB_MAX_CONCURRENCY_TTL_MS, "must be more than 0",
-    APR_OFFSETOF(tbucket_dir_conf, concurrency),
-    APR_OFFSETOF(tbucket_dir_conf, concurrency_ttl_ms)
+    TB_CONCURRENCY_TTL_MS, DIR(concurrency), concurrency_opts
 };
 
 /* ---- Local protection ----------------------------------------------- */
@@ -570,33 +484,35 @@ static const tbucket_n_ttl concurrency_form = {
 /* TBucketLocalConcurrency auto [min=N] [max=N]: the cap sets itself
  * from latency (shared/tables/tb_adapt.c); max 0 stands for the
  * server's MaxRequestWorkers, known in post_config. */
+typedef struct local_bounds {
+    int lo, hi;
+} local_bounds;
+
+static const tbucket_value local_auto_opts[] = {
+    { "min", TBUCKET_V_INT, TBUCKET_AT_INT, APR_OFFSETOF(local_bounds, lo),
+      0, 1, TBUCKET_MAX_LOCAL_LIMIT, 0, NULL, "N", NULL, NULL },
+    { "max", TBUCKET_V_INT, TBUCKET_AT_INT, APR_OFFSETOF(local_bounds, hi),
+      0, 1, TBUCKET_MAX_LOCAL_LIMIT, 0, NULL, "N", NULL, NULL },
+    { NULL }
+};
+
 static const char *local_auto(cmd_parms *cmd, tbucket_dir_conf *dc,
                               const char *args)
 {
-    int64_t lo = 1, hi = 0;
-    const char *word, *value, *name, *msg;
+    local_bounds b = { 1, 0 };
+    const char *msg = tbucket_options(cmd, local_auto_opts, &b, NULL, args,
+                                      NULL);
 
-    while (*(word = ap_getword_white(cmd->temp_pool, &args))) {
-        name = tbucket_split_opt(cmd->temp_pool, word, &value);
-        if (!name || (strcasecmp(name, "min") && strcasecmp(name, "max"))) {
-            return apr_psprintf(cmd->pool, "TBucketLocalConcurrency: "
-                                "unknown option '%s' after auto (expected "
-                                "min=N or max=N)", word);
-        }
-        msg = tbucket_int_value(cmd, name, value, 1, TBUCKET_MAX_LOCAL_LIMIT,
-                                strcasecmp(name, "min") ? &hi : &lo);
-        if (msg) {
-            return msg;
-        }
+    if (msg) {
+        return msg;
     }
-    if (hi && lo > hi) {
+    if (b.hi && b.lo > b.hi) {
         return apr_psprintf(cmd->pool, "TBucketLocalConcurrency auto: "
-                            "min=%" APR_INT64_T_FMT " is more than max=%"
-                            APR_INT64_T_FMT, lo, hi);
+                            "min=%d is more than max=%d", b.lo, b.hi);
     }
     dc->local_state = 1;
     dc->nlocal = 1;
-    dc->local[0] = tbucket_local_scope_add(cmd, (int)hi, (int)lo);
+    dc->local[0] = tbucket_local_scope_add(cmd, b.hi, b.lo);
     return NULL;
 }
 
@@ -640,64 +556,70 @@ static const char *set_local_concurrency(cmd_parms *cmd, void *dcv,
 static const char *set_priority(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
-    const char *msg = scalar_store(cmd, &sc_priority, dc, arg);
+    const char *msg = tbucket_value_store(cmd, &sc_priority, dc, arg);
 
     dc->prio_lowered = ap_check_cmd_context(cmd, NOT_IN_HTACCESS) != NULL;
     return msg;
 }
 
+static const char *shed_critical(cmd_parms *cmd, void *rec,
+                                 const char *value)
+{
+    (void)cmd;
+    (void)rec;
+    (void)value;
+    return "TBucketShed: critical requests are never shed; set low=, "
+           "normal= and/or high=";
+}
+
 /* TBucketShed low=P normal=P high=P | Off: P the busy share, 1..100 %,
  * at which that level is shed. */
+static const tbucket_value shed_opts[] = {
+    { "low", TBUCKET_V_INT, TBUCKET_AT_INT,
+      SRV(shed_pct) + TBUCKET_PRIO_LOW * sizeof(int), 0, 1, 100, 0, NULL,
+      "P", "a percentage of busy workers, 1..100", NULL },
+    { "normal", TBUCKET_V_INT, TBUCKET_AT_INT,
+      SRV(shed_pct) + TBUCKET_PRIO_NORMAL * sizeof(int), 0, 1, 100, 0, NULL,
+      "P", "a percentage of busy workers, 1..100", NULL },
+    { "high", TBUCKET_V_INT, TBUCKET_AT_INT,
+      SRV(shed_pct) + TBUCKET_PRIO_HIGH * sizeof(int), 0, 1, 100, 0, NULL,
+      "P", "a percentage of busy workers, 1..100", NULL },
+    { "critical", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, NULL,
+      NULL, shed_critical },
+    { NULL }
+};
+
 static const char *set_shed(cmd_parms *cmd, void *dummy, const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *word, *value, *msg;
-    int pct[TBUCKET_PRIOS] = { 0 }, i, seen = 0;
-    int64_t n;
+    const char *rest = args, *msg;
+    int i, seen = 0;
 
     (void)dummy;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = tbucket_split_opt(cmd->temp_pool, word, &value);
-        int p = name ? tb_name_index(tbucket_priority_names, TBUCKET_PRIOS,
-                                     name, 1) : -1;
-
-        if (!strcasecmp(word, "off") && !seen && !*args) {
-            seen = -1;
-            break;
-        }
-        if (p == TBUCKET_PRIO_CRITICAL) {
-            return "TBucketShed: critical requests are never shed; set "
-                   "low=, normal= and/or high=";
-        }
-        if (p < 0) {
-            return apr_psprintf(cmd->pool, "TBucketShed: unknown option "
-                                "'%s' (expected low=P, normal=P or high=P, "
-                                "P a percentage of busy workers 1..100, or "
-                                "Off)", word);
-        }
-        if ((msg = tbucket_int_value(cmd, name, value, 1, 100, &n))) {
-            return apr_pstrcat(cmd->pool, msg, " (a percentage of busy "
-                               "workers, 1..100)", NULL);
-        }
-        pct[p] = (int)n;
-        seen = 1;
+    memset(sc->shed_pct, 0, sizeof(sc->shed_pct));
+    sc->shed_min = 0;
+    if (!strcasecmp(ap_getword_conf(cmd->temp_pool, &rest), "off")
+        && !*rest) {
+        sc->set |= TBUCKET_SET_SHED;
+        return NULL;
+    }
+    if ((msg = tbucket_options(cmd, shed_opts, sc, NULL, args, &seen))) {
+        return msg;
     }
     if (!seen) {
         return "TBucketShed: expected low=P normal=P high=P (percent of "
                "busy workers), e.g. TBucketShed low=50 normal=80 high=95, "
                "or Off";
     }
-    sc->shed_min = 0;
     for (i = 0; i < TBUCKET_PRIOS; i++) {
-        sc->shed_pct[i] = pct[i];
-        if (pct[i] && (!sc->shed_min || pct[i] < sc->shed_min)) {
-            sc->shed_min = pct[i];
+        if (sc->shed_pct[i] && (!sc->shed_min
+                                || sc->shed_pct[i] < sc->shed_min)) {
+            sc->shed_min = sc->shed_pct[i];
         }
     }
     sc->set |= TBUCKET_SET_SHED;
     return NULL;
 }
-
 
 /* TBucketTopKeys K | Off: one table for the whole server (its entries
  * name their virtual host), so the main server's configuration only. */

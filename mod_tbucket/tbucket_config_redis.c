@@ -41,39 +41,65 @@ static apr_status_t tls_cleanup(void *ctx)
     return APR_SUCCESS;
 }
 
-/* A tls_* option of TBucketRedis into sc->tls: 1 when name is one (*msg
- * then says what is wrong with value, or is NULL), else 0. Files are
- * relative to ServerRoot, as httpd's own are. */
-static int tls_option(cmd_parms *cmd, tbucket_srv_conf *sc, const char *name,
-                      const char *value, const char **msg)
+/* tls_ca=, tls_cert=, tls_key=: a file, relative to ServerRoot as
+ * httpd's own are, into the field of rec (a const char *) at off. */
+static const char *tls_file(cmd_parms *cmd, void *rec, apr_size_t off,
+                            const char *what, const char *value)
 {
-    tb_tls_options_t *t = &sc->tls;
-    const char **file = !strcmp(name, "tls_ca")     ? &t->ca_file
-                         : !strcmp(name, "tls_cert") ? &t->cert_file
-                         : !strcmp(name, "tls_key")  ? &t->key_file
-                                                     : NULL;
+    const char **file = (const char **)((char *)rec + off);
 
-    *msg = NULL;
-    if (file) {
-        *file = *value ? ap_server_root_relative(cmd->pool, value) : NULL;
-        if (!*file) {
-            *msg = tbucket_bad_value(cmd, name, value, "not a file name");
-        }
-        return 1;
-    }
-    if (!strcmp(name, "tls_server_name")) {
-        t->server_name = apr_pstrdup(cmd->pool, value);
-        return 1;
-    }
-    if (!strcmp(name, "tls_verify")) {
-        if (strcasecmp(value, "on") && strcasecmp(value, "off")) {
-            *msg = tbucket_bad_value(cmd, name, value, "must be on or off");
-        }
-        t->no_verify = !strcasecmp(value, "off");
-        return 1;
-    }
-    return 0;
+    *file = *value ? ap_server_root_relative(cmd->pool, value) : NULL;
+    return *file ? NULL : tbucket_bad_value(cmd, what, value,
+                                            "not a file name");
 }
+
+#define TLS(f) (APR_OFFSETOF(tbucket_srv_conf, tls) \
+                + APR_OFFSETOF(tb_tls_options_t, f))
+
+static const char *tls_ca(cmd_parms *cmd, void *rec, const char *value)
+{
+    return tls_file(cmd, rec, TLS(ca_file), "tls_ca", value);
+}
+
+static const char *tls_cert(cmd_parms *cmd, void *rec, const char *value)
+{
+    return tls_file(cmd, rec, TLS(cert_file), "tls_cert", value);
+}
+
+static const char *tls_key(cmd_parms *cmd, void *rec, const char *value)
+{
+    return tls_file(cmd, rec, TLS(key_file), "tls_key", value);
+}
+
+static const char *const verify_names[] = { "on", "off" };
+
+#define SRV(f) APR_OFFSETOF(tbucket_srv_conf, f)
+
+/* The options of TBucketRedis after its URL. Timeouts: a bare number is
+ * ms, as the first configurations wrote them. */
+static const tbucket_value redis_opts[] = {
+    { "timeout", TBUCKET_V_DURATION, TBUCKET_AT_INT, SRV(timeout_ms),
+      TBUCKET_SET_TIMEOUT, 1, 60000, TB_DURATION_BARE_MS, NULL, "DURATION",
+      NULL, NULL },
+    { "connect_timeout", TBUCKET_V_DURATION, TBUCKET_AT_INT,
+      SRV(connect_timeout_ms), TBUCKET_SET_CONNECT_TIMEOUT, 1, 60000,
+      TB_DURATION_BARE_MS, NULL, "DURATION", NULL, NULL },
+    { "pool", TBUCKET_V_INT, TBUCKET_AT_INT, SRV(pool_size),
+      TBUCKET_SET_POOL, 1, 1024, 0, NULL, "N", NULL, NULL },
+    { "engine", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(engine), 0, 0,
+      TB_ENGINE_COUNT, 0, tb_engine_names, NULL, NULL, NULL },
+    { "tls_ca", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
+      NULL, tls_ca },
+    { "tls_cert", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
+      NULL, tls_cert },
+    { "tls_key", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
+      NULL, tls_key },
+    { "tls_server_name", TBUCKET_V_TEXT, TBUCKET_AT_INT,
+      TLS(server_name), 0, 0, 0, 0, NULL, "NAME", NULL, NULL },
+    { "tls_verify", TBUCKET_V_NAME, TBUCKET_AT_INT, TLS(no_verify), 0, 0, 2,
+      0, verify_names, NULL, NULL, NULL },
+    { NULL }
+};
 
 /* The TLS context of a TLS URL, made here so that its files are read by
  * root, before httpd drops privileges (a key may be readable by root
@@ -101,57 +127,13 @@ static const char *make_tls(cmd_parms *cmd, tbucket_srv_conf *sc,
     return NULL;
 }
 
-/* One name=value option of TBucketRedis into sc: NULL, or what is
- * wrong; *known is 0 when name is no option of it. */
-static const char *redis_option(cmd_parms *cmd, tbucket_srv_conf *sc,
-                                const char *name, const char *value,
-                                int *known)
-{
-    const char *msg;
-    int64_t n;
-    int e;
-
-    *known = 1;
-    if (tls_option(cmd, sc, name, value, &msg)) {
-        return msg;
-    }
-    if (!strcmp(name, "timeout") || !strcmp(name, "connect_timeout")) {
-        int timeout = name[0] == 't';
-
-        sc->set |= timeout ? TBUCKET_SET_TIMEOUT
-                           : TBUCKET_SET_CONNECT_TIMEOUT;
-        return tbucket_parse_ms(cmd, name, value, timeout ? &sc->timeout_ms
-                                                  : &sc->connect_timeout_ms);
-    }
-    if (!strcmp(name, "pool")) {
-        if ((msg = tbucket_int_value(cmd, "pool", value, 1, 1024, &n))) {
-            return msg;
-        }
-        sc->pool_size = (int)n;
-        sc->set |= TBUCKET_SET_POOL;
-        return NULL;
-    }
-    if (!strcmp(name, "engine")) {
-        if ((e = tb_name_index(tb_engine_names, TB_ENGINE_COUNT, value, 1))
-            < 0) {
-            return tbucket_bad_value(cmd, "engine", value,
-                             "expected auto, script or module");
-        }
-        sc->engine = e;
-        return NULL;
-    }
-    *known = 0;
-    return NULL;
-}
-
 const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
     const char *url = ap_getword_conf(cmd->temp_pool, &args);
-    const char *word, *value, *msg;
+    const char *msg;
     tb_redis_addr_t addr;
     char err[160];
-    int known;
 
     (void)dummy;
     if (!*url) {
@@ -167,68 +149,33 @@ const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args)
     memset(&sc->tls, 0, sizeof(sc->tls));
     sc->tls_ctx = NULL;
     sc->engine = TB_ENGINE_AUTO;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = tbucket_split_opt(cmd->temp_pool, word, &value);
-
-        msg = name ? redis_option(cmd, sc, name, value, &known) : NULL;
-        if (msg) {
-            return msg;
-        }
-        if (!name || !known) {
-            return apr_psprintf(cmd->pool, "TBucketRedis: unknown option "
-                                "'%s' (expected timeout=MS, "
-                                "connect_timeout=MS, pool=N, "
-                                "engine=auto|script|module, tls_ca=FILE, "
-                                "tls_cert=FILE, tls_key=FILE, "
-                                "tls_server_name=NAME or tls_verify=on|off)",
-                                word);
-        }
+    if ((msg = tbucket_options(cmd, redis_opts, sc, &sc->set, args,
+                               NULL))) {
+        return msg;
     }
     return make_tls(cmd, sc, &addr);
 }
 
-
-
+static const tbucket_value breaker_opts[] = {
+    { "threshold", TBUCKET_V_INT, TBUCKET_AT_INT, SRV(breaker_threshold),
+      TBUCKET_SET_THRESHOLD, 1, 1000000, 0, NULL, "N", NULL, NULL },
+    { "cooldown", TBUCKET_V_DURATION, TBUCKET_AT_INT64,
+      SRV(breaker_cooldown_ms), TBUCKET_SET_COOLDOWN, 1, 86400000,
+      TB_DURATION_BARE_MS, NULL, "DURATION", NULL, NULL },
+    { NULL }
+};
 
 const char *tbucket_set_breaker(cmd_parms *cmd, void *dummy,
-                               const char *args)
+                                const char *args)
 {
     tbucket_srv_conf *sc = srv_conf(cmd->server);
-    const char *word, *value;
-    char err[128];
-    int64_t n;
+    const char *msg;
     int seen = 0;
 
     (void)dummy;
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        const char *name = tbucket_split_opt(cmd->temp_pool, word, &value);
-
-        if (name && !strcmp(name, "threshold")) {
-            const char *msg = tbucket_int_value(cmd, "threshold", value, 1,
-                                        1000000, &n);
-
-            if (msg) {
-                return msg;
-            }
-            sc->breaker_threshold = (int)n;
-            sc->set |= TBUCKET_SET_THRESHOLD;
-        }
-        else if (name && !strcmp(name, "cooldown")) {
-            if (tb_parse_duration_ms(value, &n, err, sizeof(err)) != TB_OK) {
-                return tbucket_bad_value(cmd, "cooldown", value, err);
-            }
-            if (n < 1) {
-                return tbucket_bad_value(cmd, "cooldown", value, "must be > 0");
-            }
-            sc->breaker_cooldown_ms = n;
-            sc->set |= TBUCKET_SET_COOLDOWN;
-        }
-        else {
-            return apr_psprintf(cmd->pool, "TBucketBreaker: unknown option "
-                                "'%s' (expected threshold=N "
-                                "cooldown=DURATION)", word);
-        }
-        seen++;
+    if ((msg = tbucket_options(cmd, breaker_opts, sc, &sc->set, args,
+                               &seen))) {
+        return msg;
     }
     if (!seen) {
         return "TBucketBreaker: expected threshold=N and/or "

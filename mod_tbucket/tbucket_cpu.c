@@ -44,11 +44,11 @@ APLOG_USE_MODULE(tbucket);
 #define SETTLE_TRIES 100
 #define SETTLE_NS 50000L
 
-/* The configuration being read (main server only), and the worker's own
- * nice, read in each child. */
+/* What the running configuration does, copied at check time from the
+ * main server's record (where the directive puts TBucketCPUPriority's
+ * settings), and the worker's own nice, read in each child. */
 static struct {
-    int on;
-    int step[TBUCKET_PRIOS];
+    int step[TBUCKET_PRIOS];          /* All 0 when Off.                */
     int mode;                         /* How a thread is moved.         */
     int fd;                           /* MODE_HELPER: the helper's.     */
 } cpu;
@@ -93,22 +93,38 @@ void tbucket_cpu_pre_config(void)
     cpu.fd = -1;
 }
 
+#define STEP(p) (APR_OFFSETOF(tbucket_srv_conf, cpu_step) \
+                 + (p) * sizeof(int))
+#define STEP_OPT(name, p) { name, TBUCKET_V_INT, TBUCKET_AT_INT, STEP(p), \
+    0, NICE_MIN, NICE_MAX, 0, NULL, "N",                                 \
+    "nice steps from the worker's own, -20..19", NULL }
+
+static const tbucket_value cpu_opts[] = {
+    STEP_OPT("low", TBUCKET_PRIO_LOW),
+    STEP_OPT("normal", TBUCKET_PRIO_NORMAL),
+    STEP_OPT("high", TBUCKET_PRIO_HIGH),
+    STEP_OPT("critical", TBUCKET_PRIO_CRITICAL),
+    { NULL }
+};
+
 /* TBucketCPUPriority On [low=N] [normal=N] [high=N] [critical=N] | Off:
- * N nice steps from the worker's own, -20..19. */
+ * N nice steps from the worker's own, -20..19, into the main server's
+ * record. */
 const char *tbucket_cpu_set(cmd_parms *cmd, void *dummy, const char *args)
 {
+    tbucket_srv_conf *sc = ap_get_module_config(cmd->server->module_config,
+                                                &tbucket_module);
     const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    const char *first, *word, *name, *value, *msg;
-    int step[TBUCKET_PRIOS] = { LOW_STEP, 0, 0, 0 }, p;
-    int64_t n;
+    const char *first;
 
     (void)dummy;
     if (err) {
         return err;
     }
+    memset(sc->cpu_step, 0, sizeof(sc->cpu_step));
+    sc->cpu_on = 0;
     first = ap_getword_conf(cmd->temp_pool, &args);
     if (!strcasecmp(first, "off") && !*args) {
-        cpu.on = 0;
         return NULL;
     }
     if (strcasecmp(first, "on")) {
@@ -118,26 +134,9 @@ const char *tbucket_cpu_set(cmd_parms *cmd, void *dummy, const char *args)
                             "Off, not '%s%s%s'", first, *args ? " " : "",
                             args);
     }
-    while (*(word = ap_getword_conf(cmd->temp_pool, &args))) {
-        name = tbucket_split_opt(cmd->temp_pool, word, &value);
-        p = name ? tb_name_index(tbucket_priority_names, TBUCKET_PRIOS, name,
-                                 1) : -1;
-        if (p < 0) {
-            return apr_psprintf(cmd->pool, "TBucketCPUPriority: unknown "
-                                "option '%s' (expected low=N, normal=N, "
-                                "high=N or critical=N, N nice steps from "
-                                "the worker's own, -20..19)", word);
-        }
-        if ((msg = tbucket_int_value(cmd, name, value, NICE_MIN, NICE_MAX,
-                                     &n))) {
-            return apr_pstrcat(cmd->pool, msg, " (nice steps from the "
-                               "worker's own, -20..19)", NULL);
-        }
-        step[p] = (int)n;
-    }
-    memcpy(cpu.step, step, sizeof(step));
-    cpu.on = 1;
-    return NULL;
+    sc->cpu_on = 1;
+    sc->cpu_step[TBUCKET_PRIO_LOW] = LOW_STEP;
+    return tbucket_options(cmd, cpu_opts, sc, NULL, args, NULL);
 }
 
 /* The parent's nice value, which its children start with. */
@@ -197,13 +196,16 @@ static int nice_limit(rlim_t need, struct rlimit *rl)
     return setrlimit(RLIMIT_NICE, &want) == 0;
 }
 
-const char *tbucket_cpu_check(apr_pool_t *p)
+const char *tbucket_cpu_check(apr_pool_t *p, server_rec *main_s)
 {
+    const tbucket_srv_conf *sc = ap_get_module_config(main_s->module_config,
+                                                      &tbucket_module);
     struct rlimit rl;
     int base, k, any = 0;
     rlim_t need;
 
-    for (k = 0; cpu.on && k < TBUCKET_PRIOS; k++) {
+    for (k = 0; k < TBUCKET_PRIOS; k++) {
+        cpu.step[k] = sc->cpu_on ? sc->cpu_step[k] : 0;
         any |= cpu.step[k] != 0;
     }
     cpu.mode = MODE_NONE;

@@ -319,12 +319,11 @@ void tbucket_form_register(void)
 const char *tbucket_set_form_timeout(cmd_parms *cmd, void *dcv,
                                      const char *arg)
 {
-    tbucket_dir_conf *dc = dcv;
-    int ms;
-    const char *msg = tbucket_parse_ms(cmd, "timeout", arg, &ms);
+    static const tbucket_value timeout = {
+        "timeout", TBUCKET_V_DURATION, TBUCKET_AT_INT,
+        APR_OFFSETOF(tbucket_dir_conf, form_timeout_ms), 0, 1, 60000, 0,
+        NULL, "DURATION", NULL, NULL
+    };
 
-    if (!msg) {
-        dc->form_timeout_ms = ms;
-    }
-    return msg;
+    return tbucket_value_store(cmd, &timeout, dcv, arg);
 }

@@ -1,9 +1,94 @@
 /* tbucket_login.h -- what the login defence's files offer the others:
- * known clients (tbucket_known.c) and a request's limits decided in
- * parts (tbucket_parts.c). Included by mod_tbucket.h, after the records
- * and the decision it uses. */
+ * rules (tbucket_rules.c), the form reader (tbucket_form.c), known
+ * clients (tbucket_known.c) and a request's limits decided in parts
+ * (tbucket_parts.c). Included by mod_tbucket.h, after the records and
+ * the decision it uses. */
 #ifndef TBUCKET_LOGIN_H
 #define TBUCKET_LOGIN_H
+
+/* ---- tbucket_rules.c ------------------------------------------------ */
+
+/* 1 when an expression names what only authentication or another
+ * module sets (REMOTE_USER, AUTH_TYPE, %{ENV:..}, %{reqenv:..},
+ * %{note:..}), so that it is decided in fixups. */
+int tbucket_key_is_late(const char *expr);
+
+/* TBucketRule's and TBucketFormLimit's handlers (tbucket_config.c's
+ * table names them). */
+const char *tbucket_set_rule(cmd_parms *cmd, void *dcv, const char *args);
+const char *tbucket_set_form_limit(cmd_parms *cmd, void *dcv,
+                                   const char *arg);
+
+/* The merge of two scopes' rules into m (tbucket_merge_dir_conf). */
+void tbucket_rules_merge(tbucket_dir_conf *m, const tbucket_dir_conf *base,
+                         const tbucket_dir_conf *add);
+
+/* post_config (parent): each rule's counters in the segment. */
+void tbucket_named_rules_setup(server_rec *main_s);
+
+/* pre_config: start a new list of rules. */
+void tbucket_named_rules_pre_config(apr_pool_t *pconf);
+
+/* When a request's limits can be decided: the parts of a scope, by
+ * when their keys exist. EARLY: in the access phase, before the body
+ * is read (the main bucket, routes, rules on addresses and headers);
+ * BODY: rules on the form body, read once EARLY has passed; LATE: in
+ * fixups, after authentication (REMOTE_USER, another module's
+ * variables). */
+#define TBUCKET_PART_EARLY 1
+#define TBUCKET_PART_BODY 2
+#define TBUCKET_PART_LATE 4
+int tbucket_rule_part(const tbucket_named_rule *ru);
+
+struct tbucket_decision;
+
+/* Append to d's takes (from d->q.ntakes, at most TB_MAX_BUCKETS) a
+ * bucket for every rule of dc in parts whose key is not empty for r,
+ * into d->which[] the rule of each (same index); d->q.ntakes is the new
+ * count, also returned. */
+int tbucket_rules_takes(request_rec *r, const tbucket_dir_conf *dc,
+                        const tbucket_srv_conf *sc,
+                        struct tbucket_decision *d, int parts);
+
+/* After an allowed decision d of root's chain: keep the reservations of
+ * its count= rules in ch (made when NULL; the filter that settles them
+ * once the response's status is known is then added). Returns ch. */
+tbucket_charge *tbucket_rules_reserve(request_rec *root,
+                                      tbucket_srv_conf *sc,
+                                      const struct tbucket_decision *d,
+                                      tbucket_charge *ch);
+
+/* Forget ch's reservations (they were given back with the rest of a
+ * refused chain's takes). NULL does nothing. */
+void tbucket_rules_cancel(tbucket_charge *ch);
+
+/* Drop r's Range, Request-Range and If-Range when a rule of dc counts
+ * by status: the status must reach count= as the handler set it. */
+void tbucket_rules_no_ranges(request_rec *r, const tbucket_dir_conf *dc);
+
+/* Count a decision's rules for the status page (applied, refused,
+ * banned, bans set). */
+void tbucket_rules_count(const tb_request_t *q,
+                         const tbucket_named_rule *const *which,
+                         unsigned known, const tb_result_t *res);
+
+/* The hooks of rules (the FORM expression function, the charge filter). */
+void tbucket_rules_register(void);
+
+/* ---- tbucket_form.c ------------------------------------------------- */
+
+/* TBucketFormTimeout's handler. */
+const char *tbucket_set_form_timeout(cmd_parms *cmd, void *dcv,
+                                     const char *arg);
+
+/* 1 when r has a body that the form reader has not read whole. */
+int tbucket_form_unread(request_rec *r);
+
+/* %{FORM:field} for ap_expr: the field of r's urlencoded body, read once
+ * per request (at most dc->form_limit bytes, kept for the handler), ""
+ * when absent, TBUCKET_FORM_UNREADABLE when it cannot be read. */
+#define TBUCKET_FORM_UNREADABLE "#form?"
+void tbucket_form_register(void);
 
 /* ---- tbucket_known.c ------------------------------------------------ */
 
@@ -24,11 +109,6 @@ void tbucket_known_mark(request_rec *r, const tbucket_named_rule *ru,
                         tbucket_srv_conf *sc, const char *key);
 
 /* ---- tbucket_parts.c ------------------------------------------------ */
-
-/* Log and note what an answer from Redis (or its absence) says
- * (mod_tbucket.c). */
-void tbucket_note_call(request_rec *r, tbucket_srv_conf *sc,
-                       const tb_result_t *res);
 
 /* Whether dc's main bucket (TBucketLimit, routes, TBucketConcurrency) is
  * decided in parts (TBUCKET_PART_*): with the early rules, unless

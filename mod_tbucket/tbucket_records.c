@@ -70,6 +70,8 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(secret, TBUCKET_SET_SECRET);
 #undef TAKE
     m->top_k = base->top_k;
+    m->cpu_on = base->cpu_on;
+    memcpy(m->cpu_step, base->cpu_step, sizeof(m->cpu_step));
     m->set = add->set | base->set;
     memcpy(m->shed_pct, (add->set & TBUCKET_SET_SHED) ? add->shed_pct
                                                       : base->shed_pct,

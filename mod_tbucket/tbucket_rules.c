@@ -80,10 +80,10 @@ static int name_valid(const char *s)
     return n >= 1 && n <= RULE_NAME_MAX;
 }
 
-/* count=200,401,4xx into ru->count. */
-static const char *parse_count(cmd_parms *cmd, const char *list,
-                               tbucket_named_rule *ru)
+/* count=200,401,4xx into the rule rec's count. */
+static const char *parse_count(cmd_parms *cmd, void *rec, const char *list)
 {
+    tbucket_named_rule *ru = rec;
     char *copy = apr_pstrdup(cmd->temp_pool, list), *tok, *last;
 
     for (tok = apr_strtok(copy, ",", &last); tok;
@@ -113,61 +113,10 @@ static const char *parse_count(cmd_parms *cmd, const char *list,
     return NULL;
 }
 
-/* ban=30s|15m|1h|1d: 1 s .. 30 days. */
-static const char *parse_ban(cmd_parms *cmd, const char *v,
-                             tbucket_named_rule *ru)
+/* known-by=cookie|address|cookie,address into the rule rec. */
+static const char *parse_known_by(cmd_parms *cmd, void *rec, const char *v)
 {
-    static const struct { char unit; int64_t ms; } units[] = {
-        { 's', 1000 }, { 'm', 60000 }, { 'h', 3600000 }, { 'd', 86400000 }
-    };
-    const char *why = "a whole number of s, m, h or d, from 1s to 30d";
-    size_t len = strlen(v), i;
-    char *end;
-    long long n;
-
-    if (len < 2 || !apr_isdigit(v[0])) {
-        return tbucket_bad_value(cmd, "ban", v, why);
-    }
-    n = strtoll(v, &end, 10);
-    for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (end == v + len - 1 && *end == units[i].unit && n > 0
-            && n <= TB_MAX_BAN_MS / units[i].ms) {
-            ru->ban_ms = n * units[i].ms;
-            return NULL;
-        }
-    }
-    return tbucket_bad_value(cmd, "ban", v, why);
-}
-
-/* known=30d: how long a success keeps a client known, 1 s .. 400 d. */
-static const char *parse_known(cmd_parms *cmd, const char *v,
-                               tbucket_named_rule *ru)
-{
-    static const struct { char unit; int64_t ms; } units[] = {
-        { 's', 1000 }, { 'm', 60000 }, { 'h', 3600000 }, { 'd', 86400000 }
-    };
-    size_t len = strlen(v), i;
-    char *end;
-    long long n;
-
-    if (len >= 2 && apr_isdigit(v[0])) {
-        n = strtoll(v, &end, 10);
-        for (i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-            if (end == v + len - 1 && *end == units[i].unit && n > 0
-                && n <= 400LL * 86400000 / units[i].ms) {
-                ru->known_ms = n * units[i].ms;
-                return NULL;
-            }
-        }
-    }
-    return tbucket_bad_value(cmd, "known", v, "a whole number of s, m, h "
-                             "or d, from 1s to 400d");
-}
-
-/* known-by=cookie|address|cookie,address. */
-static const char *parse_known_by(cmd_parms *cmd, const char *v,
-                                  tbucket_named_rule *ru)
-{
+    tbucket_named_rule *ru = rec;
     char *copy = apr_pstrdup(cmd->temp_pool, v), *tok, *last;
 
     ru->known_by = 0;
@@ -180,8 +129,8 @@ static const char *parse_known_by(cmd_parms *cmd, const char *v,
             ru->known_by |= TBUCKET_KNOWN_ADDRESS;
         }
         else {
-            return tbucket_bad_value(cmd, "known-by", v, "cookie, address "
-                                     "or cookie,address");
+            ru->known_by = 0;
+            break;
         }
     }
     return ru->known_by ? NULL : tbucket_bad_value(cmd, "known-by", v,
@@ -189,37 +138,37 @@ static const char *parse_known_by(cmd_parms *cmd, const char *v,
                                                    "cookie,address");
 }
 
-/* The options after CAPACITY RATE. */
-static const char *parse_options(cmd_parms *cmd, const char **args,
+#define RULE(f) APR_OFFSETOF(tbucket_named_rule, f)
+#define KNOWN_MAX_MS (400LL * 86400000)
+
+/* The options after CAPACITY RATE. ban= takes no bare number: it never
+ * did, and a ban of "30" milliseconds is no ban. */
+static const tbucket_value rule_opts[] = {
+    { "cost", TBUCKET_V_INT, TBUCKET_AT_DOUBLE, RULE(cost), 0, 1,
+      (int64_t)TB_MAX_CAPACITY, 0, NULL, "N", NULL, NULL },
+    { "count", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL,
+      "STATUS,...", NULL, parse_count },
+    { "ban", TBUCKET_V_DURATION, TBUCKET_AT_INT64, RULE(ban_ms), 0, 1000,
+      TB_MAX_BAN_MS, 0, NULL, "DURATION", NULL, NULL },
+    { "known", TBUCKET_V_DURATION, TBUCKET_AT_INT64, RULE(known_ms), 0, 1000,
+      KNOWN_MAX_MS, 0, NULL, "DURATION", NULL, NULL },
+    { "known-by", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL,
+      "cookie|address", NULL, parse_known_by },
+    { NULL }
+};
+
+/* The options after CAPACITY RATE; a cost must fit the capacity. */
+static const char *parse_options(cmd_parms *cmd, const char *args,
                                  tbucket_named_rule *ru)
 {
-    const char *w, *msg = NULL;
-    int64_t n;
+    const char *msg = tbucket_options(cmd, rule_opts, ru, NULL, args, NULL);
 
-    while (!msg && *(w = ap_getword_conf(cmd->temp_pool, args))) {
-        if (!strncasecmp(w, "cost=", 5)) {
-            msg = tbucket_int_value(cmd, "cost", w + 5, 1,
-                                    (int64_t)ru->limit.capacity, &n);
-            ru->cost = (double)n;
-        }
-        else if (!strncasecmp(w, "count=", 6)) {
-            msg = parse_count(cmd, w + 6, ru);
-        }
-        else if (!strncasecmp(w, "ban=", 4)) {
-            msg = parse_ban(cmd, w + 4, ru);
-        }
-        else if (!strncasecmp(w, "known=", 6)) {
-            msg = parse_known(cmd, w + 6, ru);
-        }
-        else if (!strncasecmp(w, "known-by=", 9)) {
-            msg = parse_known_by(cmd, w + 9, ru);
-        }
-        else {
-            msg = tbucket_bad_value(cmd, "option", w, "expected cost=N, "
-                                    "count=STATUS,..., ban=DURATION, "
-                                    "known=DURATION or known-by=cookie|"
-                                    "address|cookie,address");
-        }
+    if (!msg && ru->cost > ru->limit.capacity) {
+        return tbucket_bad_value(cmd, "cost", apr_psprintf(cmd->temp_pool,
+                                 "%.0f", ru->cost), apr_psprintf(
+                                 cmd->temp_pool, "more than the capacity, "
+                                 "%.0f: it could never be taken",
+                                 ru->limit.capacity));
     }
     if (!msg && ru->known_ms && !ru->counted) {
         msg = tbucket_bad_value(cmd, "known", "", "known= needs count=: "
@@ -276,14 +225,15 @@ static const char *parse_rule(cmd_parms *cmd, const char *args,
     if (!*key || !*cap || !*rate) {
         return apr_psprintf(cmd->pool, "TBucketRule %s: expected NAME KEY "
                             "CAPACITY RATE [cost=N] [count=STATUS,...] "
-                            "[ban=DURATION], or NAME Off", ru->name);
+                            "[ban=DURATION] [known=DURATION] [known-by="
+                            "cookie|address], or NAME Off", ru->name);
     }
     if ((msg = parse_key(cmd, key, ru)) != NULL
         || (msg = tbucket_parse_limit(cmd, cap, rate, &ru->limit)) != NULL) {
         return msg;
     }
     ru->cost = 1;
-    return parse_options(cmd, &args, ru);
+    return parse_options(cmd, args, ru);
 }
 
 /* When dc's rules can be decided (tbucket_rule_part), and whether one

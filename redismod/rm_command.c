@@ -13,6 +13,7 @@
  * (the remaining count is then that of nothing deducted).
  */
 #include <ctype.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,12 +198,25 @@ static int number_arg(const rm_arg_t *a, double *v)
     return rm_lua_number(a->p, a->len, v) && isfinite(*v);
 }
 
-#define FAIL(...)                                                      \
-    do {                                                               \
-        snprintf(err, errlen, "ERR %s: ", name);                       \
-        snprintf(err + strlen(err), errlen - strlen(err), __VA_ARGS__); \
-        return TB_ERR;                                                 \
-    } while (0)
+/* "ERR NAME: " and the message fmt makes, into err; TB_ERR, for the
+ * parsers to return. */
+static int fail(char *err, size_t errlen, const char *name,
+                const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, const char *name,
+                const char *fmt, ...)
+{
+    size_t n;
+    va_list ap;
+
+    snprintf(err, errlen, "ERR %s: ", name);
+    n = strlen(err);
+    va_start(ap, fmt);
+    vsnprintf(err + n, errlen - n, fmt, ap);
+    va_end(ap);
+    return TB_ERR;
+}
 
 /* numkeys as EVAL checks it, with EVAL's messages. */
 static int parse_numkeys(int argc, const rm_arg_t *argv, int *numkeys,
@@ -238,7 +252,8 @@ static int parse_clock(const char *name, const rm_arg_t *a,
     }
     if (!number_arg(a, &v) || v != floor(v)
         || fabs(v) > RM_MAX_CLOCK_MS) {
-        FAIL("ARGV[1] must be empty (Redis's clock) or whole ms");
+        return fail(err, errlen, name,
+                    "ARGV[1] must be empty (Redis's clock) or whole ms");
     }
     c->has_now = 1;
     c->now_ms = (int64_t)v;
@@ -259,26 +274,29 @@ static int parse_buckets(const char *name, const rm_arg_t *a,
 
         for (k = 0; k < 3; k++) {
             if (!number_arg(&a[1 + 3 * i + k], &v[k])) {
-                FAIL("bucket %d: the %s is not a finite number", i, what[k]);
+                return fail(err, errlen, name,
+                            "bucket %d: the %s is not a finite number", i,
+                            what[k]);
             }
         }
         c->lim[i].capacity = v[0];
         c->lim[i].rate_per_sec = v[1];
         c->cost[i] = v[2];
         if (tb_limit_check(&c->lim[i], why, sizeof(why)) != TB_OK) {
-            FAIL("bucket %d: %s", i, why);
+            return fail(err, errlen, name, "bucket %d: %s", i, why);
         }
         if (c->settle ? !(fabs(v[2]) <= TB_MAX_CAPACITY)
                       : !(v[2] >= 0 && v[2] <= TB_MAX_CAPACITY)) {
-            FAIL("bucket %d: the %s must be %s", i,
-                 c->settle ? "difference to settle" : "cost",
-                 c->settle ? "within -1e9 .. 1e9" : "0 .. 1e9");
+            return fail(err, errlen, name, "bucket %d: the %s must be %s", i,
+                        c->settle ? "difference to settle" : "cost",
+                        c->settle ? "within -1e9 .. 1e9" : "0 .. 1e9");
         }
         if (c->algo == TB_ALGO_SLIDING_LOG
             && (v[2] != floor(v[2])
                 || c->lim[i].capacity > TB_SLOG_MAX_CAPACITY)) {
-            FAIL("bucket %d: the sliding log takes whole costs and a "
-                 "capacity of at most 100000", i);
+            return fail(err, errlen, name,
+                        "bucket %d: the sliding log takes whole costs and a "
+                        "capacity of at most 100000", i);
         }
     }
     return TB_OK;
@@ -299,15 +317,16 @@ static int parse_rules(const char *name, const rm_arg_t *a, int extra,
         double ban;
 
         if (!arg_is(&a[2 * i], "0") && !arg_is(&a[2 * i], "1")) {
-            FAIL("bucket %d: held is 0 or 1", i);
+            return fail(err, errlen, name, "bucket %d: held is 0 or 1", i);
         }
         if (!number_arg(&a[2 * i + 1], &ban) || !(ban >= 0)) {
             snprintf(err, errlen, "ERR bad rules");
             return TB_ERR;
         }
         if (ban != floor(ban) || ban > (double)TB_MAX_BAN_MS) {
-            FAIL("bucket %d: a ban is whole ms, 0 .. %lld", i,
-                 (long long)TB_MAX_BAN_MS);
+            return fail(err, errlen, name,
+                        "bucket %d: a ban is whole ms, 0 .. %lld", i,
+                        (long long)TB_MAX_BAN_MS);
         }
         c->hold |= arg_is(&a[2 * i], "1") ? 1u << i : 0;
         c->ban_ms[i] = ban;
@@ -331,15 +350,17 @@ static int parse_mode(const char *name, const rm_arg_t *a, int extra,
     }
     if (settle_ok && arg_is(&a[0], "settle")) {
         if (extra > 1) {
-            FAIL("nothing may follow 'settle' but the concurrency "
-                 "arguments");
+            return fail(err, errlen, name,
+                        "nothing may follow 'settle' but the concurrency "
+                        "arguments");
         }
         c->settle = 1;
         return TB_OK;
     }
     if (c->algo != TB_ALGO_TOKEN_BUCKET) {
-        FAIL("%d argument(s) after the buckets' (it takes %s)", extra,
-             settle_ok ? "'settle' or nothing" : "nothing");
+        return fail(err, errlen, name,
+                    "%d argument(s) after the buckets' (it takes %s)", extra,
+                    settle_ok ? "'settle' or nothing" : "nothing");
     }
     if (arg_is(&a[0], "rules")) {
         return parse_rules(name, a + 1, extra - 1, c, err, errlen);
@@ -362,14 +383,17 @@ static int parse_conc(const char *name, const rm_arg_t *a,
     double ttl;
 
     if (!number_arg(&a[1], &c->conc_limit)) {
-        FAIL("the concurrency limit is not a finite number");
+        return fail(err, errlen, name,
+                    "the concurrency limit is not a finite number");
     }
     if (!number_arg(&a[2], &ttl) || ttl != floor(ttl) || ttl < 1
         || ttl > TB_MAX_CONCURRENCY_TTL_MS) {
-        FAIL("a slot's ttl must be whole ms, 1 .. 86400000");
+        return fail(err, errlen, name,
+                    "a slot's ttl must be whole ms, 1 .. 86400000");
     }
     if (a[3].len > RM_MAX_SLOT_ID) {
-        FAIL("a slot id is at most %d bytes", RM_MAX_SLOT_ID);
+        return fail(err, errlen, name,
+                    "a slot id is at most %d bytes", RM_MAX_SLOT_ID);
     }
     c->conc = 1;
     c->conc_ttl_ms = (int64_t)ttl;
@@ -387,22 +411,24 @@ int rm_parse(tb_algo_t algo, int argc, const rm_arg_t *argv,
     memset(c, 0, sizeof(*c));
     c->algo = algo;
     if ((unsigned)algo >= TB_ALGO_COUNT || argc < 2) {
-        FAIL("wrong number of arguments");
+        return fail(err, errlen, name, "wrong number of arguments");
     }
     if (argc > RM_MAX_ARGS) {
-        FAIL("at most %d arguments", RM_MAX_ARGS);
+        return fail(err, errlen, name, "at most %d arguments", RM_MAX_ARGS);
     }
     if (parse_numkeys(argc, argv, &c->numkeys, err, errlen) != TB_OK) {
         return TB_ERR;
     }
     if (c->numkeys > RM_MAX_KEYS) {
-        FAIL("at most %d keys: %d buckets and a slot set", RM_MAX_KEYS,
-             TB_MAX_BUCKETS);
+        return fail(err, errlen, name,
+                    "at most %d keys: %d buckets and a slot set", RM_MAX_KEYS,
+                    TB_MAX_BUCKETS);
     }
     a = argv + 2 + c->numkeys;
     nargv = argc - 2 - c->numkeys;
     if (nargv < 1) {
-        FAIL("ARGV[1], the clock, is missing (\"\" for Redis's)");
+        return fail(err, errlen, name,
+                    "ARGV[1], the clock, is missing (\"\" for Redis's)");
     }
     c->n = c->numkeys;
     /* The prelude's test, to the letter: 'conc' fourth from the end. */
@@ -413,19 +439,21 @@ int rm_parse(tb_algo_t algo, int argc, const rm_arg_t *argv,
         nargv -= 4;
         c->n = c->numkeys - 1;
         if (c->n < 0) {
-            FAIL("'conc' needs the slot set as the last key");
+            return fail(err, errlen, name,
+                        "'conc' needs the slot set as the last key");
         }
     }
     if (c->n > TB_MAX_BUCKETS) {
-        FAIL("at most %d buckets", TB_MAX_BUCKETS);
+        return fail(err, errlen, name, "at most %d buckets", TB_MAX_BUCKETS);
     }
     if (parse_clock(name, &a[0], c, err, errlen) != TB_OK) {
         return TB_ERR;
     }
     extra = nargv - (1 + 3 * c->n);
     if (extra < 0) {
-        FAIL("%d bucket(s) take %d arguments after the clock, not %d",
-             c->n, 3 * c->n, nargv - 1);
+        return fail(err, errlen, name,
+                    "%d bucket(s) take %d arguments after the clock, not %d",
+                    c->n, 3 * c->n, nargv - 1);
     }
     if (parse_mode(name, a + 1 + 3 * c->n, extra, c, err, errlen) != TB_OK
         || parse_buckets(name, a, c, err, errlen) != TB_OK) {

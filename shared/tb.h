@@ -90,10 +90,20 @@ tb_monotime_us tb_clock_monotonic_us(void);
  * large (> 1e9/s) or malformed values. */
 int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen);
 
-/* Parse a duration: "250ms", "10s", "2m", "1h" or bare milliseconds.
- * Result in milliseconds, 0 .. 86400000. */
+/* Parse a duration: a plain decimal and a unit, ms, s, m, h or d ("1.5m",
+ * "1d"), rounded up to a whole ms, into *ms, within [min_ms, max_ms];
+ * with TB_DURATION_BARE_MS a bare number is ms. Every refusal says:
+ * "expected a duration such as 500ms, 30s, 15m, 1h or 1d, from MIN to MAX". */
+#define TB_DURATION_BARE_MS 1u
+int tb_parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
+                      unsigned flags, int64_t *ms, char *err, size_t errlen);
+
+/* The shim's and tool's: the same grammar, bare ms, up to h, 0..24h. */
 int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
                          size_t errlen);
+
+/* ms in its largest whole unit ("30d", "1500ms"); length as snprintf. */
+size_t tb_format_duration(int64_t ms, char *buf, size_t len);
 
 /* Parse a whole number in [min, max] with nothing trailing. */
 int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,
@@ -764,58 +774,6 @@ int tb_client_settle(tb_client_t *c, const tb_request_t *req, double cost,
 int tb_client_give_back(tb_client_t *c, const char *rkey,
                         const tb_limit_t *lim, double tokens,
                         tb_result_t *res);
-
-/* ==== Rules: charges after the response, bans ======================= */
-
-/* Charge every bucket of req its cost now: req's takes are rule buckets
- * (tb_take_t.key), typically the held ones of an allowed decision whose
- * response says the request counts (a failed login). Taken without a
- * check, into debt down to -capacity, like a settlement
- * (tb_client_settle): later decisions wait the debt out. Token bucket;
- * hold and ban_ms are not read. One script call per Cluster slot the
- * keys lie in. TB_OK when every bucket was charged (res as
- * tb_client_settle's), TB_ERR when some could not be (res->source
- * TB_SRC_ERROR, res->err why). No failure policy applies. Thread-safe. */
-int tb_client_charge(tb_client_t *c, const tb_request_t *req,
-                     tb_result_t *res);
-
-/* Give every bucket of req its cost back, up to its capacity (a count=
- * reservation whose status does not count; what a refused request's
- * earlier part took): as tb_client_charge(), the other way. */
-int tb_client_refund(tb_client_t *c, const tb_request_t *req,
-                     tb_result_t *res);
-
-/* The index of bans under a prefix is the sorted set "<prefix>bans"
- * (members the banned buckets' full keys, scores the bans' ends in ms of
- * Redis's clock), which no client key can name: theirs start with
- * "<prefix>{". It lives as long as its latest ban. */
-#define TB_BANS_SUFFIX "bans"
-
-/* An active ban, as tb_client_bans() lists it. */
-typedef struct tb_ban {
-    char rule[TB_NAME_MAX + 1];    /* The rule that set it.             */
-    char key[TB_KEY_RAW_MAX + 2];  /* The client key as stored: the
-                                    * sanitised form (tb_key_sanitize). */
-    int64_t left_ms;               /* Time left, > 0.                   */
-} tb_ban_t;
-
-/* The active bans under prefix, at most max of them, longest-lived last,
- * into out; *n their number. Reads the index, not the keyspace: one call
- * for the index and one per ban (a ban lifted by tb_client_unban, or
- * expired, is left out). TB_OK, or TB_ERR with c->err and c->errstr. */
-int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
-                   int max, int *n);
-
-/* Ban client key `key` (len bytes) by rule `rule` under prefix for ban_ms
- * (1 .. TB_MAX_BAN_MS) from now, as a refusal by a rule with ban= does
- * (a longer ban already there is kept), and list it. TB_OK or TB_ERR. */
-int tb_client_ban(tb_client_t *c, const char *prefix, const char *rule,
-                  const char *key, size_t len, int64_t ban_ms);
-
-/* Lift that ban: *found (may be NULL) is 1 when there was one. The
- * bucket itself is left as it is. TB_OK or TB_ERR. */
-int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
-                    const char *key, size_t len, int *found);
 
 /* ==== Concurrency limits ============================================= */
 

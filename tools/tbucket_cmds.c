@@ -1,8 +1,6 @@
 /* tbucket_cmds.c -- the tool's commands that speak to Redis: take,
  * inspect and reset a bucket, and list, set and lift the bans of
  * TBucketRule, each through one short-lived libtb client. */
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,26 +258,12 @@ int tool_cmd_reset(const tool_t *t)
 
 /* ---- bans ------------------------------------------------------------ */
 
-/* A ban's DURATION: a whole number of s, m, h or d, 1s .. 30d. */
+/* A ban's DURATION: the core's grammar, 1s .. 30d, as TBucketRule's
+ * ban= reads it. */
 static int parse_ban_ms(const char *s, int64_t *ms)
 {
-    static const char units[] = "smhd";
-    static const int64_t unit_ms[] = { 1000, 60000, 3600000, 86400000 };
-    const char *u;
-    char *end;
-    long long n;
-
-    if (!isdigit((unsigned char)s[0])) {
-        return -1;
-    }
-    errno = 0;
-    n = strtoll(s, &end, 10);
-    if (errno || !*end || end[1] || !(u = strchr(units, *end)) || n < 1
-        || n > TB_MAX_BAN_MS / unit_ms[u - units]) {
-        return -1;
-    }
-    *ms = n * unit_ms[u - units];
-    return 0;
+    return tb_parse_duration(s, 1000, TB_MAX_BAN_MS, 0, ms, NULL, 0)
+           == TB_OK ? 0 : -1;
 }
 
 static int ban_or_lift(const tool_t *t, int lift)

@@ -6,7 +6,8 @@
  * include tb.h only.
  *
  * algo/ is pure: no clock, I/O or allocation, and no call to anything of
- * libtb outside algo/ but base/ (STYLE.md, section 1; algo/README.md).
+ * libtb outside algo/ but base/ (docs/hacking.md, "Layers";
+ * algo/README.md).
  *
  * Every script folds its buckets into one verdict the same way as
  * tb_bucket.lua: the largest wait decides (-1, "never", beats any wait),

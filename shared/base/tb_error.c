@@ -1,8 +1,8 @@
 /* tb_error.c -- the one setter of an error and its message.
  *
- * The hiredis contract (STYLE.md, section 4): a failing call returns
- * TB_ERR and leaves a kind (TB_ERR_*) and a bounded message in a
- * tb__error_t the caller passes down; the client copies the last one into
+ * The hiredis contract (docs/hacking.md, "Errors and memory"): a failing
+ * call returns TB_ERR and leaves a kind (TB_ERR_*) and a bounded message
+ * in a tb__error_t the caller passes down; the client copies the last one into
  * tb_client_t.err and errstr. Every layer sets errors through here, so
  * each message is cut the same way and a batch's shared flag always
  * starts clear.

@@ -78,9 +78,18 @@ static const unit_t rate_units[] = {
     {"", 1}, {"/s", 1}, {"/m", 60}, {"/h", 3600}, {NULL, 0}
 };
 
+/* The duration grammar: every duration a host reads (the module's
+ * options, the shim's settings, the tool's flags) is a plain decimal and
+ * one of these units, rounded up to a whole millisecond; "" (a bare
+ * number, milliseconds) only where a host's older spelling had it. The
+ * shim's and the tool's tb_parse_duration_ms stops at h: its range ends
+ * at 24 hours. */
 static const unit_t duration_units[] = {
-    {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}, {NULL, 0}
+    {"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000},
+    {"d", 86400000}, {NULL, 0}
 };
+#define UNIT_DAY 5                    /* duration_units[UNIT_DAY] is d. */
+#define UP_TO_HOURS 0x100u            /* Flag: no d (the shim's, tool's). */
 
 /* 1 and *factor when end is one of the units, else 0. */
 static int unit_factor(const char *end, const unit_t *u, double *factor)
@@ -123,25 +132,79 @@ int tb_parse_rate(const char *s, double *per_sec, char *err, size_t errlen)
     return TB_OK;
 }
 
+/* ms as the largest unit that writes it whole: "30d", "1h", "90s",
+ * "1500ms". */
+size_t tb_format_duration(int64_t ms, char *buf, size_t len)
+{
+    int i = UNIT_DAY;
+    int n;
+
+    while (i > 1 && (ms == 0 || ms % (int64_t)duration_units[i].factor)) {
+        i--;
+    }
+    n = snprintf(buf, len, "%lld%s",
+                 (long long)(ms / (int64_t)duration_units[i].factor),
+                 duration_units[i].name);
+    return n < 0 ? 0 : (size_t)n;
+}
+
+/* The one refusal of a duration: what is expected, and the range. */
+static int duration_refused(int64_t min_ms, int64_t max_ms, int days,
+                            unsigned flags, char *err, size_t errlen)
+{
+    char lo[32], hi[32];
+
+    if (err && errlen) {
+        tb_format_duration(min_ms, lo, sizeof(lo));
+        tb_format_duration(max_ms, hi, sizeof(hi));
+        snprintf(err, errlen, "expected a duration such as 500ms, 30s, 15m%s"
+                 "%s, from %s to %s", days ? ", 1h or 1d" : " or 1h",
+                 flags & TB_DURATION_BARE_MS ? " (a bare number is ms)" : "",
+                 lo, hi);
+    }
+    return TB_ERR;
+}
+
+/* s in the grammar above, within [min_ms, max_ms]. */
+static int parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
+                          unsigned flags, int64_t *ms, char *err,
+                          size_t errlen)
+{
+    int last = flags & UP_TO_HOURS ? UNIT_DAY - 1 : UNIT_DAY;
+    char *end;
+    double v, mult = 0;
+    int i;
+
+    if (!s || leading_decimal(s, "duration", &v, &end, NULL, 0) != TB_OK) {
+        return duration_refused(min_ms, max_ms, last == UNIT_DAY, flags, err,
+                                errlen);
+    }
+    for (i = (flags & TB_DURATION_BARE_MS) ? 0 : 1; i <= last; i++) {
+        if (strcmp(end, duration_units[i].name) == 0) {
+            mult = duration_units[i].factor;
+        }
+    }
+    v = ceil(v * mult);
+    if (!(mult > 0) || v < (double)min_ms || v > (double)max_ms) {
+        return duration_refused(min_ms, max_ms, last == UNIT_DAY, flags, err,
+                                errlen);
+    }
+    *ms = (int64_t)v;
+    return TB_OK;
+}
+
+int tb_parse_duration(const char *s, int64_t min_ms, int64_t max_ms,
+                      unsigned flags, int64_t *ms, char *err, size_t errlen)
+{
+    return parse_duration(s, min_ms, max_ms, flags & TB_DURATION_BARE_MS, ms,
+                          err, errlen);
+}
+
 int tb_parse_duration_ms(const char *s, int64_t *ms, char *err,
                          size_t errlen)
 {
-    char *end;
-    double v, mult = 1;
-
-    if (leading_decimal(s, "duration", &v, &end, err, errlen) != TB_OK) {
-        return TB_ERR;
-    }
-    if (!unit_factor(end, duration_units, &mult)) {
-        return fail(err, errlen,
-                    "duration '%s' must end in ms, s, m or h", s);
-    }
-    v = v * mult;
-    if (v < 0 || v > 86400000.0) {
-        return fail(err, errlen, "duration '%s' is outside 0..24h", s);
-    }
-    *ms = (int64_t)ceil(v);
-    return TB_OK;
+    return parse_duration(s, 0, 86400000, TB_DURATION_BARE_MS | UP_TO_HOURS,
+                          ms, err, errlen);
 }
 
 int tb_parse_int(const char *s, int64_t min, int64_t max, int64_t *out,

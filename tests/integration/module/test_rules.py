@@ -426,7 +426,7 @@ BAD = [
     ("TBucketRule %s all 5 1/m" % ("x" * 33), "bad name"),
     ("TBucketRule ip all 5 1/m\nTBucketRule ip all 6 1/m",
      "already"),
-    ("TBucketRule ip all 5 1/m color=red", "bad option 'color=red'"),
+    ("TBucketRule ip all 5 1/m color=red", "unknown option 'color=red'"),
     ("TBucketRule ip all 5 1/m count=abc", "bad count 'abc'"),
     ("TBucketRule ip all 5 1/m count=600", "bad count '600'"),
     ("TBucketRule ip all 5 1/m count=6xx", "bad count '6xx'"),

@@ -122,14 +122,14 @@ def postgres():
     pg.stop()
 
 
-# test_shim_300_01 (slow, ~4.5 s of load): three psql loops and four PHP
+# test_shim_340_01 (slow, ~4.5 s of load): three psql loops and four PHP
 # processes with pdo_pgsql connect to Postgres for 4 s under one outbound
 # rule `capacity = 5; rate = "5/s"; on_limit = "wait"`, nothing else
 # set. Every connect waits for its token instead of failing, and the
 # connections Postgres received stay within capacity + rate x T and reach
 # at least 0.9 of it (the clients offer more than the rate all along).
 @pytest.mark.slow
-def test_shim_300_01(redis_server, postgres, tmp_path):
+def test_shim_340_01(redis_server, postgres, tmp_path):
     require(PHP, "php-cli")
     # A low rate: on a loaded 2-core machine one PDO connect took 200 ms
     # (5/s per process), and the clients must offer more than the rate.
