@@ -589,6 +589,9 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         tbucket_rules_count(&d->q, d->which, d->known, res);
         if (res->allowed && res->source == TB_SRC_REDIS) {
             rq->charge = tbucket_rules_reserve(root, sc, d, rq->charge);
+            if (d->known) {
+                tbucket_known_spared(sc, d);
+            }
         }
     }
     if (later && !res->allowed) {

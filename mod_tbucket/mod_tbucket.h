@@ -162,6 +162,8 @@ typedef enum {
                                        * a bucket of their own.         */
     TBUCKET_RULE_MARKED,              /* Clients made known (a success
                                        * under known=).                 */
+    TBUCKET_RULE_SPARED,              /* Known clients let in while the
+                                       * name was banned for the rest.  */
     TBUCKET_RULE_EVENTS
 } tbucket_rule_event;
 

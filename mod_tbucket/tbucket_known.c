@@ -204,3 +204,19 @@ void tbucket_known_mark(request_rec *r, const tbucket_named_rule *ru,
     }
     tbucket_count_named(ru->slot, TBUCKET_RULE_MARKED);
 }
+
+void tbucket_known_spared(tbucket_srv_conf *sc, const tbucket_decision *d)
+{
+    int64_t now = (int64_t)apr_time_as_msec(apr_time_now());
+    int i, banned;
+
+    for (i = 0; i < d->q.ntakes && sc->client && sc->client->tb; i++) {
+        if ((d->known & (1u << i)) && d->which[i] && d->base_key[i]
+            && tb_client_banned(sc->client->tb, sc->prefix,
+                                d->which[i]->name, d->base_key[i],
+                                strlen(d->base_key[i]), now, &banned)
+               == TB_OK && banned) {
+            tbucket_count_named(d->which[i]->slot, TBUCKET_RULE_SPARED);
+        }
+    }
+}

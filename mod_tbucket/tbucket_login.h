@@ -108,6 +108,11 @@ const char *tbucket_known_key(request_rec *r, const tbucket_named_rule *ru,
 void tbucket_known_mark(request_rec *r, const tbucket_named_rule *ru,
                         tbucket_srv_conf *sc, const char *key);
 
+/* After an allowed decision d with known clients in it: count, for the
+ * status page, each known client whose name's shared bucket is banned
+ * (a refusal it was spared); one HGET each, known clients only. */
+void tbucket_known_spared(tbucket_srv_conf *sc, const tbucket_decision *d);
+
 /* ---- tbucket_parts.c ------------------------------------------------ */
 
 /* Whether dc's main bucket (TBucketLimit, routes, TBucketConcurrency) is

@@ -37,7 +37,8 @@ const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
 };
 
 const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS] = {
-    "applied", "refused", "banned", "ban", "charged", "known", "marked"
+    "applied", "refused", "banned", "ban", "charged", "known", "marked",
+    "spared"
 };
 
 const char *const tbucket_priority_names[TBUCKET_PRIOS] = {

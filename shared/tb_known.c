@@ -8,7 +8,9 @@
  * one node. Reading one is one EXISTS, made only for a rule that asks
  * for it and only when that rule applies (a login post); a failed read
  * counts as unknown, the safe side. Cookies need no Redis at all
- * (base/tb_token.c).
+ * (base/tb_token.c). Also here: whether the bucket unknown clients
+ * share is banned, read after a known client's decision for the
+ * status page.
  */
 #include <stdio.h>
 #include <string.h>
@@ -81,6 +83,34 @@ int tb_client_know(tb_client_t *c, const char *prefix, const char *rule,
         tb__client_error(c, &e);
         return TB_ERR;
     }
+    tb__reply_free(r);
+    return TB_OK;
+}
+
+int tb_client_banned(tb_client_t *c, const char *prefix, const char *rule,
+                     const char *key, size_t len, int64_t now_ms,
+                     int *banned)
+{
+    char rkey[TB_KEY_BUF];
+    const char *argv[3] = { "HGET", rkey, "ban" };
+    size_t argvlen[3];
+    tb__cmd_t cmd = { 3, argv, argvlen };
+    tb__error_t e = { 0, 0, "" };
+    redisReply *r;
+
+    *banned = 0;
+    if (!c || !c->priv || !tb_key_build_rule(prefix, key, len, rule, rkey)) {
+        return TB_ERR;
+    }
+    argvlen[0] = 4;
+    argvlen[1] = strlen(rkey);
+    argvlen[2] = 3;
+    if (tb__client_command(c, rkey, &cmd, &r, &e) != TB_OK) {
+        tb__client_error(c, &e);
+        return TB_ERR;
+    }
+    *banned = r->type == REDIS_REPLY_STRING
+              && tb_strtod_c(r->str, NULL) > (double)now_ms;
     tb__reply_free(r);
     return TB_OK;
 }

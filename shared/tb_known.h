@@ -125,4 +125,12 @@ int tb_client_know(tb_client_t *c, const char *prefix, const char *rule,
                    const char *key, size_t len, const char *client,
                    int64_t ttl_ms);
 
+/* Whether rule's bucket of key (the one unknown clients share) is
+ * banned at now_ms (the host's clock in ms since the epoch; Redis's
+ * clock writes the ban): one HGET, for the status page's count of
+ * refusals a known client was spared. TB_OK or TB_ERR (*banned 0). */
+int tb_client_banned(tb_client_t *c, const char *prefix, const char *rule,
+                     const char *key, size_t len, int64_t now_ms,
+                     int *banned);
+
 #endif /* TB_KNOWN_H */

@@ -137,7 +137,14 @@ def test_module_193_01(apache_factory, redis_server):
     r = redis_server.client()
     assert r.hget(b"kn:{alice}:rule:user", "ban") is not None
     text = post_status(a)
-    assert 'event="known"' in text
+    # Her four decisions were known ones; three came while her name was
+    # banned for everyone else (the typo too).
+    known = [l for l in text.splitlines()
+             if 'rule="user"' in l and 'event="known"' in l]
+    spared = [l for l in text.splitlines()
+              if 'rule="user"' in l and 'event="spared"' in l]
+    assert known and known[0].split()[-1] == "4", known
+    assert spared and spared[0].split()[-1] == "4", spared
 
 
 def post_status(a):
