@@ -129,6 +129,11 @@ typedef struct tbucket_named_rule {
                                        * (%{FORM:...}, %{FORMLOGIN:...}):
                                        * decided once what needs no
                                        * body has passed.               */
+    unsigned int key_const:1;         /* Names nothing of the request
+                                       * (a constant such as "all"):
+                                       * its refusals are no client's
+                                       * doing, and are not logged for
+                                       * fail2ban (tbucket_expr_constant). */
     tb_limit_t limit;
     double cost;                      /* cost=, default 1.              */
     int counted;                      /* count= given: held before the
@@ -560,6 +565,10 @@ const char *tbucket_split_opt(apr_pool_t *p, const char *word,
                               const char **value);
 const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
                              const char *value, int *out);
+/* 1 when the string expression expr names no variable and no function
+ * (a constant such as "all"): every request gets the same key. Parses
+ * expr again in cmd->temp_pool; at config time only. */
+int tbucket_expr_constant(cmd_parms *cmd, const char *expr);
 
 /* ---- tbucket_config_redis.c ------------------------------------------ */
 

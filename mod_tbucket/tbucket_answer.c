@@ -2,7 +2,8 @@
  * decided: the X-RateLimit-* and IETF fields of the bucket that bound the
  * decision, the refusal (429 with Retry-After and a JSON body naming a
  * refusing TBucketRule, 403 for a cost that never fits, each with httpd's
- * error filters), and the refusal line TB00160 that fail2ban reads. */
+ * error filters), and the refusal line TB00160 that fail2ban reads (or
+ * TB00162 and TB00163 for refusals that are not the client's doing). */
 #include "apr_strings.h"
 
 #include "httpd.h"
@@ -163,7 +164,9 @@ static const char *quoted_key(request_rec *r, const tbucket_srv_conf *sc,
  * TBucketRule and whether its ban refused. The failure policy's
  * refusals (Redis could not decide) are not the client's doing: the
  * local policy's are logged as TB00163, which the fail2ban filter does
- * not match, and the closed policy's not at all. */
+ * not match, and the closed policy's not at all. Nor are refusals by a
+ * rule whose key is a constant (every client shares its bucket, so one
+ * client can empty it for all): TB00162, not matched either. */
 static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
                         const tbucket_decision *d)
 {
@@ -190,6 +193,19 @@ static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
                       "(Redis could not decide: the local failure policy's "
                       "share of the limit, not the client's own doing)", ip,
                       quoted_key(r, sc, d));
+        return;
+    }
+    if (ru && ru->key_const) {
+        /* One bucket shared by every client is empty: whoever emptied
+         * it, this client only came after. */
+        ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r,
+                      TBLOGNO(00162) "shared refused client=%s key=\"%s\" "
+                      "vhost=\"%s\" retry_after=%" APR_INT64_T_FMT
+                      " rule=%s%s (a rule whose key is the same for every "
+                      "client, not this client's own doing)", ip,
+                      quoted_key(r, sc, d),
+                      sc->vhost_name ? sc->vhost_name : "-", d->retry_s,
+                      ru->name, d->res.banned ? " banned" : "");
         return;
     }
     if (!ip || !tb_ip_key(ip, sc->ipv6_bits, net, sizeof(net))) {

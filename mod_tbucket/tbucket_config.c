@@ -117,6 +117,35 @@ const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
                         what, value, why);
 }
 
+/* Lookups made by the parse tbucket_expr_constant runs. Static: the
+ * configuration is read by one thread, and ap_expr's lookup function
+ * takes no context of its own. */
+static int expr_lookups;
+
+static int count_lookup(ap_expr_lookup_parms *parms)
+{
+    expr_lookups++;
+    return ap_expr_lookup_default(parms);
+}
+
+/* Every variable and function of a string expression (%{REMOTE_ADDR},
+ * %{md5:...}, %{FORM:log}) is resolved through the lookup function when
+ * it is parsed: none resolved means nothing of the request is read. */
+int tbucket_expr_constant(cmd_parms *cmd, const char *expr)
+{
+    ap_expr_info_t *info = apr_pcalloc(cmd->temp_pool, sizeof(*info));
+    const char *err;
+
+    info->filename = cmd->directive ? cmd->directive->filename : "";
+    info->line_number = cmd->directive ? cmd->directive->line_num : 0;
+    info->flags = AP_EXPR_FLAG_STRING_RESULT;
+    info->module_index = APLOG_MODULE_INDEX;
+    expr_lookups = 0;
+    err = ap_expr_parse(cmd->temp_pool, cmd->temp_pool, info, expr,
+                        count_lookup);
+    return !err && expr_lookups == 0;
+}
+
 /* arg as a whole number in min..max into *n; else the message that
  * names what (bad_value). */
 const char *tbucket_int_value(cmd_parms *cmd, const char *what,
