@@ -814,10 +814,15 @@ int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
 int tb_client_ban(tb_client_t *c, const char *prefix, const char *rule,
                   const char *key, size_t len, int64_t ban_ms);
 
-/* Lift that ban: *found (may be NULL) is 1 when there was one. The
- * bucket itself is left as it is. TB_OK or TB_ERR. */
+/* Lift that ban and refill the key's bucket for that rule (it is
+ * deleted: a missing bucket is full at the next decision), so that the
+ * key's owner gets in at once: a bucket left empty, or in debt after
+ * parallel attempts, would refuse the next try and ban again. With
+ * TB_UNBAN_KEEP_BUCKET in flags the bucket is left as it is. *found (may
+ * be NULL) is 1 when there was a ban. TB_OK or TB_ERR. */
+#define TB_UNBAN_KEEP_BUCKET 1u
 int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
-                    const char *key, size_t len, int *found);
+                    const char *key, size_t len, unsigned flags, int *found);
 
 /* ==== Concurrency limits ============================================= */
 

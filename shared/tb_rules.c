@@ -524,14 +524,24 @@ static int key_int(tb_client_t *c, const char *key, const char *const *w,
     return TB_OK;
 }
 
+/* Lift the ban of the bucket KEYS[1] and, unless ARGV[1] is "1", delete
+ * the bucket (a missing bucket is a full one at the next decision):
+ * {ban lifted 0|1, bucket deleted 0|1}. */
+static const char unban_lua[] =
+    "local b = redis.call('HDEL', KEYS[1], 'ban') "
+    "local d = 0 "
+    "if ARGV[1] ~= '1' then d = redis.call('DEL', KEYS[1]) end "
+    "return {b, d}";
+
 int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
-                    const char *key, size_t len, int *found)
+                    const char *key, size_t len, unsigned flags, int *found)
 {
     char rkey[TB_KEY_BUF], ikey[TB_KEY_BUF];
-    const char *hdel[3] = { "HDEL", rkey, "ban" };
+    const char *keep[1] = { flags & TB_UNBAN_KEEP_BUCKET ? "1" : "0" };
     const char *zrem[3] = { "ZREM", ikey, rkey };
     tb__error_t e = { 0, 0, "" };
-    long long removed = 0, ignored;
+    long long ignored;
+    redisReply *r = NULL;
 
     if (!c || !c->priv) {
         return TB_ERR;
@@ -541,15 +551,25 @@ int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
         tb__set_error(&e, TB_ERR_ARG, "unban: bad prefix, rule or key");
         goto err;
     }
-    if (key_int(c, rkey, hdel, 3, &removed, &e) != TB_OK
-        || key_int(c, ikey, zrem, 3, &ignored, &e) != TB_OK) {
+    if (eval(c, unban_lua, rkey, keep, 1, &r, &e) != TB_OK) {
+        goto err;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2
+        || r->element[0]->type != REDIS_REPLY_INTEGER) {
+        tb__set_error(&e, TB_ERR_PROTOCOL, "unban: unexpected reply");
         goto err;
     }
     if (found) {
-        *found = removed > 0;
+        *found = r->element[0]->integer > 0;
+    }
+    tb__reply_free(r);
+    r = NULL;
+    if (key_int(c, ikey, zrem, 3, &ignored, &e) != TB_OK) {
+        goto err;
     }
     return TB_OK;
 err:
+    tb__reply_free(r);
     tb__client_error(c, &e);
     return TB_ERR;
 }

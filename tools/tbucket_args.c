@@ -175,6 +175,7 @@ static const opt_def opt_table[] = {
     { "interval", K_DURATION, F(interval_ms), NONE, 100, 3600000, NULL, 0,
       "100ms..1h" },
     { "quiet", K_FLAG, F(quiet), NONE, 0, 0, NULL, 0, NULL },
+    { "keep-bucket", K_FLAG, F(keep_bucket), NONE, 0, 0, NULL, 0, NULL },
 };
 
 #define NOPTS (int)(sizeof(opt_table) / sizeof(opt_table[0]))

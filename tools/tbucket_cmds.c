@@ -299,7 +299,8 @@ static int ban_or_lift(const tool_t *t, int lift)
         return EXIT_USAGE;
     }
     rc = lift ? tb_client_unban(c, t->prefix, t->key, t->arg2,
-                                strlen(t->arg2), &found)
+                                strlen(t->arg2), t->keep_bucket
+                                ? TB_UNBAN_KEEP_BUCKET : 0, &found)
               : tb_client_ban(c, t->prefix, t->key, t->arg2,
                               strlen(t->arg2), ms);
     if (rc != TB_OK) {
@@ -310,8 +311,11 @@ static int ban_or_lift(const tool_t *t, int lift)
     tb_client_free(c);
     if (!t->quiet) {
         if (lift) {
-            printf("%s %s: %s\n", t->key, t->arg2,
-                   found ? "unbanned" : "was not banned");
+            printf("%s %s: %s; %s\n", t->key, t->arg2,
+                   found ? "unbanned" : "was not banned", t->keep_bucket
+                   ? "its bucket kept as it is (refused until it refills; "
+                     "unban without --keep-bucket refills it)"
+                   : "its bucket refilled");
         }
         else {
             printf("%s %s: banned for %llds\n", t->key, t->arg2,

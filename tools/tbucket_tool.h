@@ -49,6 +49,7 @@ typedef struct tool {
     tb_algo_t algo;            /* TB_ALGO_TOKEN_BUCKET unless set.    */
     int engine;                /* A tb_engine_t; -1 until set.       */
     int quiet;
+    int keep_bucket;           /* unban: lift the ban alone.         */
     int once;                  /* top: one frame, then exit.         */
     int interval_ms;           /* top: between frames, default 1000. */
 } tool_t;

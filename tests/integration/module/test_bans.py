@@ -15,34 +15,49 @@ import subprocess
 
 from tbtest.env import BUILD, fail2ban_hosts
 
+# A legacy login: answers the status its query string names (401 for a
+# failed login, 302 for a good one).
+LOGIN_CGI = r"""#!/bin/sh
+cat >/dev/null
+echo "Status: ${QUERY_STRING:-200}"
+echo "Content-Type: text/plain"
+echo
+echo done
+"""
 
-def get(a, path, src):
-    """One GET from source address src on a fresh connection: (status,
-    body text)."""
+
+def get(a, path, src, body=None):
+    """One GET (a POST of the form body, when given) from source address
+    src on a fresh connection: (status, body text)."""
     conn = http.client.HTTPConnection("127.0.0.1", a.port, timeout=15,
                                       source_address=(src, 0))
-    conn.request("GET", path, headers={"Connection": "close"})
+    h = {"Connection": "close"}
+    if body is not None:
+        h["Content-Type"] = "application/x-www-form-urlencoded"
+    conn.request("POST" if body is not None else "GET", path, body=body,
+                 headers=h)
     r = conn.getresponse()
     body = r.read().decode(errors="replace")
     conn.close()
     return r.status, body
 
 
-def site(redis, prefix, rules):
+def site(redis, prefix, rules, where="/login/"):
     return """
 TBucketRedis %s timeout=1000
 TBucketPrefix %s
 TBucketRefusalLog notice
-<Location /login/>
+<Location %s>
     TBucketEnable On
 %s
 </Location>
-""" % (redis.url, prefix, rules)
+""" % (redis.url, prefix, where, rules)
 
 
 def start(apache_factory, body):
     a = apache_factory()
     a.write_file("htdocs/login/ok.txt", "ok\n")
+    a.write_file("cgi-bin/login.cgi", LOGIN_CGI, 0o755)
     return a.start(body)
 
 
@@ -113,3 +128,56 @@ def test_module_250_03(apache_factory, redis_server):
     assert tag_lines(a, "TB00162") == []
     assert len(tag_lines(a, "TB00160")) == 1
     assert fail2ban_hosts(a.error_log) == ["127.0.0.7"]
+
+
+def tool(*args):
+    return subprocess.run([os.path.join(BUILD, "tbucket")] + list(args),
+                          capture_output=True, text=True, timeout=20)
+
+
+def login(a, user, status, src):
+    return get(a, "/cgi-bin/login.cgi?%d" % status, src,
+               "log=%s&pwd=x" % user)
+
+
+# tbucket unban lets the owner back in: after an attack on alice's name
+# her rule bucket is empty and banned; --keep-bucket lifts the ban alone,
+# and her next correct login is refused (and banned again) by the empty
+# bucket; a plain unban also refills the bucket, and her next correct
+# login gets through at once.
+def test_module_250_04(apache_factory, redis_server):
+    rules = '    TBucketRule user "%{FORM:log}" 3 1/h count=401 ban=1h'
+    a = start(apache_factory, site(redis_server, "u1:", rules,
+                                   "/cgi-bin/login.cgi"))
+    r = redis_server.client()
+    url = ["--url", redis_server.url, "--prefix", "u1:"]
+    codes = [login(a, "alice", 401, "127.0.0.%d" % i)[0]
+             for i in range(20, 25)]
+    assert codes == [401] * 3 + [429] * 2, codes
+    bucket = b"u1:{alice}:rule:user"
+    assert r.hget(bucket, "ban") is not None
+    assert float(r.hget(bucket, "tokens")) < 0.01
+    # Only the ban lifted: the empty bucket refuses her and bans again.
+    out = tool("unban", "user", "alice", "--keep-bucket", *url)
+    assert out.returncode == 0, out
+    assert out.stdout.startswith("user alice: unbanned; its bucket kept"), \
+        out.stdout
+    assert "without --keep-bucket refills it" in out.stdout
+    st, body = login(a, "alice", 302, "127.0.0.30")
+    assert st == 429 and '"rule":"user"' in body, (st, body)
+    assert r.hget(bucket, "ban") is not None
+    # The plain unban refills: her next correct login gets in.
+    out = tool("unban", "user", "alice", *url)
+    assert out.returncode == 0, out
+    assert out.stdout.strip() == "user alice: unbanned; its bucket refilled"
+    assert r.exists(bucket) == 0
+    assert login(a, "alice", 302, "127.0.0.30")[0] == 302
+    listed = tool("bans", *url)
+    assert listed.returncode == 0 and "alice" not in listed.stdout
+    # Unbanning a key that is not banned says so, and still refills.
+    assert [login(a, "bob", 401, "127.0.0.31")[0] for _ in range(3)] == \
+        [401] * 3
+    out = tool("unban", "user", "bob", *url)
+    assert out.stdout.strip() == "user bob: was not banned; its bucket " \
+                                 "refilled"
+    assert login(a, "bob", 302, "127.0.0.31")[0] == 302
