@@ -787,42 +787,8 @@ int tb_client_charge(tb_client_t *c, const tb_request_t *req,
 int tb_client_refund(tb_client_t *c, const tb_request_t *req,
                      tb_result_t *res);
 
-/* The index of bans under a prefix is the sorted set "<prefix>bans"
- * (members the banned buckets' full keys, scores the bans' ends in ms of
- * Redis's clock), which no client key can name: theirs start with
- * "<prefix>{". It lives as long as its latest ban. */
-#define TB_BANS_SUFFIX "bans"
-
-/* An active ban, as tb_client_bans() lists it. */
-typedef struct tb_ban {
-    char rule[TB_NAME_MAX + 1];    /* The rule that set it.             */
-    char key[TB_KEY_RAW_MAX + 2];  /* The client key as stored: the
-                                    * sanitised form (tb_key_sanitize). */
-    int64_t left_ms;               /* Time left, > 0.                   */
-} tb_ban_t;
-
-/* The active bans under prefix, at most max of them, longest-lived last,
- * into out; *n their number. Reads the index, not the keyspace: one call
- * for the index and one per ban (a ban lifted by tb_client_unban, or
- * expired, is left out). TB_OK, or TB_ERR with c->err and c->errstr. */
-int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
-                   int max, int *n);
-
-/* Ban client key `key` (len bytes) by rule `rule` under prefix for ban_ms
- * (1 .. TB_MAX_BAN_MS) from now, as a refusal by a rule with ban= does
- * (a longer ban already there is kept), and list it. TB_OK or TB_ERR. */
-int tb_client_ban(tb_client_t *c, const char *prefix, const char *rule,
-                  const char *key, size_t len, int64_t ban_ms);
-
-/* Lift that ban and refill the key's bucket for that rule (it is
- * deleted: a missing bucket is full at the next decision), so that the
- * key's owner gets in at once: a bucket left empty, or in debt after
- * parallel attempts, would refuse the next try and ban again. With
- * TB_UNBAN_KEEP_BUCKET in flags the bucket is left as it is. *found (may
- * be NULL) is 1 when there was a ban. TB_OK or TB_ERR. */
-#define TB_UNBAN_KEEP_BUCKET 1u
-int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
-                    const char *key, size_t len, unsigned flags, int *found);
+/* Bans: their index, and the tools' list, ban and unban. */
+#include "tb_bans.h"
 
 /* ==== Concurrency limits ============================================= */
 

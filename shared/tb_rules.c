@@ -377,14 +377,55 @@ static const char ban_lua[] =
     "end "
     "return 1";
 
-/* The active members of the index (at most ARGV[1]), after the clock. */
+/* The index after the clock, newest first (the latest-ending ban
+ * first): {now, the index's size, bans matched, members looked at, then
+ * at most ARGV[1] matching members}. ARGV[2] a rule and ARGV[3] a stored
+ * key narrow it, ARGV[4] is the prefix: both given, the one member is
+ * asked for; one given, the members are read in pages, newest first,
+ * and at most ARGV[5] of them, so that a huge index cannot hold Redis
+ * for long; none, the newest are read at once. Keys hold no brace and
+ * rule names no '}', so the member's "{KEY}:rule:RULE" is unambiguous. */
 static const char list_lua[] =
     "local t = redis.call('TIME') "
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
     "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) "
-    "local m = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1) "
-    "table.insert(m, 1, now) "
-    "return m";
+    "local lim, rule, key = tonumber(ARGV[1]), ARGV[2], ARGV[3] "
+    "local size = redis.call('ZCARD', KEYS[1]) "
+    "local out = {now, size, 0, size} "
+    "if rule == '' and key == '' then "
+    "  out[3] = size "
+    "  if lim > 0 then "
+    "    for _, m in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, lim - 1)) "
+    "    do table.insert(out, m) end "
+    "  end "
+    "  return out "
+    "end "
+    "if rule ~= '' and key ~= '' then "
+    "  local m = ARGV[4] .. '{' .. key .. '}:rule:' .. rule "
+    "  if redis.call('ZSCORE', KEYS[1], m) then "
+    "    out[3] = 1 "
+    "    if lim > 0 then table.insert(out, m) end "
+    "  end "
+    "  return out "
+    "end "
+    "local head, tail = ARGV[4] .. '{' .. key .. '}:rule:', "
+    "                   '}:rule:' .. rule "
+    "local cap, i = math.min(size, tonumber(ARGV[5])), 0 "
+    "while i < cap do "
+    "  local page = redis.call('ZREVRANGE', KEYS[1], i, "
+    "                          math.min(i + 999, cap - 1)) "
+    "  if #page == 0 then break end "
+    "  for _, m in ipairs(page) do "
+    "    if (key == '' or string.sub(m, 1, #head) == head) and "
+    "       (rule == '' or string.sub(m, -#tail) == tail) then "
+    "      out[3] = out[3] + 1 "
+    "      if out[3] <= lim then table.insert(out, m) end "
+    "    end "
+    "  end "
+    "  i = i + #page "
+    "end "
+    "out[4] = i "
+    "return out";
 
 /* "<prefix>bans" into out (TB_KEY_BUF bytes): 0 on a bad prefix. */
 static int index_key(const char *prefix, char *out)
@@ -617,50 +658,99 @@ static int ban_read(tb_client_t *c, const char *prefix, const char *rkey,
     return b->left_ms > 0;
 }
 
-int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
-                   int max, int *n)
+/* The script's arguments for q (may be NULL) into args (5 of them,
+ * pointing into count, key and scan): 0 when q is bad. */
+static int list_args(const char *prefix, const tb_bans_query_t *q, int max,
+                     const char **args, char *count, char *key, char *scan)
 {
-    char ikey[TB_KEY_BUF], count[24];
-    const char *args[1] = { count };
+    snprintf(count, 24, "%d", max > 0 ? max : 0);
+    snprintf(scan, 24, "%d", TB_BANS_SCAN_MAX);
+    key[0] = '\0';
+    if (q && q->key && !tb_key_sanitize(q->key, q->key_len, key)) {
+        return 0;
+    }
+    if (q && q->rule && !tb_name_valid(q->rule)) {
+        return 0;
+    }
+    args[0] = count;
+    args[1] = q && q->rule ? q->rule : "";
+    args[2] = key;
+    args[3] = prefix;
+    args[4] = scan;
+    return 1;
+}
+
+/* The listed members of reply r into out, each read and checked. */
+static int list_read(tb_client_t *c, const char *prefix, redisReply *r,
+                     tb_ban_t *out, int max, int *n, tb__error_t *e)
+{
+    long long now = r->element[0]->integer;
+    size_t i;
+
+    for (i = 4; i < r->elements && *n < max; i++) {
+        int got;
+
+        if (r->element[i]->type != REDIS_REPLY_STRING) {
+            continue;
+        }
+        got = ban_read(c, prefix, r->element[i]->str, now, &out[*n], e);
+        if (got < 0) {
+            return TB_ERR;
+        }
+        *n += got;
+    }
+    return TB_OK;
+}
+
+int tb_client_bans_query(tb_client_t *c, const char *prefix,
+                         tb_bans_query_t *q, tb_ban_t *out, int max, int *n)
+{
+    char ikey[TB_KEY_BUF], count[24], scan[24], key[TB_KEY_RAW_MAX + 1];
+    const char *args[5];
     tb__error_t e = { 0, 0, "" };
     redisReply *r = NULL;
-    long long now;
     size_t i;
 
     if (!c || !c->priv || !n || (max > 0 && !out)) {
         return TB_ERR;
     }
     *n = 0;
-    if (!index_key(prefix, ikey)) {
-        tb__set_error(&e, TB_ERR_ARG, "bans: bad prefix");
+    if (!index_key(prefix, ikey)
+        || !list_args(prefix, q, max, args, count, key, scan)) {
+        tb__set_error(&e, TB_ERR_ARG, "bans: bad prefix, rule or key");
         goto err;
     }
-    snprintf(count, sizeof(count), "%d", max > 0 ? max : 0);
-    if (eval(c, list_lua, ikey, args, 1, &r, &e) != TB_OK) {
+    if (eval(c, list_lua, ikey, args, 5, &r, &e) != TB_OK) {
         goto err;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1
-        || r->element[0]->type != REDIS_REPLY_INTEGER) {
-        tb__set_error(&e, TB_ERR_PROTOCOL, "bans: unexpected reply");
-        goto err;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4) {
+        goto bad;
     }
-    now = r->element[0]->integer;
-    for (i = 1; i < r->elements && *n < max; i++) {
-        int got;
-
-        if (r->element[i]->type != REDIS_REPLY_STRING) {
-            continue;
+    for (i = 0; i < 4; i++) {
+        if (r->element[i]->type != REDIS_REPLY_INTEGER) {
+            goto bad;
         }
-        got = ban_read(c, prefix, r->element[i]->str, now, &out[*n], &e);
-        if (got < 0) {
-            goto err;
-        }
-        *n += got;
+    }
+    if (q) {
+        q->size = r->element[1]->integer;
+        q->matched = r->element[2]->integer;
+        q->looked = r->element[3]->integer;
+    }
+    if (list_read(c, prefix, r, out, max, n, &e) != TB_OK) {
+        goto err;
     }
     tb__reply_free(r);
     return TB_OK;
+bad:
+    tb__set_error(&e, TB_ERR_PROTOCOL, "bans: unexpected reply");
 err:
     tb__reply_free(r);
     tb__client_error(c, &e);
     return TB_ERR;
+}
+
+int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
+                   int max, int *n)
+{
+    return tb_client_bans_query(c, prefix, NULL, out, max, n);
 }

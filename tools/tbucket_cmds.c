@@ -325,23 +325,45 @@ static int ban_or_lift(const tool_t *t, int lift)
     return 0;
 }
 
-#define BANS_MAX 10000
+/* The bans listing's last line: how many there are, and how many more
+ * than were shown (--limit), or that a filter stopped looking. */
+static void bans_summary(const tool_t *t, const tb_bans_query_t *q, int n)
+{
+    long long more = (long long)q->matched - n;
+
+    printf("%lld ban%s%s%s, newest first; %d shown", (long long)q->matched,
+           q->matched == 1 ? "" : "s", q->rule || q->key ? " matching" : "",
+           q->rule || q->key ? "" : " in all", n);
+    if (more > 0) {
+        printf(", %lld more not shown (--limit %.0f)", more, t->ban_limit);
+    }
+    if (q->looked < q->size) {
+        printf("; only the newest %lld of %lld bans were looked at",
+               (long long)q->looked, (long long)q->size);
+    }
+    printf("\n");
+}
 
 int tool_cmd_bans(const tool_t *t)
 {
-    tb_ban_t *b = calloc(BANS_MAX, sizeof(*b));
+    int max = (int)t->ban_limit, i, n = 0;
+    tb_ban_t *b = calloc((size_t)max, sizeof(*b));
+    tb_bans_query_t q;
     tb_client_t *c;
-    int i, n = 0;
 
     if (!b) {
         fprintf(stderr, "tbucket: out of memory\n");
         return EXIT_UNAVAILABLE;
     }
+    memset(&q, 0, sizeof(q));
+    q.rule = t->ban_rule;
+    q.key = t->ban_key;
+    q.key_len = t->ban_key ? strlen(t->ban_key) : 0;
     if (!(c = connect_client(t, TB_POLICY_OPEN))) {
         free(b);
         return EXIT_USAGE;
     }
-    if (tb_client_bans(c, t->prefix, b, BANS_MAX, &n) != TB_OK) {
+    if (tb_client_bans_query(c, t->prefix, &q, b, max, &n) != TB_OK) {
         redis_error(t, c->errstr, "");
         tb_client_free(c);
         free(b);
@@ -355,6 +377,9 @@ int tool_cmd_bans(const tool_t *t)
         /* Stored keys are sanitised: printable, no spaces. */
         printf("%-32s %-40s %lld\n", b[i].rule, b[i].key,
                (long long)((b[i].left_ms + 999) / 1000));
+    }
+    if (!t->quiet) {
+        bans_summary(t, &q, n);
     }
     free(b);
     return 0;
