@@ -32,9 +32,10 @@ typedef struct tb_ban {
 int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
                    int max, int *n);
 
-/* The members of the index a filtered listing looks at, at most, newest
- * first: a filter reads them inside Redis, in one script call. */
-#define TB_BANS_SCAN_MAX 100000
+/* The members of the index one call of a filtered listing matches
+ * inside Redis (about 20 ms of Redis's time): a listing of a big index
+ * is several calls, each short, so that decisions are not held up. */
+#define TB_BANS_PAGE 10000
 
 /* Which bans tb_client_bans_query() lists, and what it found. Zero it,
  * then set the filters. */
@@ -45,18 +46,16 @@ typedef struct tb_bans_query {
                                     * sanitised), or NULL.              */
     size_t key_len;
     int64_t size;                  /* Out: bans in the index.           */
-    int64_t matched;               /* Out: those that match: all of
-                                    * them without a filter; with one,
-                                    * among the newest `looked`.        */
-    int64_t looked;                /* Out: members looked at: the whole
-                                    * index, or TB_BANS_SCAN_MAX when a
-                                    * filter stopped there.             */
+    int64_t matched;               /* Out: those that match (all of
+                                    * them without a filter).           */
 } tb_bans_query_t;
 
 /* tb_client_bans() narrowed by q (may be NULL: every ban), which also
  * gets the counts: a rule and a key together are one lookup; one of
- * them reads at most TB_BANS_SCAN_MAX members inside Redis. Bans listed
- * are out[0 .. *n - 1]; matched - *n more match but are not listed. */
+ * them is matched inside Redis, TB_BANS_PAGE members a call, newest
+ * first (a ban added meanwhile may be counted twice, never missed). Bans
+ * listed are out[0 .. *n - 1]; matched - *n more match but are not
+ * listed. */
 int tb_client_bans_query(tb_client_t *c, const char *prefix,
                          tb_bans_query_t *q, tb_ban_t *out, int max, int *n);
 

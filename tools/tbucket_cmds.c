@@ -326,7 +326,7 @@ static int ban_or_lift(const tool_t *t, int lift)
 }
 
 /* The bans listing's last line: how many there are, and how many more
- * than were shown (--limit), or that a filter stopped looking. */
+ * than were shown (--limit). */
 static void bans_summary(const tool_t *t, const tb_bans_query_t *q, int n)
 {
     long long more = (long long)q->matched - n;
@@ -336,10 +336,6 @@ static void bans_summary(const tool_t *t, const tb_bans_query_t *q, int n)
            q->rule || q->key ? "" : " in all", n);
     if (more > 0) {
         printf(", %lld more not shown (--limit %.0f)", more, t->ban_limit);
-    }
-    if (q->looked < q->size) {
-        printf("; only the newest %lld of %lld bans were looked at",
-               (long long)q->looked, (long long)q->size);
     }
     printf("\n");
 }
