@@ -402,6 +402,10 @@ typedef struct tbucket_dir_conf {
     int key_is_addr;                  /* The key is the client address
                                        * written out (%{REMOTE_ADDR}):
                                        * warned about at startup.       */
+    int key_const;                    /* The key is a constant: every
+                                       * client shares the bucket, so
+                                       * its refusals are no client's
+                                       * doing (TB00162).               */
     unsigned int key_set:1, limit_set:1, cost_set:1;
     tb_limit_t limit;
     const tbucket_rule *rule;         /* The section that set the limit,
@@ -566,7 +570,8 @@ const char *tbucket_split_opt(apr_pool_t *p, const char *word,
 const char *tbucket_parse_ms(cmd_parms *cmd, const char *what,
                              const char *value, int *out);
 /* 1 when the string expression expr names no variable and no function
- * (a constant such as "all"): every request gets the same key. Parses
+ * (a constant such as "all"): every request gets the same key (an empty
+ * one is no constant: it stands for the client's address). Parses
  * expr again in cmd->temp_pool; at config time only. */
 int tbucket_expr_constant(cmd_parms *cmd, const char *expr);
 

@@ -136,6 +136,10 @@ int tbucket_expr_constant(cmd_parms *cmd, const char *expr)
     ap_expr_info_t *info = apr_pcalloc(cmd->temp_pool, sizeof(*info));
     const char *err;
 
+    /* An empty key stands for the client's address. */
+    if (!*expr) {
+        return 0;
+    }
     info->filename = cmd->directive ? cmd->directive->filename : "";
     info->line_number = cmd->directive ? cmd->directive->line_num : 0;
     info->flags = AP_EXPR_FLAG_STRING_RESULT;
@@ -399,6 +403,7 @@ static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
     dc->key_late = tbucket_key_is_late(arg);
     dc->key_is_addr = !strcasecmp(arg, "%{REMOTE_ADDR}")
                       || !strcasecmp(arg, "%{CONN_REMOTE_ADDR}");
+    dc->key_const = tbucket_expr_constant(cmd, arg);
     dc->key_set = 1;
     return NULL;
 }

@@ -87,7 +87,7 @@ def test_module_250_01(apache_factory, redis_server):
     assert len(lines) == 2 + len(OTHERS), lines
     for src in OTHERS:
         assert any("client=%s " % src in ln and ln.endswith(
-            "rule=all (a rule whose key is the same for every client, not "
+            "rule=all (a limit whose key is the same for every client, not "
             "this client's own doing)") for ln in lines), (src, lines)
     assert tag_lines(a, "TB00160") == []
     assert fail2ban_hosts(a.error_log) == []
@@ -181,3 +181,36 @@ def test_module_250_04(apache_factory, redis_server):
     assert out.stdout.strip() == "user bob: was not banned; its bucket " \
                                  "refilled"
     assert login(a, "bob", 302, "127.0.0.31")[0] == 302
+
+
+# TBucketKey set to a constant is one bucket for every client too: its
+# refusals are TB00162 lines (no rule=), and fail2ban finds none; an
+# inner scope keyed by the header again is the client's (TB00160).
+def test_module_250_05(apache_factory, redis_server):
+    body = """
+TBucketRedis %s timeout=1000
+TBucketPrefix k1:
+TBucketRefusalLog notice
+<Location /login/>
+    TBucketEnable On
+    TBucketKey "everyone"
+    TBucketLimit 3 1/h
+</Location>
+<Location /login/own/>
+    TBucketKey "%%{HTTP:X-Who}"
+</Location>
+""" % redis_server.url
+    a = start(apache_factory, body)
+    a.write_file("htdocs/login/own/ok.txt", "ok\n")
+    codes = [get(a, "/login/ok.txt", "127.0.0.%d" % i)[0]
+             for i in range(2, 7)]
+    assert codes == [200] * 3 + [429] * 2, codes
+    lines = tag_lines(a, "TB00162")
+    assert len(lines) == 2 and all(
+        'key="everyone"' in ln and "rule=" not in ln for ln in lines), lines
+    assert tag_lines(a, "TB00160") == []
+    assert fail2ban_hosts(a.error_log) == []
+    codes = [get(a, "/login/own/ok.txt", "127.0.0.8")[0] for _ in range(4)]
+    assert codes == [200] * 3 + [429], codes
+    assert len(tag_lines(a, "TB00160")) == 1
+    assert fail2ban_hosts(a.error_log) == ["127.0.0.8"]
