@@ -352,6 +352,9 @@ static int finish(tool_t *t)
         t->ban_rule = t->rule;
         t->rule = NULL;
     }
+    if (t->ban_key && !*t->ban_key) {
+        return tool_usage_error("--key", "empty");
+    }
     if (!t->config && (env = getenv("TBUCKET_CONFIG")) != NULL && *env) {
         t->config = env;
     }

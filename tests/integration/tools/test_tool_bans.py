@@ -121,7 +121,8 @@ def test_tool_004_02(redis_server):
     assert rows(p.stdout) == [] and " 0 shown" in p.stdout
     for bad, word in ((("--limit", "0"), "--limit"),
                       (("--limit", "100001"), "--limit"),
-                      (("--rule", "a/b"), "--rule")):
+                      (("--rule", "a/b"), "--rule"),
+                      (("--key", ""), "--key")):
         p = run(redis_server, "bans", *bad)
         assert p.returncode == 64 and word in p.stderr, (bad, p.stderr)
 
