@@ -33,7 +33,7 @@ int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
                    int max, int *n);
 
 /* The members of the index one call of a filtered listing matches
- * inside Redis (about 20 ms of Redis's time): a listing of a big index
+ * inside Redis (about 6 ms of Redis's time): a listing of a big index
  * is several calls, each short, so that decisions are not held up. */
 #define TB_BANS_PAGE 10000
 

@@ -384,7 +384,8 @@ static const char ban_lua[] =
  * the prefix: both given, the one member is asked for; one given, the
  * ARGV[6] members from offset ARGV[5] are matched here, so that the
  * client reads no member it does not list and no call holds Redis long
- * (10,000 members: about 20 ms); none, the newest are listed at once.
+ * (10,000 members: 6 ms of Redis, measured; 100,000 in one call held
+ * it 0.2 s); none, the newest are listed at once.
  * Keys hold no brace and rule names no '}', so a member's
  * "{KEY}:rule:RULE" is unambiguous. */
 static const char list_lua[] =
