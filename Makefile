@@ -47,8 +47,9 @@ endif
 # $(BUILD)/shared/algo/tb_script.c.
 CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
 CORE_SRC = $(wildcard shared/*.c shared/*/*.c)
-# The public header is tb.h and the tables' part it includes.
-TB_PUBLIC = shared/tb.h shared/tb_tables.h shared/tb_known.h
+# The public header is tb.h and the parts it includes (tables, bans,
+# known clients).
+TB_PUBLIC = shared/tb.h shared/tb_tables.h shared/tb_bans.h shared/tb_known.h
 CORE_HDR = $(TB_PUBLIC) $(wildcard shared/*_int.h shared/*/*.h)
 TB_SCRIPT_C = $(BUILD)/shared/algo/tb_script.c
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \

@@ -137,6 +137,11 @@ typedef struct tbucket_named_rule {
                                        * (%{FORM:...}, %{FORMLOGIN:...}):
                                        * decided once what needs no
                                        * body has passed.               */
+    unsigned int key_const:1;         /* Names nothing of the request
+                                       * (a constant such as "all"):
+                                       * its refusals are no client's
+                                       * doing, and are not logged for
+                                       * fail2ban (tbucket_expr_constant). */
     tb_limit_t limit;
     double cost;                      /* cost=, default 1.              */
     int counted;                      /* count= given: held before the
@@ -419,6 +424,10 @@ typedef struct tbucket_dir_conf {
     int key_is_addr;                  /* The key is the client address
                                        * written out (%{REMOTE_ADDR}):
                                        * warned about at startup.       */
+    int key_const;                    /* The key is a constant: every
+                                       * client shares the bucket, so
+                                       * its refusals are no client's
+                                       * doing (TB00162).               */
     unsigned int key_set:1, limit_set:1, cost_set:1;
     tb_limit_t limit;
     const tbucket_rule *rule;         /* The section that set the limit,
@@ -581,6 +590,12 @@ void tbucket_rules_setup(server_rec *main_s);
 const char *tbucket_parse_limit(cmd_parms *cmd, const char *cap,
                                 const char *rate, tb_limit_t *lim);
 const char *tbucket_quote_in_var_arg(const char *arg);
+
+/* 1 when the string expression expr names no variable and no function
+ * (a constant such as "all"): every request gets the same key (an empty
+ * one is no constant: it stands for the client's address). Parses
+ * expr again in cmd->temp_pool; at config time only. */
+int tbucket_expr_constant(cmd_parms *cmd, const char *expr);
 
 /* ---- tbucket_options.c ---------------------------------------------- */
 

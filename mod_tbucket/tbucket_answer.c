@@ -2,7 +2,8 @@
  * decided: the X-RateLimit-* and IETF fields of the bucket that bound the
  * decision, the refusal (429 with Retry-After and a JSON body naming a
  * refusing TBucketRule, 403 for a cost that never fits, each with httpd's
- * error filters), and the refusal line TB00160 that fail2ban reads. */
+ * error filters), and the refusal line TB00160 that fail2ban reads (or
+ * TB00162 and TB00163 for refusals that are not the client's doing). */
 #include "apr_strings.h"
 
 #include "httpd.h"
@@ -163,8 +164,12 @@ static const char *quoted_key(request_rec *r, const tbucket_srv_conf *sc,
  * TBucketRule and whether its ban refused. The failure policy's
  * refusals (Redis could not decide) are not the client's doing: the
  * local policy's are logged as TB00163, which the fail2ban filter does
- * not match, and the closed policy's not at all. */
+ * not match, and the closed policy's not at all. Nor are refusals by a
+ * TBucketRule or a TBucketKey whose key is a constant (every client
+ * shares the bucket, so one client can empty it for all): TB00162, not
+ * matched either. */
 static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
+                        const tbucket_dir_conf *dc,
                         const tbucket_decision *d)
 {
     static const int level[TBUCKET_REFUSAL_LOGS] = {
@@ -190,6 +195,20 @@ static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
                       "(Redis could not decide: the local failure policy's "
                       "share of the limit, not the client's own doing)", ip,
                       quoted_key(r, sc, d));
+        return;
+    }
+    if (ru ? ru->key_const : dc->key_const) {
+        /* One bucket shared by every client is empty: whoever emptied
+         * it, this client only came after. */
+        ap_log_rerror(APLOG_MARK, level[sc->refusal_log], 0, r,
+                      TBLOGNO(00162) "shared refused client=%s key=\"%s\" "
+                      "vhost=\"%s\" retry_after=%" APR_INT64_T_FMT
+                      "%s%s%s (a limit whose key is the same for every "
+                      "client, not this client's own doing)", ip,
+                      quoted_key(r, sc, d),
+                      sc->vhost_name ? sc->vhost_name : "-", d->retry_s,
+                      ru ? " rule=" : "", ru ? ru->name : "",
+                      d->res.banned ? " banned" : "");
         return;
     }
     if (!ip || !tb_ip_key(ip, sc->ipv6_bits, net, sizeof(net))) {
@@ -220,7 +239,7 @@ int tbucket_refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
                        "capacity\",\"cost\":%.0f,\"capacity\":%.0f}\n",
                        dc->cost, d->res.limit));
     }
-    log_refusal(r, sc, d);
+    log_refusal(r, sc, dc, d);
     apr_table_setn(r->err_headers_out, "Retry-After",
                    apr_psprintf(r->pool, "%" APR_INT64_T_FMT, d->retry_s));
     /* While the server is crowded, a refused client gives its worker

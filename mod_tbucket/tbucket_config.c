@@ -110,6 +110,39 @@ void tbucket_rules_setup(server_rec *main_s)
 
 /* ---- Directive handlers --------------------------------------------- */
 
+/* Lookups made by the parse tbucket_expr_constant runs. Static: the
+ * configuration is read by one thread, and ap_expr's lookup function
+ * takes no context of its own. */
+static int expr_lookups;
+
+static int count_lookup(ap_expr_lookup_parms *parms)
+{
+    expr_lookups++;
+    return ap_expr_lookup_default(parms);
+}
+
+/* Every variable and function of a string expression (%{REMOTE_ADDR},
+ * %{md5:...}, %{FORM:log}) is resolved through the lookup function when
+ * it is parsed: none resolved means nothing of the request is read. */
+int tbucket_expr_constant(cmd_parms *cmd, const char *expr)
+{
+    ap_expr_info_t *info = apr_pcalloc(cmd->temp_pool, sizeof(*info));
+    const char *err;
+
+    /* An empty key stands for the client's address. */
+    if (!*expr) {
+        return 0;
+    }
+    info->filename = cmd->directive ? cmd->directive->filename : "";
+    info->line_number = cmd->directive ? cmd->directive->line_num : 0;
+    info->flags = AP_EXPR_FLAG_STRING_RESULT;
+    info->module_index = APLOG_MODULE_INDEX;
+    expr_lookups = 0;
+    err = ap_expr_parse(cmd->temp_pool, cmd->temp_pool, info, expr,
+                        count_lookup);
+    return !err && expr_lookups == 0;
+}
+
 /* "N | Off" with N in 1..max: *n is 0 for Off. */
 static const char *int_or_off(cmd_parms *cmd, const char *what,
                               const char *arg, int64_t max, int64_t *n)
@@ -294,6 +327,7 @@ static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
     dc->key_late = tbucket_key_is_late(arg);
     dc->key_is_addr = !strcasecmp(arg, "%{REMOTE_ADDR}")
                       || !strcasecmp(arg, "%{CONN_REMOTE_ADDR}");
+    dc->key_const = tbucket_expr_constant(cmd, arg);
     dc->key_set = 1;
     return NULL;
 }

@@ -208,6 +208,7 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
     m->key = add->key_set ? add->key : base->key;
     m->key_late = add->key_set ? add->key_late : base->key_late;
     m->key_is_addr = add->key_set ? add->key_is_addr : base->key_is_addr;
+    m->key_const = add->key_set ? add->key_const : base->key_const;
     m->limit_set = add->limit_set | base->limit_set;
     m->limit = add->limit_set ? add->limit : base->limit;
     m->rule = add->limit_set ? add->rule : base->rule;

@@ -201,6 +201,7 @@ static const char *parse_key(cmd_parms *cmd, const char *key,
     ru->key_late = tbucket_key_is_late(key);
     ru->key_body = ap_strcasestr(key, "%{FORM:") != NULL
                    || ap_strcasestr(key, "%{FORMLOGIN:") != NULL;
+    ru->key_const = tbucket_expr_constant(cmd, key);
     ru->key_user = ru->key_body || ap_strcasestr(key, "REMOTE_USER")
                    || ap_strcasestr(key, "%{HTTP:")
                    || ap_strcasestr(key, "%{HTTP_")

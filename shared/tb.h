@@ -775,6 +775,9 @@ int tb_client_give_back(tb_client_t *c, const char *rkey,
                         const tb_limit_t *lim, double tokens,
                         tb_result_t *res);
 
+/* Bans: their index, and the tools' list, ban and unban. */
+#include "tb_bans.h"
+
 /* ==== Concurrency limits ============================================= */
 
 /* At most N requests of one client key in flight at once, across every

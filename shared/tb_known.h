@@ -1,5 +1,5 @@
 /* tb_known.h -- the part of libtb's public header about logins: rule
- * buckets' charges, refunds and bans (tb_rules.c), and known clients,
+ * buckets' charges and refunds (tb_rules.c), and known clients,
  * the signed tokens a cookie holds (base/tb_token.c) and the marks of
  * clients known by address (tb_known.c). Included by tb.h, which hosts
  * include alone. */
@@ -10,7 +10,7 @@
 #error "include tb.h, not tb_known.h"
 #endif
 
-/* ==== Rules: charges after the response, bans ======================= */
+/* ==== Rules: charges and refunds after the response ================= */
 
 /* Charge every bucket of req its cost now: req's takes are rule buckets
  * (tb_take_t.key), typically the held ones of an allowed decision whose
@@ -29,38 +29,6 @@ int tb_client_charge(tb_client_t *c, const tb_request_t *req,
  * earlier part took): as tb_client_charge(), the other way. */
 int tb_client_refund(tb_client_t *c, const tb_request_t *req,
                      tb_result_t *res);
-
-/* The index of bans under a prefix is the sorted set "<prefix>bans"
- * (members the banned buckets' full keys, scores the bans' ends in ms of
- * Redis's clock), which no client key can name: theirs start with
- * "<prefix>{". It lives as long as its latest ban. */
-#define TB_BANS_SUFFIX "bans"
-
-/* An active ban, as tb_client_bans() lists it. */
-typedef struct tb_ban {
-    char rule[TB_NAME_MAX + 1];    /* The rule that set it.             */
-    char key[TB_KEY_RAW_MAX + 2];  /* The client key as stored: the
-                                    * sanitised form (tb_key_sanitize). */
-    int64_t left_ms;               /* Time left, > 0.                   */
-} tb_ban_t;
-
-/* The active bans under prefix, at most max of them, longest-lived last,
- * into out; *n their number. Reads the index, not the keyspace: one call
- * for the index and one per ban (a ban lifted by tb_client_unban, or
- * expired, is left out). TB_OK, or TB_ERR with c->err and c->errstr. */
-int tb_client_bans(tb_client_t *c, const char *prefix, tb_ban_t *out,
-                   int max, int *n);
-
-/* Ban client key `key` (len bytes) by rule `rule` under prefix for ban_ms
- * (1 .. TB_MAX_BAN_MS) from now, as a refusal by a rule with ban= does
- * (a longer ban already there is kept), and list it. TB_OK or TB_ERR. */
-int tb_client_ban(tb_client_t *c, const char *prefix, const char *rule,
-                  const char *key, size_t len, int64_t ban_ms);
-
-/* Lift that ban: *found (may be NULL) is 1 when there was one. The
- * bucket itself is left as it is. TB_OK or TB_ERR. */
-int tb_client_unban(tb_client_t *c, const char *prefix, const char *rule,
-                    const char *key, size_t len, int *found);
 
 /* ==== Known clients ================================================== */
 

@@ -175,6 +175,10 @@ static const opt_def opt_table[] = {
     { "interval", K_DURATION, F(interval_ms), NONE, 100, 3600000, NULL, 0,
       "100ms..1h" },
     { "quiet", K_FLAG, F(quiet), NONE, 0, 0, NULL, 0, NULL },
+    { "keep-bucket", K_FLAG, F(keep_bucket), NONE, 0, 0, NULL, 0, NULL },
+    { "key", K_STRING, F(ban_key), NONE, 0, 0, NULL, 0, NULL },
+    { "limit", K_INT, F(ban_limit), NONE, 1, TOOL_BANS_MAX, NULL, 0,
+      NULL },
 };
 
 #define NOPTS (int)(sizeof(opt_table) / sizeof(opt_table[0]))
@@ -328,6 +332,7 @@ static void defaults(tool_t *t)
     t->interval_ms = 1000;
     t->engine = -1;
     t->cost = 1;
+    t->ban_limit = TOOL_BANS_LIMIT;
 }
 
 /* What the words say, once the options are read. */
@@ -338,6 +343,17 @@ static int finish(tool_t *t)
 
     if (!t->cmd) {
         return tool_usage_error("no command", NULL);
+    }
+    /* For bans, --rule names a TBucketRule to list, not a shim rule. */
+    if (strcmp(t->cmd, "bans") == 0 && t->rule) {
+        if (!tb_name_valid(t->rule)) {
+            return tool_usage_error("--rule", "bad rule name");
+        }
+        t->ban_rule = t->rule;
+        t->rule = NULL;
+    }
+    if (t->ban_key && !*t->ban_key) {
+        return tool_usage_error("--key", "empty");
     }
     if (!t->config && (env = getenv("TBUCKET_CONFIG")) != NULL && *env) {
         t->config = env;

@@ -283,7 +283,8 @@ static int ban_or_lift(const tool_t *t, int lift)
         return EXIT_USAGE;
     }
     rc = lift ? tb_client_unban(c, t->prefix, t->key, t->arg2,
-                                strlen(t->arg2), &found)
+                                strlen(t->arg2), t->keep_bucket
+                                ? TB_UNBAN_KEEP_BUCKET : 0, &found)
               : tb_client_ban(c, t->prefix, t->key, t->arg2,
                               strlen(t->arg2), ms);
     if (rc != TB_OK) {
@@ -294,8 +295,11 @@ static int ban_or_lift(const tool_t *t, int lift)
     tb_client_free(c);
     if (!t->quiet) {
         if (lift) {
-            printf("%s %s: %s\n", t->key, t->arg2,
-                   found ? "unbanned" : "was not banned");
+            printf("%s %s: %s; %s\n", t->key, t->arg2,
+                   found ? "unbanned" : "was not banned", t->keep_bucket
+                   ? "its bucket kept as it is (refused until it refills; "
+                     "unban without --keep-bucket refills it)"
+                   : "its bucket refilled");
         }
         else {
             printf("%s %s: banned for %llds\n", t->key, t->arg2,
@@ -305,23 +309,41 @@ static int ban_or_lift(const tool_t *t, int lift)
     return 0;
 }
 
-#define BANS_MAX 10000
+/* The bans listing's last line: how many there are, and how many more
+ * than were shown (--limit). */
+static void bans_summary(const tool_t *t, const tb_bans_query_t *q, int n)
+{
+    long long more = (long long)q->matched - n;
+
+    printf("%lld ban%s%s%s, newest first; %d shown", (long long)q->matched,
+           q->matched == 1 ? "" : "s", q->rule || q->key ? " matching" : "",
+           q->rule || q->key ? "" : " in all", n);
+    if (more > 0) {
+        printf(", %lld more not shown (--limit %.0f)", more, t->ban_limit);
+    }
+    printf("\n");
+}
 
 int tool_cmd_bans(const tool_t *t)
 {
-    tb_ban_t *b = calloc(BANS_MAX, sizeof(*b));
+    int max = (int)t->ban_limit, i, n = 0;
+    tb_ban_t *b = calloc((size_t)max, sizeof(*b));
+    tb_bans_query_t q;
     tb_client_t *c;
-    int i, n = 0;
 
     if (!b) {
         fprintf(stderr, "tbucket: out of memory\n");
         return EXIT_UNAVAILABLE;
     }
+    memset(&q, 0, sizeof(q));
+    q.rule = t->ban_rule;
+    q.key = t->ban_key;
+    q.key_len = t->ban_key ? strlen(t->ban_key) : 0;
     if (!(c = connect_client(t, TB_POLICY_OPEN))) {
         free(b);
         return EXIT_USAGE;
     }
-    if (tb_client_bans(c, t->prefix, b, BANS_MAX, &n) != TB_OK) {
+    if (tb_client_bans_query(c, t->prefix, &q, b, max, &n) != TB_OK) {
         redis_error(t, c->errstr, "");
         tb_client_free(c);
         free(b);
@@ -335,6 +357,9 @@ int tool_cmd_bans(const tool_t *t)
         /* Stored keys are sanitised: printable, no spaces. */
         printf("%-32s %-40s %lld\n", b[i].rule, b[i].key,
                (long long)((b[i].left_ms + 999) / 1000));
+    }
+    if (!t->quiet) {
+        bans_summary(t, &q, n);
     }
     free(b);
     return 0;

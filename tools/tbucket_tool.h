@@ -20,6 +20,8 @@
 #define EXIT_CONFIG 78
 
 #define URL_MAX 512
+#define TOOL_BANS_LIMIT 10000      /* bans: rows by default.         */
+#define TOOL_BANS_MAX 100000       /* bans --limit at most.          */
 #define DEFAULT_TIMEOUT_MS 1000
 
 typedef enum { POLICY_FAIL = 0, POLICY_OPEN, POLICY_CLOSED } tool_policy_t;
@@ -49,6 +51,10 @@ typedef struct tool {
     tb_algo_t algo;            /* TB_ALGO_TOKEN_BUCKET unless set.    */
     int engine;                /* A tb_engine_t; -1 until set.       */
     int quiet;
+    int keep_bucket;           /* unban: lift the ban alone.         */
+    const char *ban_rule;      /* bans --rule: that rule's alone.    */
+    const char *ban_key;       /* bans --key: that key's alone.      */
+    double ban_limit;          /* bans --limit: rows at most.        */
     int once;                  /* top: one frame, then exit.         */
     int interval_ms;           /* top: between frames, default 1000. */
 } tool_t;

@@ -258,7 +258,7 @@ def test_core_rules_06(cluster, drivers):
     assert tokens(node_of(kip), kip) == pytest.approx(3, abs=0.01)
     assert "ban=user,%s," % user in d.raw("bans 10")
     # A charge of buckets in two slots is a call per slot.
-    d.cmd("unban user %s" % user)
+    d.cmd("unban user %s keep" % user)
     res = d.cmd("charge - ip %s 5 0.001 1 user %s 2 0.001 1" % (ip, user))
     assert res["rc"] == 0, res
     assert tokens(node_of(kip), kip) == pytest.approx(2, abs=0.01)

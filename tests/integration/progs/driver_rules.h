@@ -14,7 +14,8 @@
  *       tb_client_charge() of those rule buckets (NOW as for rules):
  *       what take prints.
  *   ban RULE KEY MS       tb_client_ban(): rc=
- *   unban RULE KEY        tb_client_unban(): rc= found=
+ *   unban RULE KEY [keep] tb_client_unban() (keep: the bucket
+ *                         kept): rc= found=
  *   bans MAX              tb_client_bans(): n= then rule/key/left_ms per
  *                         ban, as ban=RULE,KEY,MS (KEY %-escaped).
  */
@@ -133,13 +134,14 @@ static void cmd_ban(tb_client_t *c, char **av, int ac, int lift)
     long klen;
     int rc, found = 0;
 
-    if (ac != (lift ? 2 : 3) || (klen = unescape(av[1])) < 0
+    if ((lift ? ac < 2 || ac > 3 || (ac == 3 && strcmp(av[2], "keep"))
+              : ac != 3) || (klen = unescape(av[1])) < 0
         || (!lift && to_i64(av[2], &ms))) {
-        printf("error usage: ban RULE KEY MS | unban RULE KEY\n");
+        printf("error usage: ban RULE KEY MS | unban RULE KEY [keep]\n");
         return;
     }
     rc = lift ? tb_client_unban(c, prefix, av[0], av[1], (size_t)klen,
-                                &found)
+                                ac == 3 ? TB_UNBAN_KEEP_BUCKET : 0, &found)
               : tb_client_ban(c, prefix, av[0], av[1], (size_t)klen, ms);
     printf("ok rc=%d found=%d err=%s\n", rc, found,
            rc == TB_OK ? "none" : tb_err_name(c->err));
