@@ -654,6 +654,7 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg,
     t->vhost_names = names;
     t->nvhosts = seg->nvhosts;
     collect_decisions(t, seg);
+    t->series = tbucket_series_read(p, now);
     tbucket_collect_top(t, now);
     collect_local(t, seg);
     collect_clients(t, seg);
@@ -741,6 +742,7 @@ static void render_json(request_rec *r, const tbucket_metrics *t)
     }
     ap_rputs("]", r);
     tbucket_top_json(r, t);
+    tbucket_series_json(r, t);
     ap_rputs("}\n", r);
 }
 

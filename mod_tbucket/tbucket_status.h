@@ -9,8 +9,9 @@
  * segment. tbucket_status.c builds it and prints the Prometheus text and
  * JSON views, tbucket_status_top.c adds the top keys and the rules (and
  * the JSON view's "top" object), tbucket_status_html.c prints the HTML
- * view, and tbucket_metrics.c holds what all need of a sample; only
- * these four include this.
+ * view, tbucket_status_chart.c draws the last 15 minutes, and
+ * tbucket_metrics.c holds what all need of a sample; only these five
+ * include this.
  */
 #ifndef TBUCKET_STATUS_H
 #define TBUCKET_STATUS_H
@@ -19,6 +20,7 @@
 #include "apr_tables.h"
 
 #include "tb.h"
+#include "tbucket_ring.h"
 
 #define TBUCKET_MAX_LABELS 4
 
@@ -80,6 +82,7 @@ typedef struct tbucket_metrics {
     tbucket_top *top;                 /* NULL when TBucketTopKeys is Off. */
     const char *const *vhost_names;   /* By vhost slot: an entry's vhost. */
     uint32_t nvhosts;
+    const tbucket_ring_series *series; /* The last 15 minutes, or NULL. */
 } tbucket_metrics;
 
 /* A new family at the end of t's table, from t->p, with no samples. */
@@ -129,5 +132,38 @@ void tbucket_top_json(request_rec *r, const tbucket_metrics *t);
 /* The HTML view of t, the body of the response to r
  * (tbucket_status_html.c). */
 void tbucket_status_html(request_rec *r, const tbucket_metrics *t);
+
+/* ---- The last 15 minutes (tbucket_status_chart.c) ---------------- */
+
+/* A moment the charts mark: the slot in which a breaker opened after
+ * one in which none was open, or in which rules began to set bans. */
+typedef enum {
+    TBUCKET_MARK_BREAKER = 0,
+    TBUCKET_MARK_BAN_WAVE,
+    TBUCKET_MARK_KINDS
+} tbucket_mark_kind;
+
+typedef struct tbucket_mark {
+    int slot;                         /* Index in the series.           */
+    tbucket_mark_kind kind;
+} tbucket_mark;
+
+#define TBUCKET_MAX_MARKS 8
+
+/* The marks of s, oldest first, at most max of them: how many. */
+int tbucket_series_marks(const tbucket_ring_series *s, tbucket_mark *m,
+                         int max);
+
+/* Slot i's refusals of every kind (limit, rule, ban, shed, local cap). */
+uint64_t tbucket_series_refused(const tbucket_ring_series *s, int i);
+
+/* The series at now, from p, or NULL before the segment exists. */
+const tbucket_ring_series *tbucket_series_read(apr_pool_t *p,
+                                               apr_time_t now);
+
+/* The HTML view's charts of t->series (nothing when it is NULL), and
+ * the JSON view's "series" member, with a leading comma. */
+void tbucket_series_html(request_rec *r, const tbucket_metrics *t);
+void tbucket_series_json(request_rec *r, const tbucket_metrics *t);
 
 #endif /* TBUCKET_STATUS_H */

@@ -818,10 +818,11 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     html_value(r, gen, sample_find(gen, "", &none), 0);
     ap_rprintf(r, "</p><p class=\"meta\">Counters cover every child; "
                "breaker state and pool figures are those of the process "
-               "that answered. Prometheus text: <a href=\"%s\">%s</a></p>"
-               "<h2>Decisions by outcome</h2>",
+               "that answered. Prometheus text: <a href=\"%s\">%s</a></p>",
                h(r, ap_escape_uri(r->pool, r->uri)),
                h(r, ap_escape_uri(r->pool, r->uri)));
+    tbucket_series_html(r, t);
+    ap_rputs("<h2>Decisions by outcome</h2>", r);
     html_by_label(r, fam_find(t, "tbucket_decisions_total"), &none,
                   "outcome", 1);
     html_vhosts(r, t);
