@@ -8,10 +8,12 @@ Two children (event MPM, servers=2) answer, so the series must be the
 server's, not one child's.
 """
 import json
+import os
 import re
+import subprocess
 
 from tbtest.apache import http_get
-from tbtest.env import free_port
+from tbtest.env import BUILD, free_port
 
 from test_status_html import assert_self_contained, figures
 
@@ -139,3 +141,30 @@ def test_module_240_02(apache_factory, redis_server):
     http_get(a.url("/limited/ok.txt"))
     assert sum(series(a)["decisions"]) == 14
     a.assert_log_clean(allowed=ALLOWED_TAGS)
+
+
+# `tbucket top --once` on the real page: its summary counts the banned
+# request among the outcomes, and a one-line sparkline shows the slots
+# that refused (blocks in a UTF-8 locale, an ASCII ramp in C).
+def test_module_240_03(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    a.start(conf(redis_server.url, a.port, free_port(), "s3:"))
+    traffic(a)
+    url = a.url("/tbucket-status")
+    for lang, low, high in (("C.UTF-8", "\u2581", "\u2588"), ("C", "_", "@")):
+        env = dict(os.environ, LC_ALL=lang)
+        p = subprocess.run([os.path.join(BUILD, "tbucket"), "top", url,
+                            "--once"], capture_output=True, timeout=20,
+                           env=env)
+        assert p.returncode == 0, p.stderr
+        out = p.stdout.decode("utf-8")
+        assert " rejected 3 " in out and " banned 1\n" in out, out
+        line = [ln for ln in out.splitlines()
+                if ln.startswith("refused, last 15 min: |")]
+        assert len(line) == 1, out
+        spark = line[0].split("|")[1]
+        assert len(spark) == 90, spark
+        # The 4 refusals fell in one or two slots: the larger is full.
+        assert spark.count(" ") >= 88 and high in spark, spark
+        assert "| now; 4 in all, at most " in line[0], line[0]
+        assert low in spark or spark.count(" ") == 89, spark
