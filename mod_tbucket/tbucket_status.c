@@ -743,6 +743,7 @@ static void render_json(request_rec *r, const tbucket_metrics *t)
     ap_rputs("]", r);
     tbucket_top_json(r, t);
     tbucket_series_json(r, t);
+    tbucket_bans_json(r, t);
     ap_rputs("}\n", r);
 }
 
@@ -794,6 +795,7 @@ static int wanted_view(request_rec *r)
  * default, HTML with ?view=html; both from one table of metrics. */
 int tbucket_status_handler(request_rec *r)
 {
+    tbucket_metrics *t;
     tbucket_shm_view seg;
     int view;
 
@@ -829,14 +831,18 @@ int tbucket_status_handler(request_rec *r)
     if (r->header_only) {
         return OK;
     }
-    if (view == VIEW_HTML) {
-        tbucket_status_html(r, collect(r->pool, &seg, apr_time_now()));
+    t = collect(r->pool, &seg, apr_time_now());
+    if (view == VIEW_TEXT) {
+        render_text(r, t);
+        return OK;
     }
-    else if (view == VIEW_JSON) {
-        render_json(r, collect(r->pool, &seg, apr_time_now()));
+    /* A person or a program looking: worth a call to Redis for bans. */
+    tbucket_collect_bans(t);
+    if (view == VIEW_HTML) {
+        tbucket_status_html(r, t);
     }
     else {
-        render_text(r, collect(r->pool, &seg, apr_time_now()));
+        render_json(r, t);
     }
     return OK;
 }

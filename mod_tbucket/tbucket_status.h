@@ -9,9 +9,9 @@
  * segment. tbucket_status.c builds it and prints the Prometheus text and
  * JSON views, tbucket_status_top.c adds the top keys and the rules (and
  * the JSON view's "top" object), tbucket_status_html.c prints the HTML
- * view, tbucket_status_chart.c draws the last 15 minutes, and
- * tbucket_metrics.c holds what all need of a sample; only these five
- * include this.
+ * view, tbucket_status_chart.c draws the last 15 minutes,
+ * tbucket_status_bans.c lists the active bans, and tbucket_metrics.c
+ * holds what all need of a sample; only these six include this.
  */
 #ifndef TBUCKET_STATUS_H
 #define TBUCKET_STATUS_H
@@ -83,7 +83,22 @@ typedef struct tbucket_metrics {
     const char *const *vhost_names;   /* By vhost slot: an entry's vhost. */
     uint32_t nvhosts;
     const tbucket_ring_series *series; /* The last 15 minutes, or NULL. */
+    apr_array_header_t *bans;         /* tbucket_ban_note, newest first;
+                                       * NULL when not asked (the text
+                                       * view).                         */
+    const char *bans_note;            /* Why some were not listed.      */
+    int bans_more;                    /* More are active than listed.   */
 } tbucket_metrics;
+
+/* An active ban, as the answering child's client listed it. */
+typedef struct tbucket_ban_note {
+    const char *redis;                /* The client's redacted URL.     */
+    const char *prefix;
+    tb_ban_t ban;
+    int64_t refused;                  /* Refusals of its key under its
+                                       * rule, last 15 minutes' top
+                                       * keys; -1: not among them.      */
+} tbucket_ban_note;
 
 /* A new family at the end of t's table, from t->p, with no samples. */
 tbucket_family *tbucket_family_add(tbucket_metrics *t, const char *name,
@@ -165,5 +180,17 @@ const tbucket_ring_series *tbucket_series_read(apr_pool_t *p,
  * the JSON view's "series" member, with a leading comma. */
 void tbucket_series_html(request_rec *r, const tbucket_metrics *t);
 void tbucket_series_json(request_rec *r, const tbucket_metrics *t);
+
+/* ---- Active bans (tbucket_status_bans.c) ------------------------- */
+
+/* Ask Redis for the active bans (t->bans, t->bans_note, t->bans_more),
+ * after tbucket_collect_top: once per client and prefix of this child,
+ * bounded, never through an open breaker. */
+void tbucket_collect_bans(tbucket_metrics *t);
+
+/* The HTML view's section of bans, and the JSON view's "bans" members
+ * (with a leading comma; nothing when t->bans is NULL). */
+void tbucket_bans_html(request_rec *r, const tbucket_metrics *t);
+void tbucket_bans_json(request_rec *r, const tbucket_metrics *t);
 
 #endif /* TBUCKET_STATUS_H */

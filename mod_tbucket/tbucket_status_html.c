@@ -822,6 +822,7 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
                h(r, ap_escape_uri(r->pool, r->uri)),
                h(r, ap_escape_uri(r->pool, r->uri)));
     tbucket_series_html(r, t);
+    tbucket_bans_html(r, t);
     ap_rputs("<h2>Decisions by outcome</h2>", r);
     html_by_label(r, fam_find(t, "tbucket_decisions_total"), &none,
                   "outcome", 1);

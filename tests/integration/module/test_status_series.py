@@ -168,3 +168,45 @@ def test_module_240_03(apache_factory, redis_server):
         assert spark.count(" ") >= 88 and high in spark, spark
         assert "| now; 4 in all, at most " in line[0], line[0]
         assert low in spark or spark.count(" ") == 89, spark
+
+
+# Active bans, newest first: the rule, the key, the time left and the
+# key's refusals under the rule in the last 15 minutes; in ?json too. A
+# key whose ban was lifted (tbucket unban) leaves the list; with none,
+# the page says so instead of showing an empty table.
+def test_module_240_04(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    dead = free_port()
+    a.start(conf(redis_server.url, a.port, dead, "s4:"))
+    page = http_get(a.url("/tbucket-status?view=html")).text
+    assert "No active ban." in page and 'class="bans"' not in page
+    traffic(a)
+    for _ in range(3):
+        http_get(a.url("/a/ok.txt"), {"X-User": "zed"})
+    doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
+    bans = doc["bans"]
+    assert [(b["rule"], b["key"]) for b in bans] == [("tight", "zed"),
+                                                     ("tight", "mo")], bans
+    assert 0 < bans[1]["left_ms"] <= bans[0]["left_ms"] <= 60000
+    assert bans[1]["refused_15m"] == 2 and bans[0]["refused_15m"] == 1
+    assert doc["bans_more"] is False
+    # The dead Redis: refused the call, or was not asked (its breaker
+    # opened in the answering child); the page says which.
+    note = doc["bans_note"]
+    assert note in ("redis://127.0.0.1:%d did not answer: connect: "
+                    "Connection refused" % dead,
+                    "not asked of redis://127.0.0.1:%d: its breaker is "
+                    "open" % dead), note
+    page = http_get(a.url("/tbucket-status?view=html")).text
+    rows = re.findall(r"<tr><td><code>(\w+)</code></td><td class=\"k\">"
+                      r"<code>(\w+)</code></td><td class=\"n\">((?:1 min )?\d+ s)</td>"
+                      r"<td class=\"n\">(\d+)</td></tr>", page)
+    assert [(r[0], r[1], r[3]) for r in rows] == [("tight", "zed", "1"),
+                                                  ("tight", "mo", "2")], rows
+    p = subprocess.run([os.path.join(BUILD, "tbucket"), "--url",
+                        redis_server.url, "--prefix", "s4:", "unban",
+                        "tight", "zed"], capture_output=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
+    assert [b["key"] for b in doc["bans"]] == ["mo"]
+    a.assert_log_clean(allowed=ALLOWED_TAGS)
