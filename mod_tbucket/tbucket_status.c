@@ -795,7 +795,7 @@ static int wanted_view(request_rec *r)
  * default, HTML with ?view=html; both from one table of metrics. */
 int tbucket_status_handler(request_rec *r)
 {
-    tbucket_metrics *t;
+    tbucket_metrics *t, bans;
     tbucket_shm_view seg;
     int view;
 
@@ -831,13 +831,20 @@ int tbucket_status_handler(request_rec *r)
     if (r->header_only) {
         return OK;
     }
-    t = collect(r->pool, &seg, apr_time_now());
     if (view == VIEW_TEXT) {
-        render_text(r, t);
+        render_text(r, collect(r->pool, &seg, apr_time_now()));
         return OK;
     }
-    /* A person or a program looking: worth a call to Redis for bans. */
-    tbucket_collect_bans(t);
+    /* A person or a program looking: worth a call to Redis for bans,
+     * made first so that the pool figures read next include it. */
+    memset(&bans, 0, sizeof(bans));
+    bans.p = r->pool;
+    tbucket_collect_bans(&bans);
+    t = collect(r->pool, &seg, apr_time_now());
+    t->bans = bans.bans;
+    t->bans_note = bans.bans_note;
+    t->bans_more = bans.bans_more;
+    tbucket_bans_refused(t);
     if (view == VIEW_HTML) {
         tbucket_status_html(r, t);
     }

@@ -181,12 +181,36 @@ const tbucket_ring_series *tbucket_series_read(apr_pool_t *p,
 void tbucket_series_html(request_rec *r, const tbucket_metrics *t);
 void tbucket_series_json(request_rec *r, const tbucket_metrics *t);
 
+/* ---- What the HTML view's files share (tbucket_status_html.c) ---- */
+
+/* The family called name, or NULL. */
+const tbucket_family *tbucket_html_family(const tbucket_metrics *t,
+                                          const char *name);
+/* The value of label name in l, or NULL. */
+const char *tbucket_html_label(const tbucket_labels *l, const char *name);
+/* The first sample of f with suffix carrying every label of want. */
+const tbucket_sample *tbucket_html_sample(const tbucket_family *f,
+                                          const char *suffix,
+                                          const tbucket_labels *want);
+/* One figure in a <td> (cell 1) or <span>, tagged with data-metric and
+ * data-labels; a dash without a sample. */
+void tbucket_html_value(request_rec *r, const tbucket_family *f,
+                        const tbucket_sample *s, int cell);
+/* A bar cell, n out of max. */
+void tbucket_html_bar(request_rec *r, uint64_t n, uint64_t max);
+
+/* Local protection's section (tbucket_status_local.c). */
+void tbucket_html_local(request_rec *r, const tbucket_metrics *t);
+
 /* ---- Active bans (tbucket_status_bans.c) ------------------------- */
 
-/* Ask Redis for the active bans (t->bans, t->bans_note, t->bans_more),
- * after tbucket_collect_top: once per client and prefix of this child,
- * bounded, never through an open breaker. */
+/* Ask Redis for the active bans (t->bans, t->bans_note, t->bans_more;
+ * t->p is the only other field read): once per client and prefix of
+ * this child, bounded, never through an open breaker. Before the other
+ * figures are read, so that the pool figures include its calls. Then
+ * tbucket_bans_refused, once t->top is there, adds each key's refusals. */
 void tbucket_collect_bans(tbucket_metrics *t);
+void tbucket_bans_refused(tbucket_metrics *t);
 
 /* The HTML view's section of bans, and the JSON view's "bans" members
  * (with a leading comma; nothing when t->bans is NULL). */

@@ -3,7 +3,8 @@
  * refused in the last 15 minutes.
  *
  * Bans live in Redis (shared/tb_rules.c keeps them in the bucket and an
- * index), so the page asks for them with the answering child's clients:
+ * index), so the page asks for them, when a TBucketRule of the
+ * configuration bans, with the answering child's clients:
  * once per distinct Redis client and key prefix among the servers, at
  * most BANS_ASKED bans each, and never while that client's breaker is
  * open (the page must not wait on a Redis that is known to be failing;
@@ -81,7 +82,18 @@ static void ask(tbucket_metrics *t, const tbucket_client *c,
         b->redis = c->label;
         b->prefix = prefix;
         b->ban = got[i];
-        b->refused = refused_of(t, &got[i]);
+        b->refused = -1;
+    }
+}
+
+void tbucket_bans_refused(tbucket_metrics *t)
+{
+    int i;
+
+    for (i = 0; t->bans && i < t->bans->nelts; i++) {
+        tbucket_ban_note *b = &APR_ARRAY_IDX(t->bans, i, tbucket_ban_note);
+
+        b->refused = refused_of(t, &b->ban);
     }
 }
 
@@ -93,6 +105,10 @@ void tbucket_collect_bans(tbucket_metrics *t)
     server_rec *s;
 
     t->bans = apr_array_make(t->p, 8, sizeof(tbucket_ban_note));
+    if (!tbucket_named_rules_ban()) {
+        /* No rule bans: no call (which would move the pool's figures). */
+        return;
+    }
     for (s = ap_server_conf; s && nseen < BANS_PAIRS; s = s->next) {
         const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                           &tbucket_module);
