@@ -408,17 +408,38 @@ static void html_last_failure(request_rec *r, const tbucket_metrics *t,
 }
 
 /* Everything about one Redis configuration (redacted URL and policy). */
-/* The engine the answering process's connections use, by name. */
+/* The engine: what the calls of every child went to (the module, or
+ * scripts), then the answering process's own connections, which say
+ * "unknown" until this process has made a call. */
 static void html_engine(request_rec *r, const tbucket_metrics *t,
                         const tbucket_labels *cl)
 {
     const tbucket_family *f = tbucket_html_family(t, "tbucket_redis_engine");
+    const tbucket_family *mc = tbucket_html_family(t,
+        "tbucket_redis_module_calls_total");
+    const tbucket_family *all = tbucket_html_family(t,
+                                                    "tbucket_redis_calls_total");
     const tbucket_sample *s = tbucket_html_sample(f, "", cl);
+    const tbucket_sample *m = tbucket_html_sample(mc, "", cl);
+    const tbucket_sample *n = tbucket_html_sample(all, "", cl);
     const char *e = s ? tbucket_html_label(&s->labels, "engine") : NULL;
+    const char *by = "no call yet";
 
-    ap_rprintf(r, "<tr><th>engine (answering process)</th>"
-               "<td class=\"n\" data-engine=\"%s\">%s</td></tr>",
-               h(r, e ? e : "-"), h(r, e ? e : "-"));
+    if (m && n && n->value) {
+        by = m->value == n->value ? "module" : m->value ? "module and script"
+                                                        : "script";
+    }
+    ap_rprintf(r, "<tr><th>engine (calls of every child)</th>"
+               "<td class=\"n\" data-engine-calls=\"%s\">%s: ", by, by);
+    tbucket_html_value(r, mc, m, 0);
+    ap_rputs(" of ", r);
+    tbucket_html_value(r, all, n, 0);
+    ap_rprintf(r, " calls to the module</td></tr><tr><th>engine (answering "
+               "process)</th><td class=\"n\" data-engine=\"%s\">%s</td>"
+               "</tr>", h(r, e ? e : "-"),
+               h(r, e && !strcmp(e, "unknown") ? "unknown (no call from "
+                                                 "this process yet)"
+                                               : e ? e : "-"));
 }
 
 static void html_client(request_rec *r, const tbucket_metrics *t,

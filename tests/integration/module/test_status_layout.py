@@ -13,7 +13,9 @@ import json
 import re
 
 from tbtest.apache import http_get
-from tbtest.env import CHROMIUM, chromium, free_port, require
+from tbtest.env import CHROMIUM, chromium, require
+
+from test_engine import body as engine_body
 
 SITES = ("www.a-rather-long-site-name.example.org", "shop.example.net")
 
@@ -145,3 +147,29 @@ def test_module_241_03(apache_factory, redis_server, tmp_path):
     assert out["width"] == 1280, out
     assert out["wrapped"] == [], out
     assert out["wide"] == [] and out["scroll"] <= out["width"], out
+
+
+# The engine is read from the calls of every child: on a Redis with the
+# module, the page says "module" and how many calls went to it, whichever
+# child answers (one that made no call itself says so, not just
+# "unknown").
+def test_module_241_04(apache_factory, mod_redis):
+    a = apache_factory(mpm="prefork", servers=2)
+    a.start(engine_body(mod_redis.url, "module"))
+    for i in range(6):
+        http_get(a.url("/limited/ok.txt"), {"X-API-Key": "u%d" % i})
+    for _ in range(4):
+        page = http_get(a.url("/tbucket-status?view=html")).text
+        redis = 'redis=&quot;%s&quot;' % mod_redis.url
+        assert 'data-engine-calls="module"' in page, page
+        m = re.search(r'data-engine-calls="module">module: <span class="n" '
+                      r'data-metric="tbucket_redis_module_calls_total" '
+                      r'data-labels="%s,policy=&quot;open&quot;">(\d+)</span>'
+                      r' of <span class="n" data-metric="tbucket_redis_calls_'
+                      r'total" data-labels="[^"]*">(\d+)</span>' % redis,
+                      page)
+        assert m and m.group(1) == m.group(2) and int(m.group(1)) >= 6, page
+        e = re.search(r'data-engine="(\w+)">([^<]*)<', page)
+        assert e.group(1) in ("module", "unknown"), e.group(0)
+        if e.group(1) == "unknown":
+            assert e.group(2) == "unknown (no call from this process yet)"
