@@ -103,7 +103,7 @@ def scraped_up(prom):
 # policy decides, and Prometheus, scraping the status page, fires
 # TBucketBreakerOpen for that Redis (and has TBucketFallbackDecisions at
 # least pending), within a bounded wait.
-def test_module_242_01(apache_factory, redis_server, tmp_path):
+def test_module_247_01(apache_factory, redis_server, tmp_path):
     a = apache_factory(servers=2)
     a.start(conf(redis_server.url))
     prom = Prometheus(tmp_path, "127.0.0.1:%d" % a.port, "/tbucket-status")

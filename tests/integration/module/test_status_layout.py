@@ -61,7 +61,7 @@ def prio_tables(page):
 # (named) and one column per priority: no priority listed twice, none
 # without its site. Without TBucketShed, "shed at busy %" is a sentence,
 # not an empty table; with it, the site that sheds has its row.
-def test_module_241_01(apache_factory, redis_server):
+def test_module_246_01(apache_factory, redis_server):
     a = apache_factory(servers=1)
     a.start(conf(redis_server.url, a.port))
     page = http_get(a.url("/tbucket-status?view=html")).text
@@ -92,7 +92,7 @@ def test_module_241_01(apache_factory, redis_server):
 
 # "Rules" lists the TBucketRule rules first; with no section setting
 # TBucketLimit it says so in a sentence, never "no rule" above them.
-def test_module_241_02(apache_factory, redis_server):
+def test_module_246_02(apache_factory, redis_server):
     a = apache_factory(servers=1)
     a.start(conf(redis_server.url, a.port))
     http_get(a.url("/a/ok.txt"), {"X-User": "mo"})
@@ -129,7 +129,7 @@ MEASURE = """<script>
 # At 1280 pixels, laid out by Chromium: the per-site table's site names
 # keep to one line each, and no table makes the page wider than the
 # window (a wide one scrolls inside its own box).
-def test_module_241_03(apache_factory, redis_server, tmp_path):
+def test_module_246_03(apache_factory, redis_server, tmp_path):
     require(CHROMIUM, "chromium")
     a = apache_factory(servers=1)
     a.start(conf(redis_server.url, a.port))
@@ -153,7 +153,7 @@ def test_module_241_03(apache_factory, redis_server, tmp_path):
 # module, the page says "module" and how many calls went to it, whichever
 # child answers (one that made no call itself says so, not just
 # "unknown").
-def test_module_241_04(apache_factory, mod_redis):
+def test_module_246_04(apache_factory, mod_redis):
     a = apache_factory(mpm="prefork", servers=2)
     a.start(engine_body(mod_redis.url, "module"))
     for i in range(6):

@@ -99,7 +99,7 @@ def assert_attack(s):
 # ?json's series count every decision of both children by kind, with the
 # breaker's opening and the ban wave marked; the HTML view draws them as
 # inline SVG (no script, no external resource) with the same marks.
-def test_module_240_01(apache_factory, redis_server):
+def test_module_245_01(apache_factory, redis_server):
     a = apache_factory(servers=2)
     a.start(conf(redis_server.url, a.port, free_port(), "s1:"))
     before = series(a)
@@ -130,7 +130,7 @@ def test_module_240_01(apache_factory, redis_server):
 # The series live in the shared memory segment: a graceful restart (new
 # children, a configuration reloaded) keeps them, and the new children
 # count into the same slots.
-def test_module_240_02(apache_factory, redis_server):
+def test_module_245_02(apache_factory, redis_server):
     a = apache_factory(servers=2)
     body = conf(redis_server.url, a.port, free_port(), "s2:")
     a.start(body)
@@ -146,7 +146,7 @@ def test_module_240_02(apache_factory, redis_server):
 # `tbucket top --once` on the real page: its summary counts the banned
 # request among the outcomes, and a one-line sparkline shows the slots
 # that refused (blocks in a UTF-8 locale, an ASCII ramp in C).
-def test_module_240_03(apache_factory, redis_server):
+def test_module_245_03(apache_factory, redis_server):
     a = apache_factory(servers=2)
     a.start(conf(redis_server.url, a.port, free_port(), "s3:"))
     traffic(a)
@@ -174,7 +174,7 @@ def test_module_240_03(apache_factory, redis_server):
 # key's refusals under the rule in the last 15 minutes; in ?json too. A
 # key whose ban was lifted (tbucket unban) leaves the list; with none,
 # the page says so instead of showing an empty table.
-def test_module_240_04(apache_factory, redis_server):
+def test_module_245_04(apache_factory, redis_server):
     a = apache_factory(servers=2)
     dead = free_port()
     a.start(conf(redis_server.url, a.port, dead, "s4:"))
