@@ -23,6 +23,10 @@ const char *tbucket_set_form_limit(cmd_parms *cmd, void *dcv,
 void tbucket_rules_merge(tbucket_dir_conf *m, const tbucket_dir_conf *base,
                          const tbucket_dir_conf *add);
 
+/* 1 when a TBucketRule of the configuration bans (ban=): the status
+ * page asks Redis for active bans only then. */
+int tbucket_named_rules_ban(void);
+
 /* post_config (parent): each rule's counters in the segment. */
 void tbucket_named_rules_setup(server_rec *main_s);
 

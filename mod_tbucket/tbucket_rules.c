@@ -316,6 +316,18 @@ void tbucket_named_rules_pre_config(apr_pool_t *pconf)
     named = apr_array_make(pconf, 8, sizeof(tbucket_named_rule *));
 }
 
+int tbucket_named_rules_ban(void)
+{
+    int i;
+
+    for (i = 0; named && i < named->nelts; i++) {
+        if (APR_ARRAY_IDX(named, i, tbucket_named_rule *)->ban_ms > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void tbucket_named_rules_setup(server_rec *main_s)
 {
     int i;

@@ -314,6 +314,8 @@ void tbucket_count(const tbucket_srv_conf *sc, tbucket_outcome o,
     if (!v) {
         return;
     }
+    /* Before counting: the first decision of a slot belongs to it. */
+    tbucket_ring_tick();
     tb_stats_add(&v->outcome[o], 1);
     if (cost_exceeded) {
         tb_stats_add(&v->cost_exceeded, 1);

@@ -1,13 +1,15 @@
 /* tbucket_shm_int.h -- the layout of mod_tbucket's shared memory
- * segment, for the two files that read it: tbucket_shm.c (the segment,
- * its counters and tables) and tbucket_shm_records.c (the records that
- * configurations name: local scopes and rules). Nothing else includes
+ * segment, for the files that read it: tbucket_shm.c (the segment,
+ * its counters and tables), tbucket_shm_records.c (the records that
+ * configurations name: local scopes and rules) and tbucket_ring.c (the
+ * last 15 minutes, from the totals of all of them). Nothing else includes
  * it; other files reach the segment through mod_tbucket.h's functions.
  */
 #ifndef TBUCKET_SHM_INT_H
 #define TBUCKET_SHM_INT_H
 
 #include "mod_tbucket.h"
+#include "tbucket_ring.h"
 
 #define SHM_USERDATA_KEY "mod_tbucket_shm"
 #define SHM_MAGIC 0x74627537u         /* "tbu7": auto local scopes.     */
@@ -91,6 +93,8 @@ typedef struct tbucket_shm {
     uint32_t nnamed;                  /* TBucketRule records in use.    */
     tbucket_rule_rec rules[MAX_RULES];
     tbucket_rule_rec named[MAX_RULES];
+    tbucket_ring ring;                /* The last 15 minutes
+                                       * (tbucket_ring.c).              */
 } tbucket_shm;
 
 /* This parent's segment, or NULL before the first post_config. Set in

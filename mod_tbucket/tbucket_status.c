@@ -654,6 +654,7 @@ static tbucket_metrics *collect(apr_pool_t *p, const tbucket_shm_view *seg,
     t->vhost_names = names;
     t->nvhosts = seg->nvhosts;
     collect_decisions(t, seg);
+    t->series = tbucket_series_read(p, now);
     tbucket_collect_top(t, now);
     collect_local(t, seg);
     collect_clients(t, seg);
@@ -741,6 +742,8 @@ static void render_json(request_rec *r, const tbucket_metrics *t)
     }
     ap_rputs("]", r);
     tbucket_top_json(r, t);
+    tbucket_series_json(r, t);
+    tbucket_bans_json(r, t);
     ap_rputs("}\n", r);
 }
 
@@ -792,6 +795,7 @@ static int wanted_view(request_rec *r)
  * default, HTML with ?view=html; both from one table of metrics. */
 int tbucket_status_handler(request_rec *r)
 {
+    tbucket_metrics *t, bans;
     tbucket_shm_view seg;
     int view;
 
@@ -827,14 +831,25 @@ int tbucket_status_handler(request_rec *r)
     if (r->header_only) {
         return OK;
     }
-    if (view == VIEW_HTML) {
-        tbucket_status_html(r, collect(r->pool, &seg, apr_time_now()));
+    if (view == VIEW_TEXT) {
+        render_text(r, collect(r->pool, &seg, apr_time_now()));
+        return OK;
     }
-    else if (view == VIEW_JSON) {
-        render_json(r, collect(r->pool, &seg, apr_time_now()));
+    /* A person or a program looking: worth a call to Redis for bans,
+     * made first so that the pool figures read next include it. */
+    memset(&bans, 0, sizeof(bans));
+    bans.p = r->pool;
+    tbucket_collect_bans(&bans);
+    t = collect(r->pool, &seg, apr_time_now());
+    t->bans = bans.bans;
+    t->bans_note = bans.bans_note;
+    t->bans_more = bans.bans_more;
+    tbucket_bans_refused(t);
+    if (view == VIEW_HTML) {
+        tbucket_status_html(r, t);
     }
     else {
-        render_text(r, collect(r->pool, &seg, apr_time_now()));
+        render_json(r, t);
     }
     return OK;
 }

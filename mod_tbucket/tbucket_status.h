@@ -9,8 +9,9 @@
  * segment. tbucket_status.c builds it and prints the Prometheus text and
  * JSON views, tbucket_status_top.c adds the top keys and the rules (and
  * the JSON view's "top" object), tbucket_status_html.c prints the HTML
- * view, and tbucket_metrics.c holds what all need of a sample; only
- * these four include this.
+ * view, tbucket_status_chart.c draws the last 15 minutes,
+ * tbucket_status_bans.c lists the active bans, and tbucket_metrics.c
+ * holds what all need of a sample; only these six include this.
  */
 #ifndef TBUCKET_STATUS_H
 #define TBUCKET_STATUS_H
@@ -19,6 +20,7 @@
 #include "apr_tables.h"
 
 #include "tb.h"
+#include "tbucket_ring.h"
 
 #define TBUCKET_MAX_LABELS 4
 
@@ -80,7 +82,23 @@ typedef struct tbucket_metrics {
     tbucket_top *top;                 /* NULL when TBucketTopKeys is Off. */
     const char *const *vhost_names;   /* By vhost slot: an entry's vhost. */
     uint32_t nvhosts;
+    const tbucket_ring_series *series; /* The last 15 minutes, or NULL. */
+    apr_array_header_t *bans;         /* tbucket_ban_note, newest first;
+                                       * NULL when not asked (the text
+                                       * view).                         */
+    const char *bans_note;            /* Why some were not listed.      */
+    int bans_more;                    /* More are active than listed.   */
 } tbucket_metrics;
+
+/* An active ban, as the answering child's client listed it. */
+typedef struct tbucket_ban_note {
+    const char *redis;                /* The client's redacted URL.     */
+    const char *prefix;
+    tb_ban_t ban;
+    int64_t refused;                  /* Refusals of its key under its
+                                       * rule, last 15 minutes' top
+                                       * keys; -1: not among them.      */
+} tbucket_ban_note;
 
 /* A new family at the end of t's table, from t->p, with no samples. */
 tbucket_family *tbucket_family_add(tbucket_metrics *t, const char *name,
@@ -129,5 +147,74 @@ void tbucket_top_json(request_rec *r, const tbucket_metrics *t);
 /* The HTML view of t, the body of the response to r
  * (tbucket_status_html.c). */
 void tbucket_status_html(request_rec *r, const tbucket_metrics *t);
+
+/* ---- The last 15 minutes (tbucket_status_chart.c) ---------------- */
+
+/* A moment the charts mark: the slot in which a breaker opened after
+ * one in which none was open, or in which rules began to set bans. */
+typedef enum {
+    TBUCKET_MARK_BREAKER = 0,
+    TBUCKET_MARK_BAN_WAVE,
+    TBUCKET_MARK_KINDS
+} tbucket_mark_kind;
+
+typedef struct tbucket_mark {
+    int slot;                         /* Index in the series.           */
+    tbucket_mark_kind kind;
+} tbucket_mark;
+
+#define TBUCKET_MAX_MARKS 8
+
+/* The marks of s, oldest first, at most max of them: how many. */
+int tbucket_series_marks(const tbucket_ring_series *s, tbucket_mark *m,
+                         int max);
+
+/* Slot i's refusals of every kind (limit, rule, ban, shed, local cap). */
+uint64_t tbucket_series_refused(const tbucket_ring_series *s, int i);
+
+/* The series at now, from p, or NULL before the segment exists. */
+const tbucket_ring_series *tbucket_series_read(apr_pool_t *p,
+                                               apr_time_t now);
+
+/* The HTML view's charts of t->series (nothing when it is NULL), and
+ * the JSON view's "series" member, with a leading comma. */
+void tbucket_series_html(request_rec *r, const tbucket_metrics *t);
+void tbucket_series_json(request_rec *r, const tbucket_metrics *t);
+
+/* ---- What the HTML view's files share (tbucket_status_html.c) ---- */
+
+/* The family called name, or NULL. */
+const tbucket_family *tbucket_html_family(const tbucket_metrics *t,
+                                          const char *name);
+/* The value of label name in l, or NULL. */
+const char *tbucket_html_label(const tbucket_labels *l, const char *name);
+/* The first sample of f with suffix carrying every label of want. */
+const tbucket_sample *tbucket_html_sample(const tbucket_family *f,
+                                          const char *suffix,
+                                          const tbucket_labels *want);
+/* One figure in a <td> (cell 1) or <span>, tagged with data-metric and
+ * data-labels; a dash without a sample. */
+void tbucket_html_value(request_rec *r, const tbucket_family *f,
+                        const tbucket_sample *s, int cell);
+/* A bar cell, n out of max. */
+void tbucket_html_bar(request_rec *r, uint64_t n, uint64_t max);
+
+/* Local protection's section (tbucket_status_local.c). */
+void tbucket_html_local(request_rec *r, const tbucket_metrics *t);
+
+/* ---- Active bans (tbucket_status_bans.c) ------------------------- */
+
+/* Ask Redis for the active bans (t->bans, t->bans_note, t->bans_more;
+ * t->p is the only other field read): once per client and prefix of
+ * this child, bounded, never through an open breaker. Before the other
+ * figures are read, so that the pool figures include its calls. Then
+ * tbucket_bans_refused, once t->top is there, adds each key's refusals. */
+void tbucket_collect_bans(tbucket_metrics *t);
+void tbucket_bans_refused(tbucket_metrics *t);
+
+/* The HTML view's section of bans, and the JSON view's "bans" members
+ * (with a leading comma; nothing when t->bans is NULL). */
+void tbucket_bans_html(request_rec *r, const tbucket_metrics *t);
+void tbucket_bans_json(request_rec *r, const tbucket_metrics *t);
 
 #endif /* TBUCKET_STATUS_H */

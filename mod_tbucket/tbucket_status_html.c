@@ -25,7 +25,7 @@
 static const char html_css[] =
     "body{font:14px/1.45 system-ui,-apple-system,\"Segoe UI\",Roboto,"
     "sans-serif;color:#1f2328;background:#f6f8fa;margin:0;padding:20px}"
-    "main{max-width:940px;margin:0 auto}"
+    "main{max-width:1180px;margin:0 auto}"
     "h1{font-size:22px;margin:0 0 4px}"
     "h2{font-size:17px;margin:22px 0 8px;padding-bottom:4px;"
     "border-bottom:1px solid #d0d7de}"
@@ -52,12 +52,15 @@ static const char html_css[] =
     ".s0{background:#1a7f37}.s1{background:#cf222e}.s2{background:#bf8700}"
     ".zero{color:#8c959f}"
     "table.topkeys td.k{max-width:300px}"
+    /* A site's name on one line; a wide table scrolls inside the page. */
+    "td.site code{white-space:nowrap;word-break:normal}"
+    ".wide{overflow-x:auto}"
     ".fail{margin:2px 0 4px}.fail code.reason{color:#cf222e}"
     "details{margin-top:22px}summary{cursor:pointer;font-weight:600}"
     "footer{margin-top:18px;color:#57606a;font-size:12px}";
 
-static const tbucket_family *fam_find(const tbucket_metrics *t,
-                                      const char *name)
+const tbucket_family *tbucket_html_family(const tbucket_metrics *t,
+                                          const char *name)
 {
     int i;
 
@@ -72,7 +75,7 @@ static const tbucket_family *fam_find(const tbucket_metrics *t,
     return NULL;
 }
 
-static const char *label_get(const tbucket_labels *l, const char *name)
+const char *tbucket_html_label(const tbucket_labels *l, const char *name)
 {
     int i;
 
@@ -91,7 +94,7 @@ static int labels_include(const tbucket_labels *have,
     int k;
 
     for (k = 0; k < want->n; k++) {
-        const char *v = label_get(have, want->name[k]);
+        const char *v = tbucket_html_label(have, want->name[k]);
 
         if (!v || strcmp(v, want->value[k])) {
             return 0;
@@ -103,9 +106,9 @@ static int labels_include(const tbucket_labels *have,
 /* The first sample of f with this suffix that carries every label of
  * want (and perhaps more), or NULL. Linear: the HTML view asks a few
  * questions per Redis configuration or vhost, of small families. */
-static const tbucket_sample *sample_find(const tbucket_family *f,
-                                         const char *suffix,
-                                        const tbucket_labels *want)
+const tbucket_sample *tbucket_html_sample(const tbucket_family *f,
+                                          const char *suffix,
+                                          const tbucket_labels *want)
 {
     int i;
 
@@ -128,8 +131,8 @@ static const char *h(request_rec *r, const char *s)
 /* One figure, in a <td> (cell) or a <span>, tagged for the tests; a
  * dash when the table has no such sample (a Redis configuration that
  * the answering process has no client for). */
-static void html_value(request_rec *r, const tbucket_family *f,
-                       const tbucket_sample *s, int cell)
+void tbucket_html_value(request_rec *r, const tbucket_family *f,
+                        const tbucket_sample *s, int cell)
 {
     const char *tag = cell ? "td" : "span";
 
@@ -145,7 +148,7 @@ static void html_value(request_rec *r, const tbucket_family *f,
 }
 
 /* A bar cell, n out of max, as a percentage width. */
-static void html_bar(request_rec *r, uint64_t n, uint64_t max)
+void tbucket_html_bar(request_rec *r, uint64_t n, uint64_t max)
 {
     unsigned pct = max ? (unsigned)((n * 100 + max - 1) / max) : 0;
 
@@ -173,7 +176,7 @@ static void html_by_label(request_rec *r, const tbucket_family *f,
         for (i = 0; i < f->samples->nelts; i++) {
             const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
                                                      tbucket_sample);
-            const char *v = label_get(&s->labels, label);
+            const char *v = tbucket_html_label(&s->labels, label);
 
             if (!v || !labels_include(&s->labels, want)) {
                 continue;
@@ -183,9 +186,9 @@ static void html_by_label(request_rec *r, const tbucket_family *f,
                 continue;
             }
             ap_rprintf(r, "<tr><td>%s</td>", h(r, v));
-            html_value(r, f, s, 1);
+            tbucket_html_value(r, f, s, 1);
             if (bars) {
-                html_bar(r, s->value, max);
+                tbucket_html_bar(r, s->value, max);
             }
             ap_rputs("</tr>", r);
         }
@@ -198,13 +201,13 @@ static void html_by_label(request_rec *r, const tbucket_family *f,
  * tbucket_outcome_names order, which is the order of the columns. */
 static void html_vhosts(request_rec *r, const tbucket_metrics *t)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_vhost_decisions_total");
-    const tbucket_family *ce = fam_find(t, "tbucket_cost_exceeded_total");
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_vhost_decisions_total");
+    const tbucket_family *ce = tbucket_html_family(t, "tbucket_cost_exceeded_total");
     const char *row = NULL;
     tbucket_labels want;
     int i, o;
 
-    ap_rputs("<h2>Decisions by virtual host</h2><table><tr>"
+    ap_rputs("<h2>Decisions by virtual host</h2><div class=\"wide\"><table><tr>"
              "<th>virtual host</th>", r);
     for (o = 0; o < TBUCKET_OUTCOMES; o++) {
         ap_rprintf(r, "<th class=\"n\">%s</th>",
@@ -214,11 +217,11 @@ static void html_vhosts(request_rec *r, const tbucket_metrics *t)
     for (i = 0; f && i <= f->samples->nelts; i++) {
         const tbucket_sample *s = i < f->samples->nelts
             ? &APR_ARRAY_IDX(f->samples, i, tbucket_sample) : NULL;
-        const char *outcome = s ? label_get(&s->labels, "outcome") : NULL;
+        const char *outcome = s ? tbucket_html_label(&s->labels, "outcome") : NULL;
 
         if (row && (!s || !strcmp(outcome, tbucket_outcome_names[0]))) {
             want = tbucket_labels_with(NULL, "vhost", row);
-            html_value(r, ce, sample_find(ce, "", &want), 1);
+            tbucket_html_value(r, ce, tbucket_html_sample(ce, "", &want), 1);
             ap_rputs("</tr>", r);
             row = NULL;
         }
@@ -226,12 +229,13 @@ static void html_vhosts(request_rec *r, const tbucket_metrics *t)
             break;
         }
         if (!row) {
-            row = label_get(&s->labels, "vhost");
-            ap_rprintf(r, "<tr><td><code>%s</code></td>", h(r, row));
+            row = tbucket_html_label(&s->labels, "vhost");
+            ap_rprintf(r, "<tr><td class=\"site\"><code>%s</code></td>",
+                       h(r, row));
         }
-        html_value(r, f, s, 1);
+        tbucket_html_value(r, f, s, 1);
     }
-    ap_rputs("</table>", r);
+    ap_rputs("</table></div>", r);
 }
 
 /* A row of a figures table: a name and one sample of a family. */
@@ -239,10 +243,10 @@ static void html_fig(request_rec *r, const tbucket_metrics *t,
                      const char *title, const char *name,
                      const char *suffix, const tbucket_labels *want)
 {
-    const tbucket_family *f = fam_find(t, name);
+    const tbucket_family *f = tbucket_html_family(t, name);
 
     ap_rprintf(r, "<tr><th>%s</th>", h(r, title));
-    html_value(r, f, sample_find(f, suffix, want), 1);
+    tbucket_html_value(r, f, tbucket_html_sample(f, suffix, want), 1);
     ap_rputs("</tr>", r);
 }
 
@@ -270,8 +274,8 @@ static void html_figs(request_rec *r, const tbucket_metrics *t,
 static void html_breaker(request_rec *r, const tbucket_metrics *t,
                          const tbucket_labels *want)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_breaker_state");
-    const tbucket_sample *s = sample_find(f, "", want);
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_breaker_state");
+    const tbucket_sample *s = tbucket_html_sample(f, "", want);
 
     ap_rputs("<tr><th>breaker state</th><td class=\"n\">", r);
     if (s && s->value <= TB_BREAKER_HALF_OPEN) {
@@ -279,7 +283,7 @@ static void html_breaker(request_rec *r, const tbucket_metrics *t,
                    (unsigned)s->value,
                    tb_breaker_state_name((tb_breaker_state_t)s->value));
     }
-    html_value(r, f, s, 0);
+    tbucket_html_value(r, f, s, 0);
     ap_rputs("</td></tr>", r);
 }
 
@@ -316,7 +320,7 @@ static const char *le_text(apr_pool_t *p, const char *le, int64_t *prev_us)
 static void html_latency(request_rec *r, const tbucket_metrics *t,
                          const tbucket_labels *want)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_redis_latency_seconds");
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_redis_latency_seconds");
     uint64_t max = 0;
     int64_t prev_us = 0;
     int i, pass;
@@ -330,7 +334,7 @@ static void html_latency(request_rec *r, const tbucket_metrics *t,
         for (i = 0; i < f->samples->nelts; i++) {
             const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
                                                      tbucket_sample);
-            const char *le = label_get(&s->labels, "le");
+            const char *le = tbucket_html_label(&s->labels, "le");
             uint64_t n;
 
             if (strcmp(s->suffix, "_bucket") || !le
@@ -347,8 +351,8 @@ static void html_latency(request_rec *r, const tbucket_metrics *t,
                        APR_UINT64_T_FMT "</td>",
                        le_text(r->pool, le, &prev_us), n ? "" : " zero",
                        (apr_uint64_t)n);
-            html_value(r, f, s, 1);
-            html_bar(r, n, max);
+            tbucket_html_value(r, f, s, 1);
+            tbucket_html_bar(r, n, max);
             ap_rputs("</tr>", r);
         }
     }
@@ -359,9 +363,9 @@ static void html_latency(request_rec *r, const tbucket_metrics *t,
 static const char *mean_text(request_rec *r, const tbucket_metrics *t,
                              const tbucket_labels *want)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_redis_latency_seconds");
-    const tbucket_sample *sum = sample_find(f, "_sum", want);
-    const tbucket_sample *count = sample_find(f, "_count", want);
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_redis_latency_seconds");
+    const tbucket_sample *sum = tbucket_html_sample(f, "_sum", want);
+    const tbucket_sample *count = tbucket_html_sample(f, "_count", want);
 
     if (!sum || !count || !count->value) {
         return "&ndash;";
@@ -378,7 +382,7 @@ static void html_last_failure(request_rec *r, const tbucket_metrics *t,
                               const tbucket_labels *cl)
 {
     const tbucket_family *f =
-        fam_find(t, "tbucket_redis_last_failure_timestamp_seconds");
+        tbucket_html_family(t, "tbucket_redis_last_failure_timestamp_seconds");
     const tbucket_failure_note *n = NULL;
     tbucket_labels want;
     int i;
@@ -399,22 +403,43 @@ static void html_last_failure(request_rec *r, const tbucket_metrics *t,
                "time ", ap_ht_time(r->pool, n->time,
                                    "%Y-%m-%d %H:%M:%S UTC", 1),
                h(r, n->kind), h(r, n->reason));
-    html_value(r, f, sample_find(f, "", &want), 0);
+    tbucket_html_value(r, f, tbucket_html_sample(f, "", &want), 0);
     ap_rputs("</p>", r);
 }
 
 /* Everything about one Redis configuration (redacted URL and policy). */
-/* The engine the answering process's connections use, by name. */
+/* The engine: what the calls of every child went to (the module, or
+ * scripts), then the answering process's own connections, which say
+ * "unknown" until this process has made a call. */
 static void html_engine(request_rec *r, const tbucket_metrics *t,
                         const tbucket_labels *cl)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_redis_engine");
-    const tbucket_sample *s = sample_find(f, "", cl);
-    const char *e = s ? label_get(&s->labels, "engine") : NULL;
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_redis_engine");
+    const tbucket_family *mc = tbucket_html_family(t,
+        "tbucket_redis_module_calls_total");
+    const tbucket_family *all = tbucket_html_family(t,
+                                                    "tbucket_redis_calls_total");
+    const tbucket_sample *s = tbucket_html_sample(f, "", cl);
+    const tbucket_sample *m = tbucket_html_sample(mc, "", cl);
+    const tbucket_sample *n = tbucket_html_sample(all, "", cl);
+    const char *e = s ? tbucket_html_label(&s->labels, "engine") : NULL;
+    const char *by = "no call yet";
 
-    ap_rprintf(r, "<tr><th>engine (answering process)</th>"
-               "<td class=\"n\" data-engine=\"%s\">%s</td></tr>",
-               h(r, e ? e : "-"), h(r, e ? e : "-"));
+    if (m && n && n->value) {
+        by = m->value == n->value ? "module" : m->value ? "module and script"
+                                                        : "script";
+    }
+    ap_rprintf(r, "<tr><th>engine (calls of every child)</th>"
+               "<td class=\"n\" data-engine-calls=\"%s\">%s: ", by, by);
+    tbucket_html_value(r, mc, m, 0);
+    ap_rputs(" of ", r);
+    tbucket_html_value(r, all, n, 0);
+    ap_rprintf(r, " calls to the module</td></tr><tr><th>engine (answering "
+               "process)</th><td class=\"n\" data-engine=\"%s\">%s</td>"
+               "</tr>", h(r, e ? e : "-"),
+               h(r, e && !strcmp(e, "unknown") ? "unknown (no call from "
+                                                 "this process yet)"
+                                               : e ? e : "-"));
 }
 
 static void html_client(request_rec *r, const tbucket_metrics *t,
@@ -442,7 +467,7 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
           "_sum" }
     };
 
-    const tbucket_family *info = fam_find(t, "tbucket_redis_info");
+    const tbucket_family *info = tbucket_html_family(t, "tbucket_redis_info");
     const tbucket_sample *where = NULL;
     int i;
 
@@ -456,8 +481,8 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
     }
     ap_rprintf(r, "<h2>Redis <code>%s</code></h2><div class=\"card\">"
                "<p>failure policy <b>%s</b> &middot; configured in %s</p>",
-               h(r, label_get(cl, "redis")), h(r, label_get(cl, "policy")),
-               where ? h(r, label_get(&where->labels, "servers")) : "-");
+               h(r, tbucket_html_label(cl, "redis")), h(r, tbucket_html_label(cl, "policy")),
+               where ? h(r, tbucket_html_label(&where->labels, "servers")) : "-");
     html_last_failure(r, t, cl);
     ap_rputs("<div class=\"grid\"><div>"
              "<h3>Breaker and pool (answering process)</h3>"
@@ -473,11 +498,11 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
     ap_rprintf(r, "<tr><th>latency, mean</th><td class=\"n\">%s</td></tr>"
                "</table></div></div><div class=\"grid\"><div>"
                "<h3>Errors by kind</h3>", mean_text(r, t, cl));
-    html_by_label(r, fam_find(t, "tbucket_redis_errors_total"), cl, "kind",
+    html_by_label(r, tbucket_html_family(t, "tbucket_redis_errors_total"), cl, "kind",
                   0);
     ap_rputs("</div><div><h3>Fallback decisions (Redis could not "
              "decide)</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_fallback_decisions_total"), cl,
+    html_by_label(r, tbucket_html_family(t, "tbucket_fallback_decisions_total"), cl,
                   "fallback", 0);
     ap_rputs("</div></div>", r);
     html_latency(r, t, cl);
@@ -488,7 +513,7 @@ static void html_client(request_rec *r, const tbucket_metrics *t,
  * a sample for each of them. */
 static void html_clients(request_rec *r, const tbucket_metrics *t)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_redis_calls_total");
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_redis_calls_total");
     int i;
 
     for (i = 0; f && i < f->samples->nelts; i++) {
@@ -499,111 +524,6 @@ static void html_clients(request_rec *r, const tbucket_metrics *t)
         ap_rputs("<h2>Redis</h2><p class=\"meta\">No Redis configuration "
                  "yet.</p>", r);
     }
-}
-
-/* The cells of an auto scope's row: each of the n families' samples
- * with the scope's labels and label=values[i] (one family, or one each). */
-static void html_auto_cells(request_rec *r, const tbucket_family *f,
-                            const tbucket_labels *scope, const char *label,
-                            const char *const *values, int n)
-{
-    tbucket_labels k;
-    int i;
-
-    for (i = 0; i < n; i++) {
-        k = tbucket_labels_with(scope, label, values[i]);
-        html_value(r, f, sample_find(f, "", &k), 1);
-    }
-}
-
-/* Each auto scope's cap as it sets itself (tbucket_local_limit is the
- * cap now): bounds, the latency it reads, how often it moved. */
-static void html_auto(request_rec *r, const tbucket_metrics *t)
-{
-    static const char *const bounds[2] = { "min", "max" };
-    static const char *const kinds[2] = { "floor", "window" };
-    static const char *const moves[3] = { "up", "down", "probe" };
-    const tbucket_family *b = fam_find(t, "tbucket_local_auto_bounds");
-    const tbucket_family *lat = fam_find(t,
-                                         "tbucket_local_auto_latency_seconds");
-    const tbucket_family *mv = fam_find(t, "tbucket_local_auto_changes_total");
-    const tbucket_family *lim = fam_find(t, "tbucket_local_limit");
-    const char *last = NULL;
-    int i;
-
-    for (i = 0; b && i < b->samples->nelts; i++) {
-        const tbucket_sample *s = &APR_ARRAY_IDX(b->samples, i,
-                                                 tbucket_sample);
-        const char *scope = label_get(&s->labels, "scope");
-        tbucket_labels l = tbucket_labels_with(NULL, "scope", scope);
-
-        if (last && !strcmp(last, scope)) {
-            continue;
-        }
-        if (!last) {
-            ap_rputs("<h3>auto scopes: the cap sets itself</h3><table><tr>"
-                     "<th>scope</th><th class=\"n\">cap</th><th class=\"n\">"
-                     "min</th><th class=\"n\">max</th><th class=\"n\">floor "
-                     "(s)</th><th class=\"n\">last window (s)</th><th "
-                     "class=\"n\">up</th><th class=\"n\">down</th><th "
-                     "class=\"n\">probes</th></tr>", r);
-        }
-        last = scope;
-        ap_rprintf(r, "<tr><td><code>%s</code></td>", h(r, scope));
-        html_value(r, lim, sample_find(lim, "", &l), 1);
-        html_auto_cells(r, b, &l, "bound", bounds, 2);
-        html_auto_cells(r, lat, &l, "kind", kinds, 2);
-        html_auto_cells(r, mv, &l, "direction", moves, 3);
-        ap_rputs("</tr>", r);
-    }
-    if (last) {
-        ap_rputs("</table>", r);
-    }
-}
-
-/* Local protection: the busy share against the thresholds, what was
- * shed by priority, and each local scope's places in flight. */
-static void html_local(request_rec *r, const tbucket_metrics *t)
-{
-    const tbucket_family *in = fam_find(t, "tbucket_local_in_flight");
-    const tbucket_family *lim = fam_find(t, "tbucket_local_limit");
-    const tbucket_family *ref = fam_find(t, "tbucket_local_refused_total");
-    tbucket_labels none;
-    int i;
-
-    memset(&none, 0, sizeof(none));
-    ap_rputs("<h2>Local protection</h2><table class=\"kv\">", r);
-    html_fig(r, t, "workers busy with a request", "tbucket_workers_busy",
-             "", &none);
-    html_fig(r, t, "workers at most", "tbucket_workers_max", "", &none);
-    ap_rputs("</table><div class=\"grid\"><div><h3>shed at busy %</h3>",
-             r);
-    html_by_label(r, fam_find(t, "tbucket_shed_threshold_percent"), &none,
-                  "priority", 0);
-    ap_rputs("</div><div><h3>shed, by priority</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_shed_total"), &none, "priority",
-                  1);
-    ap_rputs("</div><div><h3>refused by a local limit</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_local_refusals_total"), &none,
-                  "priority", 1);
-    ap_rputs("</div></div><h3>local scopes</h3><table><tr><th>scope</th>"
-             "<th class=\"n\">in flight</th><th class=\"n\">limit</th>"
-             "<th></th><th class=\"n\">refused</th></tr>", r);
-    for (i = 0; in && lim && ref && i < in->samples->nelts; i++) {
-        const tbucket_sample *s = &APR_ARRAY_IDX(in->samples, i,
-                                                 tbucket_sample);
-        const tbucket_sample *n = sample_find(lim, "", &s->labels);
-
-        ap_rprintf(r, "<tr><td><code>%s</code></td>",
-                   h(r, label_get(&s->labels, "scope")));
-        html_value(r, in, s, 1);
-        html_value(r, lim, n, 1);
-        html_bar(r, s->value, n ? n->value : 0);
-        html_value(r, ref, sample_find(ref, "", &s->labels), 1);
-        ap_rputs("</tr>", r);
-    }
-    ap_rputs("</table>", r);
-    html_auto(r, t);
 }
 
 /* A wall-clock time in ms as the page shows times, or a dash. */
@@ -631,7 +551,7 @@ static const char *est_text(request_rec *r, uint64_t v, uint64_t err)
 static void html_ranking(request_rec *r, const tbucket_metrics *t,
                          const tbucket_top_window *w, int by_refusals)
 {
-    const tbucket_family *f = fam_find(t, "tbucket_top_key_refusals");
+    const tbucket_family *f = tbucket_html_family(t, "tbucket_top_key_refusals");
     const tb_topk_entry_t *e = by_refusals ? w->by_refusals
                                            : w->by_decisions;
     int n = by_refusals ? w->res.n_refusals : w->res.n_decisions, i;
@@ -654,7 +574,7 @@ static void html_ranking(request_rec *r, const tbucket_metrics *t,
             && i < f->samples->nelts) {
             /* collect_keys added one sample per row of this ranking, in
              * its order: row i is sample i. */
-            html_value(r, f, &APR_ARRAY_IDX(f->samples, i, tbucket_sample),
+            tbucket_html_value(r, f, &APR_ARRAY_IDX(f->samples, i, tbucket_sample),
                        1);
         }
         else {
@@ -710,60 +630,56 @@ static void html_top(request_rec *r, const tbucket_metrics *t)
     }
 }
 
-/* One row per rule, one column per name of cols[] but skip (-1: none),
- * the samples in that order as the collector wrote them. */
+/* One rule per row, one column per label value of cols (but skip): a
+ * table under its h3 title, or the sentence none when f has no sample
+ * (no empty table, and no "none" above rules listed elsewhere). */
 static void html_rule_table(request_rec *r, const tbucket_family *f,
-                            const char *head, const char *const *cols,
+                            const char *title, const char *const *cols,
                             int ncols, int skip, const char *none)
 {
     const char *row = NULL;
     int i, c;
 
-    ap_rputs(head, r);
+    ap_rprintf(r, "<h3>%s</h3>", title);
+    if (!f || !f->samples->nelts) {
+        ap_rprintf(r, "<p class=\"zero none\">%s</p>", none);
+        return;
+    }
+    ap_rputs("<table><tr><th>rule</th>", r);
     for (c = 0; c < ncols; c++) {
         if (c != skip) {
             ap_rprintf(r, "<th class=\"n\">%s</th>", h(r, cols[c]));
         }
     }
     ap_rputs("</tr>", r);
-    for (i = 0; f && i < f->samples->nelts; i++) {
+    for (i = 0; i < f->samples->nelts; i++) {
         const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
                                                  tbucket_sample);
-        const char *rule = label_get(&s->labels, "rule");
+        const char *rule = tbucket_html_label(&s->labels, "rule");
 
         if (!row || strcmp(row, rule)) {
             ap_rprintf(r, "%s<tr><td><code>%s</code></td>", row ? "</tr>"
                        : "", h(r, rule));
             row = rule;
         }
-        html_value(r, f, s, 1);
+        tbucket_html_value(r, f, s, 1);
     }
-    if (row) {
-        ap_rputs("</tr></table>", r);
-    }
-    else {
-        ap_rprintf(r, "<tr><td colspan=\"%d\" class=\"zero\">%s</td></tr>"
-                   "</table>", ncols + 1 - (skip >= 0), none);
-    }
+    ap_rputs("</tr></table>", r);
 }
 
-/* Each rule's decisions by outcome (a rule is a section that sets
- * TBucketLimit); local protection's sheds are not a rule's doing. */
+/* The rules: each TBucketRule's events side by side, then each section
+ * that sets TBucketLimit by outcome (local protection's sheds are not a
+ * rule's doing). */
 static void html_rules(request_rec *r, const tbucket_metrics *t)
 {
-    html_rule_table(r, fam_find(t, "tbucket_rule_decisions_total"),
-                    "<h2>Rules</h2><table><tr><th>rule (sections that set "
-                    "TBucketLimit)</th>", tbucket_outcome_names,
-                    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED, "no rule");
-}
-
-/* Each TBucketRule's events side by side. */
-static void html_named_rules(request_rec *r, const tbucket_metrics *t)
-{
-    html_rule_table(r, fam_find(t, "tbucket_rule_events_total"),
-                    "<h2>TBucketRule</h2><table><tr><th>rule</th>",
-                    tbucket_rule_event_names, TBUCKET_RULE_EVENTS, -1,
-                    "no TBucketRule");
+    ap_rputs("<h2>Rules</h2>", r);
+    html_rule_table(r, tbucket_html_family(t, "tbucket_rule_events_total"),
+                    "TBucketRule", tbucket_rule_event_names,
+                    TBUCKET_RULE_EVENTS, -1, "No TBucketRule.");
+    html_rule_table(r, tbucket_html_family(t, "tbucket_rule_decisions_total"),
+                    "sections that set TBucketLimit", tbucket_outcome_names,
+                    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED,
+                    "No section sets TBucketLimit.");
 }
 
 /* Every sample, as the text view lists them, folded away by default. */
@@ -788,7 +704,7 @@ static void html_all(request_rec *r, const tbucket_metrics *t)
             ap_rprintf(r, "<tr><td><code>%s%s</code></td>"
                        "<td><code>%s</code></td>", h(r, f->name), s->suffix,
                        h(r, tbucket_prom_labels(r->pool, &s->labels)));
-            html_value(r, f, s, 1);
+            tbucket_html_value(r, f, s, 1);
             ap_rputs("</tr>", r);
         }
     }
@@ -797,7 +713,7 @@ static void html_all(request_rec *r, const tbucket_metrics *t)
 
 void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
 {
-    const tbucket_family *gen = fam_find(t, "tbucket_config_generation");
+    const tbucket_family *gen = tbucket_html_family(t, "tbucket_config_generation");
     tbucket_labels none, limit_rate, limit_conc;
 
     memset(&none, 0, sizeof(none));
@@ -815,20 +731,21 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
                                              : "-"),
                getpid(), ap_ht_time(r->pool, r->request_time,
                                     "%Y-%m-%d %H:%M:%S UTC", 1));
-    html_value(r, gen, sample_find(gen, "", &none), 0);
+    tbucket_html_value(r, gen, tbucket_html_sample(gen, "", &none), 0);
     ap_rprintf(r, "</p><p class=\"meta\">Counters cover every child; "
                "breaker state and pool figures are those of the process "
-               "that answered. Prometheus text: <a href=\"%s\">%s</a></p>"
-               "<h2>Decisions by outcome</h2>",
+               "that answered. Prometheus text: <a href=\"%s\">%s</a></p>",
                h(r, ap_escape_uri(r->pool, r->uri)),
                h(r, ap_escape_uri(r->pool, r->uri)));
-    html_by_label(r, fam_find(t, "tbucket_decisions_total"), &none,
+    tbucket_series_html(r, t);
+    tbucket_bans_html(r, t);
+    ap_rputs("<h2>Decisions by outcome</h2>", r);
+    html_by_label(r, tbucket_html_family(t, "tbucket_decisions_total"), &none,
                   "outcome", 1);
     html_vhosts(r, t);
     html_top(r, t);
     html_rules(r, t);
-    html_named_rules(r, t);
-    html_local(r, t);
+    tbucket_html_local(r, t);
     html_clients(r, t);
     ap_rputs("<h2>Local fallback table</h2><table class=\"kv\">", r);
     html_fig(r, t, "buckets held", "tbucket_local_entries_used", "", &none);
@@ -837,13 +754,13 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     ap_rputs("</table>", r);
     ap_rputs("<h2>Token leases</h2><div class=\"grid\"><div>"
              "<h3>requests from a lease</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_lease_hits_total"), &none,
+    html_by_label(r, tbucket_html_family(t, "tbucket_lease_hits_total"), &none,
                   "vhost", 0);
     ap_rputs("</div><div><h3>leases taken</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_lease_refills_total"), &none,
+    html_by_label(r, tbucket_html_family(t, "tbucket_lease_refills_total"), &none,
                   "vhost", 0);
     ap_rputs("</div><div><h3>tokens granted</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_lease_tokens_granted_total"),
+    html_by_label(r, tbucket_html_family(t, "tbucket_lease_tokens_granted_total"),
                   &none, "vhost", 0);
     ap_rputs("</div></div><table class=\"kv\">", r);
     html_fig(r, t, "leases held", "tbucket_lease_entries_used", "", &none);
@@ -852,13 +769,13 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
     ap_rputs("</table>", r);
     ap_rputs("<h2>Refusals and concurrency slots</h2><div class=\"grid\">"
              "<div><h3>refused by a rate limit</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_refusals_total"),
+    html_by_label(r, tbucket_html_family(t, "tbucket_refusals_total"),
                   &limit_rate, "vhost", 0);
     ap_rputs("</div><div><h3>refused by a concurrency limit</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_refusals_total"),
+    html_by_label(r, tbucket_html_family(t, "tbucket_refusals_total"),
                   &limit_conc, "vhost", 0);
     ap_rputs("</div><div><h3>slots held now</h3>", r);
-    html_by_label(r, fam_find(t, "tbucket_concurrency_in_flight"), &none,
+    html_by_label(r, tbucket_html_family(t, "tbucket_concurrency_in_flight"), &none,
                   "vhost", 0);
     ap_rputs("</div></div>", r);
     html_all(r, t);

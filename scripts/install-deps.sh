@@ -9,7 +9,7 @@ PKGS="build-essential pkg-config apache2 apache2-dev libhiredis-dev \
 libssl-dev openssl ca-certificates libconfig-dev redis-server redis-tools \
 php-cgi haproxy wrk curl python3 python3-pytest python3-redis \
 python3-requests python3-yaml python3-matplotlib libcmocka-dev \
-docker-compose groff-base chromium debhelper dpkg-dev lintian postgresql \
+docker-compose groff-base chromium prometheus debhelper dpkg-dev lintian postgresql \
 php-cli php-pgsql nginx strace locales fail2ban tmux"
 # mod_php and php-fpm for the real PHP stacks, which scripts/fetch-php.sh
 # unpacks without installing: the PHP they match, and the libraries

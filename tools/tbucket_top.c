@@ -83,6 +83,66 @@ static void frame_ranking(FILE *out, const jval_t *w, const char *which,
     }
 }
 
+/* 1 when the locale's characters are UTF-8, as LC_ALL, LC_CTYPE or LANG
+ * say in that order: the sparkline's blocks, else an ASCII ramp. */
+static int utf8_terminal(void)
+{
+    static const char *const vars[] = { "LC_ALL", "LC_CTYPE", "LANG" };
+    size_t i;
+
+    for (i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+
+        if (v && *v) {
+            return strstr(v, "UTF-8") || strstr(v, "utf8")
+                   || strstr(v, "UTF8") || strstr(v, "utf-8");
+        }
+    }
+    return 0;
+}
+
+/* The refusals of the page's last 15 minutes (its "series"), one
+ * character per 10-second slot, scaled to the most in a slot: a blank
+ * for none, the lowest block for at least one. Nothing without series
+ * (a server older than them). */
+static void frame_spark(FILE *out, const jval_t *series)
+{
+    static const char *const blocks[8] = {
+        "\xe2\x96\x81", "\xe2\x96\x82", "\xe2\x96\x83", "\xe2\x96\x84",
+        "\xe2\x96\x85", "\xe2\x96\x86", "\xe2\x96\x87", "\xe2\x96\x88"
+    };
+    static const char ascii[] = "._-=+*#@";
+    const jval_t *ref = json_get(series, "refused");
+    double max = 0, sum = 0;
+    int utf8 = utf8_terminal();
+    size_t i;
+
+    if (!ref || ref->type != J_ARR || !ref->n) {
+        return;
+    }
+    for (i = 0; i < ref->n; i++) {
+        max = ref->items[i].num > max ? ref->items[i].num : max;
+        sum += ref->items[i].num;
+    }
+    fprintf(out, "refused, last 15 min: |");
+    for (i = 0; i < ref->n; i++) {
+        double v = ref->items[i].num;
+        int k = v <= 0 ? -1 : (int)(v * 7 / max + 0.5);
+
+        k = v > 0 && k < 0 ? 0 : k;
+        if (k < 0) {
+            fputc(' ', out);
+        }
+        else if (utf8) {
+            fputs(blocks[k > 7 ? 7 : k], out);
+        }
+        else {
+            fputc(ascii[k > 7 ? 7 : k], out);
+        }
+    }
+    fprintf(out, "| now; %.0f in all, at most %.0f in 10 s\n", sum, max);
+}
+
 /* One frame of `tbucket top` from a status page's JSON, into out. rows
  * bounds each ranking's lines (-1: all of them). */
 static void frame(FILE *out, const char *url, const jval_t *page,
@@ -90,7 +150,7 @@ static void frame(FILE *out, const char *url, const jval_t *page,
 {
     static const char *const outcomes[] = {
         "allowed", "rejected", "shadow-rejected", "fallback-open",
-        "fallback-closed", "fallback-local", "shed"
+        "fallback-closed", "fallback-local", "shed", "banned"
     };
     const jval_t *top = json_get(page, "top"), *ws = json_get(top, "windows");
     char now[16];
@@ -104,6 +164,7 @@ static void frame(FILE *out, const char *url, const jval_t *page,
         fprintf(out, " %s %.0f", outcomes[i], outcome_total(page, outcomes[i]));
     }
     fputc('\n', out);
+    frame_spark(out, json_get(page, "series"));
     if (!top || top->type != J_OBJ) {
         fprintf(out, "top keys: off (TBucketTopKeys Off, or not a status "
                      "page of mod_tbucket)\n");

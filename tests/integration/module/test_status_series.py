@@ -1,0 +1,212 @@
+"""test_status_series.py -- the status page's last 15 minutes: the whole
+server's series in 10-second slots, kept in the shared memory segment
+(decisions, refusals by kind, fallbacks, breaker, Redis errors and p99
+latency), given by ?json and drawn as inline SVG in the HTML view, and
+kept by a graceful restart.
+
+Two children (event MPM, servers=2) answer, so the series must be the
+server's, not one child's.
+"""
+import json
+import os
+import re
+import subprocess
+
+from tbtest.apache import http_get
+from tbtest.env import BUILD, free_port
+
+from test_status_html import assert_self_contained, figures
+
+ALLOWED_TAGS = ("TB00105",)
+
+
+def conf(redis_url, port, dead_port, prefix):
+    """A TBucketLimit, a rule with a ban, a status page, and a vhost
+    (down.test) whose Redis is a closed port under the closed policy."""
+    return """
+TBucketRedis {url} timeout=500
+TBucketPrefix {prefix}
+<Location /limited>
+    TBucketEnable On
+    TBucketLimit 3 1/h
+</Location>
+<Location /a>
+    TBucketEnable On
+    TBucketRule tight "%{{HTTP:X-User}}" 2 1/m ban=1m
+</Location>
+<Location /tbucket-status>
+    SetHandler tbucket-status
+    Require ip 127.0.0.1
+</Location>
+<VirtualHost 127.0.0.1:{port}>
+    ServerName 127.0.0.1
+</VirtualHost>
+<VirtualHost 127.0.0.1:{port}>
+    ServerName down.test
+    TBucketRedis redis://127.0.0.1:{dead} timeout=200 connect_timeout=200
+    TBucketFailurePolicy closed
+    TBucketBreaker threshold=2 cooldown=60s
+</VirtualHost>
+""".format(url=redis_url, prefix=prefix, port=port, dead=dead_port)
+
+
+def traffic(a):
+    """5 on the limit (3 allowed, 2 refused), 4 for user mo (2 allowed,
+    1 refused by the rule, which bans, then 1 banned), 4 on the dead
+    Redis (fallback-closed; the breaker opens after 2 errors)."""
+    for _ in range(5):
+        http_get(a.url("/limited/ok.txt"))
+    codes = [http_get(a.url("/a/ok.txt"), {"X-User": "mo"}).status_code
+             for _ in range(4)]
+    assert codes == [200, 200, 429, 429], codes
+    for _ in range(4):
+        http_get(a.url("/limited/ok.txt"), {"Host": "down.test"})
+
+
+def series(a):
+    doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
+    s = doc["series"]
+    assert s["slots"] == 90 and s["slot_seconds"] == 10
+    for name in ("decisions", "refused_limit", "refused_rule",
+                 "refused_ban", "shed", "refused_local", "fallback",
+                 "redis_errors", "breaker_opens", "p99_us", "breaker_open",
+                 "refused", "known"):
+        assert len(s[name]) == 90, name
+    return s
+
+
+def assert_attack(s):
+    """The series hold the traffic of traffic(), whichever slots it fell
+    in (it may straddle a slot's border)."""
+    assert sum(s["decisions"]) == 13, s["decisions"]
+    assert sum(s["refused_limit"]) == 2
+    assert sum(s["refused_rule"]) == 1
+    assert sum(s["refused_ban"]) == 1
+    assert sum(s["refused"]) == 4
+    assert sum(s["fallback"]) == 4
+    assert sum(s["redis_errors"]) >= 2
+    # Each child has its own breaker: one or both opened.
+    assert 1 <= sum(s["breaker_opens"]) <= 2
+    assert sum(s["bans_set"]) == 1
+    assert any(s["breaker_open"])
+    assert s["known"][-1] == 1
+    # Calls to the working Redis were timed: loopback is under 250 ms.
+    assert any(0 < p <= 250000 for p in s["p99_us"]), s["p99_us"]
+    kinds = sorted(set(m["kind"] for m in s["marks"]))
+    assert kinds == ["ban-wave", "breaker"], s["marks"]
+
+
+# ?json's series count every decision of both children by kind, with the
+# breaker's opening and the ban wave marked; the HTML view draws them as
+# inline SVG (no script, no external resource) with the same marks.
+def test_module_245_01(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    a.start(conf(redis_server.url, a.port, free_port(), "s1:"))
+    before = series(a)
+    assert sum(before["decisions"]) == 0
+    traffic(a)
+    s = series(a)
+    assert_attack(s)
+    page = http_get(a.url("/tbucket-status?view=html"))
+    assert "default-src 'none'" in page.headers["Content-Security-Policy"]
+    assert_self_contained(page.text)
+    p = figures(page.text)
+    charts = [at.get("data-series") for t, at in p.attrs
+              if t == "svg" and "chart" in at.get("class", "")]
+    assert charts == ["decisions", "refused", "fallback", "redis_errors",
+                      "p99_us"], charts
+    marks = {m["kind"]: 0 for m in s["marks"]}
+    for m in s["marks"]:
+        marks[m["kind"]] += 1
+    assert page.text.count('class="mark breaker"') == 5 * marks["breaker"]
+    assert page.text.count('class="mark banwave"') == 5 * marks["ban-wave"]
+    assert re.search(r"breaker opened at \d\d:\d\d:\d\d", page.text)
+    # One bar per slot that refused: each carries its count in a title.
+    assert re.search(r"<title>\d\d:\d\d:\d\d 1 refused: ban</title>",
+                     page.text)
+    a.assert_log_clean(allowed=ALLOWED_TAGS)
+
+
+# The series live in the shared memory segment: a graceful restart (new
+# children, a configuration reloaded) keeps them, and the new children
+# count into the same slots.
+def test_module_245_02(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    body = conf(redis_server.url, a.port, free_port(), "s2:")
+    a.start(body)
+    traffic(a)
+    a.graceful(body)
+    s = series(a)
+    assert_attack(s)
+    http_get(a.url("/limited/ok.txt"))
+    assert sum(series(a)["decisions"]) == 14
+    a.assert_log_clean(allowed=ALLOWED_TAGS)
+
+
+# `tbucket top --once` on the real page: its summary counts the banned
+# request among the outcomes, and a one-line sparkline shows the slots
+# that refused (blocks in a UTF-8 locale, an ASCII ramp in C).
+def test_module_245_03(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    a.start(conf(redis_server.url, a.port, free_port(), "s3:"))
+    traffic(a)
+    url = a.url("/tbucket-status")
+    for lang, low, high in (("C.UTF-8", "\u2581", "\u2588"), ("C", "_", "@")):
+        env = dict(os.environ, LC_ALL=lang)
+        p = subprocess.run([os.path.join(BUILD, "tbucket"), "top", url,
+                            "--once"], capture_output=True, timeout=20,
+                           env=env)
+        assert p.returncode == 0, p.stderr
+        out = p.stdout.decode("utf-8")
+        assert " rejected 3 " in out and " banned 1\n" in out, out
+        line = [ln for ln in out.splitlines()
+                if ln.startswith("refused, last 15 min: |")]
+        assert len(line) == 1, out
+        spark = line[0].split("|")[1]
+        assert len(spark) == 90, spark
+        # The 4 refusals fell in one or two slots: the larger is full.
+        assert spark.count(" ") >= 88 and high in spark, spark
+        assert "| now; 4 in all, at most " in line[0], line[0]
+        assert low in spark or spark.count(" ") == 89, spark
+
+
+# Active bans, newest first: the rule, the key, the time left and the
+# key's refusals under the rule in the last 15 minutes; in ?json too. A
+# key whose ban was lifted (tbucket unban) leaves the list; with none,
+# the page says so instead of showing an empty table.
+def test_module_245_04(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    dead = free_port()
+    a.start(conf(redis_server.url, a.port, dead, "s4:"))
+    page = http_get(a.url("/tbucket-status?view=html")).text
+    assert "No active ban." in page and 'class="bans"' not in page
+    traffic(a)
+    for _ in range(3):
+        http_get(a.url("/a/ok.txt"), {"X-User": "zed"})
+    doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
+    bans = doc["bans"]
+    assert [(b["rule"], b["key"]) for b in bans] == [("tight", "zed"),
+                                                     ("tight", "mo")], bans
+    assert 0 < bans[1]["left_ms"] <= bans[0]["left_ms"] <= 60000
+    assert bans[1]["refused_15m"] == 2 and bans[0]["refused_15m"] == 1
+    assert doc["bans_more"] is False
+    # The dead Redis: refused the call, or was not asked (its breaker
+    # opened in the answering child); the page says which.
+    note = doc["bans_note"]
+    assert note in ("redis://127.0.0.1:%d did not answer: connect: "
+                    "Connection refused" % dead,
+                    "not asked of redis://127.0.0.1:%d: its breaker is "
+                    "open" % dead), note
+    page = http_get(a.url("/tbucket-status?view=html")).text
+    rows = re.findall(r"<tr><td><code>(\w+)</code></td><td class=\"k\">"
+                      r"<code>(\w+)</code></td><td class=\"n\">((?:1 min )?\d+ s)</td>"
+                      r"<td class=\"n\">(\d+)</td></tr>", page)
+    assert [(r[0], r[1], r[3]) for r in rows] == [("tight", "zed", "1"),
+                                                  ("tight", "mo", "2")], rows
+    p = subprocess.run([os.path.join(BUILD, "tbucket"), "--url",
+                        redis_server.url, "--prefix", "s4:", "unban",
+                        "tight", "zed"], capture_output=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
+    assert [b["key"] for b in doc["bans"]] == ["mo"]
+    a.assert_log_clean(allowed=ALLOWED_TAGS)
