@@ -324,9 +324,10 @@ def test_module_221_03(apache_factory):
     # Judged by direction and bound, not by reaching max in time: a step
     # up waits for windows whose latency stays within a quarter of the
     # floor, and on a busy machine the CGIs' fork and exec bend it (idle,
-    # max is held within 12 s; beside two busy loops the cap went 4 -> 7
-    # in 1.5 s and stayed at 6-8). bench/overload.py measures the climb.
-    assert 6 <= max(run.cap_values()) <= 12, run
+    # max is held within 12 s; beside busy loops on a shared machine the
+    # cap went 4 -> 7, or 3 -> 5, and stayed there). bench/overload.py
+    # measures the climb.
+    assert run.caps[0][1] < max(run.cap_values()) <= 12, run
     if run.caps[-1][1] == 12:
         codes = run.codes(since=run.end() - 2)
         assert len(codes) > 50 and set(codes) == {200}, sorted(set(codes))
