@@ -21,7 +21,8 @@ process started and stopped by PID through tests/integration/tbtest):
 Both replicas carry SITE: many distinct keys on /api/, hot keys under a
 lease on /hot/, probe keys on /probe/, a PHP page under a concurrency
 limit and a local one on /app/, a PHP login under TBucketRule ip and user
-(count=401, ban=), local shedding by priority, the failure policy local.
+(count=401, ban=; logins, a guesser the ip rule bans, slow uploads of the
+login form), local shedding by priority, the failure policy local.
 The load is soak_load.py (its own process).
 
 Faults, one a minute from minute 1 in this order, again and again

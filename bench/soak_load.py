@@ -33,6 +33,10 @@ Written to the output directory:
   active         the same figures every 2 s, as JSON (replaced)
   lost.tsv       every lost request: time, class, kind, seconds waited
   probes.tsv     every request of the shim probe: send time, status
+  logins.tsv     every answered login (classes login, attacker,
+                 slowlogin): send time, class, address, whether the
+                 password was the right one, status, whether the answer
+                 was the rules' ban ({"error":"banned",...})
   summary.json   totals per class and the generator's own CPU seconds
 
 Every loop is bounded by the length (and by MAX_REQUESTS), every request
@@ -107,11 +111,17 @@ CLASSES = {
     "login": {"rate": 15.0, "workers": 3},
     # one address guessing passwords: banned by the ip rule.
     "attacker": {"rate": 2.0, "workers": 1, "fixed": True},
+    # logins whose form body arrives slowly (SLOW_PIECES pieces, each
+    # SLOW_GAP_S apart), half of them with the right password: the
+    # module reads the body for %{FORM:log} and PHP must get it whole.
+    "slowlogin": {"rate": 1.0, "workers": 2},
     # 8 peers of the shim's server, within its rule.
     "shim": {"rate": 20.0, "workers": 4},
     # one peer at 15/s against the rule's 10/s.
     "shimprobe": {"rate": 15.0, "workers": 1, "fixed": True},
 }
+SLOW_PIECES, SLOW_GAP_S = 4, 0.4
+LOGIN_CLASSES = ("login", "attacker", "slowlogin")
 SHIM_PEERS = ["127.0.0.%d" % i for i in range(2, 10)]
 SHIM_PROBE_PEER = "127.0.0.10"
 
@@ -171,6 +181,8 @@ class Gen:
         self.probe_f = open(os.path.join(self.out, "probes.tsv"), "w")
         self.probe_f.write("t_send\tclass\tkey\tstatus\n")
         self.stats_f = open(os.path.join(self.out, "stats.jsonl"), "w")
+        self.login_f = open(os.path.join(self.out, "logins.tsv"), "w")
+        self.login_f.write("t_send\tclass\tip\tright\tstatus\tbanned\n")
         self.rng = random.Random(cfg.get("seed", 1))
         self.flood_until = 0.0
 
@@ -192,6 +204,12 @@ class Gen:
         return not self.stopping and time.time() < self.t_end \
             and self.budget > 0
 
+    def record_login(self, cls, ip, req, status, body, t0):
+        right = int(b"&pwd=right" in req)
+        banned = int(status == 429 and b'"error":"banned"' in body)
+        self.login_f.write("%.3f\t%s\t%s\t%d\t%d\t%d\n" % (
+            t0, cls, ip, right, status, banned))
+
     def record_lost(self, cls, kind, t0):
         self.tally[cls].lost(kind)
         self.lost_f.write("%.3f\t%s\t%s\t%.3f\n" % (t0, cls, kind,
@@ -202,7 +220,7 @@ class Gen:
 # ---- HTTP/1.1, just enough: status, Content-Length or chunked ---------
 
 async def read_response(reader):
-    """(status, close, retry_after) of one response read whole from
+    """(status, close, retry_after, body) of one response read whole from
     reader; raises EOFError when the connection closed before a full
     answer."""
     try:
@@ -220,24 +238,26 @@ async def read_response(reader):
             k, v = line.split(":", 1)
             hdr[k.strip().lower()] = v.strip()
     close = hdr.get("connection", "").lower() == "close"
+    body = b""
     try:
         if "chunked" in hdr.get("transfer-encoding", "").lower():
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0],
                            16)
-                await reader.readexactly(size + 2 if size else 0)
+                body += (await reader.readexactly(size + 2))[:size] \
+                    if size else b""
                 if size == 0:
                     while (await reader.readuntil(b"\r\n")) != b"\r\n":
                         pass
                     break
         elif "content-length" in hdr:
-            await reader.readexactly(int(hdr["content-length"]))
+            body = await reader.readexactly(int(hdr["content-length"]))
         else:
-            await reader.read()
+            body = await reader.read()
             close = True
     except asyncio.IncompleteReadError:
         raise EOFError("partial") from None
-    return status, close, "retry-after" in hdr
+    return status, close, "retry-after" in hdr, body
 
 
 def request_bytes(method, path, headers, body=b""):
@@ -278,10 +298,13 @@ def make_request(gen, cls, idx):
         k = "f%d" % gen.flood_n
         return request_bytes("GET", "/app/heavy.php?rows=100",
                              {"X-API-Key": k}), "app", k
-    if cls in ("login", "attacker"):
+    if cls in LOGIN_CLASSES:
         if cls == "login":
             ip = "10.0.%d.%d" % divmod(r.randrange(500), 250)
             ok = r.random() < 0.3
+        elif cls == "slowlogin":
+            ip = "10.1.%d.%d" % divmod(r.randrange(500), 250)
+            ok = r.random() < 0.5
         else:
             ip, ok = "10.66.6.6", False
         user = "user%d" % r.randrange(2000)
@@ -327,11 +350,10 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
             continue
         reader, writer = conn
         try:
-            writer.write(req)
-            await writer.drain()
+            await send_request(writer, req, cls == "slowlogin")
             tally.sent()
             gen.touch(kind, key, t0)
-            status, close, retry = await asyncio.wait_for(
+            status, close, retry, body = await asyncio.wait_for(
                 read_response(reader), REQUEST_TIMEOUT)
             if status >= 500 and not retry:
                 # haproxy's own error (no server answered); the module's
@@ -339,6 +361,8 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
                 gen.record_lost(cls, "proxy-%d" % status, t0)
             else:
                 tally.answered(status, time.time() - t0)
+                if cls in LOGIN_CLASSES:
+                    gen.record_login(cls, key[0], req, status, body, t0)
         except (EOFError, ConnectionError, OSError,
                 asyncio.TimeoutError) as e:
             gen.record_lost(cls, loss_kind(e), t0)
@@ -348,6 +372,24 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
             conn = None
     if conn is not None:
         conn[1].close()
+
+
+async def send_request(writer, req, slow):
+    """Writes req; slow: its head at once, its body in SLOW_PIECES pieces
+    SLOW_GAP_S apart (a slow upload: the module's form reader and PHP
+    wait for the rest)."""
+    if not slow:
+        writer.write(req)
+        await writer.drain()
+        return
+    head, body = req.split(b"\r\n\r\n", 1)
+    writer.write(head + b"\r\n\r\n")
+    step = max(1, -(-len(body) // SLOW_PIECES))
+    for i in range(0, len(body), step):
+        await writer.drain()
+        await asyncio.sleep(SLOW_GAP_S)
+        writer.write(body[i:i + step])
+    await writer.drain()
 
 
 def loss_kind(e):
@@ -386,8 +428,8 @@ async def shim_worker(gen, cls, idx, interval):
             await writer.drain()
             tally.sent()
             gen.touch("shim", peer, t0)
-            status, _, _ = await asyncio.wait_for(read_response(reader),
-                                                  REQUEST_TIMEOUT)
+            status = (await asyncio.wait_for(read_response(reader),
+                                             REQUEST_TIMEOUT))[0]
             tally.answered(status, time.time() - t0)
             if cls == "shimprobe":
                 gen.probe_f.write("%.6f\t%s\t%s\t%d\n" % (t0, cls, peer,
@@ -425,6 +467,7 @@ def write_stats(gen, now, by):
     gen.stats_f.write(json.dumps(line) + "\n")
     gen.stats_f.flush()
     gen.probe_f.flush()
+    gen.login_f.flush()
 
 
 def start_flood(gen):
@@ -482,7 +525,7 @@ def main():
                            for c, t in gen.tally.items()}}
     with open(os.path.join(gen.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    for f in (gen.lost_f, gen.probe_f, gen.stats_f):
+    for f in (gen.lost_f, gen.probe_f, gen.stats_f, gen.login_f):
         f.close()
 
 

@@ -43,6 +43,13 @@ criterion failed, naming each:
              plus the breaker's cooldown and a margin) admits at most
              capacity + rate x T + one cost
   lost       every request the generator sent was answered
+  login      the login defence held: the attacker's failed logins that
+             reached PHP outside the fallback periods are at most the ip
+             rule's capacity once per Redis start (kill -9 empties it)
+             plus its rate over the run, plus one; it was banned ({"error":
+             "banned"}) at least once; every slow upload (slowlogin) with
+             the right password that PHP answered got 200 (its body
+             arrived whole), and some did
 
 RssAnon is VmRSS less file-backed and shared pages: the shared-memory tables
 (top keys, scoreboard, local and lease tables) enter VmRSS as a process
@@ -118,6 +125,7 @@ class Run:
         self.probes = read_tsv(os.path.join(out, "probes_http.tsv"))
         self.shim_probes = read_tsv(os.path.join(out, "gen", "probes.tsv"))
         self.lost = read_tsv(os.path.join(out, "gen", "lost.tsv"))
+        self.logins = read_tsv(os.path.join(out, "gen", "logins.tsv"))
         self.summary = j("gen/summary.json", {})
         self.alive = j("alive.json", {})
         self.tags = j("tags.json", {})
@@ -640,6 +648,59 @@ def check_requests(run, lines, fails):
                      % (sent - answered - sum(lost.values())))
 
 
+# The ip rule on /login.php (soak.py's SITE): TBucketRule ip ... 10 1/m
+# count=401 ban=2m.
+RULE_IP_CAP, RULE_IP_PER_MIN = 10, 1.0
+
+
+def check_login(run, lines, fails):
+    periods = run.fallback_periods()
+
+    def outside(r):
+        t = num(r["t_send"])
+        return not any(a <= t <= b for a, b in periods)
+    by = {}
+    for r in run.logins:
+        by.setdefault(r["class"], []).append(r)
+    att = by.get("attacker", [])
+    failed = [r for r in att if r["status"] == "401" and outside(r)]
+    banned = sum(1 for r in att if r["banned"] == "1")
+    kills = sum(1 for f in run.faults if f["kind"] == "redis_kill9")
+    minutes = (run.t_end - run.t0) / 60.0
+    bound = RULE_IP_CAP * (1 + kills) + RULE_IP_PER_MIN * minutes + 1
+    slow = by.get("slowlogin", [])
+    right = [r for r in slow if r["right"] == "1"]
+    right_ok = sum(1 for r in right if r["status"] == "200")
+    damaged = [r for r in right if r["status"] == "401"]
+    codes = lambda rows: ", ".join("%s %d" % kv for kv in sorted(
+        {c: sum(1 for r in rows if r["status"] == c)
+         for c in {r["status"] for r in rows}}.items()))
+    lines += ["", "### The login defence", "",
+              "Attacker (one address, wrong passwords): %d answered (%s), "
+              "%d of them the ban's 429; failed logins that reached PHP "
+              "outside the fallback periods %d, bound %.0f (capacity %d x "
+              "%d Redis starts + %g/min x %.1f min + 1). Slow uploads: %d "
+              "answered (%s); with the right password %d, of which %d got "
+              "200. Other logins: %s." % (
+                  len(att), codes(att), banned, len(failed), bound,
+                  RULE_IP_CAP, 1 + kills, RULE_IP_PER_MIN, minutes,
+                  len(slow), codes(slow), len(right), right_ok,
+                  codes(by.get("login", [])))]
+    if len(failed) > bound:
+        fails.append("login: the attacker's failed logins reached PHP %d "
+                     "times, above %.0f" % (len(failed), bound))
+    if att and not banned:
+        fails.append("login: the attacker was never banned")
+    if not att:
+        fails.append("login: no attacker login was answered")
+    for r in damaged[:5]:
+        fails.append("login: a slow upload with the right password got 401 "
+                     "at %.1f s (its body was not read whole)"
+                     % (num(r["t_send"]) - run.t0))
+    if slow and not right_ok:
+        fails.append("login: no slow upload with the right password got 200")
+
+
 def near_fault(run, t):
     for f in run.faults:
         if num(f["t_start"]) - 1 <= t <= num(f["t_end"]) + 15:
@@ -832,6 +893,7 @@ def main(argv):
     load_lines(run, lines)
     check_requests(run, lines, fails)
     check_crash(run, lines, fails)
+    check_login(run, lines, fails)
     check_memory(run, lines, fails)
     check_keys(run, lines, fails)
     check_redis_memory(run, lines, fails)

@@ -54,10 +54,12 @@ def test_module_010_01(apache_factory, redis_server):
             granted = metric_sum(text,
                                  "tbucket_lease_tokens_granted_total")
             assert refills == calls + 1  # + the warm-up request
-            assert hits + refills == res.ok + 1
+            # A request the client sent again (a kept-alive connection
+            # closed under it, tbtest.client) may have been decided twice.
+            assert 0 <= hits + refills - (res.ok + 1) <= res.retries
             # Granted: what was spent, and what the leases still hold:
             # at most one grant per connection that refilled at once.
-            assert res.ok + 1 <= granted <= res.ok + 1 + 4 * n
+            assert res.ok + 1 <= granted <= res.ok + 1 + 4 * n + res.retries
             assert "# TYPE tbucket_lease_hits_total counter" in text
             html = http_get(a.url("/tbucket-status?view=html")).text
             assert 'data-metric="tbucket_lease_hits_total"' in html

@@ -110,8 +110,11 @@ def test_module_160_03(apache_factory, redis_server):
     assert fl["answered"] > 20, rep
     assert set(fl["by_status"]) == {200}, rep
     assert fl["errors"] == 0 and fl["lost_processes"] == 0, rep
-    # One script call per flood request; /health.php is not limited.
-    assert rep["redis_script_calls"] == fl["answered"], rep
+    # One script call per flood request; /health.php is not limited. A
+    # request cut at the end (in flight when the flood stopped, more of
+    # them on a busy machine) may have been decided without an answer.
+    assert fl["answered"] <= rep["redis_script_calls"] <= \
+        fl["answered"] + fl["cut_at_end"], rep
     # Each page is about 25 ms of CPU in Apache's children.
     assert rep["apache_cpu_s"] > fl["answered"] * 0.005, rep
     cost = overload.page_cost(a.port, a.proc.pid, n=10,

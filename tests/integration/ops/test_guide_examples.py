@@ -387,19 +387,28 @@ def check_one_address(a):
         assert (status, body) == (200, "ok\n")
 
 
-def during_flood(a):
+def during_flood(a, until):
     """While the cap is full: a plain request for a PHP page gets 503 at
     once, with Retry-After, the JSON body and a closed connection; the
-    partner's key is served. Returns (the 503, the partner's status)."""
-    refused = None
-    for _ in range(40):
+    partner's key is served. Asks until the first 503 or the monotonic
+    time until (the flood's curls start slowly on a busy machine, and a
+    request served meanwhile takes its second). Returns (the 503, the
+    partner's status)."""
+    refused, seen = None, []
+    while time.monotonic() < until:
         status, h, body, took = get(a, "/shop/slow.php", host=SHOP,
                                     source="127.0.0.3")
+        seen.append((status, round(took, 2)))
         if status == 503:
             refused = (h, body, took)
             break
         time.sleep(0.1)
-    assert refused, "no 503 for /shop/ while the flood ran"
+    if not refused:
+        page = get(a, "/tbucket-status", host=SHOP)[2]
+        busy = [l for l in page.splitlines() if l.startswith(
+            ("tbucket_local_in_flight", "tbucket_workers_busy"))]
+        raise AssertionError(("no 503 for /shop/ while the flood ran", seen,
+                              busy))
     partner = get(a, "/shop/slow.php", host=SHOP, source="127.0.0.4",
                   headers=PARTNER)
     return refused, partner
@@ -459,7 +468,8 @@ def test_guide_001_03(redis_server):
                                 stderr=subprocess.PIPE, text=True)
         try:
             time.sleep(4)
-            refused, partner = during_flood(a)
+            # Before the flood's 15 s are over, with a second to spare.
+            refused, partner = during_flood(a, time.monotonic() + 10)
             out, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
@@ -469,14 +479,27 @@ def test_guide_001_03(redis_server):
         h, body, took = refused
         assert h["retry-after"] == "1" and h["connection"] == "close"
         assert json.loads(body)["error"] == "too many requests in flight here"
-        assert took < 0.5, took
+        # "At once": not queued behind the flood, where it would wait for
+        # a worker to finish a page (slow.php sleeps 1 s, whatever the
+        # CPU's speed); the refusal itself is milliseconds.
+        assert took < 1.0, took
         assert partner[0] == 200 and partner[2] == "done\n", partner
 
         health, media, samples, codes = parse_flood(out)
-        assert len(health) >= 10 and {s for s, _ in health} == {200}, out
+        # The health loop asks about once a second, idle (13-14 samples
+        # in 15 s), but each turn also runs three curls beside the 60
+        # flooding ones: on a machine twice as slow, or shared, it makes
+        # fewer turns. What matters is that the check was asked during
+        # the flood, several times, and served every time.
+        assert len(health) >= 3 and {s for s, _ in health} == {200}, out
+        # Served without waiting for a worker behind the flood (that wait
+        # is at least one slow page, 1 s of sleep, not of CPU); idle, the
+        # slowest is 0.006-0.13 s.
         assert max(t for _, t in health) < 1.0, health
         assert 503 in {s for s, _ in media}, media
         assert set(codes) == {"200", "503"}, codes
+        # 24 workers each finishing a 1-s page: about 360 in 15 s, more
+        # than half of them even when the curls start twice as slowly.
         assert codes["200"] >= 100, codes
         in_flight = series(samples, "tbucket_local_in_flight")
         assert in_flight and max(in_flight) <= 24, in_flight

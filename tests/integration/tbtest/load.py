@@ -1,10 +1,13 @@
 """tbtest/load.py -- small, bounded HTTP load for the accuracy tests, and
 single raw HTTP requests.
 
-Each worker thread keeps one keep-alive connection (requests.Session) and
-sends GETs in a loop until the deadline, round-robin over the URLs it is
-given, optionally paced to a rate. Every run is bounded in time and in
-requests; the result counts statuses and the window the requests spanned.
+Each worker thread keeps one keep-alive connection (tbtest.client's
+Session, which sends a GET again once when the server closed the kept
+connection before answering, as browsers do) and sends GETs in a loop
+until the deadline, round-robin over the URLs it is given, optionally
+paced to a rate. Every run is bounded in time and in requests; the
+result counts statuses, the retries (a retried request may have reached
+the server twice) and the window the requests spanned.
 http_head() sends bytes that python-requests would refuse or rewrite.
 """
 import socket
@@ -13,6 +16,8 @@ import time
 
 import requests
 
+from tbtest.client import Session
+
 
 class Result:
     def __init__(self):
@@ -20,6 +25,7 @@ class Result:
         self.first = None
         self.last = None
         self.errors = 0
+        self.retries = 0
         self.ok_times = []
         self.lock = threading.Lock()
 
@@ -69,7 +75,7 @@ def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
     block = threading.Lock()
 
     def worker(idx):
-        s = requests.Session()
+        s = Session()
         s.headers.update(headers or {})
         n = idx
         interval = threads / rate if rate else 0.0
@@ -95,6 +101,8 @@ def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
                     res.errors += 1
             n += 1
         s.close()
+        with res.lock:
+            res.retries += s.retries
 
     ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in ts:

@@ -29,7 +29,7 @@ RESULTS = os.environ.get("TB_RESULTS", os.path.join(BUILD, "results"))
 # time in microseconds, status, decision and client key, and the decision
 # as a response header (for clients that only see HTTP).
 TIMED_LOG = """
-LogFormat "%%{usec}t %%>s %%{TBUCKET_DECISION}e %%{X-API-Key}i %%P" tbt
+LogFormat "%%{usec}t %%>s %%{TBUCKET_DECISION}e %%{X-API-Key}i %%P %%D" tbt
 CustomLog %s tbt
 Header always set X-TB-Decision "%%{TBUCKET_DECISION}e"
 """
@@ -41,7 +41,9 @@ def timed_log_conf(apache):
 
 
 def read_timed(apache, key=None):
-    """[(usec, status, decision, key, pid)] from the timed access log."""
+    """[(usec, status, decision, key, pid, duration usec)] from the timed
+    access log: usec is when the request arrived, and its decision was
+    made before usec + duration."""
     out = []
     try:
         with open(apache.timed_log, errors="replace") as f:
@@ -51,10 +53,20 @@ def read_timed(apache, key=None):
                     continue
                 if key is not None and p[3] != key:
                     continue
-                out.append((int(p[0]), int(p[1]), p[2], p[3], int(p[4])))
+                out.append((int(p[0]), int(p[1]), p[2], p[3], int(p[4]),
+                            int(p[5]) if len(p) > 5 else 0))
     except FileNotFoundError:
         pass
     return out
+
+
+def decision_span(recs):
+    """Seconds from the first arrival to the end of the last request of
+    read_timed() records: every decision was made inside it. A limit
+    bound over the arrivals' span alone fails when the machine delays
+    the first decisions (a busy runner): they fall after their arrival,
+    and the bucket refilled meanwhile."""
+    return (max(r[0] + r[5] for r in recs) - min(r[0] for r in recs)) / 1e6
 
 
 class HAProxy:
