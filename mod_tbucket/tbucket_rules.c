@@ -583,7 +583,8 @@ static apr_status_t charge_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 }
 
 /* The first brigade of a response of the chain, before its headers are
- * made: a known= rule whose status this is not counted (a success) makes
+ * made: a known= rule whose status this is not counted and is under 400
+ * (a success) makes
  * the client known for its key, by a Set-Cookie the response still
  * carries. */
 static apr_status_t known_filter(ap_filter_t *f, apr_bucket_brigade *bb)
@@ -592,7 +593,10 @@ static apr_status_t known_filter(ap_filter_t *f, apr_bucket_brigade *bb)
     int i;
 
     for (i = 0; i < ch->n && !ch->marked; i++) {
-        if (ch->base_key[i] && !counts(ch->which[i], f->r->status)) {
+        /* A success: a status the rule does not count, and not an
+         * error (a 401, a 500 is never a login). */
+        if (ch->base_key[i] && f->r->status < 400
+            && !counts(ch->which[i], f->r->status)) {
             tbucket_known_mark(f->r, ch->which[i], ch->sc, ch->base_key[i]);
         }
     }
