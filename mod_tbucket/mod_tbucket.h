@@ -150,6 +150,8 @@ typedef struct tbucket_named_rule {
     int64_t ban_ms;                   /* ban=, 0: none.                 */
     int64_t known_ms;                 /* known=, 0: none.               */
     int known_by;                     /* known-by=: TBUCKET_KNOWN_*.    */
+    const char *cookie;               /* "tbk_NAME", made at config
+                                       * time.                          */
     int slot;                         /* Its counters in the segment
                                        * (by name), -1 before
                                        * post_config or when none.     */

@@ -28,7 +28,6 @@
 
 APLOG_USE_MODULE(tbucket);
 
-#define COOKIE_PREFIX "tbk_"
 #define SECRET_MIN 32
 #define SECRET_MAX 4096
 
@@ -126,8 +125,7 @@ const char *tbucket_known_key(request_rec *r, const tbucket_named_rule *ru,
     a.klen = strlen(key);
     a.now_s = (int64_t)apr_time_sec(r->request_time);
     if ((ru->known_by & TBUCKET_KNOWN_COOKIE) && sc->secret
-        && (v = cookie_value(r, apr_pstrcat(r->pool, COOKIE_PREFIX,
-                                            ru->name, NULL), &len))
+        && (v = cookie_value(r, ru->cookie, &len))
         && tb_token_find(&a, v, len, id)) {
         *known = 1;
         return apr_pstrcat(r->pool, key, "#k", id, NULL);
@@ -163,7 +161,7 @@ static int secure(request_rec *r)
 static void set_cookie(request_rec *r, const tbucket_named_rule *ru,
                        const tbucket_srv_conf *sc, const char *key)
 {
-    const char *name = apr_pstrcat(r->pool, COOKIE_PREFIX, ru->name, NULL);
+    const char *name = ru->cookie;
     apr_size_t len = 0;
     const char *old = cookie_value(r, name, &len);
     int64_t now = (int64_t)apr_time_sec(r->request_time);

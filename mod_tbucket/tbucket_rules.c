@@ -178,6 +178,9 @@ static const char *parse_options(cmd_parms *cmd, const char *args,
     if (!msg && ru->known_ms && !ru->known_by) {
         ru->known_by = TBUCKET_KNOWN_COOKIE;
     }
+    if (!msg && ru->known_ms) {
+        ru->cookie = apr_pstrcat(cmd->pool, "tbk_", ru->name, NULL);
+    }
     return msg;
 }
 

@@ -33,25 +33,41 @@ static int mark_key(const char *prefix, const char *rule, const char *key,
     return 1;
 }
 
+/* One command of argc words about key rkey: TB_OK with its reply in *r
+ * (the caller's to tb__reply_free), or TB_ERR with the client's error
+ * set. */
+static int command(tb_client_t *c, const char *rkey, const char **argv,
+                   int argc, redisReply **r)
+{
+    size_t argvlen[5];
+    tb__cmd_t cmd;
+    tb__error_t e = { 0, 0, "" };
+    int i;
+
+    for (i = 0; i < argc; i++) {
+        argvlen[i] = strlen(argv[i]);
+    }
+    cmd.argc = argc;
+    cmd.argv = argv;
+    cmd.argvlen = argvlen;
+    if (tb__client_command(c, rkey, &cmd, r, &e) != TB_OK) {
+        tb__client_error(c, &e);
+        return TB_ERR;
+    }
+    return TB_OK;
+}
+
 int tb_client_known(tb_client_t *c, const char *prefix, const char *rule,
                     const char *key, size_t len, const char *client,
                     int *known)
 {
     char mkey[TB_KEY_BUF];
     const char *argv[2] = { "EXISTS", mkey };
-    size_t argvlen[2];
-    tb__cmd_t cmd = { 2, argv, argvlen };
-    tb__error_t e = { 0, 0, "" };
     redisReply *r;
 
     *known = 0;
-    if (!c || !c->priv || !mark_key(prefix, rule, key, len, client, mkey)) {
-        return TB_ERR;
-    }
-    argvlen[0] = 6;
-    argvlen[1] = strlen(mkey);
-    if (tb__client_command(c, mkey, &cmd, &r, &e) != TB_OK) {
-        tb__client_error(c, &e);
+    if (!c || !c->priv || !mark_key(prefix, rule, key, len, client, mkey)
+        || command(c, mkey, argv, 2, &r) != TB_OK) {
         return TB_ERR;
     }
     *known = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
@@ -65,22 +81,14 @@ int tb_client_know(tb_client_t *c, const char *prefix, const char *rule,
 {
     char mkey[TB_KEY_BUF], ms[24];
     const char *argv[5] = { "SET", mkey, "1", "PX", ms };
-    size_t argvlen[5];
-    tb__cmd_t cmd = { 5, argv, argvlen };
-    tb__error_t e = { 0, 0, "" };
     redisReply *r;
-    int i;
 
     if (!c || !c->priv || ttl_ms < 1
         || !mark_key(prefix, rule, key, len, client, mkey)) {
         return TB_ERR;
     }
     snprintf(ms, sizeof(ms), "%lld", (long long)ttl_ms);
-    for (i = 0; i < 5; i++) {
-        argvlen[i] = strlen(argv[i]);
-    }
-    if (tb__client_command(c, mkey, &cmd, &r, &e) != TB_OK) {
-        tb__client_error(c, &e);
+    if (command(c, mkey, argv, 5, &r) != TB_OK) {
         return TB_ERR;
     }
     tb__reply_free(r);
@@ -93,20 +101,11 @@ int tb_client_banned(tb_client_t *c, const char *prefix, const char *rule,
 {
     char rkey[TB_KEY_BUF];
     const char *argv[3] = { "HGET", rkey, "ban" };
-    size_t argvlen[3];
-    tb__cmd_t cmd = { 3, argv, argvlen };
-    tb__error_t e = { 0, 0, "" };
     redisReply *r;
 
     *banned = 0;
-    if (!c || !c->priv || !tb_key_build_rule(prefix, key, len, rule, rkey)) {
-        return TB_ERR;
-    }
-    argvlen[0] = 4;
-    argvlen[1] = strlen(rkey);
-    argvlen[2] = 3;
-    if (tb__client_command(c, rkey, &cmd, &r, &e) != TB_OK) {
-        tb__client_error(c, &e);
+    if (!c || !c->priv || !tb_key_build_rule(prefix, key, len, rule, rkey)
+        || command(c, rkey, argv, 3, &r) != TB_OK) {
         return TB_ERR;
     }
     *banned = r->type == REDIS_REPLY_STRING

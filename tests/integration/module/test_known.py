@@ -171,6 +171,10 @@ def test_module_193_02(apache_factory, redis_server):
            "not-a-token", "x" * 5000]
     for c in bad:
         assert post(a, "alice", "right", cookie="tbk_user=" + c)[0] == 429, c
+    # A valid entry under a cookie name that only looks like the rule's.
+    for jar in ("xtbk_user=" + good, "tbk_userx=" + good, "tbk_ip=" + good,
+                "a=tbk_user=" + good):
+        assert post(a, "alice", "right", cookie=jar)[0] == 429, jar
     other = token(sec, "user", "bob", now + 3600)
     st, sc = post(a, "alice", "right",
                   cookie="tbk_user=%s.%s" % (other, good))
