@@ -62,8 +62,8 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
         || tbucket_local_setup(pconf, main_s) != OK) {
         return HTTP_INTERNAL_SERVER_ERROR;
     }
-    tbucket_rules_setup(main_s);
-    tbucket_named_rules_setup(main_s);
+    tbucket_scopes_setup(main_s);
+    tbucket_limits_setup(main_s);
     tbucket_lease_setup(pconf, main_s);
     return tbucket_cpu_post_config(main_s);
 }
@@ -75,8 +75,8 @@ static int pre_config(apr_pool_t *pconf, apr_pool_t *plog,
     (void)ptemp;
     tbucket_local_pre_config(pconf);
     tbucket_cpu_pre_config();
-    tbucket_rules_pre_config(pconf);
-    tbucket_named_rules_pre_config(pconf);
+    tbucket_scopes_pre_config(pconf);
+    tbucket_limits_pre_config(pconf);
     return OK;
 }
 
@@ -190,29 +190,6 @@ static const tb_limit_t *tenant_limit(const tbucket_dir_conf *dc,
     return &dc->limit;
 }
 
-static int build_takes(const tbucket_dir_conf *dc, const char *key,
-                       tb_take_t *takes)
-{
-    int i, n = 1;
-
-    /* Zeroed first: fields the core may add later default to 0. */
-    memset(takes, 0, TB_MAX_BUCKETS * sizeof(*takes));
-    takes[0].limit = *tenant_limit(dc, key);
-    takes[0].cost = dc->cost;
-    takes[0].route = NULL;
-    for (i = 0; dc->routes && i < dc->routes->nelts && n < TB_MAX_BUCKETS;
-         i++) {
-        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
-                                                 tbucket_route);
-
-        takes[n].limit = rt->limit;
-        takes[n].cost = dc->cost;
-        takes[n].route = rt->name;
-        n++;
-    }
-    return n;
-}
-
 /* ---- Hot-tenant shards ---------------------------------------------- */
 
 /* The shard of a request: uniform at random, from a per-process seed and
@@ -301,22 +278,6 @@ static void hold_slot(request_rec *r, request_rec *root,
     tbucket_count_slot(sc, TBUCKET_SLOT_TAKEN);
 }
 
-/* Count a refusal by the limit that made it; the closed policy's
- * refusals are fallback decisions, counted as such only. */
-static void count_refusal(const tbucket_srv_conf *sc, const tb_result_t *res)
-{
-    if (res->allowed || res->source == TB_SRC_CLOSED) {
-        return;
-    }
-    if (res->refused_by == TB_LIMIT_CONCURRENCY) {
-        tbucket_count_refusal(sc, TBUCKET_LIMIT_CONCURRENCY);
-        tbucket_count_slot(sc, TBUCKET_SLOT_REFUSED);
-    }
-    else {
-        tbucket_count_refusal(sc, TBUCKET_LIMIT_RATE);
-    }
-}
-
 /* The request's decision: one script call (or a lease, or a shard of the
  * key) for the buckets and the concurrency slot together. Without the
  * main bucket (main 0: rules only) it is a plain token-bucket call. */
@@ -349,9 +310,6 @@ static void decide(const tbucket_dir_conf *dc, tbucket_srv_conf *sc,
         q->lease_ttl_ms = dc->lease_ttl_ms;
     }
     tb_client_run(sc->client->tb, q, res);
-    if (dc->lease > 0) {
-        tbucket_count_lease(sc, res);
-    }
     if (k > 1) {
         /* The headers and TBUCKET_REMAINING speak for the whole bucket:
          * the shard's figure times K, an estimate (add_limit_headers
@@ -437,7 +395,7 @@ static int protect_locally(request_rec *r, const tbucket_dir_conf *dc,
     }
     rq = chain_record(root);
     rq->outcome = TBUCKET_OUT_ALLOWED;
-    if (!dc->limit_set && dc->concurrency <= 0 && !dc->nrules) {
+    if (!dc->limit_set && dc->concurrency <= 0 && !dc->nlimits) {
         set_env(r, rq);
         tbucket_count(sc, TBUCKET_OUT_ALLOWED, 0);
     }
@@ -495,10 +453,10 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     d->q.key = key;
     d->q.key_len = strlen(key);
     d->q.takes = d->takes;
-    d->q.ntakes = main && dc->limit_set ? build_takes(dc, key, d->takes) : 0;
-    if (dc->nrules) {
-        tbucket_rules_takes(r, dc, sc, d, parts & ~TBUCKET_PART_BODY);
-    }
+    d->q.ntakes = 0;
+    tbucket_limits_takes(r, dc, sc, d, parts & ~TBUCKET_PART_BODY,
+                         main && dc->limit_set ? tenant_limit(dc, key)
+                                               : NULL);
     d->q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
     if (d->q.ntakes || (main && dc->concurrency > 0)) {
         decide(dc, sc, &d->q, &d->res, main);
@@ -510,7 +468,7 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
         tbucket_note_call(r, sc, &d->res);
         decided = 1;
     }
-    if ((parts & TBUCKET_PART_BODY) && dc->rules_body
+    if ((parts & TBUCKET_PART_BODY) && dc->limits_body
         && (!decided || d->res.allowed)) {
         decided |= tbucket_decide_body(r, dc, sc, d);
     }
@@ -518,41 +476,6 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
         read_answer(d);
     }
     return decided;
-}
-
-/* Count d for the status page: under its rule by outcome, and under its
- * key in the heavy hitters, unless the open or closed policy answered
- * (they say nothing about the key). A shadow refusal let the request
- * through: it counts as allowed there, and as shadow-rejected under the
- * rule. */
-static void count_key(request_rec *r, const tbucket_dir_conf *dc,
-                      const tbucket_srv_conf *sc, const tbucket_decision *d,
-                      tbucket_outcome o)
-{
-    tb_topk_item_t it;
-
-    if (dc->rule) {
-        tbucket_count_rule(dc->rule->slot, o);
-    }
-    if (!sc->top_k || d->res.source == TB_SRC_OPEN
-        || d->res.source == TB_SRC_CLOSED) {
-        return;
-    }
-    memset(&it, 0, sizeof(it));
-    it.key = d->q.key;
-    it.key_len = d->q.key_len;
-    it.ip = d->q.prefix == sc->ip_prefix;
-    if (tbucket_refusing_rule(d)) {
-        /* A rule's refusal is about the rule's key (the user name). */
-        it.key = d->takes[d->res.binding].key;
-        it.key_len = d->takes[d->res.binding].key_len;
-        it.ip = 0;
-    }
-    it.vhost = (uint32_t)sc->vhost_slot;
-    it.limit = tbucket_binding_name(d);
-    tbucket_count_key(&it, !d->res.allowed
-                           && o != TBUCKET_OUT_SHADOW_REJECTED,
-                      r->request_time);
 }
 
 /* Keep what d decided for r's chain (its record, a slot to give back,
@@ -585,19 +508,16 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     if (tbucket_refusing_rule(d)) {
         rq->rule = tbucket_refusing_rule(d)->name;
     }
-    if (dc->nrules) {
-        tbucket_rules_count(&d->q, d->which, d->known, res);
-        if (res->allowed && res->source == TB_SRC_REDIS) {
-            rq->charge = tbucket_rules_reserve(root, sc, d, rq->charge);
-            if (d->known) {
-                tbucket_known_spared(sc, d);
-            }
+    if (dc->nlimits && res->allowed && res->source == TB_SRC_REDIS) {
+        rq->charge = tbucket_charge_reserve(root, sc, d, rq->charge);
+        if (d->known) {
+            tbucket_known_spared(sc, d);
         }
     }
     if (later && !res->allowed) {
         /* Refused by a later part: what the earlier took goes back. */
         tbucket_undo_taken(sc, &rq->taken->q, &rq->taken->res);
-        tbucket_rules_cancel(rq->charge);
+        tbucket_charge_cancel(rq->charge);
     }
     else if (more && res->allowed) {
         tbucket_keep_taken(root, rq, d);
@@ -608,11 +528,7 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         tbucket_limit_headers(r, dc, d->takes, res, d->retry_s);
     }
     /* A chain is counted once: a later part only for its refusal. */
-    if (!later || !res->allowed) {
-        tbucket_count(sc, rq->outcome, d->cost_exceeded);
-        count_refusal(sc, res);
-        count_key(r, dc, sc, d, rq->outcome);
-    }
+    tbucket_tally(r, dc, sc, d, rq->outcome, !later || !res->allowed);
     return rq;
 }
 
@@ -626,8 +542,8 @@ static int limit_shared(request_rec *r, const tbucket_dir_conf *dc,
     tbucket_decision d;
     tbucket_req *rq;
 
-    if (dc->rules_counted) {
-        tbucket_rules_no_ranges(r, dc);
+    if (dc->limits_counted) {
+        tbucket_charge_no_ranges(r, dc);
     }
     if (!ask_shared(r, dc, sc, &d, parts)) {
         return DECLINED;
@@ -677,7 +593,7 @@ static int limit_request(request_rec *r, const tbucket_dir_conf *dc,
         && (rc = protect_locally(r, dc, sc, root)) != DECLINED) {
         return rc;
     }
-    if (!dc->limit_set && dc->concurrency <= 0 && !dc->nrules) {
+    if (!dc->limit_set && dc->concurrency <= 0 && !dc->nlimits) {
         return DECLINED;
     }
     if (parts & TBUCKET_PART_EARLY) {
@@ -790,7 +706,7 @@ static void register_hooks(apr_pool_t *p)
     ap_hook_handler(tbucket_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     tbucket_settle_register();
     tbucket_local_register();
-    tbucket_rules_register();
+    tbucket_charge_register();
     tbucket_release_register();
     tbucket_cpu_register();
 }

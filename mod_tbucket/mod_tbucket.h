@@ -27,7 +27,6 @@
 #define TBLOGNO(n) "TB" #n ": "
 
 #define TBUCKET_DEFAULT_PREFIX "rl:"
-#define MAX_ROUTES 7                  /* Route buckets of one scope.    */
 /* TBucketTopKeys: keys shown per ranking by default. */
 #define TBUCKET_DEFAULT_TOP_K 20
 
@@ -103,27 +102,43 @@ typedef enum {
 
 extern const char *const tbucket_refusal_log_names[TBUCKET_REFUSAL_LOGS];
 
-/* ---- Rules: TBucketRule ------------------------------------------ */
+/* ---- Limits: TBucketLimit [NAME], and its aliases ---------------- */
 
-/* known-by=: how a rule's known clients are recognised. */
+/* known-by=: how a limit's known clients are recognised. */
 #define TBUCKET_KNOWN_COOKIE 1
 #define TBUCKET_KNOWN_ADDRESS 2
 
-/* Rules one scope may hold, after the merge with the outer ones. */
-#define TBUCKET_MAX_RULES 8
+/* Named limits one scope may hold after the merge: with the scope's
+ * unnamed limit, every bucket a request can take in one call. Past it,
+ * the outermost are dropped and check_config names them. */
+#define TBUCKET_MAX_LIMITS (TB_MAX_BUCKETS - 1)
 /* The statuses count= may name: 100 .. 599, a bit each. */
 #define TBUCKET_STATUS_BITS 500
 
-/* TBucketRule NAME KEY CAPACITY RATE [cost=N] [count=...] [ban=D]: one
- * more limit of a scope, keyed by its own expression (an address, a user
- * name from the form, everyone), decided with the scope's other limits
- * in the same call. Made by the directive in the configuration pool;
- * read-only after. An "Off" rule only removes an outer rule of its name
- * in the merge. */
-typedef struct tbucket_named_rule {
-    const char *name;                 /* [A-Za-z0-9_-], 1..32 bytes.   */
-    int off;                          /* TBucketRule NAME Off.          */
-    const ap_expr_info_t *key;
+/* TBucketLimit NAME CAPACITY RATE [key=EXPR] [cost=N] [count=...]
+ * [ban=D] [known=D] [known-by=...]: one more bucket of a scope, decided
+ * with the scope's others in the same call. Without key= it is keyed by
+ * the scope's TBucketKey, in "<prefix>{key}:route:NAME" (the form
+ * TBucketRouteLimit NAME CAPACITY RATE declares); with key= by its own
+ * expression (an address, a user name from the form, everyone), in
+ * "<prefix>{key}:rule:NAME" (TBucketRule NAME KEY CAPACITY RATE ...).
+ * Made by the directive in the configuration pool; read-only after. An
+ * "Off" limit only removes an outer limit of its name in the merge. */
+typedef struct tbucket_limit {
+    const char *name;                 /* tbucket_limit_name_valid.     */
+    const char *directive;            /* The one that declared it, for
+                                       * messages: an alias speaks its
+                                       * own name.                      */
+    int off;                          /* NAME Off.                      */
+    const ap_expr_info_t *key;        /* key=, or NULL: the scope's
+                                       * TBucketKey (own_key 0).        */
+    unsigned int own_key:1;           /* key= given: "rule" keys.       */
+    unsigned int cost_set:1;          /* cost= given, else the scope's
+                                       * TBucketCost.                   */
+    const char *key_text;             /* key= as written, for messages. */
+    const char *count_text;           /* count= as written, likewise.   */
+    int algo;                         /* algorithm=: -1, or refused on a
+                                       * named limit (the scope's).     */
     unsigned int key_addr:1;          /* Exactly %{REMOTE_ADDR}: keyed
                                        * by the client's network, as
                                        * TBucketKey's default is.       */
@@ -155,7 +170,7 @@ typedef struct tbucket_named_rule {
     int slot;                         /* Its counters in the segment
                                        * (by name), -1 before
                                        * post_config or when none.     */
-} tbucket_named_rule;
+} tbucket_limit;
 
 /* What happens to a TBucketRule, in the metrics' label order. */
 typedef enum {
@@ -401,11 +416,6 @@ typedef struct tbucket_srv_conf {
     tbucket_client *client;           /* This child's client.           */
 } tbucket_srv_conf;
 
-typedef struct tbucket_route {
-    const char *name;
-    tb_limit_t limit;
-} tbucket_route;
-
 typedef enum {
     TBUCKET_HDR_LEGACY = 0,
     TBUCKET_HDR_IETF,
@@ -440,9 +450,6 @@ typedef struct tbucket_dir_conf {
      * only copies two pointers. */
     apr_hash_t *tenants;
     const struct tbucket_dir_conf *tenants_up;
-    /* Route buckets (tbucket_route), outer first, at most
-     * TB_MAX_BUCKETS - 1 after a merge. */
-    apr_array_header_t *routes;
     /* lease: -1 unset, 0 off, else the tokens one Redis call takes for
      * this server (TBucketLease N); lease_ttl_ms how long they may be
      * spent. shards: -1 unset, else K sub-buckets of capacity/K and
@@ -469,16 +476,18 @@ typedef struct tbucket_dir_conf {
     int local_state;
     int nlocal;
     const tbucket_local_scope *local[TBUCKET_MAX_LOCAL];
-    /* TBucketRule: this scope's rules after the merge, outer first, an
-     * inner rule of a name replacing the outer one; "Off" rules are kept
-     * until the merge applies them. rules_late: a rule's key needs the
-     * request's user or another module's variables. form_limit:
-     * TBucketFormLimit, -1 unset. */
-    int nrules;
-    const tbucket_named_rule *rules[TBUCKET_MAX_RULES];
-    int rules_late;
-    int rules_body;                   /* A rule reads the form body.    */
-    int rules_counted;                /* A rule has count=.             */
+    /* Named limits (TBucketLimit NAME and its aliases): this scope's
+     * after the merge, outer first, an inner limit of a name replacing
+     * the outer one; "Off" records are kept until the merge applies
+     * them. limits_late: a limit's own key needs the request's user or
+     * another module's variables. form_limit: TBucketFormLimit, -1
+     * unset. */
+    int nlimits;
+    const tbucket_limit *limits[TBUCKET_MAX_LIMITS];
+    int limits_late;
+    int limits_body;                  /* A limit reads the form body.   */
+    int limits_counted;               /* A limit has count=.            */
+    int limits_scoped;                /* Limits keyed by TBucketKey.    */
     apr_off_t form_limit;
     int form_timeout_ms;              /* TBucketFormTimeout, -1 unset.  */
 } tbucket_dir_conf;
@@ -516,7 +525,7 @@ typedef struct tbucket_req {
     const char *rule;                 /* TBUCKET_RULE: the TBucketRule
                                        * that refused, or NULL.         */
     tbucket_settle *settle;           /* tbucket_settle.c's, or NULL.   */
-    tbucket_charge *charge;           /* tbucket_rules.c's count=
+    tbucket_charge *charge;           /* tbucket_charge.c's count=
                                        * charge, or NULL.               */
 } tbucket_req;
 
@@ -579,13 +588,18 @@ extern const command_rec tbucket_cmds[];
 const char *tbucket_section_name(cmd_parms *cmd,
                                  const apr_array_header_t *taken);
 
-/* pre_config: start a new list of rules. */
-void tbucket_rules_pre_config(apr_pool_t *pconf);
+/* pre_config: start a new list of scopes that set a limit. */
+void tbucket_scopes_pre_config(apr_pool_t *pconf);
 
-/* post_config (parent): give each rule of the configuration its record
- * in the segment (by name, so a rule a restart keeps keeps its counts);
- * a rule left without one is logged and not counted. */
-void tbucket_rules_setup(server_rec *main_s);
+/* The record of the scope cmd's unnamed TBucketLimit is in (made on
+ * first need), or NULL in .htaccess. */
+const tbucket_rule *tbucket_scope_record(cmd_parms *cmd,
+                                         const tbucket_dir_conf *dc);
+
+/* post_config (parent): give each such scope its record in the segment
+ * (by name, so a scope a restart keeps keeps its counts); a scope left
+ * without one is logged and not counted. */
+void tbucket_scopes_setup(server_rec *main_s);
 
 /* CAPACITY RATE as a checked limit; the start of a quote inside
  * %{NAME:arg} (httpd's scanner cannot take it), or NULL. */
@@ -663,6 +677,12 @@ const char *tbucket_int_value(cmd_parms *cmd, const char *what,
                               int64_t *n);
 const char *tbucket_split_opt(apr_pool_t *p, const char *word,
                               const char **value);
+/* In .htaccess without AllowOverride Limit (or an AllowOverrideList
+ * naming the directive): the refusal saying which; else NULL. Every
+ * scope directive's handler starts with TBUCKET_HTACCESS_CHECK. */
+const char *tbucket_htaccess_denied(cmd_parms *cmd);
+#define TBUCKET_HTACCESS_CHECK(cmd) do { const char *denied_ = \
+    tbucket_htaccess_denied(cmd); if (denied_) return denied_; } while (0)
 
 /* ---- tbucket_config_redis.c ------------------------------------------ */
 
@@ -681,6 +701,12 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv);
 void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o);
 
 /* ---- tbucket_check.c ----------------------------------------------- */
+
+/* The options of one limit record (l->name NULL: the unnamed
+ * TBucketLimit) that cannot go together, from the table of what cannot:
+ * the refusal naming the record, the pair and why, or NULL. At parse
+ * time, so .htaccess too. */
+const char *tbucket_refuse_options(cmd_parms *cmd, const tbucket_limit *l);
 
 /* The check_config hook: refuses what cannot work and warns about what
  * can be seen to be wrong across scopes, also under apache2 -t. */
@@ -802,7 +828,7 @@ void tbucket_lease_setup(apr_pool_t *pconf, server_rec *main_s);
  * buckets, what answered and how a refusal is told. */
 typedef struct tbucket_decision {
     tb_take_t takes[TB_MAX_BUCKETS];
-    const tbucket_named_rule *which[TB_MAX_BUCKETS]; /* Each take's
+    const tbucket_limit *which[TB_MAX_BUCKETS]; /* Each take's
                                        * TBucketRule, NULL for the main
                                        * bucket and routes.             */
     const char *base_key[TB_MAX_BUCKETS]; /* A known= rule's key K before
@@ -832,7 +858,7 @@ int tbucket_respond(request_rec *r, int status, const char *body);
  * limit that decided d (a route's or rule's, NULL for the main bucket,
  * "concurrency"); d's key as operators see it, into out
  * (TB_TOPK_KEY_LEN bytes), the refusing rule's when a rule refused. */
-const tbucket_named_rule *tbucket_refusing_rule(const tbucket_decision *d);
+const tbucket_limit *tbucket_refusing_rule(const tbucket_decision *d);
 const char *tbucket_binding_name(const tbucket_decision *d);
 size_t tbucket_shown_key(const tbucket_srv_conf *sc,
                          const tbucket_decision *d, char *out);

@@ -56,7 +56,7 @@ void tbucket_limit_headers(request_rec *r, const tbucket_dir_conf *dc,
                        apr_psprintf(r->pool, "%" APR_INT64_T_FMT, left));
     }
     if (mode == TBUCKET_HDR_IETF || mode == TBUCKET_HDR_BOTH) {
-        const char *name = b->route ? b->route : "default";
+        const char *name = b->name ? b->name : "default";
 
         /* t: seconds until the bucket is full again, or the wait. */
         t = retry_s > 0 ? retry_s
@@ -94,13 +94,16 @@ int tbucket_respond(request_rec *r, int status, const char *body)
 }
 
 /* The TBucketRule that bound a refusal of d, or NULL. */
-const tbucket_named_rule *tbucket_refusing_rule(const tbucket_decision *d)
+const tbucket_limit *tbucket_refusing_rule(const tbucket_decision *d)
 {
     if (d->res.allowed || d->by_conc || !d->q.ntakes
         || d->res.binding < 0 || d->res.binding >= d->q.ntakes) {
         return NULL;
     }
-    return d->which[d->res.binding];
+    /* A limit keyed by TBucketKey refuses as the scope's own bucket
+     * does: the key is the request's, the answer a plain 429. */
+    return d->which[d->res.binding] && d->which[d->res.binding]->own_key
+           ? d->which[d->res.binding] : NULL;
 }
 
 /* The key d's refusal is about, as the status page and the log show it:
@@ -109,7 +112,7 @@ const tbucket_named_rule *tbucket_refusing_rule(const tbucket_decision *d)
 size_t tbucket_shown_key(const tbucket_srv_conf *sc, const tbucket_decision *d,
                         char *out)
 {
-    const tbucket_named_rule *ru = tbucket_refusing_rule(d);
+    const tbucket_limit *ru = tbucket_refusing_rule(d);
 
     if (ru) {
         const tb_take_t *t = &d->takes[d->res.binding];
@@ -127,7 +130,7 @@ const char *tbucket_binding_name(const tbucket_decision *d)
     if (!d->q.ntakes || d->by_conc) {
         return "concurrency";
     }
-    return d->takes[d->res.binding].route;
+    return d->takes[d->res.binding].name;
 }
 
 /* d's key as the status page shows it, for a log line: sanitised, so
@@ -176,7 +179,7 @@ static void log_refusal(request_rec *r, const tbucket_srv_conf *sc,
         0, APLOG_NOTICE, APLOG_INFO, APLOG_DEBUG
     };
     const char *limit = tbucket_binding_name(d), *ip = r->useragent_ip;
-    const tbucket_named_rule *ru = tbucket_refusing_rule(d);
+    const tbucket_limit *ru = tbucket_refusing_rule(d);
     char net[TB_IP_KEY_LEN];
 
     if (sc->refusal_log <= TBUCKET_REFUSAL_LOG_OFF

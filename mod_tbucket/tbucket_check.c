@@ -57,8 +57,8 @@ static void check_lockout(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
 {
     int i;
 
-    for (i = 0; i < dc->nrules; i++) {
-        const tbucket_named_rule *ru = dc->rules[i];
+    for (i = 0; i < dc->nlimits; i++) {
+        const tbucket_limit *ru = dc->limits[i];
 
         if (ru->ban_ms && ru->key_user && !ru->known_ms) {
             warn_once(seen, s, apr_psprintf(p, "TBucketRule %s in %s bans "
@@ -67,6 +67,52 @@ static void check_lockout(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                       "out; add known=30d to keep clients that logged in "
                       "as it on a budget of their own", ru->name, where));
         }
+    }
+}
+
+/* Whether a scope limits anything (a bucket, a concurrency limit, a
+ * local scope) for sc's server. */
+static int limits_something(const tbucket_dir_conf *dc,
+                            const tbucket_srv_conf *sc)
+{
+    return dc->limit_set || dc->concurrency > 0 || dc->nlocal > 0
+           || sc->shed_min || dc->nlimits;
+}
+
+/* Whether an <If>, <ElseIf> or <Else> inside a section limits: the
+ * guide puts a login's limits in a POST-only <If> inside the section
+ * that enables them, and check_config cannot merge those. */
+static int ifs_limit(const core_dir_config *cd, const tbucket_srv_conf *sc)
+{
+    int i;
+
+    for (i = 0; cd && cd->sec_if && i < cd->sec_if->nelts; i++) {
+        ap_conf_vector_t *sec = APR_ARRAY_IDX(cd->sec_if, i,
+                                              ap_conf_vector_t *);
+        const tbucket_dir_conf *dc = ap_get_module_config(sec,
+                                                          &tbucket_module);
+
+        if (dc && limits_something(dc, sc)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* TBucketEnable On where nothing limits, neither the scope nor an <If>
+ * inside its section. */
+static void check_enable(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
+                         const char *where, const tbucket_dir_conf *dc,
+                         const core_dir_config *cd)
+{
+    const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
+                                                      &tbucket_module);
+
+    if (dc->enable == 1 && !limits_something(dc, sc) && !ifs_limit(cd, sc)) {
+        warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
+                  "TBucketLimit, TBucketRule, TBucketConcurrency, "
+                  "TBucketLocalConcurrency or TBucketShed in %s: requests "
+                  "there are not limited", where));
     }
 }
 
@@ -82,13 +128,7 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
     const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                       &tbucket_module);
 
-    if (dc->enable == 1 && !dc->limit_set && dc->concurrency <= 0
-        && dc->nlocal <= 0 && !sc->shed_min && !dc->nrules) {
-        warn_once(seen, s, apr_psprintf(p, "TBucketEnable On without a "
-                  "TBucketLimit, TBucketRule, TBucketConcurrency, "
-                  "TBucketLocalConcurrency or TBucketShed in %s: requests "
-                  "there are not limited", where));
-    }
+    (void)sc;
     check_lockout(p, seen, s, where, dc);
     if (dc->enable == 1 && dc->key_is_addr) {
         warn_once(seen, s, apr_psprintf(p, "TBucketKey %%{REMOTE_ADDR} in "
@@ -142,13 +182,13 @@ static void check_scope(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                        dc->cost, ((tb_limit_t *)v)->capacity / shards);
         }
     }
-    for (i = 0; dc->routes && i < dc->routes->nelts; i++) {
-        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
-                                                 tbucket_route);
+    for (i = 0; i < dc->nlimits; i++) {
+        const tbucket_limit *l = dc->limits[i];
 
         check_cost(p, seen, s, where,
-                   apr_psprintf(p, "TBucketRouteLimit %s", rt->name),
-                   dc->cost, rt->limit.capacity / shards);
+                   apr_psprintf(p, "%s %s", l->directive, l->name),
+                   l->cost_set ? l->cost : dc->cost,
+                   l->limit.capacity / (l->own_key ? 1 : shards));
     }
 }
 
@@ -164,50 +204,16 @@ static const char *shard_limit_bad(const tb_limit_t *l, int k)
     return tb_limit_check(&d, NULL, 0) == TB_OK ? NULL : "";
 }
 
-/* What one effective scope asks that cannot work, as a message naming
- * the directive and the scope, or NULL. A lease takes one token bucket;
- * a concurrency limit needs a Redis call per request and one hash tag
- * per key; shards must each keep a valid limit (shard_limit_bad). */
-static const char *refuse_scope(apr_pool_t *p, const char *where,
-                                const tbucket_dir_conf *dc)
+/* Shards that must each keep a valid limit: a message naming the
+ * directive and the scope, or NULL. */
+static const char *refuse_shards(apr_pool_t *p, const char *where,
+                                 const tbucket_dir_conf *dc)
 {
     const tbucket_dir_conf *t;
     apr_hash_index_t *hi;
     int i, k = dc->shards > 1 ? dc->shards : 1;
     const char *bad = NULL;
 
-    if (dc->lease > 0 && dc->routes && dc->routes->nelts) {
-        return apr_psprintf(p, "TBucketLease in %s: a lease takes one "
-                            "bucket, and TBucketRouteLimit applies there",
-                            where);
-    }
-    if (dc->lease > 0 && dc->algo > 0) {
-        return apr_psprintf(p, "TBucketLease in %s: leases need "
-                            "TBucketAlgorithm token-bucket, not %s", where,
-                            tb_algo_name((tb_algo_t)dc->algo));
-    }
-    if (dc->concurrency > 0 && dc->lease > 0) {
-        return apr_psprintf(p, "TBucketConcurrency in %s: every request "
-                            "must ask Redis for its slot, and TBucketLease "
-                            "applies there", where);
-    }
-    if (dc->concurrency > 0 && k > 1) {
-        return apr_psprintf(p, "TBucketConcurrency in %s: a key's slots are "
-                            "one set, and TBucketShards %d splits the key",
-                            where, k);
-    }
-    if (dc->nrules && dc->algo > 0) {
-        return apr_psprintf(p, "TBucketRule %s in %s: rules are token "
-                            "buckets, decided with the scope's limit, and "
-                            "TBucketAlgorithm %s applies there",
-                            dc->rules[0]->name, where,
-                            tb_algo_name((tb_algo_t)dc->algo));
-    }
-    if (dc->nrules && k > 1) {
-        return apr_psprintf(p, "TBucketRule %s in %s: a rule's key is its "
-                            "own, never split, and TBucketShards %d "
-                            "applies there", dc->rules[0]->name, where, k);
-    }
     if (k == 1) {
         return NULL;
     }
@@ -227,12 +233,11 @@ static const char *refuse_scope(apr_pool_t *p, const char *where,
             }
         }
     }
-    for (i = 0; !bad && dc->routes && i < dc->routes->nelts; i++) {
-        const tbucket_route *rt = &APR_ARRAY_IDX(dc->routes, i,
-                                                 tbucket_route);
+    for (i = 0; !bad && i < dc->nlimits; i++) {
+        const tbucket_limit *l = dc->limits[i];
 
-        if (shard_limit_bad(&rt->limit, k)) {
-            bad = apr_psprintf(p, "TBucketRouteLimit %s", rt->name);
+        if (!l->own_key && shard_limit_bad(&l->limit, k)) {
+            bad = apr_psprintf(p, "%s %s", l->directive, l->name);
         }
     }
     return bad ? apr_psprintf(p, "TBucketShards %d in %s: %s split %d ways "
@@ -241,24 +246,214 @@ static const char *refuse_scope(apr_pool_t *p, const char *where,
                : NULL;
 }
 
-/* A rule that recognises known clients by cookie needs the key that
- * signs them. */
-static const char *refuse_known(apr_pool_t *p, const char *where,
+/* ---- What cannot go together ------------------------------------------ */
+
+/* A record's own name as messages give it: "TBucketRule user". */
+static const char *named_as(apr_pool_t *p, const tbucket_limit *l)
+{
+    return l->name ? apr_psprintf(p, "%s %s", l->directive, l->name)
+                   : l->directive;
+}
+
+/* The first named limit of dc with (own 1) or without a key of its own. */
+static const tbucket_limit *first_limit(const tbucket_dir_conf *dc, int own)
+{
+    int i;
+
+    for (i = 0; i < dc->nlimits; i++) {
+        if (!dc->limits[i]->off && dc->limits[i]->own_key == own) {
+            return dc->limits[i];
+        }
+    }
+    return NULL;
+}
+
+/* The rows' tests. A scope's: B as the message names it, or NULL when
+ * dc (of server sc) does not have both; *a gets A's name when it is a
+ * limit's. A record's: non-NULL when l has both. */
+static const char *lease_scoped(apr_pool_t *p, const tbucket_dir_conf *dc,
+                                const tbucket_srv_conf *sc, const char **a)
+{
+    const tbucket_limit *l = first_limit(dc, 0);
+
+    (void)sc;
+    (void)a;
+    return dc->lease > 0 && l ? named_as(p, l) : NULL;
+}
+
+static const char *algo_b(apr_pool_t *p, const tbucket_dir_conf *dc)
+{
+    return dc->algo > 0 ? apr_psprintf(p, "TBucketAlgorithm %s",
+                                       tb_algo_name((tb_algo_t)dc->algo))
+                        : NULL;
+}
+
+static const char *shards_b(apr_pool_t *p, const tbucket_dir_conf *dc)
+{
+    return dc->shards > 1 ? apr_psprintf(p, "TBucketShards %d", dc->shards)
+                          : NULL;
+}
+
+static const char *lease_algo(apr_pool_t *p, const tbucket_dir_conf *dc,
+                              const tbucket_srv_conf *sc, const char **a)
+{
+    (void)sc;
+    (void)a;
+    return dc->lease > 0 ? algo_b(p, dc) : NULL;
+}
+
+static const char *conc_lease(apr_pool_t *p, const tbucket_dir_conf *dc,
+                              const tbucket_srv_conf *sc, const char **a)
+{
+    (void)p;
+    (void)sc;
+    (void)a;
+    return dc->concurrency > 0 && dc->lease > 0 ? "TBucketLease" : NULL;
+}
+
+static const char *conc_shards(apr_pool_t *p, const tbucket_dir_conf *dc,
+                               const tbucket_srv_conf *sc, const char **a)
+{
+    (void)sc;
+    (void)a;
+    return dc->concurrency > 0 ? shards_b(p, dc) : NULL;
+}
+
+static const char *own_algo(apr_pool_t *p, const tbucket_dir_conf *dc,
+                            const tbucket_srv_conf *sc, const char **a)
+{
+    const tbucket_limit *l = first_limit(dc, 1);
+
+    (void)sc;
+    *a = l ? named_as(p, l) : NULL;
+    return l ? algo_b(p, dc) : NULL;
+}
+
+static const char *own_shards(apr_pool_t *p, const tbucket_dir_conf *dc,
+                              const tbucket_srv_conf *sc, const char **a)
+{
+    const tbucket_limit *l = first_limit(dc, 1);
+
+    (void)sc;
+    *a = l ? named_as(p, l) : NULL;
+    return l ? shards_b(p, dc) : NULL;
+}
+
+static const char *cookie_secret(apr_pool_t *p, const tbucket_dir_conf *dc,
+                                 const tbucket_srv_conf *sc, const char **a)
+{
+    int i;
+
+    for (i = 0; i < dc->nlimits && !sc->secret; i++) {
+        if (dc->limits[i]->known_by & TBUCKET_KNOWN_COOKIE) {
+            *a = named_as(p, dc->limits[i]);
+            return "no TBucketSecret for this server";
+        }
+    }
+    return NULL;
+}
+
+static int user_options(const tbucket_limit *l)
+{
+    return l->counted || l->ban_ms || l->known_ms;
+}
+
+static int opts_scoped(const tbucket_limit *l)
+{
+    return l->name && !l->own_key && user_options(l);
+}
+
+static int opts_unnamed(const tbucket_limit *l)
+{
+    return !l->name && (l->own_key || user_options(l));
+}
+
+static int known_uncounted(const tbucket_limit *l)
+{
+    return l->known_ms && !l->counted;
+}
+
+static int named_algo(const tbucket_limit *l)
+{
+    return l->name && l->algo != -1;
+}
+
+typedef struct tbucket_combo {
+    const char *a, *b, *why;          /* As the reference prints them.  */
+    const char *(*scope)(apr_pool_t *p, const tbucket_dir_conf *dc,
+                         const tbucket_srv_conf *sc, const char **a);
+    int (*record)(const tbucket_limit *l);
+} tbucket_combo;
+
+/* Every pair that cannot work, and why; docs/reference.txt prints this
+ * table ("What cannot go together") and a test holds the two equal.
+ * Everything not here goes together. */
+static const tbucket_combo combos[] = {
+    { "TBucketLease", "a named limit without key=",
+      "a lease takes one bucket", lease_scoped, NULL },
+    { "TBucketLease", "TBucketAlgorithm other than token-bucket",
+      "a lease is a token bucket's tokens", lease_algo, NULL },
+    { "TBucketConcurrency", "TBucketLease",
+      "every request must ask Redis for its slot", conc_lease, NULL },
+    { "TBucketConcurrency", "TBucketShards",
+      "a key's slots are one set, never split", conc_shards, NULL },
+    { "key=", "TBucketAlgorithm other than token-bucket",
+      "a limit with a key of its own is a token bucket (it holds count= "
+      "reservations and bans)", own_algo, NULL },
+    { "key=", "TBucketShards",
+      "a limit with a key of its own is never split", own_shards, NULL },
+    { "known-by=cookie", "a server without TBucketSecret",
+      "known= signs its cookies with TBucketSecret", cookie_secret, NULL },
+    { "count=, ban= or known=", "a named limit without key=",
+      "they act on a bucket with a key of its own (key=%{REMOTE_ADDR} "
+      "for the client's address)", NULL, opts_scoped },
+    { "key=, count=, ban= or known=", "the unnamed TBucketLimit",
+      "the unnamed limit is the scope's own bucket, keyed by TBucketKey: "
+      "give the limit a NAME", NULL, opts_unnamed },
+    { "known=", "a limit without count=",
+      "a client becomes known by a status the limit does not count",
+      NULL, known_uncounted },
+    { "algorithm=", "a named limit",
+      "a named limit is decided in the scope's call, by the scope's "
+      "algorithm (TBucketAlgorithm, or algorithm= on the unnamed "
+      "TBucketLimit)", NULL, named_algo },
+    { NULL }
+};
+
+const char *tbucket_refuse_options(cmd_parms *cmd, const tbucket_limit *l)
+{
+    const tbucket_combo *c;
+
+    for (c = combos; c->a; c++) {
+        if (c->record && c->record(l)) {
+            return apr_psprintf(cmd->pool, "%s: %s with %s: %s",
+                                named_as(cmd->temp_pool, l), c->a, c->b,
+                                c->why);
+        }
+    }
+    return NULL;
+}
+
+/* What one effective scope asks that cannot work, as a message naming
+ * the directive and the scope, or NULL: the table's scope rows, then
+ * shards that must each keep a valid limit (shard_limit_bad). */
+static const char *refuse_scope(apr_pool_t *p, const char *where,
                                 const tbucket_dir_conf *dc, server_rec *s)
 {
     const tbucket_srv_conf *sc = ap_get_module_config(s->module_config,
                                                       &tbucket_module);
-    int i;
+    const tbucket_combo *c;
 
-    for (i = 0; i < dc->nrules; i++) {
-        if ((dc->rules[i]->known_by & TBUCKET_KNOWN_COOKIE) && !sc->secret) {
-            return apr_psprintf(p, "TBucketRule %s in %s: known= signs "
-                                "its cookies with TBucketSecret, which is "
-                                "not set for this server",
-                                dc->rules[i]->name, where);
+    for (c = combos; c->a; c++) {
+        const char *a = NULL, *b = c->scope ? c->scope(p, dc, sc, &a)
+                                            : NULL;
+
+        if (b) {
+            return apr_psprintf(p, "%s in %s: %s, and %s applies there",
+                                a ? a : c->a, where, c->why, b);
         }
     }
-    return NULL;
+    return refuse_shards(p, where, dc);
 }
 
 /* Log a refusal at startup and under apache2 -t. */
@@ -269,25 +464,20 @@ static int refused(server_rec *s, const char *msg)
     return !OK;
 }
 
-/* Routes after merging add into base, before any is dropped. */
-static int route_count(const apr_array_header_t *base,
-                       const apr_array_header_t *add)
+/* The first named limit a section of s declares (its own, not merged),
+ * as "DIRECTIVE NAME in WHERE", into *declared when still NULL. */
+static void note_declared(apr_pool_t *p, const tbucket_dir_conf *dc,
+                          const char *where, const char **declared)
 {
-    int i, j, n = add ? add->nelts : 0, dup;
-
-    for (i = 0; base && i < base->nelts; i++) {
-        for (dup = 0, j = 0; add && j < add->nelts && !dup; j++) {
-            dup = !strcmp(APR_ARRAY_IDX(base, i, tbucket_route).name,
-                          APR_ARRAY_IDX(add, j, tbucket_route).name);
-        }
-        n += !dup;
+    if (!*declared && dc->nlimits && !dc->limits[0]->off) {
+        *declared = apr_psprintf(p, "%s %s in %s", dc->limits[0]->directive,
+                                 dc->limits[0]->name, where);
     }
-    return n;
 }
 
 static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                           const char *kind, apr_array_header_t *secs,
-                          int *enabled)
+                          int *enabled, const char **declared)
 {
     int i;
 
@@ -301,22 +491,21 @@ static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
         if (!dc) {
             continue;
         }
-        if (route_count(base->routes, dc->routes) > MAX_ROUTES) {
-            warn_once(seen, s, apr_psprintf(p, "more than %d "
-                      "TBucketRouteLimit buckets apply in <%s %s>: the "
-                      "outermost are ignored", MAX_ROUTES, kind,
-                      cd && cd->d ? cd->d : "?"));
+        const char *dropped;
+
+        if (tbucket_limits_dropped(base, dc, &dropped, p)) {
+            warn_once(seen, s, apr_psprintf(p, "more than %d named limits "
+                      "apply in <%s %s>: the outermost (%s) are dropped "
+                      "there", TBUCKET_MAX_LIMITS, kind,
+                      cd && cd->d ? cd->d : "?", dropped));
         }
         const char *where = apr_psprintf(p, "<%s %s> of %s", kind,
                                          cd && cd->d ? cd->d : "?",
                                          s->defn_name ? s->defn_name
                                                       : "the main server");
         const tbucket_dir_conf *m = tbucket_merge_dir_conf(p, base, dc);
-        const char *msg = refuse_scope(p, where, m);
+        const char *msg = refuse_scope(p, where, m, s);
 
-        if (!msg) {
-            msg = refuse_known(p, where, m, s);
-        }
         if (msg) {
             return refused(s, msg);
         }
@@ -327,6 +516,8 @@ static int check_sections(apr_pool_t *p, apr_hash_t *seen, server_rec *s,
                       "outermost are ignored", TBUCKET_MAX_LOCAL, where));
         }
         *enabled |= m->enable == 1;
+        note_declared(p, dc, where, declared);
+        check_enable(p, seen, s, where, m, cd);
         check_scope(p, seen, s, where, m);
     }
     return OK;
@@ -341,7 +532,7 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
 {
     apr_hash_t *seen = apr_hash_make(ptemp);
     server_rec *s;
-    const char *msg;
+    const char *msg, *declared;
 
     (void)pconf;
     (void)plog;
@@ -372,17 +563,25 @@ int tbucket_check_config(apr_pool_t *pconf, apr_pool_t *plog,
                                             s->defn_line_number)
                              : "the main server";
         dc = ap_get_module_config(s->lookup_defaults, &tbucket_module);
-        if ((msg = refuse_scope(ptemp, where, dc))
-            || (msg = refuse_known(ptemp, where, dc, s))) {
+        if ((msg = refuse_scope(ptemp, where, dc, s))) {
             return refused(s, msg);
         }
+        check_enable(ptemp, seen, s, where, dc, NULL);
         check_scope(ptemp, seen, s, where, dc);
         enabled = dc->enable == 1;
+        declared = NULL;
+        note_declared(ptemp, dc, where, &declared);
         if (check_sections(ptemp, seen, s, "Directory", core->sec_dir,
-                           &enabled) != OK
+                           &enabled, &declared) != OK
             || check_sections(ptemp, seen, s, "Location", core->sec_url,
-                              &enabled) != OK) {
+                              &enabled, &declared) != OK) {
             return !OK;
+        }
+        if (declared && !enabled) {
+            warn_once(seen, s, apr_psprintf(ptemp, "%s, but TBucketEnable "
+                      "On nowhere in %s: it never applies (an <If> or "
+                      ".htaccess that turns it on cannot be seen here)",
+                      declared, where));
         }
         if (sc->shed_min && !enabled) {
             warn_once(seen, s, apr_psprintf(ptemp, "TBucketShed in %s, but "

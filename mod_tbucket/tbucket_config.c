@@ -67,14 +67,13 @@ const char *tbucket_section_name(cmd_parms *cmd,
     return unique;
 }
 
-void tbucket_rules_pre_config(apr_pool_t *pconf)
+void tbucket_scopes_pre_config(apr_pool_t *pconf)
 {
     rules = apr_array_make(pconf, 8, sizeof(tbucket_rule *));
 }
 
-/* The rule of the section cmd's TBucketLimit is in, or NULL in
- * .htaccess. A section with two TBucketLimit lines is one rule. */
-static const tbucket_rule *rule_add(cmd_parms *cmd, const tbucket_dir_conf *dc)
+const tbucket_rule *tbucket_scope_record(cmd_parms *cmd,
+                                         const tbucket_dir_conf *dc)
 {
     tbucket_rule *ru;
 
@@ -91,7 +90,7 @@ static const tbucket_rule *rule_add(cmd_parms *cmd, const tbucket_dir_conf *dc)
     return ru;
 }
 
-void tbucket_rules_setup(server_rec *main_s)
+void tbucket_scopes_setup(server_rec *main_s)
 {
     int i;
 
@@ -236,6 +235,7 @@ static const char *set_srv_scalar(cmd_parms *cmd, void *dummy,
 static const char *set_dir_scalar(cmd_parms *cmd, void *dcv,
                                   const char *arg)
 {
+    TBUCKET_HTACCESS_CHECK(cmd);
     return tbucket_value_store(cmd, cmd->info, dcv, arg);
 }
 
@@ -304,10 +304,19 @@ const char *tbucket_quote_in_var_arg(const char *arg)
     return NULL;
 }
 
+static const char *set_enable(cmd_parms *cmd, void *dcv, int on)
+{
+    TBUCKET_HTACCESS_CHECK(cmd);
+    ((tbucket_dir_conf *)dcv)->enable = on;
+    return NULL;
+}
+
 static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
     const char *err = NULL;
+
+    TBUCKET_HTACCESS_CHECK(cmd);
 
     if (tbucket_quote_in_var_arg(arg)) {
         return apr_psprintf(cmd->pool, "TBucketKey: cannot parse "
@@ -332,25 +341,14 @@ static const char *set_key(cmd_parms *cmd, void *dcv, const char *arg)
     return NULL;
 }
 
-static const char *set_limit(cmd_parms *cmd, void *dcv, const char *cap,
-                             const char *rate)
-{
-    tbucket_dir_conf *dc = dcv;
-    const char *msg = tbucket_parse_limit(cmd, cap, rate, &dc->limit);
-
-    if (!msg) {
-        dc->limit_set = 1;
-        dc->rule = rule_add(cmd, dc);
-    }
-    return msg;
-}
-
 static const char *set_cost(cmd_parms *cmd, void *dcv, const char *arg)
 {
     tbucket_dir_conf *dc = dcv;
     int64_t n;
     const char *msg = tbucket_int_value(cmd, "cost", arg, 0,
                                 (int64_t)TB_MAX_CAPACITY, &n);
+
+    TBUCKET_HTACCESS_CHECK(cmd);
 
     if (msg) {
         return msg;
@@ -366,6 +364,8 @@ static const char *set_tenant(cmd_parms *cmd, void *dcv, const char *key,
     tbucket_dir_conf *dc = dcv;
     tb_limit_t *lim = apr_palloc(cmd->pool, sizeof(*lim));
     const char *msg;
+
+    TBUCKET_HTACCESS_CHECK(cmd);
 
     if (!*key) {
         return "TBucketTenant: the tenant key must not be empty";
@@ -384,43 +384,6 @@ static const char *set_tenant(cmd_parms *cmd, void *dcv, const char *key,
                  APR_HASH_KEY_STRING, lim);
     return NULL;
 }
-
-static const char *set_route(cmd_parms *cmd, void *dcv, const char *name,
-                             const char *cap, const char *rate)
-{
-    tbucket_dir_conf *dc = dcv;
-    tbucket_route rt;
-    const char *msg;
-    int i;
-
-    if (!tb_name_valid(name)) {
-        return tbucket_bad_value(cmd, "route name", name,
-                         "use 1..64 of A-Z a-z 0-9 _ . -");
-    }
-    if ((msg = tbucket_parse_limit(cmd, cap, rate, &rt.limit))) {
-        return msg;
-    }
-    if (!dc->routes) {
-        dc->routes = apr_array_make(cmd->pool, 2, sizeof(tbucket_route));
-    }
-    for (i = 0; i < dc->routes->nelts; i++) {
-        if (!strcmp(APR_ARRAY_IDX(dc->routes, i, tbucket_route).name,
-                    name)) {
-            return apr_psprintf(cmd->pool, "TBucketRouteLimit: route '%s' "
-                                "is already set in this scope", name);
-        }
-    }
-    if (dc->routes->nelts >= MAX_ROUTES) {
-        return apr_psprintf(cmd->pool, "TBucketRouteLimit: at most %d "
-                            "routes per scope", MAX_ROUTES);
-    }
-    rt.name = apr_pstrdup(cmd->pool, name);
-    APR_ARRAY_PUSH(dc->routes, tbucket_route) = rt;
-    return NULL;
-}
-
-
-
 
 /* "N [ttl=DURATION] | Off", the form TBucketLease and TBucketConcurrency
  * share: N in 1..max_n, the ttl in 1..max_ttl_ms, stored in the two int
@@ -444,6 +407,8 @@ static const char *set_n_ttl(cmd_parms *cmd, void *dcv, const char *args)
     const char *n_arg = ap_getword_conf(cmd->temp_pool, &args);
     const char *msg;
     int64_t v;
+
+    TBUCKET_HTACCESS_CHECK(cmd);
 
     if (!*n_arg) {
         return f->usage;
@@ -487,6 +452,8 @@ static const char *set_cost_header(cmd_parms *cmd, void *dcv,
 {
     tbucket_dir_conf *dc = dcv;
     const char *p;
+
+    TBUCKET_HTACCESS_CHECK(cmd);
 
     if (!strcasecmp(arg, "off")) {
         dc->cost_header = "";
@@ -592,6 +559,8 @@ static const char *set_priority(cmd_parms *cmd, void *dcv, const char *arg)
     tbucket_dir_conf *dc = dcv;
     const char *msg = tbucket_value_store(cmd, &sc_priority, dc, arg);
 
+    TBUCKET_HTACCESS_CHECK(cmd);
+
     dc->prio_lowered = ap_check_cmd_context(cmd, NOT_IN_HTACCESS) != NULL;
     return msg;
 }
@@ -671,7 +640,11 @@ static const char *set_top_keys(cmd_parms *cmd, void *dummy,
     return msg;
 }
 
-#define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_LIMIT)
+/* In .htaccess the scope directives need AllowOverride Limit (or an
+ * AllowOverrideList naming them). They are registered for every
+ * AllowOverride class and say so themselves (TBUCKET_HTACCESS_CHECK):
+ * httpd's own refusal, "not allowed here", names neither. */
+#define DIR_SCOPE (RSRC_CONF | ACCESS_CONF | OR_ALL)
 
 const command_rec tbucket_cmds[] = {
     AP_INIT_RAW_ARGS("TBucketRedis", tbucket_set_redis, NULL, RSRC_CONF,
@@ -689,19 +662,21 @@ const command_rec tbucket_cmds[] = {
     AP_INIT_TAKE1("TBucketIPv6Prefix", set_srv_scalar, (void *)&sc_ipv6, RSRC_CONF,
                   "Bits of an IPv6 client address that key its bucket, "
                   "1..128 (default 64: one subscriber's network)"),
-    AP_INIT_FLAG("TBucketEnable", ap_set_flag_slot,
-                 (void *)APR_OFFSETOF(tbucket_dir_conf, enable), DIR_SCOPE,
+    AP_INIT_FLAG("TBucketEnable", set_enable, NULL, DIR_SCOPE,
                  "On to limit requests in this scope"),
     AP_INIT_TAKE1("TBucketKey", set_key, NULL, DIR_SCOPE,
                   "Client key expression, e.g. \"%{HTTP:X-API-Key}\""),
-    AP_INIT_TAKE2("TBucketLimit", set_limit, NULL, DIR_SCOPE,
-                  "Capacity and rate, e.g. 100 10/s"),
+    AP_INIT_RAW_ARGS("TBucketLimit", tbucket_set_limit, NULL, DIR_SCOPE,
+                     "A bucket of this scope: CAPACITY RATE (keyed by "
+                     "TBucketKey), or NAME CAPACITY RATE [key=EXPR] "
+                     "[cost=N] [count=STATUS,...] [ban=DURATION] "
+                     "[known=DURATION] [known-by=cookie|address] for one "
+                     "more, e.g. user 5 1/m key=%{FORMLOGIN:log} "
+                     "count=200 ban=15m; NAME Off removes an outer one"),
     AP_INIT_RAW_ARGS("TBucketRule", tbucket_set_rule, NULL, DIR_SCOPE,
-                     "One more limit with a key of its own, decided with "
-                     "the scope's others: NAME KEY CAPACITY RATE "
-                     "[cost=N] [count=STATUS,...] [ban=DURATION], e.g. "
-                     "user \"%{FORM:log}\" 5 1/m count=200 ban=15m; "
-                     "NAME Off removes an outer rule"),
+                     "Alias of TBucketLimit NAME CAPACITY RATE key=KEY "
+                     "[options]: NAME KEY CAPACITY RATE [cost=N] "
+                     "[count=STATUS,...] [ban=DURATION], or NAME Off"),
     AP_INIT_TAKE1("TBucketFormLimit", tbucket_set_form_limit, NULL,
                   DIR_SCOPE, "Bytes of a form body %{FORM:field} reads at "
                   "most, e.g. 8192 (the default)"),
@@ -713,8 +688,9 @@ const command_rec tbucket_cmds[] = {
                   "Tokens per request in this scope, e.g. 10"),
     AP_INIT_TAKE3("TBucketTenant", set_tenant, NULL, DIR_SCOPE,
                   "A tenant's own limit, e.g. key-123 1000 100/s"),
-    AP_INIT_TAKE3("TBucketRouteLimit", set_route, NULL, DIR_SCOPE,
-                  "An extra bucket for this scope, e.g. export 5 1/m"),
+    AP_INIT_TAKE3("TBucketRouteLimit", tbucket_set_route, NULL, DIR_SCOPE,
+                  "Alias of TBucketLimit NAME CAPACITY RATE, e.g. export "
+                  "5 1/m"),
     AP_INIT_TAKE1("TBucketMode", set_dir_scalar, (void *)&sc_mode, DIR_SCOPE,
                   "enforce, or shadow to decide and count without "
                   "rejecting"),

@@ -316,6 +316,21 @@ void tbucket_form_register(void)
     ap_hook_insert_filter(insert_kept, NULL, NULL, APR_HOOK_MIDDLE);
 }
 
+const char *tbucket_set_form_limit(cmd_parms *cmd, void *dcv,
+                                   const char *arg)
+{
+    tbucket_dir_conf *dc = dcv;
+    int64_t n;
+    const char *msg = tbucket_int_value(cmd, "size", arg, 1, 1048576, &n);
+
+    TBUCKET_HTACCESS_CHECK(cmd);
+
+    if (!msg) {
+        dc->form_limit = (apr_off_t)n;
+    }
+    return msg;
+}
+
 const char *tbucket_set_form_timeout(cmd_parms *cmd, void *dcv,
                                      const char *arg)
 {
@@ -324,6 +339,8 @@ const char *tbucket_set_form_timeout(cmd_parms *cmd, void *dcv,
         APR_OFFSETOF(tbucket_dir_conf, form_timeout_ms), 0, 1, 60000, 0,
         NULL, "DURATION", NULL, NULL
     };
+
+    TBUCKET_HTACCESS_CHECK(cmd);
 
     return tbucket_value_store(cmd, &timeout, dcv, arg);
 }

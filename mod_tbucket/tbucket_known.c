@@ -108,7 +108,7 @@ static const char *cookie_value(request_rec *r, const char *name,
     return NULL;
 }
 
-const char *tbucket_known_key(request_rec *r, const tbucket_named_rule *ru,
+const char *tbucket_known_key(request_rec *r, const tbucket_limit *ru,
                               const tbucket_srv_conf *sc, const char *key,
                               int *known)
 {
@@ -158,7 +158,7 @@ static int secure(request_rec *r)
            && strcmp(r->useragent_ip, r->connection->client_ip) != 0;
 }
 
-static void set_cookie(request_rec *r, const tbucket_named_rule *ru,
+static void set_cookie(request_rec *r, const tbucket_limit *ru,
                        const tbucket_srv_conf *sc, const char *key)
 {
     const char *name = ru->cookie;
@@ -184,7 +184,7 @@ static void set_cookie(request_rec *r, const tbucket_named_rule *ru,
                   secure(r) ? "; Secure" : ""));
 }
 
-void tbucket_known_mark(request_rec *r, const tbucket_named_rule *ru,
+void tbucket_known_mark(request_rec *r, const tbucket_limit *ru,
                         tbucket_srv_conf *sc, const char *key)
 {
     const char *addr;

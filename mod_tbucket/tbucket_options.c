@@ -26,6 +26,21 @@ const char *tbucket_bad_value(cmd_parms *cmd, const char *what,
                         what, value, why);
 }
 
+const char *tbucket_htaccess_denied(cmd_parms *cmd)
+{
+    /* Only .htaccess is read in the temporary pool. */
+    if (!ap_check_cmd_context(cmd, NOT_IN_HTACCESS)
+        || (cmd->override & OR_LIMIT)
+        || (cmd->override_list
+            && apr_table_get(cmd->override_list, cmd->cmd->name))) {
+        return NULL;
+    }
+    return apr_psprintf(cmd->pool, "%s in .htaccess needs \"AllowOverride "
+                        "Limit\" (or \"AllowOverrideList %s\") for this "
+                        "directory in the server's configuration",
+                        cmd->cmd->name, cmd->cmd->name);
+}
+
 const char *tbucket_int_value(cmd_parms *cmd, const char *what,
                               const char *arg, int64_t min, int64_t max,
                               int64_t *n)

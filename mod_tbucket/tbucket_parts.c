@@ -22,12 +22,12 @@
 
 APLOG_USE_MODULE(tbucket);
 
-/* Whether dc's main bucket (TBucketLimit, routes, TBucketConcurrency)
- * is decided in parts: with the rules on early keys, unless TBucketKey
- * needs the user. */
+/* Whether dc's buckets keyed by TBucketKey (its own TBucketLimit, the
+ * named limits without key=, TBucketConcurrency) are decided in parts:
+ * with the limits on early keys, unless TBucketKey needs the user. */
 int tbucket_main_in(const tbucket_dir_conf *dc, int parts)
 {
-    return (dc->limit_set || dc->concurrency > 0)
+    return (dc->limit_set || dc->limits_scoped || dc->concurrency > 0)
            && (parts & (dc->key_late ? TBUCKET_PART_LATE
                                      : TBUCKET_PART_EARLY));
 }
@@ -93,7 +93,8 @@ int tbucket_decide_body(request_rec *r, const tbucket_dir_conf *dc,
     tb_request_t sub;
     tb_result_t res;
 
-    if (tbucket_rules_takes(r, dc, sc, d, TBUCKET_PART_BODY) == from) {
+    if (tbucket_limits_takes(r, dc, sc, d, TBUCKET_PART_BODY, NULL)
+        == from) {
         return 0;
     }
     sub = d->q;
@@ -140,5 +141,5 @@ void tbucket_keep_taken(request_rec *root, tbucket_req *rq,
  * the early and body parts. */
 int tbucket_late_parts(const tbucket_dir_conf *dc)
 {
-    return dc->rules_late || (dc->key_late && tbucket_main_in(dc, TBUCKET_PART_LATE));
+    return dc->limits_late || (dc->key_late && tbucket_main_in(dc, TBUCKET_PART_LATE));
 }

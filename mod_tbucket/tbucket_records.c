@@ -153,48 +153,9 @@ static void merge_local(tbucket_dir_conf *m, const tbucket_dir_conf *base,
     memcpy(m->local, all + i, (size_t)m->nlocal * sizeof(all[0]));
 }
 
-/* Outer routes first, an inner route of the same name replacing the outer
- * one; past MAX_ROUTES the outermost are dropped (check_config warns). */
-static apr_array_header_t *merge_routes(apr_pool_t *p,
-                                        apr_array_header_t *base,
-                                        apr_array_header_t *add)
-{
-    apr_array_header_t *m;
-    int i, j, skip;
-
-    if (!add || !add->nelts) {
-        return base;
-    }
-    if (!base || !base->nelts) {
-        return add;
-    }
-    m = apr_array_make(p, base->nelts + add->nelts, sizeof(tbucket_route));
-    for (i = 0; i < base->nelts; i++) {
-        const tbucket_route *b = &APR_ARRAY_IDX(base, i, tbucket_route);
-
-        for (skip = 0, j = 0; j < add->nelts && !skip; j++) {
-            skip = !strcmp(b->name,
-                           APR_ARRAY_IDX(add, j, tbucket_route).name);
-        }
-        if (!skip) {
-            APR_ARRAY_PUSH(m, tbucket_route) = *b;
-        }
-    }
-    for (j = 0; j < add->nelts; j++) {
-        APR_ARRAY_PUSH(m, tbucket_route) = APR_ARRAY_IDX(add, j,
-                                                         tbucket_route);
-    }
-    if (m->nelts > MAX_ROUTES) {
-        memmove(m->elts, m->elts + (m->nelts - MAX_ROUTES) * m->elt_size,
-                MAX_ROUTES * m->elt_size);
-        m->nelts = MAX_ROUTES;
-    }
-    return m;
-}
-
 /* Runs per request (server/request.c merges sections as it walks), so it
  * copies scalars and pointers only: the tenant tables are chained, not
- * copied, and routes are rebuilt only when both sides have some. */
+ * copied, and the named limits are an array of pointers. */
 void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
 {
     const tbucket_dir_conf *base = basev, *add = addv, *from;
@@ -222,7 +183,6 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->tenants = base->tenants;
         m->tenants_up = base->tenants_up;
     }
-    m->routes = merge_routes(p, base->routes, add->routes);
     /* A lease and a concurrency limit each come with their ttl. */
     from = add->lease != -1 ? add : base;
     m->lease = from->lease;
@@ -242,6 +202,6 @@ void *tbucket_merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
         m->priority = add->priority < outer ? add->priority : outer;
     }
     merge_local(m, base, add);
-    tbucket_rules_merge(m, base, add);
+    tbucket_limits_merge(m, base, add);
     return m;
 }

@@ -105,7 +105,7 @@ void tbucket_collect_bans(tbucket_metrics *t)
     server_rec *s;
 
     t->bans = apr_array_make(t->p, 8, sizeof(tbucket_ban_note));
-    if (!tbucket_named_rules_ban()) {
+    if (!tbucket_limits_ban()) {
         /* No rule bans: no call (which would move the pool's figures). */
         return;
     }

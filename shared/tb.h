@@ -532,15 +532,28 @@ void tb_options_init(tb_options_t *o);
 
 /* ==== The client: one decision ======================================= */
 
-/* One bucket of a request: a limit, the tokens to take and an optional
- * route name ("<prefix>{key}:route:<name>").
+/* What a take's bucket is keyed by, and so its Redis key:
+ *  - TB_TAKE_MAIN: the request's key, "<prefix>{key}" (no name, no key);
+ *  - TB_TAKE_NAMED: the request's key, a bucket of its own name,
+ *    "<prefix>{key}:route:<name>" (a route: the module's named limit
+ *    without key=);
+ *  - TB_TAKE_KEYED: a client key of its own, "<prefix>{<key>}:rule:<name>"
+ *    (the module's named limit with key=, TBucketRule). */
+typedef enum {
+    TB_TAKE_MAIN = 0,
+    TB_TAKE_NAMED,
+    TB_TAKE_KEYED
+} tb_take_kind_t;
+
+/* One bucket of a request: a limit, the tokens to take, its kind and
+ * name (tb_name_valid; NULL for TB_TAKE_MAIN).
  *
- * A rule's bucket (the module's TBucketRule) has a client key of its own:
- * key (key_len bytes, untrusted, sanitised as the request's key is) and
- * the rule's name in route make it "<prefix>{<key>}:rule:<name>", so a
- * request may count against several clients at once (its address, the
- * user it names, everyone), all or nothing. Only the token bucket takes
- * rule buckets, never with shards. Such a bucket may also be:
+ * A keyed bucket has a client key of its own: key (key_len bytes,
+ * untrusted, sanitised as the request's key is) and the name make it
+ * "<prefix>{<key>}:rule:<name>", so a request may count against several
+ * clients at once (its address, the user it names, everyone), all or
+ * nothing. Only the token bucket takes keyed buckets, never with shards.
+ * Such a bucket may also be:
  *  - held (hold 1): the request needs cost tokens in it but takes none;
  *    the host charges them later with tb_client_charge(), once it knows
  *    the request should count (a failed login);
@@ -553,9 +566,9 @@ void tb_options_init(tb_options_t *o);
 typedef struct tb_take {
     tb_limit_t limit;
     double cost;
-    const char *route; /* NULL for the main bucket; the rule's name when
-                        * key is set (tb_name_valid).                */
-    const char *key;   /* NULL: the request's key. Else a rule's.    */
+    tb_take_kind_t kind;
+    const char *name;  /* NULL for TB_TAKE_MAIN, else tb_name_valid. */
+    const char *key;   /* TB_TAKE_KEYED's own key, else NULL.        */
     const char *prefix; /* A rule's: its key prefix, NULL for the
                         * request's (tb_prefix_valid).                */
     size_t key_len;

@@ -26,15 +26,34 @@ static int add_suffix(char *key, tb_algo_t algo)
     return 1;
 }
 
+/* Whether a take carries nothing of a keyed one (its own key, prefix,
+ * hold, ban): one test of the OR of them all. */
+static int take_unkeyed(const tb_take_t *t)
+{
+    return ((uintptr_t)t->key | (uintptr_t)t->prefix | t->key_len
+            | (uint64_t)t->hold | (uint64_t)t->ban_ms) == 0;
+}
+
+/* A take's kind against its name and key: a main or named take is the
+ * request key's and holds nothing, bans nothing; a keyed one has both.
+ * The main take, the common case, is judged first. */
+static int take_kind_valid(const tb_take_t *t)
+{
+    if (t->kind == TB_TAKE_MAIN) {
+        return !t->name && take_unkeyed(t);
+    }
+    if (t->kind == TB_TAKE_NAMED) {
+        return t->name && take_unkeyed(t) && tb_name_valid(t->name);
+    }
+    return t->kind == TB_TAKE_KEYED && t->key && t->name
+           && tb_name_valid(t->name) && (t->hold == 0 || t->hold == 1)
+           && t->ban_ms >= 0 && t->ban_ms <= TB_MAX_BAN_MS;
+}
+
 static int take_valid(const tb_take_t *t)
 {
     return tb_limit_check(&t->limit, NULL, 0) == TB_OK && t->cost >= 0
-           && t->cost <= TB_MAX_CAPACITY
-           && (!t->route || tb_name_valid(t->route))
-           && (t->hold == 0 || t->hold == 1)
-           && t->ban_ms >= 0 && t->ban_ms <= TB_MAX_BAN_MS
-           && (t->key || (!t->key_len && !t->hold && !t->ban_ms
-                          && !t->prefix));
+           && t->cost <= TB_MAX_CAPACITY && take_kind_valid(t);
 }
 
 int tb__call_rules(const tb_request_t *q)
@@ -42,7 +61,7 @@ int tb__call_rules(const tb_request_t *q)
     int i;
 
     for (i = 0; i < q->ntakes && q->takes; i++) {
-        if (q->takes[i].key) {
+        if (q->takes[i].kind == TB_TAKE_KEYED) {
             return 1;
         }
     }
@@ -58,10 +77,10 @@ static int take_key(const tb_request_t *q, const tb_take_t *t, int shard,
         /* Rules are token buckets of their own key, never split. */
         return q->algo == TB_ALGO_TOKEN_BUCKET && shard < 0
                && tb_key_build_rule(t->prefix ? t->prefix : q->prefix,
-                                    t->key, t->key_len, t->route, out);
+                                    t->key, t->key_len, t->name, out);
     }
     return tb_key_build_shard(q->prefix, q->key, q->key_len, shard,
-                              t->route, out)
+                              t->name, out)
            && add_suffix(out, q->algo);
 }
 
@@ -92,7 +111,7 @@ int tb__lease_shape(const tb_request_t *q)
  * route's), giving back a number of tokens. */
 static int lease_valid(const tb_request_t *q)
 {
-    return tb__lease_shape(q) && !q->takes[0].route
+    return tb__lease_shape(q) && q->takes[0].kind == TB_TAKE_MAIN
            && q->lease_back >= 0 && q->lease_back <= TB_MAX_CAPACITY;
 }
 

@@ -93,7 +93,8 @@ int tool_cmd_take(const tool_t *t)
     memset(&take, 0, sizeof(take));
     take.limit = t->limit;
     take.cost = t->cost;
-    take.route = t->route;
+    take.name = t->route;
+    take.kind = t->route ? TB_TAKE_NAMED : TB_TAKE_MAIN;
     c = connect_client(t, t->policy == POLICY_CLOSED ? TB_POLICY_CLOSED
                                                      : TB_POLICY_OPEN);
     if (!c) {

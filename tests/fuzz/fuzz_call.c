@@ -170,7 +170,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     in = calloc((size_t)(n ? n : 1), sizeof(*in));
     for (i = 0; i < n; i++) {
-        in[i].route = routes[byte(&r) % 5];
+        in[i].name = routes[byte(&r) % 5];
+        in[i].kind = in[i].name ? TB_TAKE_NAMED : TB_TAKE_MAIN;
         in[i].limit.capacity = number(&r);
         in[i].limit.rate_per_sec = number(&r);
         in[i].cost = number(&r);

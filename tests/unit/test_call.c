@@ -82,7 +82,8 @@ static void fill(tb_request_t *q, tb_take_t *t, int n)
     unit_take(&t[0], 100, 2.5, 1);
     if (n > 1) {
         unit_take(&t[1], 10, 0.5, 3);
-        t[1].route = "export";
+        t[1].name = "export";
+        t[1].kind = TB_TAKE_NAMED;
     }
     unit_request(q, "rl:", "client-1", t, n);
 }
@@ -213,7 +214,9 @@ static void test_prepare_refuses_malformed(void **unused)
     REFUSED(q.prefix = "bad prefix");
     REFUSED(t[0].cost = -1);
     REFUSED(t[0].limit.capacity = 0);
-    REFUSED(t[1].route = "no spaces");
+    REFUSED(t[1].name = "no spaces");
+    REFUSED(t[1].kind = TB_TAKE_MAIN);         /* A name, kind main.   */
+    REFUSED(t[1].kind = TB_TAKE_KEYED);        /* Keyed, no key.       */
     REFUSED(q.algo = (tb_algo_t)99);
     REFUSED((q.shards = 4, q.shard = 4));
     REFUSED(q.shards = TB_MAX_SHARDS + 1);

@@ -341,9 +341,11 @@ static void test_client_decide_bad_arguments(void **state)
         t[k].limit.capacity = 10;
         t[k].limit.rate_per_sec = 1;
         t[k].cost = 1;
-        t[k].route = "r";
+        t[k].name = "r";
+        t[k].kind = TB_TAKE_NAMED;
     }
-    t[0].route = NULL;
+    t[0].name = NULL;
+    t[0].kind = TB_TAKE_MAIN;
 #define BAD(call)                                                           \
     do {                                                                    \
         memset(&res, 0x5a, sizeof(res));                                    \
@@ -358,9 +360,14 @@ static void test_client_decide_bad_arguments(void **state)
     BAD(tb_client_decide(c, NULL, "k", 1, t, 1, &res));
     BAD(tb_client_decide(c, "tb:", NULL, 3, t, 1, &res));
     BAD(tb_client_decide(NULL, "tb:", "k", 1, t, 1, &res));
-    t[1].route = "bad route!";
+    t[1].name = "bad route!";
     BAD(tb_client_decide(c, "tb:", "k", 1, t, 2, &res));
-    t[1].route = "r";
+    t[1].name = NULL;                       /* Named without a name. */
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 2, &res));
+    t[1].name = "r";
+    t[1].kind = TB_TAKE_KEYED;              /* Keyed without a key. */
+    BAD(tb_client_decide(c, "tb:", "k", 1, t, 2, &res));
+    t[1].kind = TB_TAKE_NAMED;
     t[0].limit.capacity = 0;
     BAD(tb_client_decide(c, "tb:", "k", 1, t, 1, &res));
     t[0].limit.capacity = 10;
@@ -502,7 +509,8 @@ static void test_client_decide_max_buckets(void **state)
         t[k].limit.rate_per_sec = 0.001;
         t[k].cost = 1;
         snprintf(routes[k], sizeof(routes[k]), "r%d", k);
-        t[k].route = k == 0 ? NULL : routes[k];
+        t[k].name = k == 0 ? NULL : routes[k];
+        t[k].kind = k == 0 ? TB_TAKE_MAIN : TB_TAKE_NAMED;
     }
     assert_int_equal(tb_client_decide(c, "tb:", "max", 3, t, TB_MAX_BUCKETS,
                                       &res), TB_ERR);

@@ -91,7 +91,7 @@ static int local_take(tb_local_t *t, const char *const *keys,
     for (i = 0; lim && cost && i < n && i <= TB_MAX_BUCKETS; i++) {
         takes[i].limit = lim[i];
         takes[i].cost = cost[i];
-        takes[i].route = NULL;
+        takes[i].name = NULL;
     }
     return tb_local_take(t, keys, lim && cost ? takes : NULL, n, replicas,
                          now_ms, v);

@@ -402,7 +402,7 @@ def test_module_conc_09(apache_factory, redis_server):
         assert rc != 0, bad
         assert "TBucketConcurrency" in out and why in out, (bad, out)
     rc, out = t("TBucketConcurrency 2", "TBucketShards 4\nTBucketLimit 8 8/s")
-    assert rc != 0 and "TBucketShards 4 splits the key" in out
+    assert rc != 0 and "TBucketShards 4 applies there" in out
     rc, out = t("TBucketConcurrency 2", "TBucketLease 5\nTBucketLimit 8 8/s")
     assert rc != 0 and "TBucketLease applies there" in out
     rc, out = t("TBucketConcurrency 2 ttl=2s")

@@ -289,18 +289,25 @@ TBucketPrefix m10:
     a.assert_log_clean()
 
 
-# More route buckets than one decision can take, across scopes, is a
-# warning naming the section.
+# More named limits than one decision can take, across scopes, is a
+# warning naming the section and the limits dropped (the outermost),
+# whichever spelling declared them.
 def test_module_001_11(apache_factory):
     a = apache_factory()
-    outer = "\n".join("TBucketRouteLimit r%d 5 1/s" % i for i in range(5))
-    inner = "\n".join("TBucketRouteLimit s%d 5 1/s" % i for i in range(3))
+    outer = "\n".join("TBucketRouteLimit r%d 5 1/s" % i for i in range(10))
+    inner = "\n".join("TBucketLimit s%d 5 1/s" % i for i in range(4)) + \
+        '\nTBucketRule u1 "%{REMOTE_ADDR}" 5 1/s' + \
+        '\nTBucketRule u2 "%{REMOTE_ADDR}" 5 1/s'
     rc, out = a.configtest("TBucketEnable On\nTBucketLimit 5 1/s\n%s\n"
                            "<Location /many>\n%s\n</Location>\n"
                            % (outer, inner))
     assert rc == 0, out
-    assert "more than 7 TBucketRouteLimit buckets apply in <Location /many>" \
-        in out, out
+    assert "more than 15 named limits apply in <Location /many>: the " \
+        "outermost (r0) are dropped there" in out, out
+    rc, out = a.configtest("TBucketEnable On\nTBucketLimit 5 1/s\n%s\n"
+                           "<Location /many>\n%s\n</Location>\n"
+                           % (outer, "\n".join(inner.split("\n")[:5])))
+    assert rc == 0 and "named limits apply" not in out, out
 
 
 # TBucketAlgorithm sliding-log with a capacity the log cannot hold is a

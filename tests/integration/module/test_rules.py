@@ -434,8 +434,9 @@ BAD = [
     ("TBucketRule ip all 5", "expected NAME KEY CAPACITY RATE"),
     ('TBucketRule ip "%{HTTP:X-A" 5 1/m', "bad key"),
     ("TBucketFormLimit 0", "TBucketFormLimit: bad size '0'"),
-    ("\n".join("TBucketRule r%d all 5 1/m" % i for i in range(9)),
-     "at most 8 rules"),
+    # One maximum for every named limit of a scope, whatever spells it.
+    ("\n".join("TBucketRule r%d all 5 1/m" % i for i in range(16)),
+     "at most 15 named limits"),
     ("TBucketRule ip all 5 1/m\nTBucketAlgorithm gcra",
      "TBucketAlgorithm gcra applies there"),
     ("TBucketRule ip all 5 1/m\nTBucketShards 4",

@@ -29,8 +29,10 @@ static int parse_rule_take(char **av, tb_take_t *x)
     long klen;
 
     memset(x, 0, sizeof(*x));
-    x->route = strcmp(av[0], "-") == 0 ? NULL : av[0];
+    x->name = strcmp(av[0], "-") == 0 ? NULL : av[0];
+    x->kind = x->name ? TB_TAKE_NAMED : TB_TAKE_MAIN;
     if (strcmp(av[1], "-") != 0) {
+        x->kind = TB_TAKE_KEYED;
         if ((klen = unescape(av[1])) < 0) {
             return -1;
         }

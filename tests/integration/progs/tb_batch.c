@@ -198,7 +198,8 @@ static int parse_row(char *line, row_t *r)
         if (i > 0) {
             snprintf(r->routes[i], sizeof(r->routes[i]), "%s",
                      tok[5 + 4 * (i - 1)]);
-            r->takes[i].route = r->routes[i];
+            r->takes[i].name = r->routes[i];
+            r->takes[i].kind = TB_TAKE_NAMED;
         }
     }
     return 0;

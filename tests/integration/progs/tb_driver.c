@@ -182,7 +182,8 @@ static int parse_takes(char **av, int ac, long *klen, tb_take_t *t, int *n)
         tb_take_t *x = &t[(*n)++];
 
         memset(x, 0, sizeof(*x));
-        x->route = i == 1 ? NULL : av[i - 1];
+        x->name = i == 1 ? NULL : av[i - 1];
+        x->kind = x->name ? TB_TAKE_NAMED : TB_TAKE_MAIN;
         if (to_double(av[i], &x->limit.capacity)
             || to_double(av[i + 1], &x->limit.rate_per_sec)
             || to_double(av[i + 2], &x->cost)) {
