@@ -149,66 +149,65 @@ static void collect_keys(tbucket_metrics *t, apr_time_t now)
     }
 }
 
-/* One family's samples from views (the scopes' or the named limits'):
- * for each view, labelled row=its name, one sample per name of names[]
- * but skip (-1: none), labelled label=name. */
-static void collect_views(tbucket_family *f, const apr_array_header_t *views,
-                          const char *row, const char *label,
-                          const char *const *names, int n, int skip)
+/* A family made of views (the scopes' or the named limits'), and the
+ * deprecated name it is served under too, its row label then "rule". */
+typedef struct view_family {
+    const char *name;
+    const char *help;
+    const char *row;                  /* The label naming a view.       */
+    const char *label;                /* The label naming a column.     */
+    const char *const *names;         /* Its values, in column order.   */
+    int n;
+    int skip;                         /* A column left out, or -1.      */
+    const char *old_name;
+} view_family;
+
+/* Each scope's decisions by outcome (local protection's sheds are not a
+ * limit's doing and are left out), each named limit's events. */
+static const view_family scope_decisions = {
+    "tbucket_scope_decisions_total", "Decisions of each scope (a section "
+    "that sets TBucketLimit, named by the sections around it) by "
+    "outcome: shadow-rejected are the refusals a shadow scope would make "
+    "if enforced.", "scope", "outcome", tbucket_outcome_names,
+    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED, "tbucket_rule_decisions_total"
+};
+static const view_family limit_events = {
+    "tbucket_limit_events_total", "What happened to each named limit (by "
+    "NAME): applied, refused, banned (refused under its ban), ban (bans "
+    "set), charged (count= charges after the response), known, marked, "
+    "spared (known clients).", "limit", "event", tbucket_rule_event_names,
+    TBUCKET_RULE_EVENTS, -1, "tbucket_rule_events_total"
+};
+
+/* d's family from views: for each view, labelled row=its name, one
+ * sample per name of d->names but d->skip, labelled label=name; then
+ * its deprecated alias. */
+static void collect_views(tbucket_metrics *t, const view_family *d,
+                          const apr_array_header_t *views)
 {
+    tbucket_family *f = tbucket_family_add(t, d->name, "counter", d->help);
     int i, o;
 
     for (i = 0; i < views->nelts; i++) {
         const tbucket_rule_view *v = &APR_ARRAY_IDX(views, i,
                                                     tbucket_rule_view);
-        tbucket_labels r = tbucket_labels_with(NULL, row, v->name), l;
+        tbucket_labels r = tbucket_labels_with(NULL, d->row, v->name), l;
 
-        for (o = 0; o < n; o++) {
-            if (o != skip) {
-                l = tbucket_labels_with(&r, label, names[o]);
+        for (o = 0; o < d->n; o++) {
+            if (o != d->skip) {
+                l = tbucket_labels_with(&r, d->label, d->names[o]);
                 tbucket_sample_add(f, "", &l, v->outcome[o]);
             }
         }
     }
-}
-
-/* Each scope's decisions by outcome; local protection's sheds are not a
- * scope's limit's doing and are left out. Its old name follows. */
-static void collect_scopes(tbucket_metrics *t)
-{
-    tbucket_family *f = tbucket_family_add(
-        t, "tbucket_scope_decisions_total", "counter", "Decisions of each "
-        "scope (a section that sets TBucketLimit, named by the sections "
-        "around it) by outcome: shadow-rejected are the refusals a "
-        "shadow scope would make if enforced.");
-
-    collect_views(f, tbucket_shm_rule_views(t->p), "scope", "outcome",
-                  tbucket_outcome_names, TBUCKET_OUTCOMES, TBUCKET_OUT_SHED);
-    tbucket_family_alias(t, f, "tbucket_rule_decisions_total", "scope",
-                         "rule");
-}
-
-/* Each named limit's events: decisions it was part of, refusals it
- * bound (under its ban or not), bans set, count= charges, known
- * clients. Its old name follows. */
-static void collect_named_limits(tbucket_metrics *t)
-{
-    tbucket_family *f = tbucket_family_add(
-        t, "tbucket_limit_events_total", "counter", "What happened to "
-        "each named limit (by NAME): applied, refused, banned (refused "
-        "under its ban), ban (bans set), charged (count= charges after "
-        "the response), known, marked, spared (known clients).");
-
-    collect_views(f, tbucket_shm_named_views(t->p), "limit", "event",
-                  tbucket_rule_event_names, TBUCKET_RULE_EVENTS, -1);
-    tbucket_family_alias(t, f, "tbucket_rule_events_total", "limit", "rule");
+    tbucket_family_alias(t, f, d->old_name, d->row, "rule");
 }
 
 void tbucket_collect_top(tbucket_metrics *t, apr_time_t now)
 {
     collect_keys(t, now);
-    collect_scopes(t);
-    collect_named_limits(t);
+    collect_views(t, &scope_decisions, tbucket_shm_rule_views(t->p));
+    collect_views(t, &limit_events, tbucket_shm_named_views(t->p));
 }
 
 /* ---- The JSON view's "top" ------------------------------------------- */
