@@ -208,6 +208,9 @@ $(BUILD)/redismod/%.o: redismod/%.c $(wildcard redismod/*.h) $(TB_PUBLIC) \
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(RM_CFLAGS) $(TB_CFLAGS) $(CFLAGS) -c $< -o $@
 
+# The module's version is compiled in (RM_VERSION): a new VERSION rebuilds it.
+$(BUILD)/redismod/tbucket_redis.o: VERSION
+
 $(RM_SO): $(RM_OBJ) $(RM_CORE_OBJ) redismod/tbucket_redis.map
 	$(CC) -shared -o $@ $(RM_OBJ) $(RM_CORE_OBJ) \
 	    -Wl,--version-script=redismod/tbucket_redis.map $(TB_LDFLAGS) $(LDFLAGS)

@@ -4,7 +4,10 @@
  * tbucket_status.c builds the table and prints its text and JSON views,
  * tbucket_status_top.c adds the top keys, tbucket_status_html.c prints
  * its HTML view; what they need of a sample or a string lives here,
- * below them, so that none calls another's helpers.
+ * below them, so that none calls another's helpers. A renamed family is
+ * served once more under its old name for one release, as a deprecated
+ * alias with the same samples (tbucket_family_alias), so that a scraper's
+ * queries and alerts keep working while they are moved.
  */
 #include "apr_strings.h"
 
@@ -44,6 +47,35 @@ void tbucket_family_single(tbucket_metrics *t, const char *name,
                            const char *type, const char *help, uint64_t v)
 {
     tbucket_sample_add(tbucket_family_add(t, name, type, help), "", NULL, v);
+}
+
+/* The version that stops serving the deprecated names. */
+#define ALIAS_REMOVED_IN "0.3.0"
+
+tbucket_family *tbucket_family_alias(tbucket_metrics *t,
+                                     const tbucket_family *f,
+                                     const char *name, const char *label,
+                                     const char *old_label)
+{
+    tbucket_family *a = tbucket_family_add(t, name, f->type, apr_psprintf(
+        t->p, "Deprecated alias of %s (its label %s is %s here), removed "
+        "in " ALIAS_REMOVED_IN ".", f->name, label, old_label));
+    int i, k;
+
+    for (i = 0; i < f->samples->nelts; i++) {
+        const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
+                                                 tbucket_sample);
+        tbucket_sample *c = tbucket_sample_add(a, s->suffix, &s->labels,
+                                               s->value);
+
+        c->micro = s->micro;
+        for (k = 0; k < c->labels.n; k++) {
+            if (!strcmp(c->labels.name[k], label)) {
+                c->labels.name[k] = old_label;
+            }
+        }
+    }
+    return a;
 }
 
 tbucket_labels tbucket_labels_with(const tbucket_labels *base,

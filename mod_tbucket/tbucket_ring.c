@@ -3,7 +3,7 @@
  *
  * No counter is added on the request path: the segment's totals (every
  * vhost's outcomes, every Redis configuration's core counters and
- * latency histogram, every TBucketRule's events) are already counted by
+ * latency histogram, every named limit's events) are already counted by
  * all children. The first decision of a slot, in whichever child, wins
  * a compare-and-swap on the ring's newest slot and copies those totals
  * into the slot's entry; a slot's figures are then the next snapshot's
@@ -24,7 +24,7 @@
 #include "tbucket_shm_int.h"
 
 const char *const tbucket_ring_names[TBUCKET_RS_COUNTS] = {
-    "decisions", "refused_limit", "refused_rule", "refused_ban", "shed",
+    "decisions", "refused_limit", "refused_named", "refused_ban", "shed",
     "refused_local", "fallback", "redis_errors", "breaker_opens",
     "breaker_skips", "bans_set", "redis_calls"
 };
@@ -59,8 +59,8 @@ static void totals_vhosts(const tbucket_shm *seg, tbucket_ring_totals *t)
     }
 }
 
-/* Copy the server's totals now. A refusal a TBucketRule bound is a
- * "rejected" outcome too: it is moved from limit to rule. */
+/* Copy the server's totals now. A refusal a named limit bound is a
+ * "rejected" outcome too: it is moved from limit to named. */
 static void totals_now(const tbucket_shm *seg, tbucket_ring_totals *t)
 {
     uint32_t i;
@@ -80,13 +80,13 @@ static void totals_now(const tbucket_shm *seg, tbucket_ring_totals *t)
         }
     }
     for (i = 0; i < seg->nnamed && i < MAX_RULES; i++) {
-        t->v[TBUCKET_RS_RULE] += get(&seg->named[i].outcome[TBUCKET_RULE_REFUSED]);
+        t->v[TBUCKET_RS_NAMED] += get(&seg->named[i].outcome[TBUCKET_RULE_REFUSED]);
         t->v[TBUCKET_RS_BANS_SET] += get(&seg->named[i].outcome[TBUCKET_RULE_BANS]);
     }
-    /* Shadow refusals of a rule are counted under the rule, but not as
+    /* Shadow refusals of a named limit are counted under it, but not as
      * "rejected": never below zero. */
-    t->v[TBUCKET_RS_LIMIT] = t->v[TBUCKET_RS_LIMIT] > t->v[TBUCKET_RS_RULE]
-                             ? t->v[TBUCKET_RS_LIMIT] - t->v[TBUCKET_RS_RULE]
+    t->v[TBUCKET_RS_LIMIT] = t->v[TBUCKET_RS_LIMIT] > t->v[TBUCKET_RS_NAMED]
+                             ? t->v[TBUCKET_RS_LIMIT] - t->v[TBUCKET_RS_NAMED]
                              : 0;
 }
 

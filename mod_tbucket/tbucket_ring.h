@@ -17,7 +17,7 @@
 typedef enum {
     TBUCKET_RS_DECISIONS = 0,         /* Every decision, all outcomes.  */
     TBUCKET_RS_LIMIT,                 /* Refused by a TBucketLimit.     */
-    TBUCKET_RS_RULE,                  /* Refused by a TBucketRule.      */
+    TBUCKET_RS_NAMED,                 /* Refused by a named limit.      */
     TBUCKET_RS_BAN,                   /* Refused while a ban held.      */
     TBUCKET_RS_SHED,                  /* Shed by priority.              */
     TBUCKET_RS_LOCAL,                 /* Refused by a local cap.        */
@@ -26,7 +26,7 @@ typedef enum {
     TBUCKET_RS_OPENS,                 /* Breakers that opened.          */
     TBUCKET_RS_SKIPS,                 /* Decisions an open breaker made
                                        * without asking Redis.          */
-    TBUCKET_RS_BANS_SET,              /* Bans a rule set.               */
+    TBUCKET_RS_BANS_SET,              /* Bans named limits set.         */
     TBUCKET_RS_CALLS,                 /* Redis calls timed (latency).   */
     TBUCKET_RS_COUNTS
 } tbucket_ring_count;

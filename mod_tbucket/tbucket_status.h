@@ -7,9 +7,10 @@
  * name is escaped once for Prometheus and once for HTML and never twice.
  * The figures of the two views cannot drift because neither reads the
  * segment. tbucket_status.c builds it and prints the Prometheus text and
- * JSON views, tbucket_status_top.c adds the top keys and the rules (and
- * the JSON view's "top" object), tbucket_status_html.c prints the HTML
- * view, tbucket_status_chart.c draws the last 15 minutes,
+ * JSON views, tbucket_status_top.c adds the top keys, the scopes and
+ * the named limits (and the JSON view's "top" object),
+ * tbucket_status_html.c prints the HTML view, tbucket_status_chart.c
+ * draws the last 15 minutes,
  * tbucket_status_bans.c lists the active bans, and tbucket_metrics.c
  * holds what all need of a sample; only these six include this.
  */
@@ -114,6 +115,15 @@ tbucket_sample *tbucket_sample_add(tbucket_family *f, const char *suffix,
 void tbucket_family_single(tbucket_metrics *t, const char *name,
                            const char *type, const char *help, uint64_t v);
 
+/* A deprecated alias of f, added at the end of t's table: the family
+ * name with the same type and samples (the same values), the label
+ * named label renamed to old_label, and a HELP text naming f and the
+ * version that removes the alias. Call it once f is filled. */
+tbucket_family *tbucket_family_alias(tbucket_metrics *t,
+                                     const tbucket_family *f,
+                                     const char *name, const char *label,
+                                     const char *old_label);
+
 /* A copy of base with one more label (base may be NULL); past
  * TBUCKET_MAX_LABELS the label is dropped. */
 tbucket_labels tbucket_labels_with(const tbucket_labels *base,
@@ -134,9 +144,10 @@ const char *tbucket_json_esc(apr_pool_t *p, const char *s);
 /* The name of the virtual host of slot i, "-" when unknown. */
 const char *tbucket_vhost_of(const tbucket_metrics *t, uint32_t i);
 
-/* The top keys (t->top and the family tbucket_top_key_refusals) and the
- * rules' decisions (tbucket_rule_decisions_total), at now
- * (tbucket_status_top.c). */
+/* The top keys (t->top and the family tbucket_top_key_refusals), the
+ * scopes' decisions (tbucket_scope_decisions_total) and the named
+ * limits' events (tbucket_limit_events_total), each followed by its
+ * deprecated alias, at now (tbucket_status_top.c). */
 void tbucket_collect_top(tbucket_metrics *t, apr_time_t now);
 
 /* The JSON view's "top" member, with a leading comma: the rankings of

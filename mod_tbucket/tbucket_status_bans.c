@@ -1,17 +1,19 @@
 /* tbucket_status_bans.c -- the active bans on the status page: who is
- * locked out now, by which rule, for how long, and how often they were
- * refused in the last 15 minutes.
+ * locked out now, by which named limit, for how long, and how often
+ * they were refused in the last 15 minutes.
  *
  * Bans live in Redis (shared/tb_rules.c keeps them in the bucket and an
- * index), so the page asks for them, when a TBucketRule of the
- * configuration bans, with the answering child's clients:
+ * index), so the page asks for them, when a named limit of the
+ * configuration bans (ban=), with the answering child's clients:
  * once per distinct Redis client and key prefix among the servers, at
  * most BANS_ASKED bans each, and never while that client's breaker is
  * open (the page must not wait on a Redis that is known to be failing;
  * it says so instead). Only the HTML and JSON views ask; the Prometheus
  * text, which is scraped, never calls Redis. The refusals come from the
- * top keys of the last 15 minutes (a rule's refusals are counted under
- * the rule's key), so they need TBucketTopKeys.
+ * top keys of the last 15 minutes (a named limit's refusals are counted
+ * under its name and key), so they need TBucketTopKeys. The JSON view
+ * names the limit twice, as "limit" and as its deprecated alias "rule",
+ * until 0.3.0.
  */
 #include "apr_strings.h"
 
@@ -29,7 +31,7 @@
 #define BANS_SHOWN 20                 /* On the page, newest first.     */
 #define BANS_PAIRS 8                  /* Clients and prefixes asked.    */
 
-/* Refusals of key under rule in the last 15 minutes' top keys: the
+/* Refusals of key under its limit in the last 15 minutes' top keys: the
  * count, or -1 when the key is not among them (or they are off). */
 static int64_t refused_of(const tbucket_metrics *t, const tb_ban_t *b)
 {
@@ -49,7 +51,7 @@ static int64_t refused_of(const tbucket_metrics *t, const tb_ban_t *b)
     return -1;
 }
 
-/* Newest first: for one rule, the most time left is the latest set. */
+/* Newest first: for one limit, the most time left is the latest set. */
 static int by_left_desc(const void *a, const void *b)
 {
     const tbucket_ban_note *x = a, *y = b;
@@ -106,7 +108,7 @@ void tbucket_collect_bans(tbucket_metrics *t)
 
     t->bans = apr_array_make(t->p, 8, sizeof(tbucket_ban_note));
     if (!tbucket_limits_ban()) {
-        /* No rule bans: no call (which would move the pool's figures). */
+        /* No limit bans: no call (which would move the pool's figures). */
         return;
     }
     for (s = ap_server_conf; s && nseen < BANS_PAIRS; s = s->next) {
@@ -165,7 +167,7 @@ void tbucket_bans_html(request_rec *r, const tbucket_metrics *t)
         ap_rputs("<p class=\"meta bans-none\">No active ban.</p>", r);
         return;
     }
-    ap_rputs("<table class=\"bans\"><tr><th>rule</th><th>key</th>"
+    ap_rputs("<table class=\"bans\"><tr><th>limit</th><th>key</th>"
              "<th class=\"n\">time left</th><th class=\"n\">refused, last "
              "15 min</th></tr>", r);
     for (i = 0; i < t->bans->nelts; i++) {
@@ -185,7 +187,7 @@ void tbucket_bans_html(request_rec *r, const tbucket_metrics *t)
         }
         ap_rputs("</td></tr>", r);
     }
-    ap_rprintf(r, "</table><p class=\"meta\">Newest first (for one rule: "
+    ap_rprintf(r, "</table><p class=\"meta\">Newest first (for one limit: "
                "the most time left)%s. <code>tbucket bans</code> lists them "
                "all, <code>tbucket unban</code> lifts one.</p>",
                t->bans_more ? "; more are active than shown" : "");
@@ -210,11 +212,12 @@ void tbucket_bans_json(request_rec *r, const tbucket_metrics *t)
     for (i = 0; i < t->bans->nelts; i++) {
         const tbucket_ban_note *b = &APR_ARRAY_IDX(t->bans, i,
                                                    tbucket_ban_note);
+        const char *limit = tbucket_json_esc(r->pool, b->ban.rule);
 
-        ap_rprintf(r, "%s{\"rule\":\"%s\",\"key\":\"%s\",\"left_ms\":%"
-                   APR_INT64_T_FMT ",\"prefix\":\"%s\",\"refused_15m\":%"
-                   APR_INT64_T_FMT "}", i ? "," : "",
-                   tbucket_json_esc(r->pool, b->ban.rule),
+        ap_rprintf(r, "%s{\"limit\":\"%s\",\"rule\":\"%s\",\"key\":\"%s\","
+                   "\"left_ms\":%" APR_INT64_T_FMT ",\"prefix\":\"%s\","
+                   "\"refused_15m\":%" APR_INT64_T_FMT "}", i ? "," : "",
+                   limit, limit,
                    tbucket_json_esc(r->pool, b->ban.key),
                    (apr_int64_t)b->ban.left_ms,
                    tbucket_json_esc(r->pool, b->prefix),

@@ -8,9 +8,10 @@
  * shows it on hover) and each chart a data-series attribute naming the
  * series it draws, for the tests. The moments that explain an incident
  * are marked on every chart: the slot in which a breaker opened after a
- * slot without, and the slot in which rules began to set bans after a
- * slot without (a ban wave). Marks are found once (tbucket_series_marks)
- * for both views.
+ * slot without, and the slot in which named limits began to set bans
+ * after a slot without (a ban wave). Marks are found once
+ * (tbucket_series_marks) for both views. The JSON view's refused_named
+ * is also served as refused_rule, its deprecated alias, until 0.3.0.
  */
 #include "apr_strings.h"
 
@@ -32,7 +33,7 @@ static const struct refusal_kind {
     const char *name;
 } refusal_kinds[] = {
     { TBUCKET_RS_LIMIT, "#cf222e", "limit" },
-    { TBUCKET_RS_RULE, "#bc4c00", "rule" },
+    { TBUCKET_RS_NAMED, "#bc4c00", "named limit" },
     { TBUCKET_RS_BAN, "#8250df", "ban" },
     { TBUCKET_RS_SHED, "#bf8700", "shed" },
     { TBUCKET_RS_LOCAL, "#0969da", "local cap" }
@@ -313,6 +314,8 @@ void tbucket_series_json(request_rec *r, const tbucket_metrics *t)
         v[i] = tbucket_series_refused(s, i);
     }
     json_array(r, "refused", v);
+    /* Deprecated alias of refused_named, served until 0.3.0. */
+    json_array(r, "refused_rule", s->v[TBUCKET_RS_NAMED]);
     ap_rputs(",\"p99_us\":[", r);
     for (i = 0; i < TBUCKET_RING_SLOTS; i++) {
         ap_rprintf(r, "%s%" APR_INT64_T_FMT, i ? "," : "", s->p99_us[i]);

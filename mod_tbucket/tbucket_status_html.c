@@ -630,22 +630,21 @@ static void html_top(request_rec *r, const tbucket_metrics *t)
     }
 }
 
-/* One rule per row, one column per label value of cols (but skip): a
- * table under its h3 title, or the sentence none when f has no sample
- * (no empty table, and no "none" above rules listed elsewhere). */
-static void html_rule_table(request_rec *r, const tbucket_family *f,
-                            const char *title, const char *const *cols,
+/* One row per value of the label row, one column per label value of
+ * cols (but skip): a table, or the sentence none when f has no sample
+ * (no empty table, and no "none" above rows listed elsewhere). */
+static void html_view_table(request_rec *r, const tbucket_family *f,
+                            const char *row, const char *const *cols,
                             int ncols, int skip, const char *none)
 {
-    const char *row = NULL;
+    const char *prev = NULL;
     int i, c;
 
-    ap_rprintf(r, "<h3>%s</h3>", title);
     if (!f || !f->samples->nelts) {
         ap_rprintf(r, "<p class=\"zero none\">%s</p>", none);
         return;
     }
-    ap_rputs("<table><tr><th>rule</th>", r);
+    ap_rprintf(r, "<table><tr><th>%s</th>", row);
     for (c = 0; c < ncols; c++) {
         if (c != skip) {
             ap_rprintf(r, "<th class=\"n\">%s</th>", h(r, cols[c]));
@@ -655,31 +654,33 @@ static void html_rule_table(request_rec *r, const tbucket_family *f,
     for (i = 0; i < f->samples->nelts; i++) {
         const tbucket_sample *s = &APR_ARRAY_IDX(f->samples, i,
                                                  tbucket_sample);
-        const char *rule = tbucket_html_label(&s->labels, "rule");
+        const char *name = tbucket_html_label(&s->labels, row);
 
-        if (!row || strcmp(row, rule)) {
-            ap_rprintf(r, "%s<tr><td><code>%s</code></td>", row ? "</tr>"
-                       : "", h(r, rule));
-            row = rule;
+        if (!prev || strcmp(prev, name)) {
+            ap_rprintf(r, "%s<tr><td><code>%s</code></td>", prev ? "</tr>"
+                       : "", h(r, name));
+            prev = name;
         }
         tbucket_html_value(r, f, s, 1);
     }
     ap_rputs("</tr></table>", r);
 }
 
-/* The rules: each TBucketRule's events side by side, then each section
- * that sets TBucketLimit by outcome (local protection's sheds are not a
- * rule's doing). */
-static void html_rules(request_rec *r, const tbucket_metrics *t)
+/* The named limits, each with its events side by side, then the scopes
+ * that set TBucketLimit by outcome (local protection's sheds are not a
+ * limit's doing). The deprecated aliases of both families are listed
+ * under "Every figure" only. */
+static void html_limits(request_rec *r, const tbucket_metrics *t)
 {
-    ap_rputs("<h2>Rules</h2>", r);
-    html_rule_table(r, tbucket_html_family(t, "tbucket_rule_events_total"),
-                    "TBucketRule", tbucket_rule_event_names,
-                    TBUCKET_RULE_EVENTS, -1, "No TBucketRule.");
-    html_rule_table(r, tbucket_html_family(t, "tbucket_rule_decisions_total"),
-                    "sections that set TBucketLimit", tbucket_outcome_names,
-                    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED,
-                    "No section sets TBucketLimit.");
+    ap_rputs("<h2 id=\"limits\">Limits</h2>", r);
+    html_view_table(r, tbucket_html_family(t, "tbucket_limit_events_total"),
+                    "limit", tbucket_rule_event_names, TBUCKET_RULE_EVENTS,
+                    -1, "No named limit.");
+    ap_rputs("<h2 id=\"scopes\">Scopes</h2>", r);
+    html_view_table(r, tbucket_html_family(t,
+                                           "tbucket_scope_decisions_total"),
+                    "scope", tbucket_outcome_names, TBUCKET_OUTCOMES,
+                    TBUCKET_OUT_SHED, "No scope sets TBucketLimit.");
 }
 
 /* Every sample, as the text view lists them, folded away by default. */
@@ -744,7 +745,7 @@ void tbucket_status_html(request_rec *r, const tbucket_metrics *t)
                   "outcome", 1);
     html_vhosts(r, t);
     html_top(r, t);
-    html_rules(r, t);
+    html_limits(r, t);
     tbucket_html_local(r, t);
     html_clients(r, t);
     ap_rputs("<h2>Local fallback table</h2><table class=\"kv\">", r);

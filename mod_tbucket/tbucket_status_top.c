@@ -1,5 +1,5 @@
 /* tbucket_status_top.c -- who is limited, on the status page: the top
- * keys, the rules' decisions and each TBucketRule's events.
+ * keys, each scope's decisions and each named limit's events.
  *
  * The top keys are read once per page from the segment's heavy hitters
  * (tb_topk_t, tbucket_shm.c; the figures' promises are in shared/tb.h),
@@ -8,10 +8,10 @@
  * families (tbucket_metrics.top), since an entry carries more than a
  * sample can: the 1-minute refusals also become the family
  * tbucket_top_key_refusals, at most TBucketTopKeys series, so that
- * Prometheus sees the same figures the HTML shows. Each rule (a section
+ * Prometheus sees the same figures the HTML shows. Each scope (a section
  * that sets TBucketLimit) gets its decisions by outcome, shadow-rejected
  * beside rejected, which is what an operator reads before enforcing a
- * shadow rule. Keys come from clients: every view escapes them (label
+ * shadow scope. Keys come from clients: every view escapes them (label
  * values here, JSON strings below, HTML in tbucket_status_html.c).
  */
 #include "apr_strings.h"
@@ -149,65 +149,65 @@ static void collect_keys(tbucket_metrics *t, apr_time_t now)
     }
 }
 
-/* One family's samples from the rules' views: for each rule, one per
- * name of names[] but skip (-1: none), labelled label=name. */
-static void collect_rule_views(tbucket_family *f,
-                               const apr_array_header_t *views,
-                               const char *label, const char *const *names,
-                               int n, int skip)
+/* A family made of views (the scopes' or the named limits'), and the
+ * deprecated name it is served under too, its row label then "rule". */
+typedef struct view_family {
+    const char *name;
+    const char *help;
+    const char *row;                  /* The label naming a view.       */
+    const char *label;                /* The label naming a column.     */
+    const char *const *names;         /* Its values, in column order.   */
+    int n;
+    int skip;                         /* A column left out, or -1.      */
+    const char *old_name;
+} view_family;
+
+/* Each scope's decisions by outcome (local protection's sheds are not a
+ * limit's doing and are left out), each named limit's events. */
+static const view_family scope_decisions = {
+    "tbucket_scope_decisions_total", "Decisions of each scope (a section "
+    "that sets TBucketLimit, named by the sections around it) by "
+    "outcome: shadow-rejected are the refusals a shadow scope would make "
+    "if enforced.", "scope", "outcome", tbucket_outcome_names,
+    TBUCKET_OUTCOMES, TBUCKET_OUT_SHED, "tbucket_rule_decisions_total"
+};
+static const view_family limit_events = {
+    "tbucket_limit_events_total", "What happened to each named limit (by "
+    "NAME): applied, refused, banned (refused under its ban), ban (bans "
+    "set), charged (count= charges after the response), known, marked, "
+    "spared (known clients).", "limit", "event", tbucket_rule_event_names,
+    TBUCKET_RULE_EVENTS, -1, "tbucket_rule_events_total"
+};
+
+/* d's family from views: for each view, labelled row=its name, one
+ * sample per name of d->names but d->skip, labelled label=name; then
+ * its deprecated alias. */
+static void collect_views(tbucket_metrics *t, const view_family *d,
+                          const apr_array_header_t *views)
 {
+    tbucket_family *f = tbucket_family_add(t, d->name, "counter", d->help);
     int i, o;
 
     for (i = 0; i < views->nelts; i++) {
         const tbucket_rule_view *v = &APR_ARRAY_IDX(views, i,
                                                     tbucket_rule_view);
-        tbucket_labels r = tbucket_labels_with(NULL, "rule", v->name), l;
+        tbucket_labels r = tbucket_labels_with(NULL, d->row, v->name), l;
 
-        for (o = 0; o < n; o++) {
-            if (o != skip) {
-                l = tbucket_labels_with(&r, label, names[o]);
+        for (o = 0; o < d->n; o++) {
+            if (o != d->skip) {
+                l = tbucket_labels_with(&r, d->label, d->names[o]);
                 tbucket_sample_add(f, "", &l, v->outcome[o]);
             }
         }
     }
-}
-
-/* Each rule's decisions by outcome; local protection's sheds are not a
- * rule's doing and are left out. */
-static void collect_rules(tbucket_metrics *t)
-{
-    collect_rule_views(tbucket_family_add(t, "tbucket_rule_decisions_total",
-                                          "counter", "Decisions of each "
-                                          "rule (a section that sets "
-                                          "TBucketLimit) by outcome: "
-                                          "shadow-rejected are the "
-                                          "refusals a shadow rule would "
-                                          "make if enforced."),
-                       tbucket_shm_rule_views(t->p), "outcome",
-                       tbucket_outcome_names, TBUCKET_OUTCOMES,
-                       TBUCKET_OUT_SHED);
-}
-
-/* Each TBucketRule name's events: decisions it was part of, refusals it
- * bound (under its ban or not), bans set, count= charges. */
-static void collect_named_rules(tbucket_metrics *t)
-{
-    collect_rule_views(tbucket_family_add(t, "tbucket_rule_events_total",
-                                          "counter", "What happened to "
-                                          "each TBucketRule (by NAME): "
-                                          "applied, refused, banned "
-                                          "(refused under its ban), ban "
-                                          "(bans set), charged (count= "
-                                          "charges after the response)."),
-                       tbucket_shm_named_views(t->p), "event",
-                       tbucket_rule_event_names, TBUCKET_RULE_EVENTS, -1);
+    tbucket_family_alias(t, f, d->old_name, d->row, "rule");
 }
 
 void tbucket_collect_top(tbucket_metrics *t, apr_time_t now)
 {
     collect_keys(t, now);
-    collect_rules(t);
-    collect_named_rules(t);
+    collect_views(t, &scope_decisions, tbucket_shm_rule_views(t->p));
+    collect_views(t, &limit_events, tbucket_shm_named_views(t->p));
 }
 
 /* ---- The JSON view's "top" ------------------------------------------- */

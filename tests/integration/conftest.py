@@ -4,8 +4,9 @@ Puts the helper package tbtest/ on sys.path and makes its servers and
 programs fixtures: a redis-server per test, factories for Apaches,
 haproxies, tb_driver clients and extra redis-servers, redis-servers with
 and without tbucket_redis.so, the paths of the test programs and the
-shim tests' downstream servers, a test PKI with TLS redis-servers, and a
-locale with a decimal comma. Each fixture stops what it started, by PID.
+shim tests' downstream servers, a test PKI with TLS redis-servers, a
+locale with a decimal comma, and the WordPress rig the login tests
+share. Each fixture stops what it started, by PID.
 """
 import os
 import shutil
@@ -25,6 +26,7 @@ from tbtest.redismod import (ModRedis, module_path,  # noqa: E402
                              sanitizer_reports)
 from tbtest.shim import PROG_NAMES, SHIM_SO, Proc, plain_env  # noqa: E402
 from tbtest.tls import TlsRedis, make_pki  # noqa: E402
+from tbtest.wordpress import SHARED as WORDPRESS  # noqa: E402
 
 
 def pytest_configure(config):
@@ -175,3 +177,23 @@ def locale_dir():
     os.chmod(d, 0o755)
     yield d, comma_locale(d)
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def wp(request):
+    """The WordPress rig (tbtest/wordpress.py) shared by the login tests'
+    files: installed once for a run of consecutive tests that ask for it,
+    stopped by PID after the last of them (pytest_runtest_teardown); each
+    file reads the replicas' logs from its own first test on."""
+    return WORDPRESS.get(request.node.fspath.strpath)
+
+
+def uses_shared_wp(item):
+    """Whether a test takes conftest's wp (a module may define its own)."""
+    return item is not None and "wp" in getattr(item, "fixturenames", ()) \
+        and not hasattr(getattr(item, "module", None), "wp")
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if uses_shared_wp(item) and not uses_shared_wp(nextitem):
+        WORDPRESS.stop()

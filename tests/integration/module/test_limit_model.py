@@ -109,9 +109,9 @@ def test_module_196_02(apache_factory, redis_server):
            for _ in range(4)]
     assert got == [200, 200, 200, 429], got
     text = request(a, "/tbucket-status")[2]
-    assert metric(text, "tbucket_rule_events_total", rule="pair",
+    assert metric(text, "tbucket_limit_events_total", limit="pair",
                   event="ban") == 1
-    assert metric(text, "tbucket_rule_events_total", rule="heavy",
+    assert metric(text, "tbucket_limit_events_total", limit="heavy",
                   event="refused") == 1
     a.assert_log_clean()
 

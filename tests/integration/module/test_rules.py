@@ -33,9 +33,9 @@ printf 'len=%s sum=%s user=%s\n' "${#body}" "$sum" "$REMOTE_USER"
 
 
 def events(text, rule, *names):
-    """The status page's tbucket_rule_events_total of rule, for each
-    event named."""
-    return [metric(text, "tbucket_rule_events_total", rule=rule, event=e)
+    """The status page's tbucket_limit_events_total of the limit rule,
+    for each event named."""
+    return [metric(text, "tbucket_limit_events_total", limit=rule, event=e)
             for e in names]
 
 
@@ -410,7 +410,8 @@ def test_module_180_07(apache_factory, redis_server):
     text = request(a, "/tbucket-status")[2]
     assert events(text, "tight", "applied", "ban", "banned") == [4, 1, 1]
     html = request(a, "/tbucket-status?view=html")[2]
-    assert "TBucketRule" in html and "<code>tight</code>" in html
+    assert '<h2 id="limits">Limits</h2>' in html
+    assert "<code>tight</code>" in html
     top = request(a, "/tbucket-status?json")[2]
     assert '"mo"' in top, top[:2000]
 

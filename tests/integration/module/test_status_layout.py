@@ -1,7 +1,7 @@
 """test_status_layout.py -- the HTML view's tables as a person reads them:
 no priority listed twice without its site, no empty table where a
-sentence says why, a "Rules" section that does not say "no rule" above
-rules, and, laid out by a real browser (headless Chromium) at 1280 pixels,
+sentence says why, "Limits" and "Scopes" sections that do not say "no
+limit" above limits, and, laid out by a real browser (headless Chromium) at 1280 pixels,
 site names on one line and no table wider than the page.
 
 The layout is measured in the browser: the page is saved with a small
@@ -90,19 +90,23 @@ def test_module_246_01(apache_factory, redis_server):
     assert m, section
 
 
-# "Rules" lists the TBucketRule rules first; with no section setting
-# TBucketLimit it says so in a sentence, never "no rule" above them.
+# "Limits" lists the named limits (a TBucketRule here) by their events,
+# then "Scopes" says in a sentence that no section sets TBucketLimit,
+# never "no limit" above the limits.
 def test_module_246_02(apache_factory, redis_server):
     a = apache_factory(servers=1)
     a.start(conf(redis_server.url, a.port))
     http_get(a.url("/a/ok.txt"), {"X-User": "mo"})
     page = http_get(a.url("/tbucket-status?view=html")).text
-    rules = page[page.index("<h2>Rules</h2>"):]
-    rules = rules[:rules.index("<h2>", 5)]
-    assert "no rule" not in rules.lower(), rules
-    assert rules.index("<h3>TBucketRule</h3>") \
-        < rules.index("<code>tight</code>") \
-        < rules.index("No section sets TBucketLimit.")
+    limits = page[page.index('<h2 id="limits">Limits</h2>'):]
+    scopes = limits[limits.index('<h2 id="scopes">Scopes</h2>'):]
+    limits = limits[:len(limits) - len(scopes)]
+    scopes = scopes[:scopes.index("<h2", 5)]
+    assert "no named limit" not in limits.lower(), limits
+    assert "<th>limit</th>" in limits and "<code>tight</code>" in limits
+    assert "No scope sets TBucketLimit." in scopes, scopes
+    assert "<table>" not in scopes, scopes
+    assert "Rules" not in page and "TBucketRule</h3>" not in page
 
 
 MEASURE = """<script>

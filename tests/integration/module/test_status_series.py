@@ -67,7 +67,7 @@ def series(a):
     doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
     s = doc["series"]
     assert s["slots"] == 90 and s["slot_seconds"] == 10
-    for name in ("decisions", "refused_limit", "refused_rule",
+    for name in ("decisions", "refused_limit", "refused_named",
                  "refused_ban", "shed", "refused_local", "fallback",
                  "redis_errors", "breaker_opens", "p99_us", "breaker_open",
                  "refused", "known"):
@@ -80,7 +80,7 @@ def assert_attack(s):
     in (it may straddle a slot's border)."""
     assert sum(s["decisions"]) == 13, s["decisions"]
     assert sum(s["refused_limit"]) == 2
-    assert sum(s["refused_rule"]) == 1
+    assert sum(s["refused_named"]) == 1
     assert sum(s["refused_ban"]) == 1
     assert sum(s["refused"]) == 4
     assert sum(s["fallback"]) == 4
@@ -185,7 +185,7 @@ def test_module_245_04(apache_factory, redis_server):
         http_get(a.url("/a/ok.txt"), {"X-User": "zed"})
     doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
     bans = doc["bans"]
-    assert [(b["rule"], b["key"]) for b in bans] == [("tight", "zed"),
+    assert [(b["limit"], b["key"]) for b in bans] == [("tight", "zed"),
                                                      ("tight", "mo")], bans
     assert 0 < bans[1]["left_ms"] <= bans[0]["left_ms"] <= 60000
     assert bans[1]["refused_15m"] == 2 and bans[0]["refused_15m"] == 1
@@ -209,4 +209,64 @@ def test_module_245_04(apache_factory, redis_server):
     assert p.returncode == 0, p.stderr
     doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
     assert [b["key"] for b in doc["bans"]] == ["mo"]
+    a.assert_log_clean(allowed=ALLOWED_TAGS)
+
+
+def families(text):
+    """{family: {"help", "type", "samples": {labels: value}}} of a
+    Prometheus text page; labels as a sorted tuple of (name, value)."""
+    fams = {}
+    for line in text.splitlines():
+        m = re.match(r"# (HELP|TYPE) (\w+) (.*)$", line)
+        if m:
+            f = fams.setdefault(m.group(2), {"samples": {}})
+            f[m.group(1).lower()] = m.group(3)
+            continue
+        m = re.match(r"(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if m and m.group(1) in fams:
+            labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"',
+                                             m.group(2) or "")))
+            fams[m.group(1)]["samples"][labels] = float(m.group(3))
+    return fams
+
+
+# Each deprecated name is served beside its new one until 0.3.0 with the
+# same values: the two renamed families (label renamed, HELP naming the
+# new family and 0.3.0, same type) in the text and JSON views, ?json's
+# series refused_rule beside refused_named and each ban's rule beside
+# its limit.
+def test_module_245_05(apache_factory, redis_server):
+    a = apache_factory(servers=2)
+    a.start(conf(redis_server.url, a.port, free_port(), "s5:"))
+    traffic(a)
+    fams = families(http_get(a.url("/tbucket-status")).text)
+    doc = json.loads(http_get(a.url("/tbucket-status?json")).text)
+    in_json = {m["name"]: m for m in doc["metrics"]}
+    for new, label, old in (("tbucket_scope_decisions_total", "scope",
+                             "tbucket_rule_decisions_total"),
+                            ("tbucket_limit_events_total", "limit",
+                             "tbucket_rule_events_total")):
+        want = {tuple(sorted(("rule" if k == label else k, v)
+                             for k, v in labels)): value
+                for labels, value in fams[new]["samples"].items()}
+        assert want and any(want.values()), (new, fams[new])
+        assert fams[old]["samples"] == want, (old, fams[old], want)
+        assert fams[old]["type"] == fams[new]["type"] == "counter"
+        assert new in fams[old]["help"] and "0.3.0" in fams[old]["help"]
+        assert "deprecated" in fams[old]["help"].lower(), fams[old]["help"]
+        renamed = [{"rule" if k == label else k: v
+                    for k, v in s["labels"].items()}
+                   for s in in_json[new]["samples"]]
+        assert [s["labels"] for s in in_json[old]["samples"]] == renamed
+        assert [s["value"] for s in in_json[old]["samples"]] == \
+            [s["value"] for s in in_json[new]["samples"]]
+    assert fams["tbucket_limit_events_total"]["samples"][
+        (("event", "ban"), ("limit", "tight"))] == 1
+    assert fams["tbucket_scope_decisions_total"]["samples"][
+        (("outcome", "rejected"), ("scope", "<Location /limited>"))] == 2
+    s = doc["series"]
+    assert s["refused_rule"] == s["refused_named"] and \
+        sum(s["refused_named"]) == 1, s
+    assert doc["bans"] and all(b["rule"] == b["limit"] == "tight"
+                               for b in doc["bans"]), doc["bans"]
     a.assert_log_clean(allowed=ALLOWED_TAGS)

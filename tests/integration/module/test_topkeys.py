@@ -459,8 +459,8 @@ def test_module_161_06(apache_factory, redis_server):
     series = check_exposition(text)
 
     def rule(name, outcome):
-        return series[("tbucket_rule_decisions_total",
-                       tuple(sorted((("rule", name),
+        return series[("tbucket_scope_decisions_total",
+                       tuple(sorted((("scope", name),
                                      ("outcome", outcome)))))]
 
     assert rule("<Location /shadow>", "allowed") == 2
@@ -478,8 +478,8 @@ def test_module_161_06(apache_factory, redis_server):
             for _ in range(2)] == [200, 429]
     series = check_exposition(http_get(a.url("/tbucket-status")).text)
     assert rule("<Location /shadow>", "shadow-rejected") == 3
-    assert {dict(l)["rule"] for (n, l) in series
-            if n == "tbucket_rule_decisions_total"} == \
+    assert {dict(l)["scope"] for (n, l) in series
+            if n == "tbucket_scope_decisions_total"} == \
         {"<Location /shadow>", "<Location /limited>"}
     a.assert_log_clean()
 

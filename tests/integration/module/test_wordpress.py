@@ -16,6 +16,8 @@ from tbtest.wordpress import (LOGIN_ERROR, TEST_COOKIE, login_body,
 SOURCES = ("127.0.0.2", "127.0.0.3")
 
 
+# A rig of this file's own, not conftest.py's shared one: these tests
+# check a fresh rig (no limit yet, logs clean from its start).
 @pytest.fixture(scope="module")
 def wp():
     yield from started_rig()

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tbtest.wordpress import TEST_COOKIE, request, started_rig
+from tbtest.wordpress import TEST_COOKIE, bound, protect, request
 
 RULES = """<Location "/wp-login.php">
     TBucketEnable On
@@ -40,22 +40,6 @@ TAIL = b"&wp-submit=Log+In&testcookie=1"
 NO_EMAIL_LOGIN = """<?php
 remove_filter('authenticate', 'wp_authenticate_email_password', 20);
 """
-
-
-@pytest.fixture(scope="module")
-def wp():
-    yield from started_rig()
-
-
-def protect(wp, redis, prefix, rules=RULES):
-    wp.configure(server="TBucketRedis %s timeout=1000\nTBucketPrefix %s\n"
-                        "TBucketRefusalLog notice" % (redis.url, prefix),
-                 vhost=rules)
-
-
-def bound(cap, rate_per_min, t0):
-    """capacity + rate x T: the most a bucket can admit since t0."""
-    return cap + rate_per_min * (time.monotonic() - t0) / 60.0 + 1
 
 
 def post(wp, replica, body, source_ip, path="/wp-login.php"):
@@ -103,7 +87,7 @@ def admin():
 ], ids=["nul-name", "nul-decoy", "max-input-vars"])
 def test_module_195_01(wp, redis_server, shape):
     assert wp.admin[0] == admin().decode()
-    protect(wp, redis_server, "wf1:")
+    protect(wp, redis_server, "wf1:", RULES)
     statuses, reached, real, t0 = attack(wp, shape, 30)
     # WordPress read the admin's name in every post that reached it.
     assert all(e["post"].get("log") == wp.admin[0] for e in reached), \
@@ -141,7 +125,7 @@ def test_module_195_02(wp, redis_server):
 # buckets: at most capacity + rate x T of ten attempts reach WordPress,
 # and then the real password under each spelling is refused.
 def test_module_195_03(wp, redis_server):
-    protect(wp, redis_server, "wf3:")
+    protect(wp, redis_server, "wf3:", RULES)
     variants = [b"tbadmin%26x%3B", b"tbadmin%3Cscript%3E1%3C%2Fscript%3E",
                 b"tb%C3%A1dmin", b"%EF%BD%94%EF%BD%82admin",
                 b"tb%E2%80%8Badmin", b"tbadmin%C2%A0"]
@@ -165,7 +149,7 @@ def test_module_195_03(wp, redis_server):
 # refused under both names); the guide's one-line mu-plugin takes the
 # second name away (the address no longer logs in; the name still does).
 def test_module_195_04(wp, redis_server):
-    protect(wp, redis_server, "wf4:")
+    protect(wp, redis_server, "wf4:", RULES)
     email = b"admin%40example.org"
     statuses, reached, real, t0 = attack(
         wp, lambda i, pw: b"log=" + (email if i % 2 else admin()) +
@@ -175,7 +159,7 @@ def test_module_195_04(wp, redis_server):
     right = b"&pwd=" + wp.admin[1].encode() + TAIL
     assert real == 429, real
     assert post(wp, 1, b"log=" + email + right, "127.0.33.98") == 429
-    protect(wp, redis_server, "wf5:")
+    protect(wp, redis_server, "wf5:", RULES)
     assert post(wp, 0, b"log=" + email + right, "127.0.34.1") == 302
     plugin = os.path.join(wp.docroot, "wp-content", "mu-plugins",
                           "no-email-login.php")

@@ -22,10 +22,9 @@ import concurrent.futures
 import os
 import time
 
-import pytest
-
 from tbtest.proof import RESULTS
-from tbtest.wordpress import TEST_COOKIE, login_body, request, started_rig
+from tbtest.wordpress import (TEST_COOKIE, bound, login_body, protect,
+                              request)
 
 RULES = """<Location "/wp-login.php">
     TBucketEnable On
@@ -35,17 +34,6 @@ RULES = """<Location "/wp-login.php">
 </Location>"""
 
 REAL_SOURCE = "127.0.0.200"
-
-
-@pytest.fixture(scope="module")
-def wp():
-    yield from started_rig()
-
-
-def protect(wp, redis, prefix):
-    wp.configure(server="TBucketRedis %s timeout=1000\nTBucketPrefix %s\n"
-                        "TBucketRefusalLog notice" % (redis.url, prefix),
-                 vhost=RULES)
 
 
 COLUMNS = ("attempts", "addresses", "reached_php", "bound", "seconds",
@@ -65,11 +53,6 @@ def record(name, **figures):
                                               for k in COLUMNS)))
 
 
-def bound(cap, rate_per_min, t0):
-    """capacity + rate x T: the most a bucket can admit since t0."""
-    return cap + rate_per_min * (time.monotonic() - t0) / 60.0 + 1
-
-
 def real_user_logs_in(wp, replica):
     name, password = wp.user
     assert wp.login(replica, name, password, REAL_SOURCE) == 302
@@ -81,7 +64,7 @@ def real_user_logs_in(wp, replica):
 # At most capacity + rate x T attempts of each kind reach WordPress; the
 # real user, on another address, logs in throughout and is never charged.
 def test_module_191_01(wp, redis_server):
-    protect(wp, redis_server, "wb:")
+    protect(wp, redis_server, "wb:", RULES)
     r = redis_server.client()
     name, password = wp.user
     attacker, victim = "127.0.0.10", wp.admin[0]
@@ -131,7 +114,7 @@ def test_module_191_01(wp, redis_server):
 # address is banned (each stayed under 20); the real user logs in
 # throughout; refused posts never reach PHP.
 def test_module_191_02(wp, redis_server):
-    protect(wp, redis_server, "ws:")
+    protect(wp, redis_server, "ws:", RULES)
     victim = wp.admin[0]
     before = len(wp.post_log())
     t0 = time.monotonic()
@@ -160,7 +143,7 @@ def test_module_191_02(wp, redis_server):
 # its source address; the refused ones never do; the log says which rule
 # refused each and which address it was.
 def test_module_191_03(wp, redis_server):
-    protect(wp, redis_server, "wi:")
+    protect(wp, redis_server, "wi:", RULES)
     name, password = wp.user
     before = len(wp.post_log())
     sent = []
@@ -195,7 +178,7 @@ def range_login(wp, replica, user, password, src):
 # 206 instead of the counted 200; count= judges the status WordPress set,
 # so at most the bound reach PHP and then the real password is refused.
 def test_module_191_04(wp, redis_server):
-    protect(wp, redis_server, "wr:")
+    protect(wp, redis_server, "wr:", RULES)
     victim, real = wp.admin
     before = len(wp.post_log())
     t0 = time.monotonic()
@@ -212,7 +195,7 @@ def test_module_191_04(wp, redis_server):
 # while WordPress checks the password, so at most the user rule's bound
 # reach PHP, not one per worker.
 def test_module_191_05(wp, redis_server):
-    protect(wp, redis_server, "wc:")
+    protect(wp, redis_server, "wc:", RULES)
     victim = wp.admin[0]
     before = len(wp.post_log())
     t0 = time.monotonic()
@@ -232,7 +215,7 @@ def test_module_191_05(wp, redis_server):
 # over 8 parallel connections against one name. The reservations make
 # the bound hold in parallel as it does one at a time.
 def test_module_191_06(wp, redis_server):
-    protect(wp, redis_server, "wp8:")
+    protect(wp, redis_server, "wp8:", RULES)
     victim = wp.admin[0]
     before = len(wp.post_log())
     t0 = time.monotonic()

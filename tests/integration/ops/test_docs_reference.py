@@ -187,12 +187,12 @@ def test_docs_001_07_man_pages_render(tmp_path):
                                                                b[1].name)
 
 
-def status_doc_metrics():
-    """{family: type} from the table under '## Metrics' in
+def status_doc_metrics(heading="Metrics"):
+    """{family: type} from the table under '## <heading>' in
     docs/status-page.md: every backquoted tbucket_ name of a row's first
     cell (a row may name several families of one type)."""
     text = read("docs/status-page.md")
-    section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("\n## %s\n" % heading, 1)[1].split("\n## ", 1)[0]
     out = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -203,9 +203,13 @@ def status_doc_metrics():
     return out
 
 
+DEPRECATED = "Deprecated names (aliases until 0.3.0)"
+
+
 # Every metric family the status page serves (its # TYPE lines, from a
 # live Apache with the module, a Redis and a limit) is in the table of
-# docs/status-page.md with its type, and the table lists no other.
+# docs/status-page.md with its type, or in its table of deprecated
+# names, and the tables list no other.
 def test_docs_001_08_status_metrics(apache_factory, redis_server):
     a = apache_factory()
     a.start("""
@@ -225,6 +229,9 @@ TBucketShed low=50
     code = dict(re.findall(r"^# TYPE (tbucket_\w+) (\w+)$", page, re.M))
     assert "tbucket_decisions_total" in code, page[:500]
     docs = status_doc_metrics()
+    old = status_doc_metrics(DEPRECATED)
+    assert len(old) >= 2 and not set(old) & set(docs), (old, docs)
+    docs.update(old)
     assert set(code) == set(docs), (
         "metrics served but not in docs/status-page.md: %s; documented but "
         "not served: %s" % (sorted(set(code) - set(docs)) or "-",

@@ -45,8 +45,14 @@ the login error for a bad one. login_body() is the form body a browser
 sends; post_log() reads what the mu-plugin recorded, so a test can check
 that body reached PHP byte for byte and from which address.
 
-One rig per test module (a module-scoped fixture; start() takes about
-1.5 s here, 2.5 s with a sanitizer build):
+The login tests share one rig: conftest.py's fixture `wp` takes it from
+SHARED (a SharedRig), which starts it for the first test that asks and
+stops it after the last of a run of consecutive tests that use it, so
+test_wordpress_rules.py and test_wordpress_form.py install WordPress
+once between them. Each test file sees the replicas' error logs from its
+own first test on (mark_logs), as it would on a rig of its own; every
+test sets its own rules (protect) under a prefix of its own. By hand
+(start() takes about 1.5 s here, 2.5 s with a sanitizer build):
 
     w = WordPress()
     w.start(server="TBucketRedis redis://127.0.0.1:PORT",
@@ -233,6 +239,57 @@ def require_stack():
                     "(scripts/install-deps.sh)" % " ".join(missing))
 
 
+class SharedRig:
+    """One WordPress rig for every test that asks for it in a row: get()
+    starts it on first use (skipping when the stack is not installed)
+    and marks the replicas' logs whenever another test file takes it;
+    stop() stops it (conftest.py calls it after the last test of a run
+    that used it)."""
+
+    def __init__(self):
+        self.rig = None
+        self.owner = None
+
+    def get(self, owner):
+        """The rig, started if need be; owner names the test file."""
+        if self.rig is None:
+            require_stack()
+            w = WordPress()
+            try:
+                w.start()
+            except BaseException:
+                w.cleanup()
+                raise
+            self.rig, self.owner = w, owner
+        elif owner != self.owner:
+            self.owner = owner
+            for a in self.rig.replicas:
+                a.mark_logs()
+        return self.rig
+
+    def stop(self):
+        if self.rig is not None:
+            rig, self.rig, self.owner = self.rig, None, None
+            rig.cleanup()
+
+
+SHARED = SharedRig()
+
+
+def protect(wp, redis, prefix, rules):
+    """Every replica's lines for a login test (graceful restart): Redis,
+    the key prefix (each test its own), refusal lines at notice, and
+    rules, the <Location> of the virtual host."""
+    wp.configure(server="TBucketRedis %s timeout=1000\nTBucketPrefix %s\n"
+                        "TBucketRefusalLog notice" % (redis.url, prefix),
+                 vhost=rules)
+
+
+def bound(cap, rate_per_min, t0):
+    """capacity + rate x T: the most a bucket can admit since t0."""
+    return cap + rate_per_min * (time.monotonic() - t0) / 60.0 + 1
+
+
 def started_rig():
     """A started WordPress rig for a module-scoped fixture (installing it
     is most of the cost), cleaned up after the module's last test; skips
@@ -367,12 +424,27 @@ def php_sapi(so):
 
 
 class WpApache(Apache):
-    """An Apache whose mod_php finds the PHP CLI's extensions (mysqli)."""
+    """An Apache whose mod_php finds the PHP CLI's extensions (mysqli),
+    and whose error log and stderr are read from a mark on (mark_logs):
+    what a test file sharing the rig checks is its own lines."""
+
+    log_marks = (0, 0)
 
     def _env(self):
         env = super()._env()
         env["PHP_INI_SCAN_DIR"] = PHP_CLI_CONF_D
         return env
+
+    def mark_logs(self):
+        """Read both logs from their present ends on."""
+        self.log_marks = (len(super().read_log()),
+                          len(super().read_stderr()))
+
+    def read_log(self):
+        return super().read_log()[self.log_marks[0]:]
+
+    def read_stderr(self):
+        return super().read_stderr()[self.log_marks[1]:]
 
 
 def request(apache, method, path, body=None, headers=None,
