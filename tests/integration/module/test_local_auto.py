@@ -305,7 +305,8 @@ def test_module_221_01(apache_factory):
 # Shrinks: 16 clients of ?grow (50 ms more for every other copy running)
 # over max=12: the cap binds, is probed at min and comes down to 4 or
 # less; every sample is within [1, 12], the backend never ran more than
-# 12, and the status page counted the cuts and the probe.
+# 12, and the status page counted the probe and every change the samples
+# saw.
 @pytest.mark.slow
 def test_module_221_02(apache_factory):
     a, state = server(apache_factory, 20)
@@ -316,7 +317,19 @@ def test_module_221_02(apache_factory):
     assert caps[-1] <= 4, run
     assert backend(state)[1] <= 12
     got = auto_metrics(a)
-    assert got["down"] >= 1 and got["probe"] >= 1, got
+    # Counted as the samples (100 ms apart, so they may miss a change)
+    # saw them, whatever the path down: the probe at min is judged
+    # against the flood that called it, and the cap it leaves is counted
+    # as a step up from min. Idle, later windows cut it again (down >= 1);
+    # beside busy loops the CGIs' latency held it there (4 busy loops:
+    # cap 3, down 0, probe 1). A fall is a cut or a probe (with the step
+    # after it, when the sample missed min); a rise a step up, or the end
+    # of a probe that found no request to measure (not counted).
+    assert got["probe"] >= 1, got
+    steps = list(zip(caps, caps[1:]))
+    assert got["down"] + got["probe"] >= sum(1 for x, y in steps if x > y), \
+        (got, run)
+    assert got["up"] + got["probe"] >= sum(1 for x, y in steps if y > x)
     assert got["min"] == 1 and got["max"] == 12
     codes = run.codes()
     assert codes.count(503) > 0 and set(codes) <= {200, 503}
@@ -354,7 +367,10 @@ def test_module_221_04(apache_factory):
     a, state = server(apache_factory, 20)
     a.start(auto_body("min=3 max=5"))
     down = drive(a, "grow", 16, 4)
-    up = drive(a, "fixed", 8, 3)
+    # Until max has held 1 s (at most 10 s), not a fixed 3 s: a step up
+    # waits for windows within a quarter of the floor, which a busy
+    # machine's fork and exec bend (idle, 5 is held within 3 s).
+    up = drive(a, "fixed", 8, 10, until=held(raised_to(5), 1))
     caps = down.cap_values() + up.cap_values()
     assert set(caps) <= {3, 4, 5}, (down, up)
     assert 3 in down.cap_values() and up.cap_values()[-1] == 5, (down, up)
