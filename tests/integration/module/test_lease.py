@@ -99,8 +99,11 @@ def test_module_010_02(apache_factory, redis_server):
         slack = replicas * lease[0] if lease else 0
         assert res.errors == 0
         assert res.ok <= bound + slack + 1, (lease, replicas, res.ok, bound)
-        # The limit binds: well over the rate was offered.
-        assert res.refused > res.ok
+        # The limit binds: more was offered than the bucket and the leases
+        # can admit. Asked of the load, not of its speed: idle the 4
+        # threads send 1,700-2,300 for a bound of 250-310, a busy runner's
+        # a few hundred.
+        assert res.total > bound + slack + 1, (res.total, bound, slack)
         # Any 1 s inside the run: the bucket alone allows cap + rate; a
         # lease taken just before may add up to replicas x N.
         rows.append(("hammer", lease[0] if lease else "off", replicas,

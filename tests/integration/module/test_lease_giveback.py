@@ -143,7 +143,11 @@ def test_module_lease_giveback_04(apache_factory, redis_server):
     res = blast(urls, threads=3, seconds=3, headers={"X-Key": "hammer"})
     assert res.errors == 0
     bound = cap + rate * res.window
-    assert res.refused > res.ok
+    # The hammer outran what the bucket and three leases can admit, or
+    # neither bound below is tested. Asked of the load, not of its speed
+    # (beside busy loops at load 33 the 3 threads sent 224 for a bound
+    # of 151: more than the bound, not twice it).
+    assert res.total > bound + 3 * n + 1, (res.total, bound)
     assert 0.75 * bound <= res.ok <= bound + 3 * n + 1, (res.ok, bound)
     res = blast(urls, threads=3, seconds=3, headers={"X-Key": "paced"},
                 rate=0.8 * rate)
