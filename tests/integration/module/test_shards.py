@@ -69,7 +69,8 @@ def accuracy(apache_factory, redis_server, prefix, k, cap, rate, seconds,
     inner = "    TBucketLimit %d %d/s\n    TBucketShards %d\n" % (cap, rate,
                                                               k)
     return blast_servers(apache_factory, conf(redis_server, prefix, inner),
-                         servers, threads, seconds, rate=paced)
+                         servers, threads, seconds, rate=paced,
+                         light=paced is None)
 
 
 # Uneven traffic: a hammer from 4 connections, over one and over two
