@@ -79,8 +79,13 @@ def haproxy_factory():
 
 @pytest.fixture
 def drivers():
-    """A factory for tb_driver processes, all stopped at teardown."""
+    """A factory for tb_driver processes, all stopped at teardown. The
+    command timeout is 1 s unless a test sets its own (as the shim
+    tests' write_conf and tb_batch do): the client's 50 ms default is a
+    production bound, and on a busy shared runner a call can pass it,
+    leaving the failure policy to answer where a test checks Redis's."""
     def create(url, *args, **opts):
+        opts.setdefault("timeout", 1000)
         argv = ["--url", url] + list(args)
         for k, v in opts.items():
             argv += ["--" + k.replace("_", "-"), v]

@@ -212,7 +212,7 @@ TBucketPrefix main:
 def test_module_001_08(apache_factory, redis_server):
     a = apache_factory()
     a.start("""
-TBucketRedis %s
+TBucketRedis %s timeout=500
 TBucketPrefix m8:
 <Location /deep>
     TBucketEnable On
@@ -253,7 +253,8 @@ def test_module_001_09(apache_factory, redis_server):
     a = apache_factory()
     a.write_file("htdocs/b/.htaccess",
                  "TBucketEnable On\nTBucketLimit 2 1/h\n")
-    a.start("TBucketRedis %s\nTBucketPrefix m9:\n" % redis_server.url)
+    a.start("TBucketRedis %s timeout=500\nTBucketPrefix m9:\n"
+            % redis_server.url)
     codes = [http_get(a.url("/b/ok.txt")).status_code for _ in range(3)]
     assert codes == [200, 200, 429]
     a.assert_log_clean()
@@ -271,7 +272,7 @@ LoadModule auth_basic_module /usr/lib/apache2/modules/mod_auth_basic.so
 LoadModule authn_core_module /usr/lib/apache2/modules/mod_authn_core.so
 LoadModule authn_file_module /usr/lib/apache2/modules/mod_authn_file.so
 LoadModule authz_user_module /usr/lib/apache2/modules/mod_authz_user.so
-TBucketRedis %s
+TBucketRedis %s timeout=500
 TBucketPrefix m10:
 <Location /a>
     AuthType Basic

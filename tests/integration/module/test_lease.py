@@ -79,7 +79,8 @@ def run_accuracy(apache_factory, redis_server, prefix, lease, replicas,
     if lease:
         inner += "    TBucketLease %d ttl=%s\n" % lease
     return blast_servers(apache_factory, conf(redis_server, prefix, inner),
-                         replicas, threads, seconds, key="acc", rate=paced)
+                         replicas, threads, seconds, key="acc", rate=paced,
+                         light=paced is None)
 
 
 # The accuracy cost: over a window T a hammered key gets at most
@@ -99,8 +100,10 @@ def test_module_010_02(apache_factory, redis_server):
         slack = replicas * lease[0] if lease else 0
         assert res.errors == 0
         assert res.ok <= bound + slack + 1, (lease, replicas, res.ok, bound)
-        # The limit binds: well over the rate was offered.
-        assert res.refused > res.ok
+        # The limit binds: more was offered than the bucket and the leases
+        # can admit (the hammer's light client outruns it on a busy
+        # runner too).
+        assert res.total > bound + slack + 1, (res.total, bound, slack)
         # Any 1 s inside the run: the bucket alone allows cap + rate; a
         # lease taken just before may add up to replicas x N.
         rows.append(("hammer", lease[0] if lease else "off", replicas,

@@ -140,10 +140,14 @@ def test_module_lease_giveback_04(apache_factory, redis_server):
              % (cap, rate, n))
     servers, urls = start_servers(apache_factory, 3, 3,
                                   conf(redis_server, "h:", inner))
-    res = blast(urls, threads=3, seconds=3, headers={"X-Key": "hammer"})
+    res = blast(urls, threads=3, seconds=3, headers={"X-Key": "hammer"},
+                light=True)
     assert res.errors == 0
     bound = cap + rate * res.window
-    assert res.refused > res.ok
+    # The hammer outran what the bucket and three leases can admit, or
+    # neither bound below is tested (a requests.Session hammer beside 4
+    # busy loops sent 128 for a bound of 156; the light client outruns it).
+    assert res.total > bound + 3 * n + 1, (res.total, bound)
     assert 0.75 * bound <= res.ok <= bound + 3 * n + 1, (res.ok, bound)
     res = blast(urls, threads=3, seconds=3, headers={"X-Key": "paced"},
                 rate=0.8 * rate)

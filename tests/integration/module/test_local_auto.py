@@ -255,6 +255,15 @@ def held(until, seconds):
     return check
 
 
+# Where a flood of ?grow leaves the cap of max=12: half of max or less.
+# Idle it goes to 3-4; on a busy machine the floor the probe measures
+# takes the machine's delays too (0.32 s for 0.1 s of sleep beside 4 busy
+# loops at load 30), ?grow's latency is then a smaller step above it,
+# and the cap held 5. Below half of max is the behaviour; the figure is
+# bench/overload.py's.
+CUT = 6
+
+
 def shrink(a, clients, bound, seconds=15):
     """A flood of ?grow that binds the cap (more clients than max), until
     it is cut to bound or below, and 1 s more; the Run."""
@@ -303,32 +312,45 @@ def test_module_221_01(apache_factory):
 
 
 # Shrinks: 16 clients of ?grow (50 ms more for every other copy running)
-# over max=12: the cap binds, is probed at min and comes down to 4 or
-# less; every sample is within [1, 12], the backend never ran more than
-# 12, and the status page counted the cuts and the probe.
+# over max=12: the cap binds, is probed at min and comes down to half of
+# max or less (CUT); every sample is within [1, 12], the backend never ran more than
+# 12, and the status page counted the probe and every change the samples
+# saw.
 @pytest.mark.slow
 def test_module_221_02(apache_factory):
     a, state = server(apache_factory, 20)
     a.start(auto_body("min=1 max=12"))
-    run = shrink(a, 16, 4)
+    run = shrink(a, 16, CUT)
     caps = run.cap_values()
     assert all(1 <= c <= 12 for c in caps), run
-    assert caps[-1] <= 4, run
+    assert caps[-1] <= CUT, run
     assert backend(state)[1] <= 12
     got = auto_metrics(a)
-    assert got["down"] >= 1 and got["probe"] >= 1, got
+    # Counted as the samples (100 ms apart, so they may miss a change)
+    # saw them, whatever the path down: the probe at min is judged
+    # against the flood that called it, and the cap it leaves is counted
+    # as a step up from min. Idle, later windows cut it again (down >= 1);
+    # beside busy loops the CGIs' latency held it there (4 busy loops:
+    # cap 3, down 0, probe 1). A fall is a cut or a probe (with the step
+    # after it, when the sample missed min); a rise a step up, or the end
+    # of a probe that found no request to measure (not counted).
+    assert got["probe"] >= 1, got
+    steps = list(zip(caps, caps[1:]))
+    assert got["down"] + got["probe"] >= sum(1 for x, y in steps if x > y), \
+        (got, run)
+    assert got["up"] + got["probe"] >= sum(1 for x, y in steps if y > x)
     assert got["min"] == 1 and got["max"] == 12
     codes = run.codes()
     assert codes.count(503) > 0 and set(codes) <= {200, 503}
     a.assert_log_clean()
 
 
-# Recovers: after the shrinking phase (cap 4 or less), 12 clients of
+# Recovers: after the shrinking phase (cap CUT or less), 12 clients of
 # ?fixed bring the cap back up, never past max (12); once it has held
 # max for 2.5 s, the last 2 s answer no 503.
 @pytest.mark.slow
 def test_module_221_03(apache_factory):
-    a, state = cut_server(apache_factory, 20, "min=1 max=12", 16, 4)
+    a, state = cut_server(apache_factory, 20, "min=1 max=12", 16, CUT)
     run = drive(a, "fixed", 12, 12, until=held(raised_to(12), 2.5))
     # Judged by direction and bound, not by reaching max in time: a step
     # up waits for windows whose latency stays within a quarter of the
@@ -354,7 +376,10 @@ def test_module_221_04(apache_factory):
     a, state = server(apache_factory, 20)
     a.start(auto_body("min=3 max=5"))
     down = drive(a, "grow", 16, 4)
-    up = drive(a, "fixed", 8, 3)
+    # Until max has held 1 s (at most 10 s), not a fixed 3 s: a step up
+    # waits for windows within a quarter of the floor, which a busy
+    # machine's fork and exec bend (idle, 5 is held within 3 s).
+    up = drive(a, "fixed", 8, 10, until=held(raised_to(5), 1))
     caps = down.cap_values() + up.cap_values()
     assert set(caps) <= {3, 4, 5}, (down, up)
     assert 3 in down.cap_values() and up.cap_values()[-1] == 5, (down, up)
@@ -414,21 +439,22 @@ def test_module_221_06(apache_factory, args, msg):
 """ % args, msg)
 
 
-# A graceful restart keeps what the cap learnt: after a flood cut it to 4
-# or less, the cap, its bounds and its floor are the same in the new
+# A graceful restart keeps what the cap learnt: after a flood cut it to
+# CUT or less, the cap, its bounds and its floor are the same in the new
 # generation (before tb_adapt_bounds kept the cap, the reload rounded the
 # estimate, which can be a step from the cap), and the new generation
-# holds the backend to that cap, not to max (12).
+# holds the backend to that cap (one step up in 1.5 s), not to max (12).
 @pytest.mark.slow
 def test_module_221_07(apache_factory):
-    a, state = cut_server(apache_factory, 20, "min=1 max=12", 16, 4)
+    a, state = cut_server(apache_factory, 20, "min=1 max=12", 16, CUT)
     before = auto_metrics(a)
     a.graceful(auto_body("min=1 max=12"))
     after = auto_metrics(a)
     assert after == before, (before, after)
     reset_backend(state)
     run = drive(a, "grow", 16, 1.5)
-    assert backend(state)[1] <= max(run.cap_values()) <= 5, run
+    assert backend(state)[1] <= max(run.cap_values()) \
+        <= int(before["cap"]) + 1 < 12, (before, run)
     a.assert_log_clean()
 
 

@@ -69,7 +69,8 @@ def accuracy(apache_factory, redis_server, prefix, k, cap, rate, seconds,
     inner = "    TBucketLimit %d %d/s\n    TBucketShards %d\n" % (cap, rate,
                                                               k)
     return blast_servers(apache_factory, conf(redis_server, prefix, inner),
-                         servers, threads, seconds, rate=paced)
+                         servers, threads, seconds, rate=paced,
+                         light=paced is None)
 
 
 # Uneven traffic: a hammer from 4 connections, over one and over two
@@ -79,7 +80,11 @@ def accuracy(apache_factory, redis_server, prefix, k, cap, rate, seconds,
 # some requests the whole bucket would have taken (under-admission).
 @pytest.mark.slow
 def test_module_011_03(apache_factory, redis_server):
-    cap, rate, seconds = 64, 64, 4.0
+    # A low rate: the hammer must outrun capacity + rate x T for the bound
+    # to be tested, and a shared runner slows the test's client more than
+    # the server (beside busy loops at load 19 its 4 threads sent 68
+    # requests a second; idle, 500-1,100).
+    cap, rate, seconds = 64, 16, 4.0
     rows = []
     n = 0
     for servers in (1, 2):
@@ -90,7 +95,9 @@ def test_module_011_03(apache_factory, redis_server):
             bound = cap + rate * res.window
             assert res.errors == 0
             assert res.ok <= bound + 1, (k, res.ok, bound)
-            assert res.refused > res.ok
+            # The hammer offered more than the bucket admits, or the bound
+            # above proves nothing.
+            assert res.total > bound + 1, (k, res.total, bound)
             rows.append(("hammer", k, servers, res.total, res.ok,
                          "%.2f" % res.window, "%.1f" % bound,
                          "%.3f" % (res.ok / bound)))

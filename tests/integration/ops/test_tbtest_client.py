@@ -5,8 +5,9 @@ A small server on loopback answers the first request of a connection
 with keep-alive and then closes the connection when the next request
 arrives, without a byte of answer: the instant in which a server ends
 an idle kept-alive connection as the client reuses it. tbtest.client's
-Session must send an idempotent request again, once, and count it; a
-POST, or a request on a fresh connection, must fail as before.
+Session (and LightSession, the hammers' client) must send an idempotent
+request again, once, and count it; a POST, or a request on a fresh
+connection, must fail as before.
 """
 import socket
 import threading
@@ -112,5 +113,26 @@ def test_ops_003_03():
                 s.get(s0.url(), timeout=5)
             assert s.retries == 0
         assert s0.requests == 1
+    finally:
+        s0.close()
+
+
+# test_ops_003_04: LightSession keeps the same rule: a GET on a kept-alive
+# connection closed before the answer is sent again once and counted; on
+# a fresh connection it is an error, not retried.
+def test_ops_003_04(closer):
+    before = client.retries()
+    s = client.LightSession()
+    assert s.get(closer.url(), timeout=5).status_code == 200
+    assert s.get(closer.url(), timeout=5).content == b"ok"
+    assert s.retries == 1 and client.retries() == before + 1
+    assert closer.requests == 3
+    s.close()
+    s0 = Closer(answer=0)
+    try:
+        s = client.LightSession()
+        with pytest.raises(ConnectionError):
+            s.get(s0.url(), timeout=5)
+        assert s.retries == 0 and s0.requests == 1
     finally:
         s0.close()

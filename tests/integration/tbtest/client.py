@@ -91,3 +91,67 @@ class Session(requests.Session):
         if orig is not None and not orig.will_close:
             self._kept.add(host)
         return r
+
+
+class Answer:
+    """What LightSession.get() returns: the status and the body."""
+
+    def __init__(self, status_code, content):
+        self.status_code = status_code
+        self.content = content
+
+
+class LightSession:
+    """GETs on one kept-alive http.client connection: the same retry
+    rule as Session (once, when the kept-alive connection was closed
+    before any byte of the answer; counted), at a fraction of
+    requests' CPU per call. For hammers that must outrun a limit on a
+    busy machine: beside 4 busy loops at load 12, four threads of
+    Session sent about 50 requests a second."""
+
+    def __init__(self):
+        self.headers = {}
+        self.retries = 0
+        self._conn = None
+        self._where = None
+
+    def close(self):
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def get(self, url, timeout=10):
+        u = urlsplit(url)
+        where = (u.hostname, u.port)
+        path = (u.path or "/") + ("?" + u.query if u.query else "")
+        if where != self._where:
+            self.close()
+            self._where = where
+        for attempt in (0, 1):
+            kept = self._conn is not None
+            if not kept:
+                self._conn = http.client.HTTPConnection(*where,
+                                                        timeout=timeout)
+            try:
+                self._conn.request("GET", path, headers=self.headers)
+                r = self._conn.getresponse()
+            except CLOSED_BEFORE_ANSWER:
+                self.close()
+                if not kept or attempt:
+                    raise
+                self.retries += 1
+                with _lock:
+                    _total[0] += 1
+                continue
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+            try:
+                body = r.read()
+            except (OSError, http.client.HTTPException):
+                self.close()
+                raise
+            if r.will_close:
+                self.close()
+            return Answer(r.status, body)
+        raise AssertionError("not reached")

@@ -10,13 +10,14 @@ result counts statuses, the retries (a retried request may have reached
 the server twice) and the window the requests spanned.
 http_head() sends bytes that python-requests would refuse or rewrite.
 """
+import http.client
 import socket
 import threading
 import time
 
 import requests
 
-from tbtest.client import Session
+from tbtest.client import LightSession, Session
 
 
 class Result:
@@ -66,16 +67,18 @@ class Result:
 
 
 def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
-          max_requests=200000):
+          max_requests=200000, light=False):
     """GET urls round-robin from `threads` workers for `seconds`; with
-    rate (requests/s over all workers) each worker is paced evenly."""
+    rate (requests/s over all workers) each worker is paced evenly. With
+    light, each worker uses a LightSession (http.client), for a hammer
+    that must outrun a limit on a busy machine."""
     res = Result()
     deadline = time.monotonic() + seconds
     budget = [max_requests]
     block = threading.Lock()
 
     def worker(idx):
-        s = Session()
+        s = LightSession() if light else Session()
         s.headers.update(headers or {})
         n = idx
         interval = threads / rate if rate else 0.0
@@ -96,7 +99,8 @@ def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
             try:
                 r = s.get(urls[n % len(urls)], timeout=10)
                 res.add(r.status_code, t0, time.monotonic())
-            except requests.RequestException:
+            except (requests.RequestException, OSError,
+                    http.client.HTTPException):
                 with res.lock:
                     res.errors += 1
             n += 1
@@ -113,14 +117,14 @@ def blast(urls, threads=4, seconds=3.0, headers=None, rate=None,
 
 
 def blast_servers(apache_factory, body, n, threads=4, seconds=3.0,
-                  key="hot", rate=None):
+                  key="hot", rate=None, light=False):
     """n Apaches started with body (tbtest.apache.start_servers), one
     key (X-Key) hammered or paced round-robin over them as blast() does,
     then each checked for a clean log and stopped; the Result."""
     from tbtest.apache import start_servers
     servers, urls = start_servers(apache_factory, n, threads, body)
     res = blast(urls, threads=threads, seconds=seconds,
-                headers={"X-Key": key}, rate=rate)
+                headers={"X-Key": key}, rate=rate, light=light)
     for a in servers:
         a.assert_log_clean()
         a.stop()
