@@ -125,6 +125,7 @@ static void set_env(request_rec *r, const tbucket_req *rq)
                        rq->remaining);
     }
     if (rq->rule) {
+        apr_table_setn(r->subprocess_env, "TBUCKET_LIMIT", rq->rule);
         apr_table_setn(r->subprocess_env, "TBUCKET_RULE", rq->rule);
     }
 }

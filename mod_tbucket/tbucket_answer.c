@@ -263,12 +263,13 @@ int tbucket_refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
                   "rate limited %s (%s), retry after %" APR_INT64_T_FMT " s",
                   r->uri, tbucket_outcome_names[rq->outcome], d->retry_s);
     if (rq->rule) {
-        /* Rule names are [A-Za-z0-9_-]: nothing to escape. */
+        /* Names of limits with a key of their own are [A-Za-z0-9_-]:
+         * nothing to escape. "rule" is the name's older field, kept. */
         return tbucket_respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
-                       "{\"error\":\"%s\",\"rule\":\"%s\","
+                       "{\"error\":\"%s\",\"rule\":\"%s\",\"limit\":\"%s\","
                        "\"retry_after\":%" APR_INT64_T_FMT "}\n",
                        d->res.banned ? "banned" : "rate limited", rq->rule,
-                       d->retry_s));
+                       rq->rule, d->retry_s));
     }
     return tbucket_respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
                    "{\"error\":\"rate limited\",\"retry_after\":%"
