@@ -174,22 +174,22 @@ typedef struct tbucket_limit {
 
 /* What happens to a TBucketRule, in the metrics' label order. */
 typedef enum {
-    TBUCKET_RULE_APPLIED = 0,         /* Decisions it was part of.      */
-    TBUCKET_RULE_REFUSED,             /* Refusals it bound (no ban).    */
-    TBUCKET_RULE_BANNED,              /* Refusals while its ban held.   */
-    TBUCKET_RULE_BANS,                /* Bans it set.                   */
-    TBUCKET_RULE_CHARGED,             /* count= charges after the
+    TBUCKET_LIMIT_EV_APPLIED = 0,         /* Decisions it was part of.      */
+    TBUCKET_LIMIT_EV_REFUSED,             /* Refusals it bound (no ban).    */
+    TBUCKET_LIMIT_EV_BANNED,              /* Refusals while its ban held.   */
+    TBUCKET_LIMIT_EV_BANS,                /* Bans it set.                   */
+    TBUCKET_LIMIT_EV_CHARGED,             /* count= charges after the
                                        * response.                      */
-    TBUCKET_RULE_KNOWN,               /* Decisions of known clients, on
+    TBUCKET_LIMIT_EV_KNOWN,               /* Decisions of known clients, on
                                        * a bucket of their own.         */
-    TBUCKET_RULE_MARKED,              /* Clients made known (a success
+    TBUCKET_LIMIT_EV_MARKED,              /* Clients made known (a success
                                        * under known=).                 */
-    TBUCKET_RULE_SPARED,              /* Known clients let in while the
+    TBUCKET_LIMIT_EV_SPARED,              /* Known clients let in while the
                                        * name was banned for the rest.  */
-    TBUCKET_RULE_EVENTS
-} tbucket_rule_event;
+    TBUCKET_LIMIT_EVENTS
+} tbucket_limit_event;
 
-extern const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS];
+extern const char *const tbucket_limit_event_names[TBUCKET_LIMIT_EVENTS];
 
 /* ---- Shared memory slots (the layout is tbucket_shm_int.h's) ------- */
 
@@ -253,17 +253,17 @@ typedef struct tbucket_local_scope {
  * given out); slot is filled in post_config and names the rule's record
  * in the segment, -1 when it has none. name comes first:
  * tbucket_section_name() reads records by it. */
-typedef struct tbucket_rule {
+typedef struct tbucket_scope_counter {
     const char *name;                 /* As a local scope's name.       */
     int slot;
-} tbucket_rule;
+} tbucket_scope_counter;
 
 /* What the status page reads of a rule (tbucket_shm.c): its decisions by
  * outcome, every generation that had it. */
-typedef struct tbucket_rule_view {
+typedef struct tbucket_count_view {
     const char *name;
     uint64_t outcome[TBUCKET_OUTCOMES];
-} tbucket_rule_view;
+} tbucket_count_view;
 
 /* What the status page reads of a local scope (tbucket_shm.c). */
 typedef struct tbucket_local_view {
@@ -442,8 +442,9 @@ typedef struct tbucket_dir_conf {
                                        * doing (TB00162).               */
     unsigned int key_set:1, limit_set:1, cost_set:1;
     tb_limit_t limit;
-    const tbucket_rule *rule;         /* The section that set the limit,
-                                       * NULL in .htaccess.             */
+    /* The scope that set the unnamed limit, for its counts; NULL in
+     * .htaccess. */
+    const tbucket_scope_counter *rule;
     double cost;                      /* Tokens per request.            */
     /* Tenant overrides: this scope's table (key -> tb_limit_t*) and the
      * scope whose tables come next. Looked up inner to outer, so a merge
@@ -593,7 +594,7 @@ void tbucket_scopes_pre_config(apr_pool_t *pconf);
 
 /* The record of the scope cmd's unnamed TBucketLimit is in (made on
  * first need), or NULL in .htaccess. */
-const tbucket_rule *tbucket_scope_record(cmd_parms *cmd,
+const tbucket_scope_counter *tbucket_scope_record(cmd_parms *cmd,
                                          const tbucket_dir_conf *dc);
 
 /* post_config (parent): give each such scope its record in the segment

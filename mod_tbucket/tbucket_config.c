@@ -69,13 +69,13 @@ const char *tbucket_section_name(cmd_parms *cmd,
 
 void tbucket_scopes_pre_config(apr_pool_t *pconf)
 {
-    rules = apr_array_make(pconf, 8, sizeof(tbucket_rule *));
+    rules = apr_array_make(pconf, 8, sizeof(tbucket_scope_counter *));
 }
 
-const tbucket_rule *tbucket_scope_record(cmd_parms *cmd,
+const tbucket_scope_counter *tbucket_scope_record(cmd_parms *cmd,
                                          const tbucket_dir_conf *dc)
 {
-    tbucket_rule *ru;
+    tbucket_scope_counter *ru;
 
     if (ap_check_cmd_context(cmd, NOT_IN_HTACCESS) || !rules) {
         return NULL;
@@ -86,7 +86,7 @@ const tbucket_rule *tbucket_scope_record(cmd_parms *cmd,
     ru = apr_pcalloc(cmd->pool, sizeof(*ru));
     ru->name = apr_pstrdup(cmd->pool, tbucket_section_name(cmd, rules));
     ru->slot = -1;
-    APR_ARRAY_PUSH(rules, tbucket_rule *) = ru;
+    APR_ARRAY_PUSH(rules, tbucket_scope_counter *) = ru;
     return ru;
 }
 
@@ -95,9 +95,10 @@ void tbucket_scopes_setup(server_rec *main_s)
     int i;
 
     for (i = 0; rules && i < rules->nelts; i++) {
-        tbucket_rule *ru = APR_ARRAY_IDX(rules, i, tbucket_rule *);
+        tbucket_scope_counter *ru = APR_ARRAY_IDX(rules, i,
+                                                  tbucket_scope_counter *);
 
-        ru->slot = tbucket_shm_rule_slot(ru->name);
+        ru->slot = tbucket_shm_scope_slot(ru->name);
         if (ru->slot < 0) {
             ap_log_error(APLOG_MARK, APLOG_WARNING, 0, main_s, TBLOGNO(00161)
                          "TBucketLimit in %s: no record left for its "

@@ -200,7 +200,7 @@ void tbucket_known_mark(request_rec *r, const tbucket_limit *ru,
                       "TBucketRule %s: could not mark %s known (%s)",
                       ru->name, addr, sc->client->tb->errstr);
     }
-    tbucket_count_named(ru->slot, TBUCKET_RULE_MARKED);
+    tbucket_count_named(ru->slot, TBUCKET_LIMIT_EV_MARKED);
 }
 
 void tbucket_known_spared(tbucket_srv_conf *sc, const tbucket_decision *d)
@@ -214,7 +214,7 @@ void tbucket_known_spared(tbucket_srv_conf *sc, const tbucket_decision *d)
                                 d->which[i]->name, d->base_key[i],
                                 strlen(d->base_key[i]), now, &banned)
                == TB_OK && banned) {
-            tbucket_count_named(d->which[i]->slot, TBUCKET_RULE_SPARED);
+            tbucket_count_named(d->which[i]->slot, TBUCKET_LIMIT_EV_SPARED);
         }
     }
 }

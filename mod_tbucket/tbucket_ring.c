@@ -79,9 +79,11 @@ static void totals_now(const tbucket_shm *seg, tbucket_ring_totals *t)
             t->v[TBUCKET_RS_CALLS] += get(&st->lat_count[k]);
         }
     }
-    for (i = 0; i < seg->nnamed && i < MAX_RULES; i++) {
-        t->v[TBUCKET_RS_NAMED] += get(&seg->named[i].outcome[TBUCKET_RULE_REFUSED]);
-        t->v[TBUCKET_RS_BANS_SET] += get(&seg->named[i].outcome[TBUCKET_RULE_BANS]);
+    for (i = 0; i < seg->nnamed && i < MAX_COUNT_RECS; i++) {
+        const uint64_t *o = seg->named[i].outcome;
+
+        t->v[TBUCKET_RS_NAMED] += get(&o[TBUCKET_LIMIT_EV_REFUSED]);
+        t->v[TBUCKET_RS_BANS_SET] += get(&o[TBUCKET_LIMIT_EV_BANS]);
     }
     /* Shadow refusals of a named limit are counted under it, but not as
      * "rejected": never below zero. */

@@ -36,7 +36,7 @@ const char *const tbucket_outcome_names[TBUCKET_OUTCOMES] = {
     "fallback-closed", "fallback-local", "shed", "banned"
 };
 
-const char *const tbucket_rule_event_names[TBUCKET_RULE_EVENTS] = {
+const char *const tbucket_limit_event_names[TBUCKET_LIMIT_EVENTS] = {
     "applied", "refused", "banned", "ban", "charged", "known", "marked",
     "spared"
 };

@@ -82,21 +82,21 @@ apr_size_t tbucket_top_bytes(void);
 /* post_config (parent): the record of the rule called name, made or
  * found by name: its slot, or -1 when all are taken by rules of the
  * current configuration. */
-int tbucket_shm_rule_slot(const char *name);
+int tbucket_shm_scope_slot(const char *name);
 
 /* Count a decision of a rule's slot. Thread- and process-safe. */
-void tbucket_count_rule(int slot, tbucket_outcome o);
+void tbucket_count_scope(int slot, tbucket_outcome o);
 
 /* The rules' records, for the status page: an array of
- * tbucket_rule_view from p, the current configuration's rules. */
-apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p);
+ * tbucket_count_view from p, the current configuration's rules. */
+apr_array_header_t *tbucket_shm_scope_views(apr_pool_t *p);
 
 /* The same for TBucketRule names: the record of the rule called name
  * (its slot, or -1), a count of one of its events, and the views (an
- * array of tbucket_rule_view whose outcome[] holds the events in
- * tbucket_rule_event order). */
+ * array of tbucket_count_view whose outcome[] holds the events in
+ * tbucket_limit_event order). */
 int tbucket_shm_named_slot(const char *name);
-void tbucket_count_named(int slot, tbucket_rule_event e);
+void tbucket_count_named(int slot, tbucket_limit_event e);
 apr_array_header_t *tbucket_shm_named_views(apr_pool_t *p);
 
 /* The lease table in the segment, or NULL. */

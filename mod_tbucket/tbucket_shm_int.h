@@ -26,17 +26,17 @@
 #define REFUSING_PLACES 4096          /* Refused requests answered at
                                        * once that the busy count can
                                        * tell apart.                    */
-#define MAX_RULES 256                 /* Rule records, all generations. */
+#define MAX_COUNT_RECS 256            /* Count records, all generations. */
 
-/* A rule's record: found by name at every configuration load, so a rule
- * that a restart keeps keeps its counts. The same records count the
- * sections that set TBucketLimit (by outcome) and each TBucketRule name
- * (by tbucket_rule_event), in two arrays. */
-typedef struct tbucket_rule_rec {
+/* A count record: found by name at every configuration load, so a scope
+ * or a limit that a restart keeps keeps its counts. The same records
+ * count the scopes that set an unnamed TBucketLimit (by outcome) and each
+ * named limit (by tbucket_limit_event), in two arrays. */
+typedef struct tbucket_count_rec {
     char name[TBUCKET_NAME_LEN];
     uint64_t generation;              /* Last load that had the rule.   */
     uint64_t outcome[TBUCKET_OUTCOMES];
-} tbucket_rule_rec;
+} tbucket_count_rec;
 
 /* A local scope's record. Found by name at every configuration load, so
  * a scope that a restart keeps keeps its table and the places its
@@ -89,10 +89,10 @@ typedef struct tbucket_shm {
     tbucket_scope_rec scopes[MAX_LOCAL_SCOPES];
     uint64_t top_off;                 /* The heavy hitters, 0: none.    */
     uint64_t top_bytes;
-    uint32_t nrules;                  /* Rule records in use.           */
-    uint32_t nnamed;                  /* TBucketRule records in use.    */
-    tbucket_rule_rec rules[MAX_RULES];
-    tbucket_rule_rec named[MAX_RULES];
+    uint32_t ncounted;                /* Scope records in use.          */
+    uint32_t nnamed;                  /* Named limits' records in use.  */
+    tbucket_count_rec counted[MAX_COUNT_RECS];
+    tbucket_count_rec named[MAX_COUNT_RECS];
     tbucket_ring ring;                /* The last 15 minutes
                                        * (tbucket_ring.c).              */
 } tbucket_shm;

@@ -195,10 +195,10 @@ apr_array_header_t *tbucket_shm_local_views(apr_pool_t *p)
 
 /* The record called name in recs (*n in use), made or found: its slot,
  * or -1 when all are taken by names of the current configuration. */
-static int rec_slot(tbucket_shm *seg, tbucket_rule_rec *recs, uint32_t *n,
+static int rec_slot(tbucket_shm *seg, tbucket_count_rec *recs, uint32_t *n,
                     const char *name)
 {
-    tbucket_rule_rec *r = NULL;
+    tbucket_count_rec *r = NULL;
     uint32_t i;
 
     for (i = 0; i < *n && !r; i++) {
@@ -208,13 +208,13 @@ static int rec_slot(tbucket_shm *seg, tbucket_rule_rec *recs, uint32_t *n,
     }
     /* A record no configuration has used since the last load may take a
      * new name, and starts again from 0. */
-    for (i = 0; i < *n && !r && *n == MAX_RULES; i++) {
+    for (i = 0; i < *n && !r && *n == MAX_COUNT_RECS; i++) {
         if (recs[i].generation + 1 < seg->generation) {
             r = &recs[i];
             memset(r->outcome, 0, sizeof(r->outcome));
         }
     }
-    if (!r && *n < MAX_RULES) {
+    if (!r && *n < MAX_COUNT_RECS) {
         r = &recs[(*n)++];
     }
     if (!r) {
@@ -225,9 +225,9 @@ static int rec_slot(tbucket_shm *seg, tbucket_rule_rec *recs, uint32_t *n,
     return (int)(r - recs);
 }
 
-int tbucket_shm_rule_slot(const char *name)
+int tbucket_shm_scope_slot(const char *name)
 {
-    return tbucket_shm_seg ? rec_slot(tbucket_shm_seg, tbucket_shm_seg->rules, &tbucket_shm_seg->nrules,
+    return tbucket_shm_seg ? rec_slot(tbucket_shm_seg, tbucket_shm_seg->counted, &tbucket_shm_seg->ncounted,
                               name)
                    : -1;
 }
@@ -239,18 +239,18 @@ int tbucket_shm_named_slot(const char *name)
                    : -1;
 }
 
-void tbucket_count_rule(int slot, tbucket_outcome o)
+void tbucket_count_scope(int slot, tbucket_outcome o)
 {
-    if (tbucket_shm_seg && slot >= 0 && (uint32_t)slot < tbucket_shm_seg->nrules
+    if (tbucket_shm_seg && slot >= 0 && (uint32_t)slot < tbucket_shm_seg->ncounted
         && o < TBUCKET_OUTCOMES) {
-        tb_stats_add(&tbucket_shm_seg->rules[slot].outcome[o], 1);
+        tb_stats_add(&tbucket_shm_seg->counted[slot].outcome[o], 1);
     }
 }
 
-void tbucket_count_named(int slot, tbucket_rule_event e)
+void tbucket_count_named(int slot, tbucket_limit_event e)
 {
     if (tbucket_shm_seg && slot >= 0 && (uint32_t)slot < tbucket_shm_seg->nnamed
-        && e < TBUCKET_RULE_EVENTS) {
+        && e < TBUCKET_LIMIT_EVENTS) {
         tb_stats_add(&tbucket_shm_seg->named[slot].outcome[e], 1);
     }
 }
@@ -258,16 +258,16 @@ void tbucket_count_named(int slot, tbucket_rule_event e)
 /* The current configuration's records of recs, with n counters each, as
  * views from p. */
 static apr_array_header_t *rec_views(apr_pool_t *p,
-                                     const tbucket_rule_rec *recs,
+                                     const tbucket_count_rec *recs,
                                      uint32_t nrecs, int n)
 {
-    apr_array_header_t *a = apr_array_make(p, 8, sizeof(tbucket_rule_view));
+    apr_array_header_t *a = apr_array_make(p, 8, sizeof(tbucket_count_view));
     uint32_t i;
     int o;
 
     for (i = 0; tbucket_shm_seg && i < nrecs; i++) {
-        const tbucket_rule_rec *r = &recs[i];
-        tbucket_rule_view *v;
+        const tbucket_count_rec *r = &recs[i];
+        tbucket_count_view *v;
 
         if (r->generation != tbucket_shm_seg->generation) {
             continue;
@@ -282,16 +282,16 @@ static apr_array_header_t *rec_views(apr_pool_t *p,
     return a;
 }
 
-apr_array_header_t *tbucket_shm_rule_views(apr_pool_t *p)
+apr_array_header_t *tbucket_shm_scope_views(apr_pool_t *p)
 {
-    return tbucket_shm_seg ? rec_views(p, tbucket_shm_seg->rules, tbucket_shm_seg->nrules,
+    return tbucket_shm_seg ? rec_views(p, tbucket_shm_seg->counted, tbucket_shm_seg->ncounted,
                                TBUCKET_OUTCOMES)
-                   : apr_array_make(p, 1, sizeof(tbucket_rule_view));
+                   : apr_array_make(p, 1, sizeof(tbucket_count_view));
 }
 
 apr_array_header_t *tbucket_shm_named_views(apr_pool_t *p)
 {
     return tbucket_shm_seg ? rec_views(p, tbucket_shm_seg->named, tbucket_shm_seg->nnamed,
-                               TBUCKET_RULE_EVENTS)
-                   : apr_array_make(p, 1, sizeof(tbucket_rule_view));
+                               TBUCKET_LIMIT_EVENTS)
+                   : apr_array_make(p, 1, sizeof(tbucket_count_view));
 }

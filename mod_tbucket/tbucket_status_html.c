@@ -674,7 +674,7 @@ static void html_limits(request_rec *r, const tbucket_metrics *t)
 {
     ap_rputs("<h2 id=\"limits\">Limits</h2>", r);
     html_view_table(r, tbucket_html_family(t, "tbucket_limit_events_total"),
-                    "limit", tbucket_rule_event_names, TBUCKET_RULE_EVENTS,
+                    "limit", tbucket_limit_event_names, TBUCKET_LIMIT_EVENTS,
                     -1, "No named limit.");
     ap_rputs("<h2 id=\"scopes\">Scopes</h2>", r);
     html_view_table(r, tbucket_html_family(t,

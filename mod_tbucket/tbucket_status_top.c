@@ -175,8 +175,8 @@ static const view_family limit_events = {
     "tbucket_limit_events_total", "What happened to each named limit (by "
     "NAME): applied, refused, banned (refused under its ban), ban (bans "
     "set), charged (count= charges after the response), known, marked, "
-    "spared (known clients).", "limit", "event", tbucket_rule_event_names,
-    TBUCKET_RULE_EVENTS, -1, "tbucket_rule_events_total"
+    "spared (known clients).", "limit", "event", tbucket_limit_event_names,
+    TBUCKET_LIMIT_EVENTS, -1, "tbucket_rule_events_total"
 };
 
 /* d's family from views: for each view, labelled row=its name, one
@@ -189,8 +189,8 @@ static void collect_views(tbucket_metrics *t, const view_family *d,
     int i, o;
 
     for (i = 0; i < views->nelts; i++) {
-        const tbucket_rule_view *v = &APR_ARRAY_IDX(views, i,
-                                                    tbucket_rule_view);
+        const tbucket_count_view *v = &APR_ARRAY_IDX(views, i,
+                                                    tbucket_count_view);
         tbucket_labels r = tbucket_labels_with(NULL, d->row, v->name), l;
 
         for (o = 0; o < d->n; o++) {
@@ -206,7 +206,7 @@ static void collect_views(tbucket_metrics *t, const view_family *d,
 void tbucket_collect_top(tbucket_metrics *t, apr_time_t now)
 {
     collect_keys(t, now);
-    collect_views(t, &scope_decisions, tbucket_shm_rule_views(t->p));
+    collect_views(t, &scope_decisions, tbucket_shm_scope_views(t->p));
     collect_views(t, &limit_events, tbucket_shm_named_views(t->p));
 }
 

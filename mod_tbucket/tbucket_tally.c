@@ -83,7 +83,7 @@ static void note_applied(const tbucket_limit *l)
 
 void tbucket_tally_charged(const tbucket_limit *l)
 {
-    tbucket_count_named(l->slot, TBUCKET_RULE_CHARGED);
+    tbucket_count_named(l->slot, TBUCKET_LIMIT_EV_CHARGED);
     if (l->slot >= 0 && l->slot < HINT_SLOTS) {
         charged[l->slot] = 1;
     }
@@ -102,18 +102,19 @@ static void count_limits(const tbucket_decision *d)
         if (!l) {
             continue;
         }
-        tbucket_count_named(l->slot, TBUCKET_RULE_APPLIED);
+        tbucket_count_named(l->slot, TBUCKET_LIMIT_EV_APPLIED);
         note_applied(l);
         if (d->known & (1u << i)) {
-            tbucket_count_named(l->slot, TBUCKET_RULE_KNOWN);
+            tbucket_count_named(l->slot, TBUCKET_LIMIT_EV_KNOWN);
         }
         if (res->bans_set & (1u << i)) {
-            tbucket_count_named(l->slot, TBUCKET_RULE_BANS);
+            tbucket_count_named(l->slot, TBUCKET_LIMIT_EV_BANS);
         }
         if (!res->allowed && res->binding == i
             && res->refused_by == TB_LIMIT_RATE) {
-            tbucket_count_named(l->slot, res->banned ? TBUCKET_RULE_BANNED
-                                                     : TBUCKET_RULE_REFUSED);
+            tbucket_count_named(l->slot, res->banned
+                                         ? TBUCKET_LIMIT_EV_BANNED
+                                         : TBUCKET_LIMIT_EV_REFUSED);
         }
     }
 }
@@ -145,7 +146,7 @@ static void count_key(request_rec *r, const tbucket_dir_conf *dc,
     tb_topk_item_t it;
 
     if (dc->rule) {
-        tbucket_count_rule(dc->rule->slot, o);
+        tbucket_count_scope(dc->rule->slot, o);
     }
     if (!sc->top_k || d->res.source == TB_SRC_OPEN
         || d->res.source == TB_SRC_CLOSED) {
