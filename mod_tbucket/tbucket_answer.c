@@ -264,12 +264,13 @@ int tbucket_refuse_shared(request_rec *r, const tbucket_dir_conf *dc,
                   r->uri, tbucket_outcome_names[rq->outcome], d->retry_s);
     if (rq->rule) {
         /* Names of limits with a key of their own are [A-Za-z0-9_-]:
-         * nothing to escape. "rule" is the name's older field, kept. */
+         * nothing to escape. The field keeps its name, "rule": clients
+         * parse this body, and an alias's answer stays byte for byte. */
         return tbucket_respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
-                       "{\"error\":\"%s\",\"rule\":\"%s\",\"limit\":\"%s\","
+                       "{\"error\":\"%s\",\"rule\":\"%s\","
                        "\"retry_after\":%" APR_INT64_T_FMT "}\n",
                        d->res.banned ? "banned" : "rate limited", rq->rule,
-                       rq->rule, d->retry_s));
+                       d->retry_s));
     }
     return tbucket_respond(r, HTTP_TOO_MANY_REQUESTS, apr_psprintf(r->pool,
                    "{\"error\":\"rate limited\",\"retry_after\":%"
