@@ -21,10 +21,16 @@ of docs/hacking.md): 0 shared/base, 1 shared/algo, 2 shared/tables,
 3 shared/redis, 4 shared/*, 5 mod_tbucket/* but mod_tbucket.c,
 6 mod_tbucket/mod_tbucket.c. A climb is a call whose call site (the
 file of the line that calls, inlined code counted where it is written)
-lies in a lower layer than the called function's file; calls between
-files of one layer are not climbs.
+lies in a lower layer than the called function's file; a call down a
+layer the reverse (one return back up each); calls between files of one
+layer are neither. Also counted: the calls out of mod_tbucket.c into
+other files, and those of them whose callees (in the profile's call
+graph) reach tbucket_shm*.c: how often the walk goes back to the
+counters. docs/hacking.md, "The request's walk, measured", has the
+figures before and after the one bucket model.
 
-    /usr/bin/python3 bench/walk.py --build DIR [--requests N] [--json F]
+    /usr/bin/python3 bench/walk.py --build DIR [--requests 20] [--verbose]
+        [--json F] [--keep DIR]
 """
 import argparse
 import collections
@@ -104,7 +110,8 @@ class Profile:
         self.self_ir = collections.Counter()     # file -> Ir
         self.obj_ir = collections.Counter()      # object -> Ir
         self.calls = []   # (site file, line, callee fn, callee file, n)
-        self.check_access_calls = 0
+        self.graph = collections.defaultdict(set)   # fn -> callees
+        self.fn_file = {}
         self._parse(path)
 
     def _parse(self, path):
@@ -157,16 +164,31 @@ class Profile:
                 if call is not None:
                     raw.append((cur["file"], parts[0], callee[1],
                                 callee[0], call))
+                    self.graph[cur["fn"]].add(callee[1])
                     call = None
                     callee = None
                 else:
                     self.self_ir[cur["file"]] += ir
                     self.obj_ir[cur["ob"]] += ir
-                if cur["fn"] == "check_access" and cur["ob"].endswith(
-                        "mod_tbucket.so") and self.check_access_calls == 0:
-                    self.check_access_calls = 1
+        self.fn_file = fn_file
         for site, ln, fn, fl, n in raw:
             self.calls.append((site, ln, fn, fl or fn_file.get(fn, ""), n))
+
+
+def reaches_shm(prof, fn):
+    """Whether a function or one it calls (in this profile's call graph,
+    which merges every call of a function) runs in tbucket_shm*.c."""
+    seen, todo = set(), [fn]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        path = repo_path(prof.fn_file.get(f, "")) or ""
+        if re.match(r"mod_tbucket/tbucket_shm[^/]*\.c$", path):
+            return True
+        todo.extend(prof.graph.get(f, ()))
+    return False
 
 
 def walk_figures(prof):
@@ -174,6 +196,7 @@ def walk_figures(prof):
     files = sorted({p for p in (repo_path(f) for f, ir in
                                 prof.self_ir.items() if ir) if p})
     climbs, downs, hops, shm, descents = {}, {}, {}, {}, {}
+    counting = {}
     for site, ln, fn, fl, n in prof.calls:
         s, c = repo_path(site), repo_path(fl)
         if not s or not c:
@@ -191,6 +214,8 @@ def walk_figures(prof):
             shm[(where, fn)] = shm.get((where, fn), 0) + n
         if s == "mod_tbucket/mod_tbucket.c" and c != s:
             descents[(where, fn)] = descents.get((where, fn), 0) + n
+            if reaches_shm(prof, fn):
+                counting[(where, fn)] = counting.get((where, fn), 0) + n
     return {
         "instructions": prof.total,
         "files": files,
@@ -200,6 +225,7 @@ def walk_figures(prof):
         "hops": sorted(hops.items()),
         "shm_sites": sorted(shm.items()),
         "descents": sorted(descents.items()),
+        "counting": sorted(counting.items()),
         "objects": dict(prof.obj_ir),
     }
 
@@ -318,6 +344,8 @@ def summary(figs):
         "shm_calls": calls("shm_sites"),
         "descents_sites": spread("descents"),
         "descents_calls": calls("descents"),
+        "counting_sites": spread("counting"),
+        "counting_calls": calls("counting"),
         "files": first["files"],
         "climbs": ["%s -> %s (%s) x%d" % (w, fn, c, n)
                    for (w, fn, c), n in first["climbs"]],
@@ -325,6 +353,8 @@ def summary(figs):
                 for (w, fn), n in first["shm_sites"]],
         "descents": ["%s -> %s x%d" % (w, fn, n)
                      for (w, fn), n in first["descents"]],
+        "counting": ["%s -> %s x%d" % (w, fn, n)
+                     for (w, fn), n in first["counting"]],
         "downs": ["%s -> %s x%d" % (w, fn, n)
                   for (w, fn), n in first["downs"]],
         "objects": {os.path.basename(k): v for k, v in sorted(
@@ -333,20 +363,23 @@ def summary(figs):
 
 
 REPORT = """walk from check_access, one decision (%(requests)d requests)
-  instructions          %(instructions_median)d (median; %(instructions_min)d..%(instructions_max)d)
+  instructions          %(instructions_median)d (median; \
+%(instructions_min)d..%(instructions_max)d)
   files visited         %(files_visited)s (.c files %(files_visited_c)s)
   climbs (lower->upper) %(climbs_sites)s call sites, %(climbs_calls)s calls
   calls down a layer    %(down_sites)s call sites, %(down_calls)s calls
   calls between files   %(hop_sites)s call sites, %(hop_calls)s calls
   into tbucket_shm*.c   %(shm_sites)s call sites, %(shm_calls)s calls
-  out of mod_tbucket.c  %(descents_sites)s call sites, %(descents_calls)s calls"""
+  out of mod_tbucket.c  %(descents_sites)s call sites, %(descents_calls)s calls
+    reaching shm*.c     %(counting_sites)s call sites, \
+%(counting_calls)s calls"""
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"),
                     help="the build dir holding mod_tbucket.so")
-    ap.add_argument("--requests", type=int, default=10,
+    ap.add_argument("--requests", type=int, default=20,
                     help="measured requests (1 to 200)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", help="write the figures here")
@@ -362,7 +395,8 @@ def main():
     s["build"] = os.path.abspath(a.build)
     print(REPORT % s)
     if a.verbose:
-        for key in ("files", "climbs", "downs", "shm", "descents"):
+        for key in ("files", "climbs", "downs", "shm", "descents",
+                    "counting"):
             print("%s:" % key)
             for x in s[key]:
                 print("  " + x)
