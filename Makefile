@@ -415,6 +415,7 @@ bench:
 	$(PYTHON) bench/rules_bench.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/overload.py --build $(abspath $(BUILD))
+	-$(PYTHON) bench/walk.py --build $(abspath $(BUILD))
 
 # The soak (bench/soak.py, never part of make test): the deployment of
 # two replicas behind haproxy, Redis with the module and the shim, under
