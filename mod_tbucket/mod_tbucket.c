@@ -455,7 +455,7 @@ static int ask_shared(request_rec *r, const tbucket_dir_conf *dc,
     d->q.key_len = strlen(key);
     d->q.takes = d->takes;
     d->q.ntakes = 0;
-    tbucket_limits_takes(r, dc, sc, d, parts & ~TBUCKET_PART_BODY,
+    tbucket_limits_takes(r, dc, sc, d, parts & ~TBUCKET_PART_BODY, main,
                          main && dc->limit_set ? tenant_limit(dc, key)
                                                : NULL);
     d->q.algo = dc->algo == -1 ? TB_ALGO_TOKEN_BUCKET : (tb_algo_t)dc->algo;
@@ -491,6 +491,7 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
     const tb_result_t *res = &d->res;
     apr_int64_t left = res->remaining > 0 ? res->remaining : 0;
     int later = rq->taken != NULL;
+    const tbucket_limit *named;
 
     if (res->slot.kind != TB_SLOT_NONE) {
         hold_slot(r, root, sc, &d->q, &res->slot);
@@ -506,8 +507,8 @@ static tbucket_req *note_shared(request_rec *r, const tbucket_dir_conf *dc,
         rq->settle = tbucket_settle_note(root, dc, sc, &d->q, res);
     }
     rq->outcome = outcome_of(res, dc->shadow == 1);
-    if (tbucket_refusing_rule(d)) {
-        rq->rule = tbucket_refusing_rule(d)->name;
+    if ((named = tbucket_refusing_rule(d)) != NULL) {
+        rq->rule = named->name;
     }
     if (dc->nlimits && res->allowed && res->source == TB_SRC_REDIS) {
         rq->charge = tbucket_charge_reserve(root, sc, d, rq->charge);

@@ -133,6 +133,7 @@ typedef struct tbucket_limit {
     const ap_expr_info_t *key;        /* key=, or NULL: the scope's
                                        * TBucketKey (own_key 0).        */
     unsigned int own_key:1;           /* key= given: "rule" keys.       */
+    unsigned int part:3;              /* tbucket_limit_part, kept.      */
     unsigned int cost_set:1;          /* cost= given, else the scope's
                                        * TBucketCost.                   */
     const char *key_text;             /* key= as written, for messages. */

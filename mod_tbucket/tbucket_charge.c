@@ -58,7 +58,10 @@ tbucket_charge *tbucket_charge_reserve(request_rec *root,
             continue;
         }
         if (!ch) {
-            ch = apr_pcalloc(root->pool, sizeof(*ch));
+            /* Its arrays are filled up to n as they are used: only the
+             * head is zeroed (a request pays for what it keeps). */
+            ch = apr_palloc(root->pool, sizeof(*ch));
+            memset(ch, 0, APR_OFFSETOF(tbucket_charge, takes));
             ch->sc = sc;
             ch->q.prefix = q->prefix;
             ch->q.now_ms = q->now_ms;

@@ -159,6 +159,8 @@ static const char *parse_key(cmd_parms *cmd, void *rec, const char *key)
                   || ap_strcasestr(key, "%{HTTP_")
                   || ap_strcasestr(key, "req(")
                   || ap_strcasestr(key, "http(");
+    l->part = l->key_late ? TBUCKET_PART_LATE
+              : l->key_body ? TBUCKET_PART_BODY : TBUCKET_PART_EARLY;
     return NULL;
 }
 
@@ -249,8 +251,7 @@ static void limits_flags(tbucket_dir_conf *dc)
 
 int tbucket_limit_part(const tbucket_limit *l)
 {
-    return l->key_late ? TBUCKET_PART_LATE
-           : l->key_body ? TBUCKET_PART_BODY : TBUCKET_PART_EARLY;
+    return l->part;
 }
 
 /* The record l into dc: one name once per scope, TBUCKET_MAX_LIMITS at
@@ -540,7 +541,9 @@ static const char *own_key(request_rec *r, const tbucket_limit *l,
         tbucket_limit_keyless(r, l);
         return NULL;
     }
-    tbucket_limit_keyed(r, l);
+    if (l->key_body) {
+        tbucket_limit_keyed(r, l);
+    }
     if (l->key_addr && strchr(key, ':')) {
         net = apr_palloc(r->pool, TB_IP_KEY_LEN);
         if (tb_ip_key(key, sc->ipv6_bits, net, TB_IP_KEY_LEN)) {
@@ -585,10 +588,15 @@ static int own_take(request_rec *r, const tbucket_limit *l,
 
 int tbucket_limits_takes(request_rec *r, const tbucket_dir_conf *dc,
                          const tbucket_srv_conf *sc, tbucket_decision *d,
-                         int parts, const tb_limit_t *main_limit)
+                         int parts, int main, const tb_limit_t *main_limit)
 {
     int i, pass, n = d->q.ntakes;
+    /* The parts each pass takes: TBucketKey's (with the scope's own
+     * bucket), then those of the limits with keys of their own. */
+    int want[2];
 
+    want[0] = main && dc->limits_scoped;
+    want[1] = parts;
     if (main_limit && n < TB_MAX_BUCKETS) {
         memset(&d->takes[n], 0, sizeof(d->takes[n]));
         d->takes[n].limit = *main_limit;
@@ -598,12 +606,12 @@ int tbucket_limits_takes(request_rec *r, const tbucket_dir_conf *dc,
      * (and so which of two equally tight buckets binds) is the order the
      * older spellings gave. */
     for (pass = 0; pass < 2; pass++) {
-        for (i = 0; i < dc->nlimits && n < TB_MAX_BUCKETS; i++) {
+        for (i = 0; want[pass] && i < dc->nlimits && n < TB_MAX_BUCKETS;
+             i++) {
             const tbucket_limit *l = dc->limits[i];
 
             if (l->off || l->own_key != pass || (pass
-                ? !(tbucket_limit_part(l) & parts)
-                : !tbucket_main_in(dc, parts))) {
+                && !(l->part & parts))) {
                 continue;
             }
             memset(&d->takes[n], 0, sizeof(d->takes[n]));

@@ -58,13 +58,14 @@ struct tbucket_decision;
 /* Append to d's takes (from d->q.ntakes, at most TB_MAX_BUCKETS) the
  * buckets of dc's limits in parts: main_limit first when not NULL (the
  * scope's own, at TBucketCost), then the named limits keyed by TBucketKey
- * (when parts hold the main part), then those with a key of their own
+ * (when main: parts hold the main part, tbucket_main_in), then those with
+ * a key of their own
  * whose key is not empty for r; into d->which[] the record of each named
  * one (same index). d->q.ntakes is the new count, also returned. */
 int tbucket_limits_takes(request_rec *r, const tbucket_dir_conf *dc,
                          const tbucket_srv_conf *sc,
                          struct tbucket_decision *d, int parts,
-                         const tb_limit_t *main_limit);
+                         int main, const tb_limit_t *main_limit);
 
 
 /* ---- tbucket_charge.c ----------------------------------------------- */

@@ -93,7 +93,7 @@ int tbucket_decide_body(request_rec *r, const tbucket_dir_conf *dc,
     tb_request_t sub;
     tb_result_t res;
 
-    if (tbucket_limits_takes(r, dc, sc, d, TBUCKET_PART_BODY, NULL)
+    if (tbucket_limits_takes(r, dc, sc, d, TBUCKET_PART_BODY, 0, NULL)
         == from) {
         return 0;
     }
