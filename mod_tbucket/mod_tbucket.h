@@ -390,11 +390,17 @@ typedef struct tbucket_srv_conf {
     tb_tls_t *tls_ctx;
     int engine;                       /* A tb_engine_t (engine= of the
                                        * TBucketRedis line).            */
+    int coalesce;                     /* 1: through the host's
+                                       * coalescer (coalesce=on of the
+                                       * TBucketRedis line), else 0.    */
     const tb_token_keys_t *secret;    /* TBucketSecret, NULL unset.     */
     unsigned int set;                 /* TBUCKET_SET_* bits.            */
 
     /* Filled in post_config (parent) and child_init (child). */
     const char *signature;            /* Identity of the client config. */
+    const char *coalesce_url;         /* coalesce=on: "unix:" and the
+                                       * coalescer's socket, the URL the
+                                       * children's client uses.        */
     int vhost_slot;                   /* Slot of the vhost's counters.  */
     const char *vhost_name;           /* Its name, "host:port".         */
     int client_slot;                  /* Slot of the client's counters. */
@@ -714,6 +720,13 @@ void tbucket_cpu_enter(request_rec *r, request_rec *root,
 /* register_hooks: the fixup that moves a thread, the give-back before a
  * thread reads its next request. */
 void tbucket_cpu_register(void);
+
+/* ---- tbucket_coalesce.c --------------------------------------------- */
+
+/* post_config (parent): the coalescers the configuration asks for
+ * (coalesce=on) started or kept, the others retired; each such server
+ * gets its coalesce_url. OK, or an error status (logged). */
+int tbucket_coalesce_post_config(apr_pool_t *pconf, server_rec *main_s);
 
 /* ---- tbucket_nice.c ------------------------------------------------- */
 

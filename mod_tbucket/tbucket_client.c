@@ -43,7 +43,7 @@ static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
     const tb_tls_options_t *t = &sc->tls;
 
     return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT
-                        "|%s|%s|%s|%s|%d|%d",
+                        "|%s|%s|%s|%s|%d|%d|%d",
                         sc->url ? sc->url : TB_DEFAULT_URL, sc->timeout_ms,
                         sc->connect_timeout_ms, sc->pool_size,
                         (int)sc->policy, sc->replicas,
@@ -52,7 +52,7 @@ static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
                         t->cert_file ? t->cert_file : "",
                         t->key_file ? t->key_file : "",
                         t->server_name ? t->server_name : "",
-                        t->no_verify, sc->engine);
+                        t->no_verify, sc->engine, sc->coalesce);
 }
 
 /* tls_verify=off, once per Redis configuration and (re)start. */

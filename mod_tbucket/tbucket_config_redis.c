@@ -72,6 +72,7 @@ static const char *tls_key(cmd_parms *cmd, void *rec, const char *value)
 }
 
 static const char *const verify_names[] = { "on", "off" };
+static const char *const coalesce_names[] = { "off", "on" };
 
 #define SRV(f) APR_OFFSETOF(tbucket_srv_conf, f)
 
@@ -98,6 +99,8 @@ static const tbucket_value redis_opts[] = {
       TLS(server_name), 0, 0, 0, 0, NULL, "NAME", NULL, NULL },
     { "tls_verify", TBUCKET_V_NAME, TBUCKET_AT_INT, TLS(no_verify), 0, 0, 2,
       0, verify_names, NULL, NULL, NULL },
+    { "coalesce", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(coalesce), 0, 0, 2,
+      0, coalesce_names, NULL, NULL, NULL },
     { NULL }
 };
 
@@ -149,9 +152,16 @@ const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args)
     memset(&sc->tls, 0, sizeof(sc->tls));
     sc->tls_ctx = NULL;
     sc->engine = TB_ENGINE_AUTO;
+    sc->coalesce = 0;
     if ((msg = tbucket_options(cmd, redis_opts, sc, &sc->set, args,
                                NULL))) {
         return msg;
+    }
+    if (sc->coalesce && addr.kind != TB_REDIS_SINGLE) {
+        /* The coalescer keeps one connection to one server. */
+        return "TBucketRedis: coalesce=on takes one Redis (redis://, "
+               "rediss:// or unix:), not redis-sentinel:// or "
+               "redis-cluster://";
     }
     return make_tls(cmd, sc, &addr);
 }
