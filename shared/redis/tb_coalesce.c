@@ -123,7 +123,8 @@ static int is_denied(const char *p, size_t len)
 /* ---- The listener ------------------------------------------------------ */
 
 /* Bind and listen on c->path (a stale socket file is replaced), mode
- * 0600 from the start. TB_OK, or TB_ERR with c->why. */
+ * 0600 (never wider, even between bind and chmod). TB_OK, or TB_ERR
+ * with c->why. */
 static int listen_on(tb_coalescer_t *c)
 {
     struct sockaddr_un sun;
@@ -144,7 +145,8 @@ static int listen_on(tb_coalescer_t *c)
     old = umask(0077);
     rc = bind(fd, (struct sockaddr *)&sun, sizeof(sun));
     umask(old);
-    if (rc < 0 || listen(fd, 4096) < 0 || stat(c->path, &st) < 0) {
+    if (rc < 0 || chmod(c->path, 0600) < 0 || listen(fd, 4096) < 0
+        || stat(c->path, &st) < 0) {
         tb__set_error(&c->why, TB_ERR_IO, "%s: %s", c->path,
                       strerror(errno));
         close(fd);
