@@ -411,6 +411,7 @@ bench:
 	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/rules_bench.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
+	-$(PYTHON) bench/capacity.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/overload.py --build $(abspath $(BUILD))
 
 # The soak (bench/soak.py, never part of make test): the deployment of

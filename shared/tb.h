@@ -853,49 +853,41 @@ int tb_client_failing(tb_client_t *c);
 
 /* ==== The coalescer: a host's decisions to Redis in pipelines ======== */
 
-/* One process per host and Redis carries the commands of every client
- * that connects to its unix socket (the host's clients, whose URL is
- * "unix:" and that path) to Redis on one connection of its own: what
- * arrives while a pipeline is in flight goes as the next one write,
- * each reply back to its sender (shared/redis/tb_coalesce.c). Clients
- * speak RESP as to Redis and see the same replies; AUTH, SELECT and TLS
- * are the coalescer's. One Redis only: not Sentinel or Cluster. */
+/* One process per host and Redis (shared/redis/tb_coalesce.c) carries the
+ * commands of the clients on its unix socket (URL "unix:PATH") to one
+ * Redis on one connection: what arrives while a pipeline is in flight
+ * goes as the next write, each reply back to its sender. AUTH, SELECT and
+ * TLS are its own. Not Sentinel or Cluster. */
 typedef struct tb_coalescer tb_coalescer_t;
 
 typedef struct tb_coalescer_options {
     const char *url;            /* redis://, rediss:// or unix:.      */
-    const char *path;           /* The unix socket to listen on
-                                 * (absolute; replaced if stale).     */
+    const char *path;           /* Its socket (absolute; a stale one
+                                 * is replaced).                      */
     int timeout_ms;             /* A pipeline's write and replies.    */
     int connect_timeout_ms;     /* Default: timeout_ms.               */
     tb_tls_t *tls_ctx;          /* For a TLS URL (not owned).         */
 } tb_coalescer_options_t;
 
 typedef struct tb_coalescer_stats {
-    uint64_t accepted;          /* Client connections accepted.       */
-    uint64_t clients;           /* Open now.                          */
-    uint64_t batches;           /* Writes to Redis.                   */
-    uint64_t commands;          /* Commands they carried.             */
-    uint64_t failed;            /* Commands answered with an error
-                                 * because Redis failed.              */
-    uint64_t refused;           /* Clients closed for a denied or
-                                 * malformed command.                 */
-    uint64_t connects;          /* Connections to Redis opened.       */
-    uint64_t rebinds;           /* Socket files put back.             */
+    uint64_t accepted, clients; /* Connections accepted; open now.    */
+    uint64_t batches, commands; /* Writes to Redis; commands carried. */
+    uint64_t failed;            /* Answered with an error: Redis failed.*/
+    uint64_t refused;           /* Clients closed: a denied command.  */
+    uint64_t connects, rebinds; /* To Redis; socket files put back.   */
 } tb_coalescer_stats_t;
 
-/* Bind and listen on o->path, mode 0600 (the caller may chown it); no
- * Redis connection yet. NULL with a message in err on failure. */
+/* Listen on o->path, mode 0600 (the caller may chown it); no Redis yet.
+ * NULL with a message in err. */
 tb_coalescer_t *tb_coalescer_create(const tb_coalescer_options_t *o,
                                     char *err, size_t errlen);
-/* Serve until *stop is set (from a signal handler), then stop
- * listening, and serve the clients still connected until they leave or
- * linger_ms have passed. TB_OK then; TB_ERR when the socket cannot be
- * served (its file removed and not put back). Single-threaded. */
+/* Serve until *stop is set (by a signal handler), then stop listening
+ * and serve the clients left until they go or linger_ms pass: TB_OK.
+ * TB_ERR when its socket file was removed and cannot be put back. */
 int tb_coalescer_run(tb_coalescer_t *c, volatile sig_atomic_t *stop,
                      int linger_ms);
 void tb_coalescer_stats(const tb_coalescer_t *c, tb_coalescer_stats_t *st);
-/* Close everything; the socket file is removed if it is still ours. */
+/* Close all; the socket file is removed if it is still ours. */
 void tb_coalescer_free(tb_coalescer_t *c);
 
 #ifdef __cplusplus
