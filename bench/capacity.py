@@ -2,7 +2,7 @@
 """capacity.py -- what a decision costs Redis, direct and through the
 host's coalescer (TBucketRedis ... coalesce=on), side by side in one run.
 
-    bench/capacity.py --build BUILD [--quick] [--seconds S]
+    bench/capacity.py --build BUILD [--quick]
 
 One redis-server with tbucket_redis.so, alone on CPU 0; Apache (and its
 coalescer) and wrk on CPU 1. For prefork with 8, 32 and 64 children (one
@@ -10,10 +10,10 @@ wrk connection per child) and for event (2 children x 32 threads, 64
 connections), each direct and coalesced, each with the scripts
 (engine=script) and with the Redis module (engine=module): wrk sends
 requests with a new key each (a limit nothing reaches, so every decision
-writes its bucket) for S seconds. Redis's CPU from INFO cpu (user + sys,
-I/O included, its idle cost taken out) over the decisions it counted
-(INFO commandstats, exact),
-its busy share of the wall time, decisions/s, the commands per read
+writes its bucket) for 4 s (2 with --quick). Redis's CPU from INFO cpu
+(user + sys, I/O included, its idle cost taken out) over the decisions
+it counted (INFO commandstats, exact), its busy share of the wall time,
+decisions/s, the commands per read
 (calls over INFO stats' total_reads_processed), wrk's p50 and p99, and
 Apache's CPU per request (parent, children and coalescer, from /proc).
 Then redis-benchmark -P 64 on the same two commands, distinct keys: the
