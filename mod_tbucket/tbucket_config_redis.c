@@ -89,6 +89,8 @@ static const tbucket_value redis_opts[] = {
       TBUCKET_SET_POOL, 1, 1024, 0, NULL, "N", NULL, NULL },
     { "engine", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(engine), 0, 0,
       TB_ENGINE_COUNT, 0, tb_engine_names, NULL, NULL, NULL },
+    { "coalesce", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(coalesce), 0, 0, 2,
+      0, coalesce_names, NULL, NULL, NULL },
     { "tls_ca", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
       NULL, tls_ca },
     { "tls_cert", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
@@ -99,8 +101,6 @@ static const tbucket_value redis_opts[] = {
       TLS(server_name), 0, 0, 0, 0, NULL, "NAME", NULL, NULL },
     { "tls_verify", TBUCKET_V_NAME, TBUCKET_AT_INT, TLS(no_verify), 0, 0, 2,
       0, verify_names, NULL, NULL, NULL },
-    { "coalesce", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(coalesce), 0, 0, 2,
-      0, coalesce_names, NULL, NULL, NULL },
     { NULL }
 };
 
