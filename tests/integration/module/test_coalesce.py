@@ -4,7 +4,8 @@ connection. The same decisions and replies as direct, under prefork and
 event, with the scripts and with the Redis module; killed with -9, stopped
 with SIGSTOP or its socket removed under load: no request waits beyond the
 timeout, the failure policy decides, and it comes back by itself; a
-graceful restart loses nothing; a bad value is refused at apache2 -t."""
+graceful restart loses nothing; TLS, AUTH and SELECT are the coalescer's;
+a bad value is refused at apache2 -t."""
 import glob
 import os
 import pwd
@@ -16,7 +17,7 @@ import time
 import pytest
 
 from tbtest.apache import http_get, tokens
-from tbtest.env import child_pids, wait_until
+from tbtest.env import Redis, child_pids, wait_until
 
 TIMEOUT_MS = 200
 # A request's worst wait when its child must connect: the connect, the
@@ -310,3 +311,35 @@ def test_module_043_08(apache_factory):
     assert rc != 0 and "coalesce=on" in out and "redis-cluster" in out, out
     rc, out = a.configtest(conf("redis://127.0.0.1:6379", "b:"))
     assert rc == 0, out
+
+
+# TLS ends in the coalescer: mutual TLS to a Redis that asks for client
+# certificates, the children on the plain unix socket; Redis decides
+# (three allowed, then 429) and sees one connection.
+def test_module_043_09(apache_factory, tls_redis, pki):
+    r = tls_redis(auth_clients="yes")
+    a = apache_factory(mpm="prefork", servers=2)
+    a.start(conf(r.url, "t:", limit="TBucketLimit 3 1/h",
+                 extra="tls_ca=%s tls_cert=%s tls_key=%s" % (
+                     pki.ca_pem, pki.client_pem, pki.client_key)))
+    got = sequence(a, ["k1"], 4)
+    assert [c for c, _ in got] == [200, 200, 200, 429], got
+    rc = r.client()
+    assert tokens(rc, "t:{k1}") is not None
+    assert rc.info("clients")["connected_clients"] == 2
+    a.assert_log_clean()
+
+
+# AUTH and SELECT are the coalescer's: a password and a database in the
+# URL, the buckets land in that database.
+def test_module_043_10(apache_factory, tmp_path):
+    rd = Redis(tmp_path / "auth", password="s3cret").start()
+    try:
+        a = apache_factory(mpm="prefork", servers=2)
+        a.start(conf("redis://:s3cret@127.0.0.1:%d/3" % rd.port, "a:"))
+        assert sequence(a, ["k1"], 2) == [(200, "4"), (200, "3")]
+        assert tokens(rd.client(db=3), "a:{k1}") == 3.0
+        assert rd.client(db=0).dbsize() == 0
+        a.assert_log_clean()
+    finally:
+        rd.stop()
