@@ -343,3 +343,28 @@ def test_module_043_10(apache_factory, tmp_path):
         a.assert_log_clean()
     finally:
         rd.stop()
+
+
+# Redis gone behind the coalescer: the coalescer answers each command
+# with an error at once, so the children's breakers open and the open
+# policy decides without waiting; Redis back, Redis decides again.
+def test_module_043_11(apache_factory, redis_server):
+    a = apache_factory(mpm="prefork", servers=2)
+    a.start(conf(redis_server.url, "r:", limit="TBucketLimit 100000 1/h"))
+    n = len(sequence(a, ["k1"], 2))
+    redis_server.kill9()
+    times = []
+    for _ in range(8):
+        t0 = time.monotonic()
+        assert http_get(a.url("/limited/ok.txt"),
+                        headers={"X-Key": "k1"}).status_code == 200
+        times.append(time.monotonic() - t0)
+    assert max(times) < BOUND_S, times
+    got = decisions(a, n + 8)
+    assert got[n:] == ["fallback-open"] * 8, got
+    assert "coalescer" in a.read_log()
+    redis_server.start()
+    assert wait_until(lambda: http_get(a.url("/limited/ok.txt"), headers={
+        "X-Key": "k2"}).status_code == 200 and decisions(
+            a, 0)[-1] == "allowed", timeout=10)
+    a.assert_log_clean(allowed=TAGS)
