@@ -16,8 +16,9 @@ it counted (INFO commandstats, exact), its busy share of the wall time,
 decisions/s, the commands per read
 (calls over INFO stats' total_reads_processed), wrk's p50 and p99, and
 Apache's CPU per request (parent, children and coalescer, from /proc).
-Then redis-benchmark -P 64 on the same two commands, distinct keys: the
-floor a perfect pipeline reaches. Writes bench/results/capacity.md and
+Then redis-benchmark -P 1, 4, 16 and 64 on the same two commands,
+distinct keys: what Redis spends at each pipeline depth at that moment,
+and at 64 the floor a perfect pipeline reaches. Writes bench/results/capacity.md and
 .tsv. On a 2-vCPU machine shared with other work the absolute figures
 move; the ratios within one run are what to read.
 """
@@ -95,19 +96,20 @@ def one_run(tmp, so, rd, variant, engine, coalesce, seconds, idle):
             "non2xx": res["non2xx"] + res["errors"]}
 
 
-def floor(rd, sha, engine, n):
-    """redis-benchmark -P 64 -c 50 on distinct keys: Redis CPU per call."""
+def floor(rd, sha, engine, n, depth=64):
+    """redis-benchmark -P depth -c 50 on distinct keys: Redis CPU per
+    call."""
     head = (["evalsha", sha, "1"] if engine[0] == "script"
             else ["tbucket.bucket", "1"])
     rd.r.config_resetstat()
     cpu0, reads0 = redis_cpu(rd), reads(rd)
     bk.run(bk.pin(LOAD_CPU) + [
         "redis-benchmark", "-p", str(rd.port), "-n", str(n), "-c", "50",
-        "-P", "64", "-r", "100000", "--csv"] + head
+        "-P", str(depth), "-r", "100000", "--csv"] + head
         + ["bench:{__rand_int__}", "", "1000000000", "1000000000", "1"], 300)
     cpu, nreads = redis_cpu(rd) - cpu0, reads(rd) - reads0
     calls = rd.r.info("commandstats")["cmdstat_" + engine[1]]["calls"]
-    return {"name": "redis-benchmark -P 64", "calls": calls,
+    return {"name": "redis-benchmark -P %d" % depth, "calls": calls,
             "redis_us": 1e6 * cpu / calls, "depth": calls / nreads}
 
 
@@ -131,7 +133,7 @@ def table(rows, floors):
 
 def verdicts(rows, floors):
     out = []
-    for engine, f in floors:
+    for engine, f in [x for x in floors if x[1]["name"].endswith(" 64")]:
         best = [r for e, r in rows if e == engine and "coal" in r["name"]]
         direct = [r for e, r in rows if e == engine
                   and "direct" in r["name"]]
@@ -173,6 +175,11 @@ def main():
                         seconds, idle)))
                     bk.log("capacity %s" % rows[-1][1]["name"])
         for engine in ENGINES:
+            # The pipeline depths the runs reach, for reading them on a
+            # machine whose load moves every figure; -P 64 last.
+            for depth in (1, 4, 16):
+                floors.append((engine[0], floor(rd, sha, engine, n // 4,
+                                                depth)))
             floors.append((engine[0], floor(rd, sha, engine, n)))
     finally:
         rd.stop()
