@@ -132,6 +132,15 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
     char err[TB_ERRSTR_LEN];
 
     tbucket_client_options(sc, &o);
+    if (sc->coalesce_url) {
+        /* The coalescer is Redis to the children: TLS, AUTH and SELECT
+         * are its own connection's. The parent's own clients (the lease
+         * drain, check_config) go to Redis itself: at a stop the
+         * coalescer may already be gone. */
+        o.url = sc->coalesce_url;
+        memset(&o.tls, 0, sizeof(o.tls));
+        o.tls_ctx = NULL;
+    }
     o.local = tbucket_local_table();
     /* Leases live in the segment, shared by every child; each keeps
      * the slot of its Redis configuration, for the drain. */

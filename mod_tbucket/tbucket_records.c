@@ -99,13 +99,6 @@ void tbucket_client_options(const tbucket_srv_conf *sc, tb_options_t *o)
     o->tls = sc->tls;
     o->engine = (tb_engine_t)sc->engine;
     o->tls_ctx = sc->tls_ctx;
-    if (sc->coalesce_url) {
-        /* The coalescer is Redis to the children: TLS, AUTH and SELECT
-         * are its own connection's. */
-        o->url = sc->coalesce_url;
-        memset(&o->tls, 0, sizeof(o->tls));
-        o->tls_ctx = NULL;
-    }
 }
 
 void *tbucket_create_dir_conf(apr_pool_t *p, char *dir)

@@ -368,3 +368,21 @@ def test_module_043_11(apache_factory, redis_server):
         "X-Key": "k2"}).status_code == 200 and decisions(
             a, 0)[-1] == "allowed", timeout=10)
     a.assert_log_clean(allowed=TAGS)
+
+
+# Leases with coalesce=on: the children take them through the coalescer,
+# and when Apache stops (SIGTERM, which its coalescer receives too) the
+# parent's drain gives every unspent token back to Redis itself.
+def test_module_043_12(apache_factory, redis_server):
+    a = apache_factory(mpm="prefork", servers=3)
+    a.start(conf(redis_server.url, "l:", limit="TBucketLimit 100 1/h\n"
+                 "    TBucketLease 50 ttl=30s"))
+    for _ in range(20):
+        assert http_get(a.url("/limited/ok.txt"),
+                        headers={"X-Key": "g"}).status_code == 200
+    r = redis_server.client()
+    assert 80 - tokens(r, "l:{g}") >= 5
+    a.stop()
+    assert tokens(r, "l:{g}") == 80
+    log = a.read_log()
+    assert "TB00501" in log and "TB00502" not in log, log[-2000:]
