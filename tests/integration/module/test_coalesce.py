@@ -189,10 +189,12 @@ def test_module_043_03(apache_factory, redis_server):
 
 # The coalescer killed with -9 under load: no request waits beyond the
 # timeout's bound, the open policy decides meanwhile, and the parent
-# starts it again by itself; decisions are Redis's again after.
+# starts it again by itself (prefork and event); decisions are Redis's
+# again after.
 @pytest.mark.slow
-def test_module_043_04(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=4)
+@pytest.mark.parametrize("mpm", ["prefork", "event"])
+def test_module_043_04(apache_factory, redis_server, mpm):
+    a = apache_factory(mpm=mpm, servers=2 if mpm == "event" else 4)
     a.start(conf(redis_server.url, "q:", limit="TBucketLimit 100000 1/s"))
     first = one_coalescer(a)
     with Load(a, seconds=5.0) as load:
