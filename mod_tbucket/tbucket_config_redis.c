@@ -157,10 +157,10 @@ const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args)
                                NULL))) {
         return msg;
     }
-    if (sc->coalesce && addr.kind != TB_REDIS_SINGLE) {
+    if (sc->coalesce && addr.kind == TB_REDIS_CLUSTER) {
         /* The coalescer keeps one connection to one server. */
         return "TBucketRedis: coalesce=on takes one Redis (redis://, "
-               "rediss:// or unix:), not redis-sentinel:// or "
+               "rediss://, unix: or redis-sentinel://), not "
                "redis-cluster://";
     }
     return make_tls(cmd, sc, &addr);

@@ -857,11 +857,11 @@ int tb_client_failing(tb_client_t *c);
  * commands of the clients on its unix socket (URL "unix:PATH") to one
  * Redis on one connection: what arrives while a pipeline is in flight
  * goes as the next write, each reply back to its sender. AUTH, SELECT and
- * TLS are its own. Not Sentinel or Cluster. */
+ * TLS are its own; Sentinel is followed. Not Cluster. */
 typedef struct tb_coalescer tb_coalescer_t;
 
 typedef struct tb_coalescer_options {
-    const char *url;            /* redis://, rediss:// or unix:.      */
+    const char *url;            /* One Redis, or redis-sentinel://.   */
     const char *path;           /* Its socket (absolute; a stale one
                                  * is replaced).                      */
     int timeout_ms;             /* A pipeline's write and replies.    */

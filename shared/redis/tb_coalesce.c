@@ -1,22 +1,21 @@
 /* tb_coalesce.c -- the coalescer: one process per host that carries every
  * local client's commands to one Redis on one connection, as pipelines.
  *
- * Clients (the pools of Apache's children) connect to its unix socket and
- * speak RESP as to Redis. It reads whole commands (tb__resp_span frames
- * them; nothing else is parsed) and queues them; with nothing in flight
- * it writes the queue to Redis at once, and what arrives while a pipeline
- * is in flight goes as the next single write once every reply of that
- * one has come: batching without a timer. Redis answers in order, so a
- * FIFO of (client, commands) routes each reply's bytes back untouched.
- * AUTH, SELECT and TLS are its own connection's; a client that sends a
- * command which would change that shared connection's state or block it
- * (SELECT, MULTI, SUBSCRIBE, BLPOP...) is closed.
- *
- * Failure: a pipeline with no reply within the timeout, or a lost
- * connection, answers every queued and in-flight command with an error
- * reply, in order, so each client stays in step and its own breaker
- * counts the failure. A failed connect is retried after RETRY_MS at the
- * earliest; commands in between are refused at once. One thread, epoll.
+ * Clients (the pools of Apache's children) speak RESP to its unix socket
+ * as to Redis. It frames whole commands (tb__resp_span; nothing else is
+ * parsed) and queues them; with nothing in flight it writes the queue to
+ * Redis at once, and what arrives while a pipeline is in flight goes as
+ * the next single write once that one's replies are in: batching without
+ * a timer. Redis answers in order, so a FIFO of (client, commands) routes
+ * each reply's bytes back untouched. AUTH, SELECT and TLS are its own
+ * connection's; a client sending a command that would change that shared
+ * connection's state or hold it (SELECT, MULTI, BLPOP...) is closed.
+ * Sentinel: the primary its tracker names, left on an I/O error,
+ * READONLY or +switch-master. Failure: a pipeline with no reply within
+ * the timeout, or a lost connection, answers every queued and in-flight
+ * command with an error reply, in order, so each client stays in step
+ * and its breaker counts it; a failed connect is retried after RETRY_MS
+ * at the earliest, commands in between refused at once. One thread.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -80,6 +79,8 @@ struct tb_coalescer {
     tb__buf_t q;               /* The queued entries' bytes.            */
     tb__buf_t rin;             /* From Redis, not yet a whole reply.    */
     tb__conn_t *redis;
+    tb__sentinel_t *sentinel;  /* redis-sentinel:// only, else NULL.    */
+    unsigned gen;              /* The primary redis was opened to.      */
     tb_monotime_us sent_at, retry_at, next_check;
     tb__error_t why;           /* The last Redis failure.               */
     tb_coalescer_stats_t st;
@@ -448,6 +449,10 @@ static void fail_all(tb_coalescer_t *c)
     int k;
 
     drop_redis(c);
+    if (c->sentinel) {
+        /* A dead or demoted primary: ask the sentinels again. */
+        tb__sentinel_suspect(c->sentinel, 1);
+    }
     len = (size_t)snprintf(line, sizeof(line), "-ERR coalescer: %s\r\n",
                            c->why.errstr);
     len = len < sizeof(line) ? len : sizeof(line) - 1;
@@ -464,24 +469,34 @@ static void fail_all(tb_coalescer_t *c)
     c->q.len = 0;
 }
 
-/* A connection to Redis, set up (AUTH, SELECT); 0 when there is none
- * (c->why says why) and it is too soon to try again. Blocks for at most
- * the connect timeout plus the timeout. */
+/* A connection to Redis (to the primary the sentinels name, for
+ * Sentinel), set up (AUTH, SELECT; ROLE for Sentinel); 0 when there is
+ * none (c->why says why) and it is too soon to try again. Blocks for at
+ * most the connect timeout plus the timeout. */
 static int redis_ready(tb_coalescer_t *c)
 {
     const tb_redis_addr_t *a = &c->cfg.addr;
+    tb_redis_endpoint_t to;
     struct epoll_event ev;
     int module;
 
+    if (c->redis && c->sentinel && c->gen != tb__sentinel_gen(c->sentinel)) {
+        drop_redis(c);  /* Opened to a primary no longer named. */
+    }
     if (c->redis) {
         return 1;
     }
     if (tb_clock_monotonic_us() < c->retry_at) {
         return 0;
     }
-    c->redis = tb__conn_open(a->host, a->port, a->path, c->cfg.tls,
-                             tb__deadline_ms(c->cfg.connect_timeout_ms),
-                             &c->why);
+    snprintf(to.host, sizeof(to.host), "%s", a->host);
+    to.port = a->port;
+    if (!c->sentinel
+        || tb__sentinel_target(c->sentinel, &to, &c->gen, &c->why) == TB_OK) {
+        c->redis = tb__conn_open(to.host, to.port, a->path, c->cfg.tls,
+                                 tb__deadline_ms(c->cfg.connect_timeout_ms),
+                                 &c->why);
+    }
     if (c->redis
         && tb__setup(&c->cfg, c->redis, tb__deadline_ms(c->cfg.timeout_ms),
                      &module, &c->why) != TB_OK) {
@@ -489,6 +504,9 @@ static int redis_ready(tb_coalescer_t *c)
         c->redis = NULL;
     }
     if (!c->redis) {
+        if (c->sentinel) {
+            tb__sentinel_suspect(c->sentinel, 0);
+        }
         c->retry_at = tb__deadline_ms(RETRY_MS);
         return 0;
     }
@@ -572,6 +590,12 @@ static void redis_read(tb_coalescer_t *c)
            && (len = tb__resp_span(c->rin.p + pos, c->rin.len - pos)) > 0) {
         entry_t *e = &c->fifo[c->head];
 
+        if (c->sentinel && len > 9
+            && memcmp(c->rin.p + pos, "-READONLY", 9) == 0) {
+            /* The primary was demoted: the next pipeline goes to the
+             * one the sentinels name now. */
+            tb__sentinel_suspect(c->sentinel, 1);
+        }
         answer(c, e, c->rin.p + pos, (size_t)len);
         pos += (size_t)len;
         if (--e->n == 0) {
@@ -613,9 +637,9 @@ tb_coalescer_t *tb_coalescer_create(const tb_coalescer_options_t *o,
     if (tb_url_parse(o->url, &c->cfg.addr, why, sizeof(why)) != TB_OK) {
         snprintf(err, errlen, "coalescer: %s", why);
     }
-    else if (c->cfg.addr.kind != TB_REDIS_SINGLE) {
-        snprintf(err, errlen, "coalescer: one Redis only (redis://, "
-                 "rediss:// or unix:), not Sentinel or Cluster");
+    else if (c->cfg.addr.kind == TB_REDIS_CLUSTER) {
+        snprintf(err, errlen, "coalescer: one Redis or a Sentinel "
+                 "primary, not Cluster");
     }
     else if (c->cfg.addr.tls && !o->tls_ctx) {
         snprintf(err, errlen, "coalescer: a TLS URL needs a TLS context");
@@ -637,10 +661,17 @@ tb_coalescer_t *tb_coalescer_create(const tb_coalescer_options_t *o,
                                         : c->cfg.timeout_ms;
         c->cfg.pool_size = 1;
         c->cfg.engine = TB_ENGINE_SCRIPT;
-        if (listen_on(c) == TB_OK) {
+        /* The tracker borrows c->cfg, which lives as long as it. */
+        if (c->cfg.addr.kind == TB_REDIS_SENTINEL
+            && !(c->sentinel = tb__sentinel_create(&c->cfg))) {
+            snprintf(err, errlen, "coalescer: out of memory");
+        }
+        else if (listen_on(c) == TB_OK) {
             return c;
         }
-        snprintf(err, errlen, "coalescer: %s", c->why.errstr);
+        else {
+            snprintf(err, errlen, "coalescer: %s", c->why.errstr);
+        }
     }
     tb_coalescer_free(c);
     return NULL;
@@ -662,6 +693,7 @@ void tb_coalescer_free(tb_coalescer_t *c)
         tb__buf_free(&c->cl[i].out);
     }
     drop_redis(c);
+    tb__sentinel_free(c->sentinel);
     if (c->ep >= 0) {
         close(c->ep);
     }
@@ -682,6 +714,11 @@ void tb_coalescer_stats(const tb_coalescer_t *c, tb_coalescer_stats_t *st)
  * (put back if someone removed it). TB_ERR when it cannot be. */
 static int housekeeping(tb_coalescer_t *c, tb_monotime_us now)
 {
+    if (c->sentinel) {
+        /* +switch-master, read without waiting: a primary replaced
+         * while alive is left before its next pipeline. */
+        tb__sentinel_check(c->sentinel);
+    }
     if (c->inflight
         && now - c->sent_at > (tb_monotime_us)c->cfg.timeout_ms * 1000) {
         tb__set_error(&c->why, TB_ERR_TIMEOUT, "no reply from Redis "

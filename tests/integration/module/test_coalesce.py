@@ -303,7 +303,7 @@ def test_module_043_07(apache_factory, redis_server):
 
 
 # A bad coalesce= value is refused at apache2 -t, naming it; so is
-# coalesce=on with Sentinel or Cluster.
+# coalesce=on with Cluster.
 def test_module_043_08(apache_factory):
     a = apache_factory()
     rc, out = a.configtest(conf("redis://127.0.0.1:6379", "b:")
@@ -388,3 +388,30 @@ def test_module_043_12(apache_factory, redis_server):
     assert tokens(r, "l:{g}") == 80
     log = a.read_log()
     assert "TB00501" in log and "TB00502" not in log, log[-2000:]
+
+
+# Sentinel through the coalescer: it decides on the primary the sentinels
+# name and, after the primary is killed, follows the failover by itself
+# (the children never see the sentinels): a new key's bucket lands on the
+# new primary within failover time and cooldowns.
+@pytest.mark.slow
+def test_module_043_13(apache_factory, tmp_path):
+    from tbtest.ha import SentinelRig, kill9
+    rig = SentinelRig(tmp_path).start()
+    try:
+        a = apache_factory(mpm="prefork", servers=2)
+        a.start(conf(rig.url, "s:", limit="TBucketLimit 100000 1/h"))
+        assert sequence(a, ["k1"], 1) == [(200, "99999")]
+        assert tokens(rig.primary.client(), "s:{k1}") == 99999.0
+        kill9(rig.primary)
+        new = rig.replica.client()
+
+        def moved():
+            key = "m%d" % int(time.monotonic() * 1000)
+            http_get(a.url("/limited/ok.txt"), headers={"X-Key": key})
+            return new.hget("s:{%s}" % key, "tokens") is not None
+        assert wait_until(moved, timeout=30, step=0.2)
+        assert len(coalescers(a)) == 1
+        a.assert_log_clean(allowed=TAGS)
+    finally:
+        rig.stop()
