@@ -415,3 +415,37 @@ def test_module_043_13(apache_factory, tmp_path):
         a.assert_log_clean(allowed=TAGS)
     finally:
         rig.stop()
+
+
+# A client of the socket that sends a command which would change or hold
+# the shared connection (SELECT, MULTI, BLPOP) or bytes that are not RESP
+# is closed without a reply; the others' commands pass through, and the
+# children's decisions go on in the same database.
+def test_module_043_14(apache_factory, redis_server):
+    import socket
+    a = apache_factory(mpm="prefork", servers=2)
+    a.start(conf(redis_server.url, "d:"))
+    assert sequence(a, ["k1"], 1) == [(200, "4")]
+    path = socket_of(a)
+
+    def ask(raw):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(raw)
+        try:
+            got = s.recv(100)
+        except ConnectionResetError:
+            got = b""
+        s.close()
+        return got
+
+    assert ask(b"*1\r\n$4\r\nPING\r\n") == b"+PONG\r\n"
+    for bad in (b"*2\r\n$6\r\nselect\r\n$1\r\n1\r\n",
+                b"*1\r\n$5\r\nMULTI\r\n",
+                b"*3\r\n$5\r\nBLPOP\r\n$1\r\nq\r\n$1\r\n0\r\n",
+                b"PING\r\n"):
+        assert ask(bad) == b"", bad
+    assert sequence(a, ["k1"], 1) == [(200, "3")]
+    assert tokens(redis_server.client(), "d:{k1}") == 3.0
+    a.assert_log_clean()
