@@ -269,10 +269,12 @@ def test_module_043_06(apache_factory, redis_server):
 # Graceful restarts under load lose nothing: with the configuration
 # unchanged the coalescer is kept, with a new one a second coalescer
 # takes new children while the first drains the old ones; every request
-# is decided by Redis (no fallback), and Redis counted each one.
+# is decided by Redis (no fallback), and Redis counted each one; under
+# prefork and event.
 @pytest.mark.slow
-def test_module_043_07(apache_factory, redis_server):
-    a = apache_factory(mpm="prefork", servers=4)
+@pytest.mark.parametrize("mpm", ["prefork", "event"])
+def test_module_043_07(apache_factory, redis_server, mpm):
+    a = apache_factory(mpm=mpm, servers=2 if mpm == "event" else 4)
     body = conf(redis_server.url, "g:", limit="TBucketLimit 100000 1/h")
     a.start(body)
     first = one_coalescer(a)
