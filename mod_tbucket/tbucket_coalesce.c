@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,6 +125,7 @@ static void coal_main(const coal *d, pid_t parent)
     tb_coalescer_stats_t st;
     tb_coalescer_t *c;
     struct sigaction sa;
+    struct rlimit nofile;
     sigset_t none;
     char err[TB_ERRSTR_LEN + 64], figures[160];
     int rc;
@@ -147,6 +149,12 @@ static void coal_main(const coal *d, pid_t parent)
     sigprocmask(SIG_SETMASK, &none, NULL);
     /* None of the parent's listeners, logs or pipes: its stderr only. */
     close_range(3, ~0U, 0);
+    /* A socket per child and configuration: as many as root may give. */
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0
+        && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     memset(&o, 0, sizeof(o));
     o.url = sc->url ? sc->url : TB_DEFAULT_URL;
     o.path = d->path;

@@ -66,6 +66,8 @@ struct tb_coalescer {
     tb__redis_cfg_t cfg;       /* The Redis side: one address, TLS.     */
     char path[108];
     int lfd;                   /* The listener; -1 once stopping.       */
+    tb_monotime_us paused;     /* The listener is out of epoll until
+                                * then (0: it is in).                 */
     ino_t lino;                /* The socket file it bound.             */
     dev_t ldev;
     int ep;
@@ -230,14 +232,41 @@ static int free_slot(tb_coalescer_t *c)
     return i;
 }
 
+/* Out of descriptors: the listener would stay readable and the loop
+ * spin, so it leaves epoll until the next turn's housekeeping (at most
+ * TICK_MS), while the clients already here are served. */
+static void pause_listener(tb_coalescer_t *c)
+{
+    epoll_ctl(c->ep, EPOLL_CTL_DEL, c->lfd, NULL);
+    c->paused = tb__deadline_ms(TICK_MS);
+}
+
+static void resume_listener(tb_coalescer_t *c)
+{
+    struct epoll_event ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.u64 = EV_LISTEN;
+    if (c->lfd >= 0 && epoll_ctl(c->ep, EPOLL_CTL_ADD, c->lfd, &ev) == 0) {
+        c->paused = 0;
+    }
+}
+
 static void accept_all(tb_coalescer_t *c)
 {
     struct epoll_event ev;
     int fd, slot;
 
-    while (c->lfd >= 0
-           && (fd = accept4(c->lfd, NULL, NULL,
-                            SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+    while (c->lfd >= 0) {
+        fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS
+                || errno == ENOMEM) {
+                pause_listener(c);
+            }
+            return;
+        }
         if ((slot = free_slot(c)) < 0) {
             close(fd);
             continue;
@@ -724,6 +753,9 @@ static int housekeeping(tb_coalescer_t *c, tb_monotime_us now)
         tb__set_error(&c->why, TB_ERR_TIMEOUT, "no reply from Redis "
                       "within %d ms", c->cfg.timeout_ms);
         fail_all(c);
+    }
+    if (c->paused && now >= c->paused) {
+        resume_listener(c);
     }
     if (c->lfd >= 0 && now >= c->next_check) {
         c->next_check = now + CHECK_MS * 1000;

@@ -451,3 +451,4 @@ def test_module_043_14(apache_factory, redis_server):
     assert sequence(a, ["k1"], 1) == [(200, "3")]
     assert tokens(redis_server.client(), "d:{k1}") == 3.0
     a.assert_log_clean()
+
