@@ -23,6 +23,7 @@ and at 64 the floor a perfect pipeline reaches. Writes bench/results/capacity.md
 move; the ratios within one run are what to read.
 """
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -185,6 +186,7 @@ def main():
             floors.append((engine[0], floor(rd, sha, engine, n)))
     finally:
         rd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     text = ["# Capacity: Redis CPU per decision, direct and coalesced",
             "", "Load average %.2f at the start, %.2f at the end; Redis "
             "alone on CPU %s, Apache and wrk on CPU %s, %d s per run; "
