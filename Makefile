@@ -50,7 +50,8 @@ CORE_CFLAGS = -std=c99 -pedantic -D_POSIX_C_SOURCE=200809L -Ishared -I$(BUILD)
 CORE_SRC = $(wildcard shared/*.c shared/*/*.c)
 # The public header is tb.h and the parts it includes (tables, bans,
 # known clients).
-TB_PUBLIC = shared/tb.h shared/tb_tables.h shared/tb_bans.h shared/tb_known.h
+TB_PUBLIC = shared/tb.h shared/tb_tables.h shared/tb_bans.h shared/tb_known.h \
+            shared/tb_coalesce.h
 CORE_HDR = $(TB_PUBLIC) $(wildcard shared/*_int.h shared/*/*.h)
 TB_SCRIPT_C = $(BUILD)/shared/algo/tb_script.c
 CORE_OBJ = $(patsubst shared/%.c,$(BUILD)/shared/%.o,$(CORE_SRC)) \
@@ -414,6 +415,7 @@ bench:
 	$(PYTHON) bench/conc.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/rules_bench.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/redismod_bench.py --build $(abspath $(BUILD))
+	-$(PYTHON) bench/capacity.py --build $(abspath $(BUILD))
 	$(PYTHON) bench/overload.py --build $(abspath $(BUILD))
 	-$(PYTHON) bench/walk.py --build $(abspath $(BUILD))
 

@@ -58,7 +58,8 @@ static int post_config(apr_pool_t *pconf, apr_pool_t *plog,
         return OK;
     }
     tbucket_clients_post_config(pconf, ptemp, main_s);
-    if (tbucket_shm_setup(pconf, plog, main_s) != OK
+    if (tbucket_coalesce_post_config(pconf, main_s) != OK
+        || tbucket_shm_setup(pconf, plog, main_s) != OK
         || tbucket_local_setup(pconf, main_s) != OK) {
         return HTTP_INTERNAL_SERVER_ERROR;
     }

@@ -43,7 +43,7 @@ static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
     const tb_tls_options_t *t = &sc->tls;
 
     return apr_psprintf(p, "%s|%d|%d|%d|%d|%d|%d|%" APR_INT64_T_FMT
-                        "|%s|%s|%s|%s|%d|%d",
+                        "|%s|%s|%s|%s|%d|%d|%d",
                         sc->url ? sc->url : TB_DEFAULT_URL, sc->timeout_ms,
                         sc->connect_timeout_ms, sc->pool_size,
                         (int)sc->policy, sc->replicas,
@@ -52,7 +52,7 @@ static const char *signature(apr_pool_t *p, const tbucket_srv_conf *sc)
                         t->cert_file ? t->cert_file : "",
                         t->key_file ? t->key_file : "",
                         t->server_name ? t->server_name : "",
-                        t->no_verify, sc->engine);
+                        t->no_verify, sc->engine, sc->coalesce);
 }
 
 /* tls_verify=off, once per Redis configuration and (re)start. */
@@ -132,6 +132,15 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
     char err[TB_ERRSTR_LEN];
 
     tbucket_client_options(sc, &o);
+    if (sc->coalesce_url) {
+        /* The coalescer is Redis to the children: TLS, AUTH and SELECT
+         * are its own connection's. The parent's own clients (the lease
+         * drain, check_config) go to Redis itself: at a stop the
+         * coalescer may already be gone. */
+        o.url = sc->coalesce_url;
+        memset(&o.tls, 0, sizeof(o.tls));
+        o.tls_ctx = NULL;
+    }
     o.local = tbucket_local_table();
     /* Leases live in the segment, shared by every child; each keeps
      * the slot of its Redis configuration, for the drain. */

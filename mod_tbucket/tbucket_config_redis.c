@@ -72,6 +72,7 @@ static const char *tls_key(cmd_parms *cmd, void *rec, const char *value)
 }
 
 static const char *const verify_names[] = { "on", "off" };
+static const char *const coalesce_names[] = { "off", "on" };
 
 #define SRV(f) APR_OFFSETOF(tbucket_srv_conf, f)
 
@@ -88,6 +89,8 @@ static const tbucket_value redis_opts[] = {
       TBUCKET_SET_POOL, 1, 1024, 0, NULL, "N", NULL, NULL },
     { "engine", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(engine), 0, 0,
       TB_ENGINE_COUNT, 0, tb_engine_names, NULL, NULL, NULL },
+    { "coalesce", TBUCKET_V_NAME, TBUCKET_AT_INT, SRV(coalesce), 0, 0, 2,
+      0, coalesce_names, NULL, NULL, NULL },
     { "tls_ca", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
       NULL, tls_ca },
     { "tls_cert", TBUCKET_V_FN, TBUCKET_AT_INT, 0, 0, 0, 0, 0, NULL, "FILE",
@@ -149,9 +152,16 @@ const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args)
     memset(&sc->tls, 0, sizeof(sc->tls));
     sc->tls_ctx = NULL;
     sc->engine = TB_ENGINE_AUTO;
+    sc->coalesce = 0;
     if ((msg = tbucket_options(cmd, redis_opts, sc, &sc->set, args,
                                NULL))) {
         return msg;
+    }
+    if (sc->coalesce && addr.kind == TB_REDIS_CLUSTER) {
+        /* The coalescer keeps one connection to one server. */
+        return "TBucketRedis: coalesce=on takes one Redis (redis://, "
+               "rediss://, unix: or redis-sentinel://), not "
+               "redis-cluster://";
     }
     return make_tls(cmd, sc, &addr);
 }

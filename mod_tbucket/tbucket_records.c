@@ -64,6 +64,7 @@ void *tbucket_merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     TAKE(tls, TBUCKET_SET_URL);
     TAKE(tls_ctx, TBUCKET_SET_URL);
     TAKE(engine, TBUCKET_SET_URL);
+    TAKE(coalesce, TBUCKET_SET_URL);
     TAKE(shed_min, TBUCKET_SET_SHED);
     TAKE(shed_retry_s, TBUCKET_SET_SHED_RETRY);
     TAKE(refusal_log, TBUCKET_SET_REFUSAL_LOG);

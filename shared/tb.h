@@ -870,4 +870,7 @@ int tb_client_failing(tb_client_t *c);
 /* Known clients: signed tokens and address marks. */
 #include "tb_known.h"
 
+/* The coalescer: a host's decisions to Redis in pipelines. */
+#include "tb_coalesce.h"
+
 #endif /* TB_H */

@@ -683,6 +683,35 @@ int tb__conn_poll(tb__conn_t *c, redisReply **r)
     return take_reply(c, r, &e);
 }
 
+int tb__conn_fd(const tb__conn_t *c)
+{
+    return c->fd;
+}
+
+long tb__conn_recv(tb__conn_t *c, char *buf, size_t len, tb__error_t *e)
+{
+    short events = 0;
+    ssize_t n;
+
+    if (c->ssl) {
+        n = tb__tls_read(c->ssl, buf, len, 0, &events, e);
+        return n < 0 ? -1 : n;
+    }
+    n = recv(c->fd, buf, len, MSG_DONTWAIT);
+    if (n > 0) {
+        return n;
+    }
+    if (n == 0) {
+        tb__set_error(e, TB_ERR_IO, "read: connection closed by server");
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return 0;
+    }
+    set_io_error(e, "read", errno);
+    return -1;
+}
+
 int tb__conn_command(tb__conn_t *c, const tb__cmd_t *cmd,
                      tb_monotime_us deadline, redisReply **r,
                      tb__error_t *e)

@@ -46,6 +46,13 @@ int tb__buf_argv(tb__buf_t *b, int argc, const char *const *argv,
                  const size_t *argvlen);
 /* tb__buf_argv() of a command. */
 int tb__buf_cmd(tb__buf_t *b, const tb__cmd_t *cmd);
+/* Append n raw bytes. TB_ERR when out of memory (unchanged). */
+int tb__buf_put(tb__buf_t *b, const char *p, size_t n);
+/* The length in bytes of the one RESP2 value (a command or a reply,
+ * arrays nested up to 16 deep) that starts at p, of the n bytes read so
+ * far: > 0 when it is all there, 0 when more bytes are needed, -1 when
+ * the bytes are not RESP. */
+long long tb__resp_span(const char *p, size_t n);
 void tb__buf_free(tb__buf_t *b);
 
 /* ---- Host names (tb_resolve.c) ------------------------------------- */
@@ -125,6 +132,13 @@ int tb__conn_read(tb__conn_t *c, tb_monotime_us deadline, redisReply **r,
 /* The next reply if one has arrived, without waiting: 1 with *r, 0 none
  * yet, -1 the connection is dead. */
 int tb__conn_poll(tb__conn_t *c, redisReply **r);
+/* The socket, for poll(2) by a caller that does its own waiting. */
+int tb__conn_fd(const tb__conn_t *c);
+/* Raw bytes as they came (decrypted under TLS), without waiting and
+ * without the reply reader: > 0 bytes, 0 none yet, -1 closed or failed
+ * (with *e). Not mixed with tb__conn_read on one connection once
+ * replies may be pending. */
+long tb__conn_recv(tb__conn_t *c, char *buf, size_t len, tb__error_t *e);
 /* Write one command and read its reply, by deadline. */
 int tb__conn_command(tb__conn_t *c, const tb__cmd_t *cmd,
                      tb_monotime_us deadline, redisReply **r,

@@ -1,4 +1,5 @@
-/* tb_resp.c -- the RESP writer: commands encoded into a growable buffer.
+/* tb_resp.c -- RESP: commands encoded into a growable buffer, and the
+ * length of one whole value in bytes read (the coalescer's framing).
  *
  * A command is an array of bulk strings, "*<argc>\r\n" then
  * "$<len>\r\n<bytes>\r\n" per argument, exactly what hiredis's
@@ -8,6 +9,8 @@
  * grown to its working size. Growing allocates the new block, copies,
  * switches the pointer and only then frees the old one: a fork() in
  * another thread can never leave the child holding a freed pointer.
+ * tb__resp_span() only measures: it builds nothing, so a proxy can pass
+ * bytes on untouched, knowing where each command or reply ends.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -115,4 +118,98 @@ void tb__buf_free(tb__buf_t *b)
 {
     free(b->p);
     memset(b, 0, sizeof(*b));
+}
+
+int tb__buf_put(tb__buf_t *b, const char *p, size_t n)
+{
+    if (reserve(b, n) != TB_OK) {
+        return TB_ERR;
+    }
+    if (n) {
+        memcpy(b->p + b->len, p, n);
+    }
+    b->len += n;
+    return TB_OK;
+}
+
+/* The number that a line "<c><digits>\r\n" at p (n bytes) carries into
+ * *v, and the line's length into *at: 1, 0 when the line is not all
+ * there yet, -1 when it is not a number. */
+static int line_num(const char *p, size_t n, long long *v, size_t *at)
+{
+    const char *cr = memchr(p, '\r', n);
+    size_t i = 1;
+    int neg = 0;
+
+    if (!cr || (size_t)(cr - p) + 1 >= n) {
+        return n > 40 && !cr ? -1 : 0;
+    }
+    if (cr[1] != '\n') {
+        return -1;
+    }
+    *v = 0;
+    if (i < (size_t)(cr - p) && p[i] == '-') {
+        neg = 1;
+        i++;
+    }
+    if (i == (size_t)(cr - p) || (size_t)(cr - p) > 21) {
+        return -1;
+    }
+    for (; p + i < cr; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return -1;
+        }
+        *v = *v * 10 + (p[i] - '0');
+    }
+    *v = neg ? -*v : *v;
+    *at = (size_t)(cr - p) + 2;
+    return 1;
+}
+
+/* The length of the value at p, nested at depth: see tb__resp_span. */
+static long long span(const char *p, size_t n, int depth)
+{
+    long long v, k, sub;
+    size_t at;
+    int rc;
+
+    if (n == 0) {
+        return 0;
+    }
+    if (p[0] == '+' || p[0] == '-') {
+        const char *nl = memchr(p, '\n', n);
+
+        return nl ? (long long)(nl - p) + 1 : 0;
+    }
+    if ((p[0] != ':' && p[0] != '$' && p[0] != '*') || depth > 16) {
+        return -1;
+    }
+    if ((rc = line_num(p, n, &v, &at)) <= 0) {
+        return rc;
+    }
+    if (p[0] == ':' || v < 0) {
+        return p[0] == ':' || v == -1 ? (long long)at : -1;
+    }
+    if (p[0] == '$') {
+        if (v > 512LL * 1024 * 1024) {
+            return -1;
+        }
+        return (size_t)v + 2 <= n - at && p[at + v] == '\r'
+                       && p[at + v + 1] == '\n'
+                   ? (long long)at + v + 2
+                   : ((size_t)v + 2 <= n - at ? -1 : 0);
+    }
+    for (k = 0; k < v; k++) {
+        sub = span(p + at, n - at, depth + 1);
+        if (sub <= 0) {
+            return sub;
+        }
+        at += (size_t)sub;
+    }
+    return (long long)at;
+}
+
+long long tb__resp_span(const char *p, size_t n)
+{
+    return span(p, n, 0);
 }

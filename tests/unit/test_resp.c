@@ -1,11 +1,14 @@
-/* test_resp.c -- unit tests for tb_resp.c, the RESP writer.
+/* test_resp.c -- unit tests for tb_resp.c, the RESP writer and framer.
  *
  * The writer must produce exactly the bytes hiredis's own formatter
  * (redisFormatCommandArgv) produces for the same argv: binary bytes, NULs,
  * empty arguments and lengths across digit boundaries included, and
  * several commands appended to one buffer must be their concatenation.
  * Growth keeps what was written and a failed encode leaves the buffer as
- * it was.
+ * it was. The framer (tb__resp_span) finds where each whole value ends
+ * in what was read so far: at every cut of a command or a reply it says
+ * "more", whole it gives the exact length, and bytes that are not RESP
+ * are refused rather than waited for.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,6 +119,75 @@ static void test_resp_refuses_empty(void **unused)
     tb__buf_free(&b);
 }
 
+/* The length of every prefix of s is 0 (more needed), the whole is
+ * strlen(s), and with a second value after it still strlen(s). */
+static void check_span(const char *s)
+{
+    size_t n = strlen(s), i;
+    char two[512];
+
+    for (i = 0; i < n; i++) {
+        assert_int_equal(tb__resp_span(s, i), 0);
+    }
+    assert_int_equal(tb__resp_span(s, n), (long long)n);
+    assert_true(2 * n < sizeof(two));
+    memcpy(two, s, n);
+    memcpy(two + n, s, n);
+    assert_int_equal(tb__resp_span(two, 2 * n), (long long)n);
+}
+
+static void test_resp_span_whole_values(void **unused)
+{
+    tb__buf_t b = { NULL, 0, 0 };
+    const char *av[3] = { "EVALSHA", "ab\r\n", "" };
+    size_t len[3] = { 7, 4, 0 };
+
+    (void)unused;
+    check_span("+OK\r\n");
+    check_span("-NOSCRIPT No matching script\r\n");
+    check_span(":-12\r\n");
+    check_span("$-1\r\n");
+    check_span("*-1\r\n");
+    check_span("$0\r\n\r\n");
+    check_span("*4\r\n:1\r\n:0\r\n:-5\r\n$3\r\na\r\n\r\n");
+    check_span("*2\r\n*1\r\n*0\r\n+x\r\n");
+    /* A command as the writer makes it, binary bytes in an argument. */
+    assert_int_equal(tb__buf_argv(&b, 3, av, len), TB_OK);
+    assert_int_equal(tb__resp_span(b.p, b.len), (long long)b.len);
+    assert_int_equal(tb__resp_span(b.p, b.len - 1), 0);
+    tb__buf_free(&b);
+}
+
+static void test_resp_span_refuses(void **unused)
+{
+    static const char *const bad[] = {
+        "PING\r\n",              /* an inline command */
+        "$3\r\nabcd\r\n",       /* longer than said */
+        ":1x\r\n",               /* not a number */
+        "*1\r\n?\r\n",          /* an unknown type inside */
+        "$\r\n",                 /* no length */
+        "*2\r\n:1\n:2\r\n",     /* a line without its \r */
+        NULL
+    };
+    char deep[72];
+    int i;
+
+    (void)unused;
+    for (i = 0; bad[i]; i++) {
+        assert_int_equal(tb__resp_span(bad[i], strlen(bad[i])), -1);
+    }
+    /* A number line that never ends is refused once it cannot be one. */
+    memset(deep, '1', sizeof(deep));
+    deep[0] = ':';
+    assert_int_equal(tb__resp_span(deep, sizeof(deep)), -1);
+    /* Arrays nested 17 deep wait for more; 18 deep are refused. */
+    for (i = 0; i < 18; i++) {
+        memcpy(deep + 4 * i, "*1\r\n", 4);
+    }
+    assert_int_equal(tb__resp_span(deep, 68), 0);
+    assert_int_equal(tb__resp_span(deep, 72), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -123,6 +195,8 @@ int main(void)
         cmocka_unit_test(test_resp_argc_range),
         cmocka_unit_test(test_resp_append_and_grow),
         cmocka_unit_test(test_resp_refuses_empty),
+        cmocka_unit_test(test_resp_span_whole_values),
+        cmocka_unit_test(test_resp_span_refuses),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,7 +70,8 @@ UNKNOWN = [
      "or known-by=cookie|address)"),
     (REDIS % "retries=3", "TBucketRedis: unknown option 'retries=3' "
      "(expected timeout=DURATION, connect_timeout=DURATION, pool=N, "
-     "engine=auto|script|module, tls_ca=FILE, tls_cert=FILE, tls_key=FILE, "
+     "engine=auto|script|module, coalesce=off|on, tls_ca=FILE, "
+     "tls_cert=FILE, tls_key=FILE, "
      "tls_server_name=NAME or tls_verify=on|off)"),
     ("TBucketBreaker wait=1s\n", "TBucketBreaker: unknown option 'wait=1s' "
      "(expected threshold=N or cooldown=DURATION)"),

@@ -22,7 +22,8 @@ shared one 97.7% was seen, the decisions lagging the arrivals the replay
 uses); the ratio to capacity + rate*T is recorded too.
 Figures go to $TB_BUILD/results/replicas.tsv.
 Then several wrk processes with one key against a single Apache, event
-and prefork MPMs: the same bounds.
+and prefork MPMs: the same bounds. And the shared limit through each
+replica's coalescer (coalesce=on, prefork), N = 3 and 6: the same bounds.
 """
 
 import pytest
@@ -227,3 +228,42 @@ def test_proof_001_02(mpm, rows, redis_server, apache_factory):
     if mpm == "prefork":
         assert len(pids) >= 2, "prefork used one child only"
     assert not crash_lines(a), crash_lines(a)
+
+
+# test_proof_001_03 (slow, ~15 s per N): the shared limit through each
+# replica's coalescer (coalesce=on, prefork: the MPM it serves), one key
+# round-robin over N replicas: the same bounds as test_proof_001_01's.
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [3, 6])
+def test_proof_001_03(n, rows, redis_server, apache_factory,
+                      haproxy_factory):
+    dead = free_port()
+    apaches = []
+    for _ in range(n):
+        a = apache_factory(mpm="prefork", servers=6)
+        lp = (free_port(), free_port())
+        a.start(body(redis_server.url + " coalesce=on", dead, n, lp)
+                + timed_log_conf(a))
+        apaches.append(a)
+    h = haproxy_factory({
+        "coal_rr": ("roundrobin", [("127.0.0.1", a.port) for a in apaches])})
+    key = "k-%d-coal" % n
+    w = finish_wrk(start_wrk(h.ports["coal_rr"], PATH, key, T, threads=2,
+                             conns=12))
+    assert w["socket_errors"] == 0, w
+    allowed, t, total, per, best, span = window(apaches, key)
+    upper = CAP + RATE * span + 1
+    rows.append([n, "coal_rr", "%.3f" % t, total, allowed,
+                 "%.1f" % (CAP + RATE * t), "%.1f" % upper,
+                 "%.3f" % (allowed / (CAP + RATE * t)), best,
+                 "%.3f" % (allowed / max(best, 1)),
+                 ",".join(str(x) for x in per)])
+    assert total > 3 * allowed, (total, allowed)
+    assert allowed <= upper, (allowed, upper)
+    assert allowed >= LOWER * best, (allowed, best)
+    assert all(x > 0 for x in per), per
+    # Redis saw the replicas' coalescers, one connection each.
+    assert redis_server.client().info("clients")["connected_clients"] \
+        == n + 1
+    for a in apaches:
+        assert not crash_lines(a), crash_lines(a)
