@@ -399,21 +399,9 @@ def during_flood(a, until):
     """While the cap is full: a plain request for a PHP page gets 503 at
     once, with Retry-After, the JSON body and a closed connection; the
     partner's key is served. Asks until the first 503 or the monotonic
-    time until (the flood's curls start slowly on a busy machine, and a
-    request served meanwhile takes its second). Returns (the 503, the
-    partner's status)."""
-    refused, seen = None, []
-    stop = threading.Event()
-    holders = [threading.Thread(target=hold_pages, args=(a, n, stop, until),
-                                daemon=True) for n in range(70, 94)]
-    for t in holders:
-        t.start()
-    try:
-        refused = probe_cap(a, until, seen)
-    finally:
-        stop.set()
-        for t in holders:
-            t.join(timeout=15)
+    time until. Returns (the 503, the partner's status)."""
+    seen = []
+    refused = probe_cap(a, until, seen)
     if not refused:
         page = get(a, "/tbucket-status", host=SHOP)[2]
         busy = [l for l in page.splitlines() if l.startswith(
@@ -425,7 +413,18 @@ def during_flood(a, until):
     return refused, partner
 
 
-def hold_pages(a, n, stop, until):
+def start_holders(a, stop, got, until):
+    """Twenty-four more flooders (hold_pages) from 127.0.0.70-93, their
+    statuses into got, until stop is set or the monotonic time until."""
+    holders = [threading.Thread(target=hold_pages,
+                                args=(a, n, stop, until, got), daemon=True)
+               for n in range(70, 94)]
+    for t in holders:
+        t.start()
+    return holders
+
+
+def hold_pages(a, n, stop, until, got):
     """One more flooder, from 127.0.0.n, asking for the slow page again as
     soon as it has its answer until stop is set or the monotonic time
     until. The guide's 60 curl loops keep the cap full on an idle 2-vCPU
@@ -433,13 +432,15 @@ def hold_pages(a, n, stop, until):
     of 24 places busy (a CI run: 9 probes, all 200), and on a machine
     loaded by other work 6. Twenty-four of these (threads, no fork per
     request), while the probe asks, fill the cap whatever the curls
-    manage."""
+    manage; they run for the whole flood, so the cap is full and the
+    busy share past 50 % whenever the flood's own samples look."""
     while not stop.is_set() and time.monotonic() < until:
         try:
             status = get(a, "/shop/slow.php", host=SHOP,
                          source="127.0.0.%d" % n)[0]
         except OSError:
             status = None
+        got.append(status)
         if status != 200:
             stop.wait(0.1)
 
@@ -514,15 +515,20 @@ def test_guide_001_03(redis_server):
         proc = subprocess.Popen(["sh", "-c", script], cwd=work,
                                 stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+        stop, held = threading.Event(), []
+        holders = start_holders(a, stop, held, time.monotonic() + 40)
         try:
             time.sleep(4)
             # Before the flood's 15 s are over, with a second to spare.
             refused, partner = during_flood(a, time.monotonic() + 10)
             out, err = proc.communicate(timeout=60)
         finally:
+            stop.set()
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+            for t in holders:
+                t.join(timeout=15)
         assert proc.returncode == 0, err
         h, body, took = refused
         assert h["retry-after"] == "1" and h["connection"] == "close"
@@ -545,10 +551,14 @@ def test_guide_001_03(redis_server):
         # slowest is 0.006-0.13 s.
         assert max(t for _, t in health) < 1.0, health
         assert 503 in {s for s, _ in media}, media
-        assert set(codes) == {"200", "503"}, codes
+        # The flood (the guide's curls and the test's holders together)
+        # is served at the cap and refused with 503 beyond it, never 429.
+        assert set(codes) <= {"200", "503"} and "503" in codes, codes
+        assert set(held) <= {200, 503}, set(held)
         # 24 workers each finishing a 1-s page: about 360 in 15 s, more
-        # than half of them even when the curls start twice as slowly.
-        assert codes["200"] >= 100, codes
+        # than half of them even when the machine is twice as slow.
+        assert codes.get("200", 0) + held.count(200) >= 100, (codes,
+                                                               len(held))
         in_flight = series(samples, "tbucket_local_in_flight")
         assert in_flight and max(in_flight) <= 24, in_flight
         assert max(in_flight) >= 20, in_flight
