@@ -33,10 +33,11 @@ Written to the output directory:
   active         the same figures every 2 s, as JSON (replaced)
   lost.tsv       every lost request: time, class, kind, seconds waited
   probes.tsv     every request of the shim probe: send time, status
-  logins.tsv     every answered login (classes login, attacker,
-                 slowlogin): send time, class, address, whether the
-                 password was the right one, status, whether the answer
-                 was the rules' ban ({"error":"banned",...})
+  logins.tsv     every answered login (LOGIN_CLASSES): send time,
+                 class, address, whether the password was the right one,
+                 status, whether the answer was the rules' ban
+                 ({"error":"banned",...}), whether it carried the known
+                 client's cookie (tbk_user)
   summary.json   totals per class and the generator's own CPU seconds
 
 Every loop is bounded by the length (and by MAX_REQUESTS), every request
@@ -90,6 +91,11 @@ KEYS = {
     "login": lambda k: [(PREFIX + "{%s}:rule:ip" % k[0], ttl("rule_ip")),
                         (PREFIX + "{%s}:rule:user" % k[1],
                          ttl("rule_user"))],
+    # The owner's address and her own bucket on the user rule (the
+    # module names it "{owner#k<id>}"; only the count matters here).
+    "owner": lambda k: [(PREFIX + "{%s}:rule:ip" % k[0], ttl("rule_ip")),
+                        (PREFIX + "{%s#known}:rule:user" % k[1],
+                         ttl("rule_user"))],
     "shim": lambda k: [(SHIM_PREFIX + "in:web:{%s}" % k, ttl("shim"))],
 }
 
@@ -115,13 +121,26 @@ CLASSES = {
     # SLOW_GAP_S apart), half of them with the right password: the
     # module reads the body for %{FORM:log} and PHP must get it whole.
     "slowlogin": {"rate": 1.0, "workers": 2},
+    # credential stuffing on one name (OWNER) from 200 addresses, wrong
+    # passwords: the user rule keeps the name's bucket empty or banned.
+    "stuffer": {"rate": 1.0, "workers": 2, "fixed": True},
+    # OWNER herself, from her browser, with the right password and the
+    # cookie (tbk_user) of her enrolment login (owner_enrol, before the
+    # stuffers start): a known client, decided on a bucket of her own.
+    "owner": {"rate": 0.2, "workers": 1, "fixed": True},
     # 8 peers of the shim's server, within its rule.
     "shim": {"rate": 20.0, "workers": 4},
     # one peer at 15/s against the rule's 10/s.
     "shimprobe": {"rate": 15.0, "workers": 1, "fixed": True},
 }
 SLOW_PIECES, SLOW_GAP_S = 4, 0.4
-LOGIN_CLASSES = ("login", "attacker", "slowlogin")
+LOGIN_CLASSES = ("login", "attacker", "slowlogin", "stuffer", "owner",
+                 "enrol")
+OWNER, OWNER_IP = "owner", "10.9.0.1"
+KNOWN_COOKIE = "tbk_user"
+# The enrolment login is retried at most this long (each try bounded by
+# REQUEST_TIMEOUT); the stuffers wait for it as long at most.
+ENROL_S = 60.0
 SHIM_PEERS = ["127.0.0.%d" % i for i in range(2, 10)]
 SHIM_PROBE_PEER = "127.0.0.10"
 
@@ -171,7 +190,10 @@ class Gen:
         self.scale = float(cfg.get("scale", 1.0))
         self.t_end = time.time() + float(cfg["seconds"])
         self.stopping = False
-        self.tally = {c: Tally() for c in list(CLASSES) + ["flood"]}
+        self.tally = {c: Tally() for c in list(CLASSES) + ["flood",
+                                                          "enrol"]}
+        self.cookie = None      # the owner's tbk_user, once she has one
+        self.enrolled = None    # asyncio.Event, made in the loop
         self.active = {}
         self.counter = 0        # distinct keys of the api class
         self.flood_n = 0
@@ -182,7 +204,8 @@ class Gen:
         self.probe_f.write("t_send\tclass\tkey\tstatus\n")
         self.stats_f = open(os.path.join(self.out, "stats.jsonl"), "w")
         self.login_f = open(os.path.join(self.out, "logins.tsv"), "w")
-        self.login_f.write("t_send\tclass\tip\tright\tstatus\tbanned\n")
+        self.login_f.write("t_send\tclass\tip\tright\tstatus\tbanned"
+                           "\tknown\n")
         self.rng = random.Random(cfg.get("seed", 1))
         self.flood_until = 0.0
 
@@ -207,8 +230,16 @@ class Gen:
     def record_login(self, cls, ip, req, status, body, t0):
         right = int(b"&pwd=right" in req)
         banned = int(status == 429 and b'"error":"banned"' in body)
-        self.login_f.write("%.3f\t%s\t%s\t%d\t%d\t%d\n" % (
-            t0, cls, ip, right, status, banned))
+        known = int(b"\r\nCookie: " + KNOWN_COOKIE.encode() + b"=" in req)
+        self.login_f.write("%.3f\t%s\t%s\t%d\t%d\t%d\t%d\n" % (
+            t0, cls, ip, right, status, banned, known))
+
+    def keep_cookie(self, set_cookie):
+        """The browser's jar, for the one cookie the owner cares about."""
+        for c in set_cookie:
+            name, _, rest = c.partition("=")
+            if name.strip() == KNOWN_COOKIE:
+                self.cookie = rest.split(";", 1)[0].strip()
 
     def record_lost(self, cls, kind, t0):
         self.tally[cls].lost(kind)
@@ -220,8 +251,8 @@ class Gen:
 # ---- HTTP/1.1, just enough: status, Content-Length or chunked ---------
 
 async def read_response(reader):
-    """(status, close, retry_after, body) of one response read whole from
-    reader; raises EOFError when the connection closed before a full
+    """(status, close, retry_after, body, [Set-Cookie values]) of one
+    response read whole from reader; raises EOFError when the connection closed before a full
     answer."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -233,10 +264,13 @@ async def read_response(reader):
         raise EOFError("junk")
     status = int(parts[1])
     hdr = {}
+    cookies = []
     for line in lines[1:]:
         if ":" in line:
             k, v = line.split(":", 1)
             hdr[k.strip().lower()] = v.strip()
+            if k.strip().lower() == "set-cookie":
+                cookies.append(v.strip())
     close = hdr.get("connection", "").lower() == "close"
     body = b""
     try:
@@ -257,7 +291,7 @@ async def read_response(reader):
             close = True
     except asyncio.IncompleteReadError:
         raise EOFError("partial") from None
-    return status, close, "retry-after" in hdr, body
+    return status, close, "retry-after" in hdr, body, cookies
 
 
 def request_bytes(method, path, headers, body=b""):
@@ -305,14 +339,21 @@ def make_request(gen, cls, idx):
         elif cls == "slowlogin":
             ip = "10.1.%d.%d" % divmod(r.randrange(500), 250)
             ok = r.random() < 0.5
+        elif cls == "stuffer":
+            ip, ok = "10.7.%d.%d" % divmod(r.randrange(200), 250), False
+        elif cls in ("owner", "enrol"):
+            ip, ok = OWNER_IP, True
         else:
             ip, ok = "10.66.6.6", False
-        user = "user%d" % r.randrange(2000)
+        user = OWNER if cls in ("stuffer", "owner", "enrol") else \
+            "user%d" % r.randrange(2000)
         body = ("log=%s&pwd=%s" % (user, "right" if ok else "wrong")).encode()
-        return request_bytes("POST", "/login.php", {
-            "X-Forwarded-For": ip, "X-API-Key": user,
-            "Content-Type": "application/x-www-form-urlencoded"}, body), \
-            "login", (ip, user)
+        headers = {"X-Forwarded-For": ip, "X-API-Key": user,
+                   "Content-Type": "application/x-www-form-urlencoded"}
+        if cls == "owner" and gen.cookie:
+            headers["Cookie"] = "%s=%s" % (KNOWN_COOKIE, gen.cookie)
+        return request_bytes("POST", "/login.php", headers, body), \
+            ("owner" if cls == "owner" else "login"), (ip, user)
     raise ValueError(cls)
 
 
@@ -335,6 +376,10 @@ async def paced(gen, interval, t_stop=None):
 async def http_worker(gen, cls, idx, interval, t_stop=None):
     """One keep-alive connection to haproxy sending class cls every
     interval seconds (0: back to back) until the load stops (or t_stop)."""
+    if cls == "stuffer":
+        await wait_enrolled(gen)
+    elif cls == "owner":
+        await owner_enrol(gen)
     tally = gen.tally[cls]
     conn = None
     async for _ in paced(gen, interval, t_stop):
@@ -353,8 +398,10 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
             await send_request(writer, req, cls == "slowlogin")
             tally.sent()
             gen.touch(kind, key, t0)
-            status, close, retry, body = await asyncio.wait_for(
+            status, close, retry, body, cookies = await asyncio.wait_for(
                 read_response(reader), REQUEST_TIMEOUT)
+            if cls in ("owner", "enrol"):
+                gen.keep_cookie(cookies)
             if status >= 500 and not retry:
                 # haproxy's own error (no server answered); the module's
                 # 503 always carries Retry-After.
@@ -370,8 +417,28 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
         if close:
             writer.close()
             conn = None
+        if cls == "enrol" and gen.cookie:
+            break
     if conn is not None:
         conn[1].close()
+
+
+async def wait_enrolled(gen):
+    try:
+        await asyncio.wait_for(gen.enrolled.wait(), ENROL_S)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def owner_enrol(gen):
+    """The owner's earlier successful login, before the stuffers start:
+    class "enrol", once a second until it gets 200 and the cookie (or
+    ENROL_S passed); then the stuffers go."""
+    try:
+        await http_worker(gen, "enrol", 0, 1.0,
+                          t_stop=time.time() + ENROL_S)
+    finally:
+        gen.enrolled.set()
 
 
 async def send_request(writer, req, slow):
@@ -486,6 +553,7 @@ async def main_async(gen):
     loop.add_signal_handler(signal.SIGTERM, lambda: setattr(gen, "stopping",
                                                             True))
     loop.add_signal_handler(signal.SIGUSR1, lambda: start_flood(gen))
+    gen.enrolled = asyncio.Event()
     tasks = [asyncio.ensure_future(reporter(gen))]
     only = gen.cfg.get("only")       # a subset of the classes, to bisect
     for cls, spec in CLASSES.items():
