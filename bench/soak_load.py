@@ -38,7 +38,9 @@ Written to the output directory:
                  status, whether the answer was the rules' ban
                  ({"error":"banned",...}), whether it carried the known
                  client's cookie (tbk_user)
-  summary.json   totals per class and the generator's own CPU seconds
+  summary.json   totals per class, the generator's own CPU seconds and
+                 cut_answered: slow uploads answered (and closed) before
+                 their body was all sent, counted as answered
 
 Every loop is bounded by the length (and by MAX_REQUESTS), every request
 by REQUEST_TIMEOUT.
@@ -197,6 +199,7 @@ class Gen:
         self.active = {}
         self.counter = 0        # distinct keys of the api class
         self.flood_n = 0
+        self.cut_answered = 0   # answered before their body was all sent
         self.budget = MAX_REQUESTS
         self.lost_f = open(os.path.join(self.out, "lost.tsv"), "w")
         self.lost_f.write("t\tclass\tkind\twaited_s\n")
@@ -394,12 +397,19 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
             await asyncio.sleep(0.1)
             continue
         reader, writer = conn
+        # The answer is read while the request goes out: a server may
+        # answer an upload before its body is all sent (a refusal that
+        # closes without reading it), and clients read that answer.
+        answer = asyncio.ensure_future(read_response(reader))
         try:
-            await send_request(writer, req, cls == "slowlogin")
+            cut = await send_request(writer, req, cls == "slowlogin", answer)
             tally.sent()
             gen.touch(kind, key, t0)
             status, close, retry, body, cookies = await asyncio.wait_for(
-                read_response(reader), REQUEST_TIMEOUT)
+                answer, REQUEST_TIMEOUT)
+            if cut:
+                gen.cut_answered += 1
+                close = True
             if cls in ("owner", "enrol"):
                 gen.keep_cookie(cookies)
             if status >= 500 and not retry:
@@ -412,6 +422,7 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
                     gen.record_login(cls, key[0], req, status, body, t0)
         except (EOFError, ConnectionError, OSError,
                 asyncio.TimeoutError) as e:
+            answer.cancel()
             gen.record_lost(cls, loss_kind(e), t0)
             close = True
         if close:
@@ -441,22 +452,30 @@ async def owner_enrol(gen):
         gen.enrolled.set()
 
 
-async def send_request(writer, req, slow):
+async def send_request(writer, req, slow, answer):
     """Writes req; slow: its head at once, its body in SLOW_PIECES pieces
     SLOW_GAP_S apart (a slow upload: the module's form reader and PHP
-    wait for the rest)."""
+    wait for the rest). True when the body was cut off: the answer (the
+    task reading it) came first, or the server closed while the body
+    was still going out; the caller reads the answer either way."""
     if not slow:
         writer.write(req)
         await writer.drain()
-        return
+        return False
     head, body = req.split(b"\r\n\r\n", 1)
-    writer.write(head + b"\r\n\r\n")
-    step = max(1, -(-len(body) // SLOW_PIECES))
-    for i in range(0, len(body), step):
+    try:
+        writer.write(head + b"\r\n\r\n")
+        step = max(1, -(-len(body) // SLOW_PIECES))
+        for i in range(0, len(body), step):
+            await writer.drain()
+            await asyncio.wait([answer], timeout=SLOW_GAP_S)
+            if answer.done():
+                return True
+            writer.write(body[i:i + step])
         await writer.drain()
-        await asyncio.sleep(SLOW_GAP_S)
-        writer.write(body[i:i + step])
-    await writer.drain()
+    except (ConnectionError, OSError):
+        return True
+    return False
 
 
 def loss_kind(e):
@@ -588,6 +607,7 @@ def main():
                "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
                "distinct_keys": gen.counter,
                "flood_keys": gen.flood_n,
+               "cut_answered": gen.cut_answered,
                "classes": {c: {k: v for k, v in t.total.items()
                                if k != "lat"}
                            for c, t in gen.tally.items()}}
