@@ -650,7 +650,7 @@ def check_requests(run, lines, fails):
     for r in run.lost[:20]:
         fails.append("lost: %s request at %.1f s (%s after %s s)%s" % (
             r["class"], num(r["t"]) - run.t0, r["kind"], r["waited_s"],
-            near_fault(run, num(r["t"]))))
+            near_fault(run, num(r["t"]), num(r["t"]) + num(r["waited_s"], 0))))
     if len(run.lost) > 20:
         fails.append("lost: %d more" % (len(run.lost) - 20))
     if sent - answered - sum(lost.values()):
@@ -768,9 +768,13 @@ def check_known(run, by, outside, kills, minutes, lines, fails):
                      "times, above %.0f" % (len(s_failed), bound))
 
 
-def near_fault(run, t):
+def near_fault(run, t, t_last=None):
+    """", during KIND of TARGET" for the first fault that overlaps the
+    request's life (sent at t, given up at t_last) or ended within 15 s
+    before it."""
+    t_last = t if t_last is None else t_last
     for f in run.faults:
-        if num(f["t_start"]) - 1 <= t <= num(f["t_end"]) + 15:
+        if num(f["t_start"]) - 1 <= t_last and t <= num(f["t_end"]) + 15:
             return ", during %s of %s" % (f["kind"], f["target"])
     return ", no fault near"
 
