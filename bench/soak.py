@@ -21,8 +21,10 @@ process started and stopped by PID through tests/integration/tbtest):
 Both replicas carry SITE: many distinct keys on /api/, hot keys under a
 lease on /hot/, probe keys on /probe/, a PHP page under a concurrency
 limit and a local one on /app/, a PHP login under TBucketRule ip and user
-(count=401, ban=; logins, a guesser the ip rule bans, slow uploads of the
-login form), local shedding by priority, the failure policy local.
+(count=401, ban=, known=30d with TBucketSecret; logins, a guesser the ip
+rule bans, slow uploads of the login form, stuffers on one name whose
+owner logs in as a known client), local shedding by priority, the
+failure policy local.
 The load is soak_load.py (its own process).
 
 Faults, one a minute from minute 1 in this order, again and again
@@ -125,6 +127,7 @@ TBucketFailurePolicy local
 TBucketReplicas 2
 TBucketBreaker threshold=3 cooldown=%(cooldown)ds
 TBucketPrefix %(prefix)s
+TBucketSecret %(secret)s
 TBucketShed low=50 normal=75 high=90
 RemoteIPHeader X-Forwarded-For
 RemoteIPInternalProxy 127.0.0.1
@@ -160,7 +163,8 @@ RemoteIPInternalProxy 127.0.0.1
 <Location /login.php>
     TBucketEnable On
     TBucketRule ip   "%%{REMOTE_ADDR}" %(rule_ip)s count=401 ban=2m
-    TBucketRule user "%%{FORM:log}" %(rule_user)s count=401 ban=1m
+    TBucketRule user "%%{FORM:log}" %(rule_user)s count=401 ban=1m \
+        known=30d
     TBucketPriority high
 </Location>
 <Location /tbucket-status>
@@ -218,8 +222,8 @@ def limit(name):
                       else "%g/m" % (rate * 60))
 
 
-def site(rport, timed, php):
-    return SITE % {
+def site(rport, timed, php, secret):
+    return SITE % {"secret": secret,
         "rport": rport, "cooldown": BREAKER_COOLDOWN_S,
         "prefix": soak_load.PREFIX, "timed": timed, "php": php,
         "api": limit("api"), "hot": limit("hot"), "probe": limit("probe"),
@@ -244,6 +248,12 @@ class Rig:
         self.lock = threading.Lock()
 
     def start(self):
+        # The key that signs known clients' cookies: one file for both
+        # replicas, so a cookie one gave is known to the other.
+        self.secret = os.path.join(self.work, "tbucket.secret")
+        with open(os.open(self.secret, os.O_WRONLY | os.O_CREAT, 0o600),
+                  "wb") as f:
+            f.write(os.urandom(48))
         self.redis = ModRedis(os.path.join(self.work, "redis"),
                               module=module_path(ARGS.build),
                               extra=["maxclients 2000"]).start()
@@ -251,14 +261,14 @@ class Rig:
         php = ModPhp(self.a)
         self._pages(self.a)
         self.a.start(site(self.redis.port, timed_log_conf(self.a),
-                          php.conf()))
+                          php.conf(), self.secret))
         self.fpm = PhpFpm(children=6).start()
         self.b = Apache(mpm="event", servers=3,
                         modules=["remoteip"] + list(PhpFpm.MODULES))
         install_pages(self.b)
         self._pages(self.b)
         self.b.start(site(self.redis.port, timed_log_conf(self.b),
-                          self.fpm.conf()))
+                          self.fpm.conf(), self.secret))
         self.haproxy = HAProxy(
             {"web": ("roundrobin", [
                 ("127.0.0.1", self.a.port, SERVER_A),

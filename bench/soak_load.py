@@ -33,11 +33,14 @@ Written to the output directory:
   active         the same figures every 2 s, as JSON (replaced)
   lost.tsv       every lost request: time, class, kind, seconds waited
   probes.tsv     every request of the shim probe: send time, status
-  logins.tsv     every answered login (classes login, attacker,
-                 slowlogin): send time, class, address, whether the
-                 password was the right one, status, whether the answer
-                 was the rules' ban ({"error":"banned",...})
-  summary.json   totals per class and the generator's own CPU seconds
+  logins.tsv     every answered login (LOGIN_CLASSES): send time,
+                 class, address, whether the password was the right one,
+                 status, whether the answer was the rules' ban
+                 ({"error":"banned",...}), whether it carried the known
+                 client's cookie (tbk_user)
+  summary.json   totals per class, the generator's own CPU seconds and
+                 cut_answered: slow uploads answered (and closed) before
+                 their body was all sent, counted as answered
 
 Every loop is bounded by the length (and by MAX_REQUESTS), every request
 by REQUEST_TIMEOUT.
@@ -90,6 +93,11 @@ KEYS = {
     "login": lambda k: [(PREFIX + "{%s}:rule:ip" % k[0], ttl("rule_ip")),
                         (PREFIX + "{%s}:rule:user" % k[1],
                          ttl("rule_user"))],
+    # The owner's address and her own bucket on the user rule (the
+    # module names it "{owner#k<id>}"; only the count matters here).
+    "owner": lambda k: [(PREFIX + "{%s}:rule:ip" % k[0], ttl("rule_ip")),
+                        (PREFIX + "{%s#known}:rule:user" % k[1],
+                         ttl("rule_user"))],
     "shim": lambda k: [(SHIM_PREFIX + "in:web:{%s}" % k, ttl("shim"))],
 }
 
@@ -115,13 +123,26 @@ CLASSES = {
     # SLOW_GAP_S apart), half of them with the right password: the
     # module reads the body for %{FORM:log} and PHP must get it whole.
     "slowlogin": {"rate": 1.0, "workers": 2},
+    # credential stuffing on one name (OWNER) from 200 addresses, wrong
+    # passwords: the user rule keeps the name's bucket empty or banned.
+    "stuffer": {"rate": 1.0, "workers": 2, "fixed": True},
+    # OWNER herself, from her browser, with the right password and the
+    # cookie (tbk_user) of her enrolment login (owner_enrol, before the
+    # stuffers start): a known client, decided on a bucket of her own.
+    "owner": {"rate": 0.2, "workers": 1, "fixed": True},
     # 8 peers of the shim's server, within its rule.
     "shim": {"rate": 20.0, "workers": 4},
     # one peer at 15/s against the rule's 10/s.
     "shimprobe": {"rate": 15.0, "workers": 1, "fixed": True},
 }
 SLOW_PIECES, SLOW_GAP_S = 4, 0.4
-LOGIN_CLASSES = ("login", "attacker", "slowlogin")
+LOGIN_CLASSES = ("login", "attacker", "slowlogin", "stuffer", "owner",
+                 "enrol")
+OWNER, OWNER_IP = "owner", "10.9.0.1"
+KNOWN_COOKIE = "tbk_user"
+# The enrolment login is retried at most this long (each try bounded by
+# REQUEST_TIMEOUT); the stuffers wait for it as long at most.
+ENROL_S = 60.0
 SHIM_PEERS = ["127.0.0.%d" % i for i in range(2, 10)]
 SHIM_PROBE_PEER = "127.0.0.10"
 
@@ -171,10 +192,14 @@ class Gen:
         self.scale = float(cfg.get("scale", 1.0))
         self.t_end = time.time() + float(cfg["seconds"])
         self.stopping = False
-        self.tally = {c: Tally() for c in list(CLASSES) + ["flood"]}
+        self.tally = {c: Tally() for c in list(CLASSES) + ["flood",
+                                                          "enrol"]}
+        self.cookie = None      # the owner's tbk_user, once she has one
+        self.enrolled = None    # asyncio.Event, made in the loop
         self.active = {}
         self.counter = 0        # distinct keys of the api class
         self.flood_n = 0
+        self.cut_answered = 0   # answered before their body was all sent
         self.budget = MAX_REQUESTS
         self.lost_f = open(os.path.join(self.out, "lost.tsv"), "w")
         self.lost_f.write("t\tclass\tkind\twaited_s\n")
@@ -182,7 +207,8 @@ class Gen:
         self.probe_f.write("t_send\tclass\tkey\tstatus\n")
         self.stats_f = open(os.path.join(self.out, "stats.jsonl"), "w")
         self.login_f = open(os.path.join(self.out, "logins.tsv"), "w")
-        self.login_f.write("t_send\tclass\tip\tright\tstatus\tbanned\n")
+        self.login_f.write("t_send\tclass\tip\tright\tstatus\tbanned"
+                           "\tknown\n")
         self.rng = random.Random(cfg.get("seed", 1))
         self.flood_until = 0.0
 
@@ -207,8 +233,16 @@ class Gen:
     def record_login(self, cls, ip, req, status, body, t0):
         right = int(b"&pwd=right" in req)
         banned = int(status == 429 and b'"error":"banned"' in body)
-        self.login_f.write("%.3f\t%s\t%s\t%d\t%d\t%d\n" % (
-            t0, cls, ip, right, status, banned))
+        known = int(b"\r\nCookie: " + KNOWN_COOKIE.encode() + b"=" in req)
+        self.login_f.write("%.3f\t%s\t%s\t%d\t%d\t%d\t%d\n" % (
+            t0, cls, ip, right, status, banned, known))
+
+    def keep_cookie(self, set_cookie):
+        """The browser's jar, for the one cookie the owner cares about."""
+        for c in set_cookie:
+            name, _, rest = c.partition("=")
+            if name.strip() == KNOWN_COOKIE:
+                self.cookie = rest.split(";", 1)[0].strip()
 
     def record_lost(self, cls, kind, t0):
         self.tally[cls].lost(kind)
@@ -220,8 +254,8 @@ class Gen:
 # ---- HTTP/1.1, just enough: status, Content-Length or chunked ---------
 
 async def read_response(reader):
-    """(status, close, retry_after, body) of one response read whole from
-    reader; raises EOFError when the connection closed before a full
+    """(status, close, retry_after, body, [Set-Cookie values]) of one
+    response read whole from reader; raises EOFError when the connection closed before a full
     answer."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -233,10 +267,13 @@ async def read_response(reader):
         raise EOFError("junk")
     status = int(parts[1])
     hdr = {}
+    cookies = []
     for line in lines[1:]:
         if ":" in line:
             k, v = line.split(":", 1)
             hdr[k.strip().lower()] = v.strip()
+            if k.strip().lower() == "set-cookie":
+                cookies.append(v.strip())
     close = hdr.get("connection", "").lower() == "close"
     body = b""
     try:
@@ -257,7 +294,7 @@ async def read_response(reader):
             close = True
     except asyncio.IncompleteReadError:
         raise EOFError("partial") from None
-    return status, close, "retry-after" in hdr, body
+    return status, close, "retry-after" in hdr, body, cookies
 
 
 def request_bytes(method, path, headers, body=b""):
@@ -305,14 +342,21 @@ def make_request(gen, cls, idx):
         elif cls == "slowlogin":
             ip = "10.1.%d.%d" % divmod(r.randrange(500), 250)
             ok = r.random() < 0.5
+        elif cls == "stuffer":
+            ip, ok = "10.7.%d.%d" % divmod(r.randrange(200), 250), False
+        elif cls in ("owner", "enrol"):
+            ip, ok = OWNER_IP, True
         else:
             ip, ok = "10.66.6.6", False
-        user = "user%d" % r.randrange(2000)
+        user = OWNER if cls in ("stuffer", "owner", "enrol") else \
+            "user%d" % r.randrange(2000)
         body = ("log=%s&pwd=%s" % (user, "right" if ok else "wrong")).encode()
-        return request_bytes("POST", "/login.php", {
-            "X-Forwarded-For": ip, "X-API-Key": user,
-            "Content-Type": "application/x-www-form-urlencoded"}, body), \
-            "login", (ip, user)
+        headers = {"X-Forwarded-For": ip, "X-API-Key": user,
+                   "Content-Type": "application/x-www-form-urlencoded"}
+        if cls == "owner" and gen.cookie:
+            headers["Cookie"] = "%s=%s" % (KNOWN_COOKIE, gen.cookie)
+        return request_bytes("POST", "/login.php", headers, body), \
+            ("owner" if cls == "owner" else "login"), (ip, user)
     raise ValueError(cls)
 
 
@@ -335,6 +379,10 @@ async def paced(gen, interval, t_stop=None):
 async def http_worker(gen, cls, idx, interval, t_stop=None):
     """One keep-alive connection to haproxy sending class cls every
     interval seconds (0: back to back) until the load stops (or t_stop)."""
+    if cls == "stuffer":
+        await wait_enrolled(gen)
+    elif cls == "owner":
+        await owner_enrol(gen)
     tally = gen.tally[cls]
     conn = None
     async for _ in paced(gen, interval, t_stop):
@@ -349,12 +397,21 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
             await asyncio.sleep(0.1)
             continue
         reader, writer = conn
+        # The answer is read while the request goes out: a server may
+        # answer an upload before its body is all sent (a refusal that
+        # closes without reading it), and clients read that answer.
+        answer = asyncio.ensure_future(read_response(reader))
         try:
-            await send_request(writer, req, cls == "slowlogin")
+            cut = await send_request(writer, req, cls == "slowlogin", answer)
             tally.sent()
             gen.touch(kind, key, t0)
-            status, close, retry, body = await asyncio.wait_for(
-                read_response(reader), REQUEST_TIMEOUT)
+            status, close, retry, body, cookies = await asyncio.wait_for(
+                answer, REQUEST_TIMEOUT)
+            if cut:
+                gen.cut_answered += 1
+                close = True
+            if cls in ("owner", "enrol"):
+                gen.keep_cookie(cookies)
             if status >= 500 and not retry:
                 # haproxy's own error (no server answered); the module's
                 # 503 always carries Retry-After.
@@ -365,31 +422,60 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
                     gen.record_login(cls, key[0], req, status, body, t0)
         except (EOFError, ConnectionError, OSError,
                 asyncio.TimeoutError) as e:
+            answer.cancel()
             gen.record_lost(cls, loss_kind(e), t0)
             close = True
         if close:
             writer.close()
             conn = None
+        if cls == "enrol" and gen.cookie:
+            break
     if conn is not None:
         conn[1].close()
 
 
-async def send_request(writer, req, slow):
+async def wait_enrolled(gen):
+    try:
+        await asyncio.wait_for(gen.enrolled.wait(), ENROL_S)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def owner_enrol(gen):
+    """The owner's earlier successful login, before the stuffers start:
+    class "enrol", once a second until it gets 200 and the cookie (or
+    ENROL_S passed); then the stuffers go."""
+    try:
+        await http_worker(gen, "enrol", 0, 1.0,
+                          t_stop=time.time() + ENROL_S)
+    finally:
+        gen.enrolled.set()
+
+
+async def send_request(writer, req, slow, answer):
     """Writes req; slow: its head at once, its body in SLOW_PIECES pieces
     SLOW_GAP_S apart (a slow upload: the module's form reader and PHP
-    wait for the rest)."""
+    wait for the rest). True when the body was cut off: the answer (the
+    task reading it) came first, or the server closed while the body
+    was still going out; the caller reads the answer either way."""
     if not slow:
         writer.write(req)
         await writer.drain()
-        return
+        return False
     head, body = req.split(b"\r\n\r\n", 1)
-    writer.write(head + b"\r\n\r\n")
-    step = max(1, -(-len(body) // SLOW_PIECES))
-    for i in range(0, len(body), step):
+    try:
+        writer.write(head + b"\r\n\r\n")
+        step = max(1, -(-len(body) // SLOW_PIECES))
+        for i in range(0, len(body), step):
+            await writer.drain()
+            await asyncio.wait([answer], timeout=SLOW_GAP_S)
+            if answer.done():
+                return True
+            writer.write(body[i:i + step])
         await writer.drain()
-        await asyncio.sleep(SLOW_GAP_S)
-        writer.write(body[i:i + step])
-    await writer.drain()
+    except (ConnectionError, OSError):
+        return True
+    return False
 
 
 def loss_kind(e):
@@ -486,6 +572,7 @@ async def main_async(gen):
     loop.add_signal_handler(signal.SIGTERM, lambda: setattr(gen, "stopping",
                                                             True))
     loop.add_signal_handler(signal.SIGUSR1, lambda: start_flood(gen))
+    gen.enrolled = asyncio.Event()
     tasks = [asyncio.ensure_future(reporter(gen))]
     only = gen.cfg.get("only")       # a subset of the classes, to bisect
     for cls, spec in CLASSES.items():
@@ -520,6 +607,7 @@ def main():
                "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
                "distinct_keys": gen.counter,
                "flood_keys": gen.flood_n,
+               "cut_answered": gen.cut_answered,
                "classes": {c: {k: v for k, v in t.total.items()
                                if k != "lat"}
                            for c, t in gen.tally.items()}}

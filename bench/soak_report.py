@@ -50,6 +50,16 @@ criterion failed, naming each:
              "banned"}) at least once; every slow upload (slowlogin) with
              the right password that PHP answered got 200 (its body
              arrived whole), and some did
+  known      known clients: the owner enrolled (a login that got 200 and
+             the cookie tbk_user) before the stuffers started; every
+             answered login of hers carried the cookie and got 200, at
+             all times, faults included (the cookie is checked without
+             Redis; while Redis fails, count= rules charge nothing, so
+             the login reaches PHP as everyone's does); while the
+             stuffers on her name were banned at least once and their
+             failed logins that reached PHP outside the fallback periods
+             stay within the user rule's capacity once per Redis start
+             plus its rate over the run, plus one
 
 RssAnon is VmRSS less file-backed and shared pages: the shared-memory tables
 (top keys, scoreboard, local and lease tables) enter VmRSS as a process
@@ -640,7 +650,7 @@ def check_requests(run, lines, fails):
     for r in run.lost[:20]:
         fails.append("lost: %s request at %.1f s (%s after %s s)%s" % (
             r["class"], num(r["t"]) - run.t0, r["kind"], r["waited_s"],
-            near_fault(run, num(r["t"]))))
+            near_fault(run, num(r["t"]), num(r["t"]) + num(r["waited_s"], 0))))
     if len(run.lost) > 20:
         fails.append("lost: %d more" % (len(run.lost) - 20))
     if sent - answered - sum(lost.values()):
@@ -651,6 +661,16 @@ def check_requests(run, lines, fails):
 # The ip rule on /login.php (soak.py's SITE): TBucketRule ip ... 10 1/m
 # count=401 ban=2m.
 RULE_IP_CAP, RULE_IP_PER_MIN = 10, 1.0
+# The user rule: TBucketRule user ... 5 1/m count=401 ban=1m known=30d.
+RULE_USER_CAP, RULE_USER_PER_MIN = 5, 1.0
+
+
+def codes(rows):
+    """"200 12, 401 3": the rows by status."""
+    n = {}
+    for r in rows:
+        n[r["status"]] = n.get(r["status"], 0) + 1
+    return ", ".join("%s %d" % kv for kv in sorted(n.items())) or "none"
 
 
 def check_login(run, lines, fails):
@@ -672,9 +692,6 @@ def check_login(run, lines, fails):
     right = [r for r in slow if r["right"] == "1"]
     right_ok = sum(1 for r in right if r["status"] == "200")
     damaged = [r for r in right if r["status"] == "401"]
-    codes = lambda rows: ", ".join("%s %d" % kv for kv in sorted(
-        {c: sum(1 for r in rows if r["status"] == c)
-         for c in {r["status"] for r in rows}}.items()))
     lines += ["", "### The login defence", "",
               "Attacker (one address, wrong passwords): %d answered (%s), "
               "%d of them the ban's 429; failed logins that reached PHP "
@@ -699,11 +716,65 @@ def check_login(run, lines, fails):
                      % (num(r["t_send"]) - run.t0))
     if slow and not right_ok:
         fails.append("login: no slow upload with the right password got 200")
+    check_known(run, by, outside, kills, minutes, lines, fails)
 
 
-def near_fault(run, t):
+def check_known(run, by, outside, kills, minutes, lines, fails):
+    """The owner (a known client) against the stuffers on her name."""
+    enrol, owner = by.get("enrol", []), by.get("owner", [])
+    stuff = by.get("stuffer", [])
+    enrolled = [r for r in enrol if r["status"] == "200"]
+    bad = [r for r in owner if r["status"] != "200" or r["known"] != "1"]
+    s_failed = [r for r in stuff if r["status"] == "401" and outside(r)]
+    s_banned = sum(1 for r in stuff if r["banned"] == "1")
+    s_refused = sum(1 for r in stuff if r["status"] == "429")
+    bound = RULE_USER_CAP * (1 + kills) + RULE_USER_PER_MIN * minutes + 1
+    in_fault = [r for r in owner if not outside(r)]
+    lines += ["", "### Known clients", "",
+              "Owner's enrolment logins: %s. Owner's logins (right "
+              "password, cookie tbk_user): %d answered (%s), %d with the "
+              "cookie, %d not 200 or without it; %d of them in fallback "
+              "periods (%s). Stuffers on her name "
+              "(200 addresses, wrong passwords): %d answered (%s), %d "
+              "refused (%.1f%%), %d of them the ban's 429; failed logins "
+              "that reached PHP outside the fallback periods %d, bound "
+              "%.0f (capacity %d x %d Redis starts + %g/min x %.1f min + "
+              "1); with the fallback periods %d." % (
+                  codes(enrol), len(owner), codes(owner),
+                  sum(1 for r in owner if r["known"] == "1"), len(bad),
+                  len(in_fault), codes(in_fault),
+                  len(stuff), codes(stuff), s_refused,
+                  100.0 * s_refused / max(1, len(stuff)), s_banned,
+                  len(s_failed), bound, RULE_USER_CAP, 1 + kills,
+                  RULE_USER_PER_MIN, minutes,
+                  sum(1 for r in stuff if r["status"] == "401"))]
+    if not enrolled:
+        fails.append("known: the owner's enrolment login never got 200")
+    if not owner:
+        fails.append("known: no login of the owner was answered")
+    for r in bad[:10]:
+        fails.append("known: the owner's login at %.1f s got %s (cookie "
+                     "%s)%s" % (num(r["t_send"]) - run.t0, r["status"],
+                                "sent" if r["known"] == "1" else "missing",
+                                near_fault(run, num(r["t_send"]))))
+    if len(bad) > 10:
+        fails.append("known: %d more owner logins not 200" % (len(bad) - 10))
+    if not stuff:
+        fails.append("known: no stuffer login was answered")
+    elif not s_banned:
+        fails.append("known: the stuffers' name was never banned")
+    if len(s_failed) > bound:
+        fails.append("known: the stuffers' failed logins reached PHP %d "
+                     "times, above %.0f" % (len(s_failed), bound))
+
+
+def near_fault(run, t, t_last=None):
+    """", during KIND of TARGET" for the first fault that overlaps the
+    request's life (sent at t, given up at t_last) or ended within 15 s
+    before it."""
+    t_last = t if t_last is None else t_last
     for f in run.faults:
-        if num(f["t_start"]) - 1 <= t <= num(f["t_end"]) + 15:
+        if num(f["t_start"]) - 1 <= t_last and t <= num(f["t_end"]) + 15:
             return ", during %s of %s" % (f["kind"], f["target"])
     return ", no fault near"
 
