@@ -133,7 +133,7 @@ class Load:
 # and the coalesced Redis sees one connection whatever the children.
 @pytest.mark.parametrize("mpm", ["prefork", "event"])
 def test_module_043_01(apache_factory, redis_server, make_redis, mpm):
-    other = make_redis("direct").start()
+    other = make_redis("direct")
     direct = apache_factory(mpm=mpm, servers=3)
     direct.start(conf(other.url, "x:", coalesce="off"))
     coal = apache_factory(mpm=mpm, servers=3)
