@@ -578,6 +578,21 @@ static int take_reply(tb__conn_t *c, redisReply **r, tb__error_t *e)
     return rep != NULL;
 }
 
+/* What a recv() that returned n <= 0 means: 0 nothing yet (EAGAIN, the
+ * timeout, a signal), -1 EOF or an error (with *e). */
+static int recv_nothing(ssize_t n, tb__error_t *e)
+{
+    if (n == 0) {
+        tb__set_error(e, TB_ERR_IO, "read: connection closed by server");
+        return -1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return 0;
+    }
+    set_io_error(e, "read", errno);
+    return -1;
+}
+
 /* Read what the socket holds into the reader; with flags MSG_DONTWAIT
  * without waiting, with 0 for as long as SO_RCVTIMEO says. 1 read
  * something, 0 nothing yet (EAGAIN, or the timeout), -1 error or EOF
@@ -595,15 +610,7 @@ static int read_some(tb__conn_t *c, int flags, tb__error_t *e)
         }
         return 1;
     }
-    if (n == 0) {
-        tb__set_error(e, TB_ERR_IO, "read: connection closed by server");
-        return -1;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        return 0;
-    }
-    set_io_error(e, "read", errno);
-    return -1;
+    return recv_nothing(n, e);
 }
 
 /* read_some over TLS: with block, waiting as long as SO_RCVTIMEO says. 1
@@ -701,15 +708,7 @@ long tb__conn_recv(tb__conn_t *c, char *buf, size_t len, tb__error_t *e)
     if (n > 0) {
         return n;
     }
-    if (n == 0) {
-        tb__set_error(e, TB_ERR_IO, "read: connection closed by server");
-        return -1;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        return 0;
-    }
-    set_io_error(e, "read", errno);
-    return -1;
+    return recv_nothing(n, e);
 }
 
 int tb__conn_command(tb__conn_t *c, const tb__cmd_t *cmd,
