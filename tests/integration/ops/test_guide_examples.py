@@ -565,9 +565,17 @@ def test_guide_001_03(redis_server):
         assert series(samples, "tbucket_local_refusals_total"), out
 
         _, _, text, _ = get(a, "/tbucket-status", host=SHOP)
-        assert metric_sum(text, "tbucket_shed_total") == \
-            metric(text, "tbucket_shed_total", vhost="%s:%d" % (SHOP, a.port),
-                   priority="low") > 0
+        # Images (low) are shed from half the workers busy. The guide also
+        # sheds normal requests from 75%: the flood's refused curls hold a
+        # worker each for a moment, so on a slow or shared machine a few
+        # PHP requests are shed too (a CI run saw 1 beside 5 low). Never a
+        # critical one: the health check is always served.
+        shop = "%s:%d" % (SHOP, a.port)
+        low = metric(text, "tbucket_shed_total", vhost=shop, priority="low")
+        normal = metric(text, "tbucket_shed_total", vhost=shop,
+                        priority="normal")
+        assert low > 0 and metric_sum(text, "tbucket_shed_total") == \
+            low + normal, text
         assert metric(text, "tbucket_local_refusals_total",
                       vhost="%s:%d" % (SHOP, a.port),
                       priority="normal") > 0
