@@ -12,7 +12,7 @@
  * signature of Redis 7.0's module API documentation. tbucket_redis.c turns
  * the list into static function pointers and fetches every one when the
  * module loads, refusing to load if the server lacks one (Redis 7.0.0 has
- * them all; SetAbsExpire needs 6.2.2, KeyAtPos 4.0).
+ * them all; SetAbsExpire needs 6.2.2, KeyAtPos 4.0, SetCommandInfo 7.0).
  *
  * Nothing else of the API is declared: add a line to the list, with the
  * documented signature, before calling anything new.
@@ -27,6 +27,8 @@ typedef struct RedisModuleCtx RedisModuleCtx;
 typedef struct RedisModuleKey RedisModuleKey;
 typedef struct RedisModuleString RedisModuleString;
 typedef struct RedisModuleCallReply RedisModuleCallReply;
+
+typedef struct RedisModuleCommand RedisModuleCommand;
 
 typedef long long mstime_t;
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
@@ -61,6 +63,64 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
 #define REDISMODULE_ERRORMSG_WRONGTYPE                                     \
     "WRONGTYPE Operation against a key holding the wrong kind of value"
 
+/* SetCommandInfo's key specs (Redis 7.0): where a command's keys are, so
+ * that COMMAND INFO lists them and servers, proxies and Cluster clients
+ * find them without calling the command's getkeys callback. Only the
+ * parts the module fills are declared; the others stay NULL, so their
+ * element sizes are never read. */
+#define REDISMODULE_KSPEC_BS_INDEX 2
+#define REDISMODULE_KSPEC_FK_KEYNUM 3
+#define REDISMODULE_CMD_KEY_RW (1ULL << 1)
+#define REDISMODULE_CMD_KEY_ACCESS (1ULL << 4)
+#define REDISMODULE_CMD_KEY_UPDATE (1ULL << 5)
+
+typedef struct RedisModuleCommandKeySpec {
+    const char *notes;
+    unsigned long long flags;
+    int begin_search_type;
+    union {
+        struct {
+            int pos;
+        } index;
+        struct {
+            const char *keyword;
+            int startfrom;
+        } keyword;
+    } bs;
+    int find_keys_type;
+    union {
+        struct {
+            int lastkey;
+            int keystep;
+            int limit;
+        } range;
+        struct {
+            int keynumidx;
+            int firstkey;
+            int keystep;
+        } keynum;
+    } fk;
+} RedisModuleCommandKeySpec;
+
+typedef struct RedisModuleCommandInfoVersion {
+    int version;
+    size_t sizeof_historyentry;
+    size_t sizeof_keyspec;
+    size_t sizeof_arg;
+} RedisModuleCommandInfoVersion;
+
+typedef struct RedisModuleCommandInfo {
+    const RedisModuleCommandInfoVersion *version;
+    const char *summary;
+    const char *complexity;
+    const char *since;
+    void *history; /* NULL: no history entries */
+    const char *tips;
+    int arity;
+    RedisModuleCommandKeySpec *key_specs;
+    void *args; /* NULL: no argument docs */
+} RedisModuleCommandInfo;
+
 /* The calls: X(return type, name without "RedisModule_", parameters). */
 #define TBUCKET_RM_API(X)                                                  \
     X(int, IsModuleNameBusy, (const char *name))                           \
@@ -69,6 +129,10 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx,
     X(int, CreateCommand, (RedisModuleCtx *ctx, const char *name,          \
                            RedisModuleCmdFunc cmdfunc, const char *strflags, \
                            int firstkey, int lastkey, int keystep))         \
+    X(RedisModuleCommand *, GetCommand, (RedisModuleCtx *ctx,              \
+                                         const char *name))                \
+    X(int, SetCommandInfo, (RedisModuleCommand *command,                   \
+                            const RedisModuleCommandInfo *info))           \
     X(void, Log, (RedisModuleCtx *ctx, const char *level, const char *fmt, \
                   ...))                                                    \
     X(int, IsKeysPositionRequest, (RedisModuleCtx *ctx))                   \

@@ -10,8 +10,8 @@
  * twins; this file opens and type-checks every key before writing, reads
  * the state, writes back what the outcome says, byte for byte as the
  * scripts do, and replicates effects (never the command, which reads the
- * clock). Key positions come from numkeys, so Cluster refuses CROSSSLOT as
- * for EVAL. redismod/README.md and docs/design.md give the argument forms.
+ * clock). Key positions come from numkeys (a key spec and the getkeys
+ * callback), so Cluster refuses CROSSSLOT as for EVAL. redismod/README.md and docs/design.md give the argument forms.
  */
 #include <math.h>
 #include <stdio.h>
@@ -747,18 +747,57 @@ static const char *fetch_api(void)
     return NULL;
 }
 
+/* The command's keys for COMMAND INFO, as EVAL declares its own: numkeys
+ * at argv[1], then that many keys, each read, updated and used for the
+ * reply. With them Redis, proxies and Cluster clients find the keys of a
+ * pipelined call without asking the getkeys callback (COMMAND GETKEYS),
+ * which stays for servers older than 7.0's key specs. */
+static int declare_keys(RedisModuleCtx *ctx, const char *name,
+                        const char *summary)
+{
+    static const RedisModuleCommandInfoVersion version = {
+        1, 0, sizeof(RedisModuleCommandKeySpec), 0
+    };
+    RedisModuleCommandKeySpec specs[2];
+    RedisModuleCommandInfo info;
+    RedisModuleCommand *cmd = RedisModule_GetCommand(ctx, name);
+
+    memset(specs, 0, sizeof(specs)); /* a zeroed spec ends the list */
+    specs[0].flags = REDISMODULE_CMD_KEY_RW | REDISMODULE_CMD_KEY_ACCESS
+                     | REDISMODULE_CMD_KEY_UPDATE;
+    specs[0].begin_search_type = REDISMODULE_KSPEC_BS_INDEX;
+    specs[0].bs.index.pos = 1;
+    specs[0].find_keys_type = REDISMODULE_KSPEC_FK_KEYNUM;
+    specs[0].fk.keynum.keynumidx = 0;
+    specs[0].fk.keynum.firstkey = 1;
+    specs[0].fk.keynum.keystep = 1;
+    memset(&info, 0, sizeof(info));
+    info.version = &version;
+    info.summary = summary;
+    info.complexity = "O(N) for N keys (O(log M) more per key for slog)";
+    info.since = "1";
+    info.key_specs = specs;
+    return cmd ? RedisModule_SetCommandInfo(cmd, &info) : REDISMODULE_ERR;
+}
+
 int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
                        int argc)
 {
     static const struct {
         tb_algo_t algo;
         RedisModuleCmdFunc fn;
+        const char *summary;
     } cmds[TB_ALGO_COUNT] = {
-        { TB_ALGO_TOKEN_BUCKET, cmd_bucket },
-        { TB_ALGO_GCRA, cmd_gcra },
-        { TB_ALGO_SLIDING_WINDOW, cmd_swindow },
-        { TB_ALGO_FIXED_WINDOW, cmd_fwindow },
-        { TB_ALGO_SLIDING_LOG, cmd_slog },
+        { TB_ALGO_TOKEN_BUCKET, cmd_bucket,
+          "Takes from token buckets, as tbucket's token_bucket script" },
+        { TB_ALGO_GCRA, cmd_gcra,
+          "Decides on GCRA limits, as tbucket's gcra script" },
+        { TB_ALGO_SLIDING_WINDOW, cmd_swindow,
+          "Counts in sliding windows, as tbucket's sliding_window script" },
+        { TB_ALGO_FIXED_WINDOW, cmd_fwindow,
+          "Counts in fixed windows, as tbucket's fixed_window script" },
+        { TB_ALGO_SLIDING_LOG, cmd_slog,
+          "Logs in sliding logs, as tbucket's sliding_log script" },
     };
     const char *missing;
     int i;
@@ -792,7 +831,10 @@ int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv,
         if (RedisModule_CreateCommand(ctx, rm_command_name(cmds[i].algo),
                                       cmds[i].fn,
                                       "write deny-oom getkeys-api", 0, 0, 0)
-            != REDISMODULE_OK) {
+                != REDISMODULE_OK
+            || declare_keys(ctx, rm_command_name(cmds[i].algo),
+                            cmds[i].summary)
+                   != REDISMODULE_OK) {
             RedisModule_Log(ctx, "warning", "tbucket: cannot register %s",
                             rm_command_name(cmds[i].algo));
             return REDISMODULE_ERR;

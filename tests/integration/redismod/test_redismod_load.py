@@ -2,6 +2,7 @@
 (MODULE LIST, COMMAND INFO), what the .so exports, what a server without
 it answers, and an emergency unload with the script engine going on.
 """
+import json
 import os
 import subprocess
 
@@ -73,3 +74,36 @@ def test_redismod_007_04(mod_servers):
         argv = ["1700", "5", "2", "2"]
         assert script(r, algo, ["{u}:" + algo], argv) == \
             script(q, algo, ["{u}:" + algo], argv)
+
+
+def cli_json(port, *args):
+    """A reply as redis-cli --json gives it (redis-py parses every COMMAND
+    reply as COMMAND INFO's old form, without the key specs)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "--json"]
+                         + list(args), capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+# Every command declares its keys as EVAL does, in a key spec (numkeys at
+# argv[1], then that many keys, read, updated and used for the reply), so
+# COMMAND INFO shows them and a server, proxy or Cluster client finds the
+# keys of a pipelined call without the getkeys callback; COMMAND DOCS
+# says what each does; the keys found agree with numkeys.
+def test_redismod_007_05(mod_servers):
+    s = mod_servers("r", module=module_path()).start()
+    for algo in ALGOS:
+        name = ENGINES[algo][0]
+        info = cli_json(s.port, "COMMAND", "INFO", name)[0]
+        assert info[0] == name
+        # name, arity, flags, first, last, step, acl, tips, key specs
+        assert info[8] == [{
+            "flags": ["RW", "access", "update"],
+            "begin_search": {"type": "index", "spec": {"index": 1}},
+            "find_keys": {"type": "keynum", "spec": {
+                "keynumidx": 0, "firstkey": 1, "keystep": 1}}}], info
+        docs = cli_json(s.port, "COMMAND", "DOCS", name)
+        assert algo in docs[name]["summary"], docs
+        keys = cli_json(s.port, "COMMAND", "GETKEYSANDFLAGS", name, "3", "a",
+                        "{a}b", "{a}c", "", "5", "1", "1", "1", "1")
+        assert [k[0] for k in keys] == ["a", "{a}b", "{a}c"], keys
