@@ -955,7 +955,7 @@ static void test_local_conc_threads(void **state)
     table_t *tab = *state;
     conc_hammer_t h[4];
     int64_t w, held;
-    int k;
+    int k, most = 0;
 
     for (k = 0; k < 4; k++) {
         h[k].t = tab->t;
@@ -963,9 +963,14 @@ static void test_local_conc_threads(void **state)
         h[k].max_seen = 0;
     }
     assert_int_equal(unit_threads(4, conc_hammer_main, h, sizeof(h[0])), 0);
+    /* A thread may never get a place: on a busy machine the other three
+     * can be descheduled while they hold all three for the whole of its
+     * rounds (seen under make test NOISE=1). Some thread got one. */
     for (k = 0; k < 4; k++) {
-        assert_true(h[k].max_seen >= 1 && h[k].max_seen <= 3);
+        assert_true(h[k].max_seen <= 3);
+        most = h[k].max_seen > most ? h[k].max_seen : most;
     }
+    assert_true(most >= 1);
     assert_int_equal(tb_local_conc_take(tab->t, "tb:{hot}:conc", 3, 1000000,
                                         0, &w, &held), 1);
     assert_int_equal(held, 1);
