@@ -5,6 +5,7 @@ fixture (its own redis-server on a free loopback port) and checks exit
 codes, what it prints and what it leaves in Redis. Limits use slow rates
 (per hour) so that no token comes back during a test and nothing sleeps.
 """
+import glob
 import hashlib
 import os
 import re
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tbtest.env import BUILD, free_port
+from tbtest.env import BUILD, free_port, wait_until
 from tbtest.apache import http_get, limited_conf
 from tbtest.shim import shim_env
 
@@ -43,6 +44,15 @@ def run(*args, url=None, env=None, timeout=20):
 def fields(out):
     """'a=1 b=2' words or 'a=1' lines into a dict."""
     return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+# A connect() to a port nothing listens on, for a program under the shim:
+# the shim spends a token, then the connection is refused.
+CONNECT = ("import socket\n"
+           "try:\n"
+           "    socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
+           "except OSError:\n"
+           "    pass\n")
 
 
 def take(redis_server, key, *extra):
@@ -284,12 +294,7 @@ def test_tool_001_17_rule_key_as_shim(redis_server, tmp_path):
         % (redis_server.url, port))
     # Nothing listens on the port: the shim spends a token, then the
     # connection is refused.
-    connect = ("import socket\n"
-               "try:\n"
-               "    socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
-               "except OSError:\n"
-               "    pass\n" % port)
-    subprocess.run(["/usr/bin/python3", "-c", connect], timeout=20,
+    subprocess.run(["/usr/bin/python3", "-c", CONNECT % port], timeout=20,
                    env=shim_env(conf, foreign=True), check=True)
     r = redis_server.client()
     shim_keys = r.keys("*")
@@ -383,4 +388,49 @@ def test_tool_002_02_shares_route_bucket(apache_factory, redis_server):
                     headers=hdr).status_code == 429
     keys = sorted(redis_server.client().keys("*"))
     assert keys == [b"tr:{k2}", b"tr:{k2}:route:export"]
+    a.assert_log_clean()
+
+
+# The tool and the shim reach Redis through the host's coalescer
+# (coalesce=on) by its unix socket, as the children do: a token the tool
+# takes there, and one a connect() under the shim takes, are missing for
+# the module, and Redis sees only the coalescer's connection.
+def test_tool_002_03_through_coalescer(apache_factory, redis_server,
+                                       tmp_path):
+    a = apache_factory(mpm="prefork")
+    a.start(module_conf(redis_server, "tc:").replace(
+        "timeout=500", "timeout=500 coalesce=on"))
+    # The coalescer binds its socket once forked: wait for it (bounded).
+    paths = wait_until(lambda: glob.glob(os.path.join(
+        a.root, "run", "tbucket", "coal-*.sock")), timeout=10)
+    assert paths and len(paths) == 1, paths
+    url = "unix:" + paths[0]
+    lim = ["--capacity", "3", "--rate", "1/h", "--prefix", "tc:"]
+    assert run("take", "k3", *lim, url=url).returncode == EX_OK
+    r = http_get(a.url("/limited/ok.txt"), headers={"X-API-Key": "k3"})
+    assert (r.status_code, r.headers["X-RateLimit-Remaining"]) == (200, "1")
+    assert run("take", "k3", *lim, url=url).returncode == EX_OK
+    p = run("take", "k3", *lim, url=url)
+    assert p.returncode == EX_TEMPFAIL, (p.stdout, p.stderr)
+    r = http_get(a.url("/limited/ok.txt"), headers={"X-API-Key": "k3"})
+    assert r.status_code == 429
+    # A shim rule's bucket, taken by a connect() under the shim and by the
+    # tool's --rule, both through the socket.
+    port = free_port()
+    conf = tmp_path / "shim.conf"
+    conf.write_text(
+        'redis_url = "%s";\nprefix = "tc:";\ntimeout_ms = 2000;\n'
+        'outbound = ( { host = "127.0.0.1"; port = %d; capacity = 3;'
+        ' rate = "1/h"; } );\n' % (url, port))
+    subprocess.run(["/usr/bin/python3", "-c", CONNECT % port], timeout=20,
+                   env=shim_env(conf, foreign=True), check=True)
+    p = run("take", "--config", str(conf), "--rule", "out1")
+    assert p.returncode == EX_OK and fields(p.stdout)["remaining"] == "1", \
+        (p.stdout, p.stderr)
+    keys = sorted(redis_server.client().keys("*"))
+    assert len(keys) == 2 and keys[0].startswith(b"tc:out:out1:") \
+        and keys[1] == b"tc:{k3}", keys
+    clients = redis_server.client().client_list()
+    # The test's own client and the coalescer's connection.
+    assert len(clients) == 2, clients
     a.assert_log_clean()
