@@ -124,6 +124,72 @@ def latency(tmp, so, rd, variant, engine, seconds):
             "add99": c["p99"] - d["p99"]}
 
 
+def comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def saturate(rd, target, engine, n, clients=64):
+    """redis-benchmark -c clients -P 1 at target (["-p", port] for Redis
+    itself, ["-s", socket] for a coalescer): every client with one call in
+    flight, as many prefork children waiting on Redis at once with no
+    Apache in the way, so that Redis (or the coalescer) is the limit.
+    Redis CPU per call and commands per read over the exact calls."""
+    rd.r.config_resetstat()
+    cpu0, reads0, t0 = redis_cpu(rd), reads(rd), time.monotonic()
+    bk.run(bk.pin(LOAD_CPU) + ["redis-benchmark"] + target + [
+        "-n", str(n), "-c", str(clients), "-P", "1", "-r", "100000000",
+        "--csv", "tbucket.bucket", "1", "sat:{__rand_int__}", "",
+        "1000000000", "1000000000", "1"], 300)
+    wall = time.monotonic() - t0
+    cpu, nreads = redis_cpu(rd) - cpu0, reads(rd) - reads0
+    calls = rd.r.info("commandstats")["cmdstat_" + engine[1]]["calls"]
+    return {"calls": calls, "redis_us": 1e6 * cpu / calls,
+            "depth": calls / nreads, "rate": calls / wall}
+
+
+def ceiling(tmp, so, rd, n):
+    """The module engine at saturation, 64 callers: straight to Redis,
+    then through a coalescer (forked by an Apache that takes no traffic),
+    with the coalescer's own CPU per call."""
+    engine = ENGINES[1]
+    rows = [("direct", saturate(rd, ["-p", str(rd.port)], engine, n))]
+    a = start_apache(tmp, "ceiling", so, rd, "prefork", 8, engine[0], True)
+    try:
+        sock = None
+        for _ in range(100):
+            found = [os.path.join(d, f) for d, _, fs in os.walk(a.root)
+                     for f in fs if f.startswith("coal-")]
+            if found:
+                sock = found[0]
+                break
+            time.sleep(0.1)
+        coal = [p for p in a.pids() if comm(p) == "tbucket-coal"]
+        ticks0 = bk.cpu_ticks(coal)
+        row = saturate(rd, ["-s", sock], engine, n)
+        row["coal_us"] = (bk.cpu_ticks(coal) - ticks0) * bk.TICK_US \
+            / max(row["calls"], 1)
+        rows.append(("coalesced", row))
+    finally:
+        a.stop()
+    return rows
+
+
+def ceiling_table(rows, floors):
+    best = min(f["redis_us"] for e, f in floors if e == "module")
+    lines = ["| 64 callers, module engine | Redis µs/decision | × best "
+             "floor | commands/read | decisions/s | coalescer µs/decision |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in rows:
+        lines.append("| %s | %.2f | %.2f | %.1f | %.0f | %s |" % (
+            name, r["redis_us"], r["redis_us"] / best, r["depth"],
+            r["rate"], "%.2f" % r["coal_us"] if "coal_us" in r else ""))
+    return lines
+
+
 def latency_table(rows):
     lines = ["| one connection | direct p50 / p99 ms | coalesced p50 / p99 "
              "ms | added p50 / p99 µs |", "| --- | ---: | ---: | ---: |"]
@@ -202,7 +268,7 @@ def main():
     # The children and the coalescer run as www-data.
     os.chmod(tmp, 0o755)
     rd = bk.Redis(tmp, REDIS_CPU, module=mod).start()
-    rows, floors, lat, idle = [], [], [], 0.0
+    rows, floors, lat, sat, idle = [], [], [], [], 0.0
     load0 = os.getloadavg()[0]
     try:
         sha = rd.r.script_load(bk.script_text(build))
@@ -218,6 +284,8 @@ def main():
             for engine in ENGINES:
                 lat.append(latency(tmp, so, rd, variant, engine, seconds))
                 bk.log("latency %s" % lat[-1]["name"])
+        sat = ceiling(tmp, so, rd, n)
+        bk.log("capacity ceiling")
         for engine in ENGINES:
             # The pipeline depths the runs reach, for reading them on a
             # machine whose load moves every figure; -P 64 last.
@@ -237,7 +305,12 @@ def main():
             ""] + table(rows, floors) + [""] + verdicts(rows, floors) + [
                 "", "The latency a decision gains, one request at a time "
                 "(no queueing; the target is <= 200 µs at p99 on an idle "
-                "machine):", ""] + latency_table(lat)
+                "machine):", ""] + latency_table(lat) + [
+                "", "At saturation: redis-benchmark -c 64 -P 1 (64 callers, "
+                "one call each in flight, no Apache), straight to Redis and "
+                "through a coalescer; x best floor is against the lowest "
+                "redis-benchmark figure of the run:", ""] + ceiling_table(
+                    sat, floors)
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "capacity.md"), "w") as f:
         f.write("\n".join(text) + "\n")
