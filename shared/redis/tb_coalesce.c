@@ -273,7 +273,7 @@ static void accept_all(tb_coalescer_t *c)
         }
         c->cl[slot].fd = fd;
         memset(&ev, 0, sizeof(ev));
-        ev.events = EPOLLIN;
+        ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.u64 = EV_CLIENT + (uint64_t)slot;
         epoll_ctl(c->ep, EPOLL_CTL_ADD, fd, &ev);
         c->st.clients++;
@@ -353,9 +353,13 @@ static int take_commands(tb_coalescer_t *c, int slot)
     return 0;
 }
 
-/* Read what slot sent. A client that has gone (its caller gave up) is
- * closed before anything it sent is queued. */
-static void client_read(tb_coalescer_t *c, int slot)
+/* Read what slot sent (events: what epoll said of it). A client that has
+ * gone (its caller gave up) is closed before anything it sent is queued:
+ * epoll says so with EPOLLRDHUP beside the data, or the read finds the
+ * end. A read shorter than the buffer, with no hang-up said, took all
+ * there was: the next read would only say EAGAIN, a system call per
+ * decision saved (epoll is level-triggered: more data wakes us again). */
+static void client_read(tb_coalescer_t *c, int slot, uint32_t events)
 {
     client_t *k = &c->cl[slot];
     char buf[CHUNK];
@@ -369,10 +373,13 @@ static void client_read(tb_coalescer_t *c, int slot)
                 break;
             }
             total += (size_t)n;
-            if (total < READ_MAX) {
+            if (total < READ_MAX
+                && ((size_t)n == sizeof(buf)
+                    || (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))) {
                 continue;
             }
-            /* Enough for one wake-up: epoll brings us back for more. */
+            /* All there was, or enough for one wake-up: epoll brings us
+             * back for more. */
         }
         else if (n < 0 && errno == EINTR) {
             continue;
@@ -418,7 +425,7 @@ static void client_flush(tb_coalescer_t *c, int slot)
     if (k->want_out != (k->out.len > 0)) {
         k->want_out = k->out.len > 0;
         memset(&ev, 0, sizeof(ev));
-        ev.events = EPOLLIN | (k->want_out ? EPOLLOUT : 0);
+        ev.events = EPOLLIN | EPOLLRDHUP | (k->want_out ? EPOLLOUT : 0);
         ev.data.u64 = EV_CLIENT + (uint64_t)slot;
         epoll_ctl(c->ep, EPOLL_CTL_MOD, k->fd, &ev);
     }
@@ -803,9 +810,9 @@ static void dispatch(tb_coalescer_t *c, const struct epoll_event *ev)
     if (ev->events & EPOLLOUT) {
         client_flush(c, slot);
     }
-    if (c->cl[slot].fd >= 0 && (ev->events & (EPOLLIN | EPOLLHUP
-                                              | EPOLLERR))) {
-        client_read(c, slot);
+    if (c->cl[slot].fd >= 0 && (ev->events & (EPOLLIN | EPOLLRDHUP
+                                              | EPOLLHUP | EPOLLERR))) {
+        client_read(c, slot, ev->events);
     }
 }
 
