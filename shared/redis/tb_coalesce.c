@@ -1,8 +1,7 @@
 /* tb_coalesce.c -- the coalescer: one process per host that carries every
  * local client's commands to one Redis on one connection, as pipelines.
  *
- * Clients (the pools of Apache's children) speak RESP to its unix socket
- * as to Redis. It frames whole commands (tb__resp_span; nothing else is
+ * Clients (Apache children's pools) speak RESP to its socket as to Redis. It frames whole commands (tb__resp_span; nothing else is
  * parsed) and queues them; with nothing in flight it writes the queue to
  * Redis at once, and what arrives while a pipeline is in flight goes as
  * the next single write once that one's replies are in: batching without
@@ -15,10 +14,9 @@
  * the timeout, or a lost connection, answers every queued and in-flight
  * command with an error reply, in order, so each client stays in step
  * and its breaker counts it; a failed connect is retried after RETRY_MS
- * at the earliest, commands in between refused at once. One thread.
- * Cluster: each command goes on its own to tb_coalesce_cluster.c, a
- * pipeline per primary, and its reply back through the client's
- * tb__reorder_t, in the order the client sent.
+ * at the earliest, commands in between refused at once. One thread. A
+ * Cluster's commands go one by one to tb_coalesce_cluster.c (a pipeline
+ * per primary), their replies back in each client's order.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
