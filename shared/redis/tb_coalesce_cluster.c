@@ -579,10 +579,11 @@ void tb__ccl_send(tb__ccl_t *cc)
     }
 }
 
-/* A reply that redirects e (MOVED, ASK, TRYAGAIN: the len bytes at p)
- * sends e's command (e->len bytes at cmd; from: the node that
- * answered) on: 1. 0 when the reply is
- * e's answer as it is. */
+/* A reply (len bytes at p) that redirects e (MOVED, ASK, TRYAGAIN)
+ * sends e's command (e->len bytes at cmd) on from the node that answered
+ * (index from): 1. 0 when the reply is e's answer as it is. TRYAGAIN
+ * goes again at once, without the direct client's backoff: the hops
+ * bound it. */
 static int redirect(tb__ccl_t *cc, int from, const centry_t *e,
                     const char *p, size_t len, const char *cmd)
 {
