@@ -7,6 +7,9 @@ module; rule buckets in several slots; a slot migrated under load (ASK,
 then MOVED) with every request decided by Redis and the budget exact; a
 primary killed with -9: its keys decided by the failure policy within
 the timeout's bound, the other primaries' keys by Redis as before."""
+import glob
+import os
+import socket
 import threading
 import time
 
@@ -25,7 +28,8 @@ BOUND_S = 3 * TIMEOUT_MS / 1000.0 + 1.5
 
 
 def conf(url, prefix, limit="TBucketLimit 5 1/h", extra="", policy="open",
-         coalesce="on", breaker="threshold=3 cooldown=300ms"):
+         coalesce="on", breaker="threshold=3 cooldown=300ms",
+         timeout_ms=TIMEOUT_MS):
     return """
 TBucketRedis %s timeout=%d connect_timeout=%d coalesce=%s %s
 TBucketFailurePolicy %s
@@ -36,7 +40,7 @@ TBucketPrefix %s
     TBucketKey "%%{HTTP:X-Key}"
     %s
 </Location>
-""" % (url, TIMEOUT_MS, TIMEOUT_MS, coalesce, extra, policy, breaker, prefix,
+""" % (url, timeout_ms, timeout_ms, coalesce, extra, policy, breaker, prefix,
        limit)
 
 
@@ -307,3 +311,62 @@ def test_module_043_19(apache_factory, tmp_path):
             assert round(used) == h.count(k) + 2, k
     finally:
         rig.stop()
+
+
+def raw_key_on(rig, port, prefix):
+    """A plain key (no hash tag) that the primary on port owns."""
+    owners = rig.slots()
+    for i in range(20000):
+        k = "%s%d" % (prefix, i)
+        if any(s <= keyslot(k) <= e and p == port for s, e, p, _ in owners):
+            return k
+    raise AssertionError("no key for %d" % port)
+
+
+def resp(*args):
+    out = b"*%d\r\n" % len(args)
+    for x in args:
+        x = x if isinstance(x, bytes) else str(x).encode()
+        out += b"$%d\r\n%s\r\n" % (len(x), x)
+    return out
+
+
+# SPIN_LUA busies its node for about 100 ms of Redis's own clock.
+SPIN_LUA = ("local t = redis.call('TIME') "
+            "local t0 = t[1] * 1000000 + t[2] "
+            "repeat t = redis.call('TIME') "
+            "until t[1] * 1000000 + t[2] - t0 > 100000 "
+            "return 'slow'")
+
+
+# One client of the socket pipelines four commands for three primaries
+# and none: a script that keeps the first primary busy, GETs on the other
+# two, PING. The later ones are answered first by their nodes, yet the
+# client reads the replies in the order it sent the commands.
+def test_module_043_20(apache_factory, cluster):
+    ports = [n.port for n in cluster.nodes]
+    ka, kb, kc = (raw_key_on(cluster, p, "ord%d-" % i)
+                  for i, p in enumerate(ports))
+    cluster.by_port(ports[1]).client().set(kb, "b")
+    cluster.by_port(ports[2]).client().set(kc, "c")
+    a = apache_factory(mpm="prefork", servers=1)
+    # A timeout far above the script's 100 ms: the slow reply is a reply.
+    a.start(conf(cluster.url, "o:", timeout_ms=3000))
+    assert sequence(a, ["k1"], 1) == [(200, "4")]
+    paths = glob.glob(os.path.join(a.root, "run", "tbucket", "coal-*.sock"))
+    assert len(paths) == 1, paths
+    want = b"$4\r\nslow\r\n$1\r\nb\r\n$1\r\nc\r\n+PONG\r\n"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(paths[0])
+    s.sendall(resp("EVAL", SPIN_LUA, 1, ka) + resp("GET", kb)
+              + resp("GET", kc) + resp("PING"))
+    got = b""
+    while len(got) < len(want):
+        part = s.recv(4096)
+        if not part:
+            break
+        got += part
+    s.close()
+    assert got == want
+    a.assert_log_clean()
