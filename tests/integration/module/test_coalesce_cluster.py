@@ -19,6 +19,7 @@ from tbtest.apache import http_get, tokens
 from tbtest.core import keyslot
 from tbtest.ha import ClusterRig, kill9
 from tbtest.redismod import module_cluster, sanitizer_reports
+from test_coalesce import sequence
 
 TIMEOUT_MS = 200
 # A request's worst wait when its child must connect: the connect, the
@@ -42,16 +43,6 @@ TBucketPrefix %s
 </Location>
 """ % (url, timeout_ms, timeout_ms, coalesce, extra, policy, breaker, prefix,
        limit)
-
-
-def sequence(a, keys, n):
-    """n requests per key, in turn; (status, remaining) of each."""
-    out = []
-    for _ in range(n):
-        for k in keys:
-            r = http_get(a.url("/limited/ok.txt"), headers={"X-Key": k})
-            out.append((r.status_code, r.headers.get("X-RateLimit-Remaining")))
-    return out
 
 
 def spread_keys(rig, prefix, per_node=2):
