@@ -9,6 +9,7 @@ primary killed with -9: its keys decided by the failure policy within
 the timeout's bound, the other primaries' keys by Redis as before."""
 import glob
 import os
+import signal
 import socket
 import threading
 import time
@@ -361,3 +362,46 @@ def test_module_043_20(apache_factory, cluster):
     s.close()
     assert got == want
     a.assert_log_clean()
+
+
+# A primary stopped (SIGSTOP) under load through the coalescer: its
+# pipeline gets no reply, so after the timeout its commands are answered
+# with errors and the closed policy decides them (429), each request
+# within the timeout's bound; the other primaries' keys are decided by
+# Redis meanwhile and counted exactly; with SIGCONT Redis decides the
+# stopped primary's keys again.
+@pytest.mark.slow
+def test_module_043_21(apache_factory, tmp_path):
+    rig = ClusterRig(tmp_path).start()
+    try:
+        for n in rig.nodes:
+            n.client().config_set("cluster-require-full-coverage", "no")
+        victim = rig.nodes[2]
+        slow = rig.key_on(victim.port, prefix="stopped", tb_prefix="w:")
+        live = [rig.key_on(rig.nodes[i].port, prefix="go%d-" % i,
+                           tb_prefix="w:") for i in (0, 1)]
+        a = apache_factory(mpm="event", servers=2)
+        a.start(conf(rig.url, "w:", limit="TBucketLimit 100000 1/h",
+                     policy="closed", breaker="threshold=1000000"))
+        assert sequence(a, [slow] + live, 1) == [(200, "99999")] * 3
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        try:
+            with Hammer(a, [slow] + live, seconds=8.0,
+                        max_requests=3000) as h:
+                assert wait_for(lambda: h.count(slow) >= 5
+                                and h.count(live[0]) >= 20, timeout=8.0)
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        slow_codes = {c for k, c, _ in h.results if k == slow}
+        assert slow_codes == {429}, slow_codes
+        assert max(d for _, _, d in h.results) < BOUND_S
+        for k in live:
+            assert {c for kk, c, _ in h.results if kk == k} == {200}, k
+            used = 100000 - float(owner_client(rig, "w:{%s}" % k).hget(
+                "w:{%s}" % k, "tokens"))
+            assert round(used) == h.count(k) + 1, k
+        # Back: Redis decides the stopped primary's keys again.
+        assert wait_for(lambda: sequence(a, [slow], 1)[0][0] == 200,
+                        timeout=10.0)
+    finally:
+        rig.stop()
