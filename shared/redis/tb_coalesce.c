@@ -1,12 +1,12 @@
 /* tb_coalesce.c -- the coalescer: one process per host that carries every
  * local client's commands to one Redis on one connection, as pipelines.
  *
- * Clients (Apache children's pools) speak RESP to its socket as to Redis. It frames whole commands (tb__resp_span; nothing else is
- * parsed) and queues them; with nothing in flight it writes the queue to
- * Redis at once, and what arrives while a pipeline is in flight goes as
- * the next single write once that one's replies are in: batching without
- * a timer. Redis answers in order, so a FIFO of (client, commands) routes
- * each reply's bytes back untouched. AUTH, SELECT and TLS are its own
+ * Clients (Apache children's pools) speak RESP to its socket as to
+ * Redis. It frames whole commands (tb__resp_span; nothing else is parsed)
+ * and queues them; with nothing in flight it writes the queue at once,
+ * what arrives meanwhile goes as the next single write once its replies
+ * are in: batching without a timer. Redis answers in order, so a FIFO of
+ * (client, commands) routes each reply's bytes back untouched. AUTH, SELECT and TLS are its own
  * connection's; a client sending a command that would change that shared
  * connection's state or hold it (SELECT, MULTI, BLPOP...) is closed.
  * Sentinel: the primary its tracker names, left on an I/O error,
@@ -347,6 +347,9 @@ static int take_commands(tb_coalescer_t *c, int slot)
         if (c->ccl && tb__ccl_submit(c->ccl, slot, k->gen, k->ro.next_in++,
                                      k->in.p + pos, (size_t)len) != TB_OK) {
             return -1;
+        }
+        if (k->fd < 0) {
+            return 0;   /* Closed by an answer it could not take. */
         }
         pos += (size_t)len;
         n++;
