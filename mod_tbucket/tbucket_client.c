@@ -129,6 +129,7 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
 {
     tbucket_client *c = apr_pcalloc(pchild, sizeof(*c));
     tb_options_t o;
+    tb_redis_addr_t a;
     char err[TB_ERRSTR_LEN];
 
     tbucket_client_options(sc, &o);
@@ -140,6 +141,10 @@ static tbucket_client *make_client(apr_pool_t *pchild, server_rec *s,
         o.url = sc->coalesce_url;
         memset(&o.tls, 0, sizeof(o.tls));
         o.tls_ctx = NULL;
+        /* Behind it a Cluster: calls still go one slot at a time. */
+        o.cluster_keys = sc->url
+            && tb_url_parse(sc->url, &a, err, sizeof(err)) == TB_OK
+            && a.kind == TB_REDIS_CLUSTER;
     }
     o.local = tbucket_local_table();
     /* Leases live in the segment, shared by every child; each keeps

@@ -1,6 +1,7 @@
 /* tbucket_coalesce.c -- the host's coalescers (TBucketRedis ...
  * coalesce=on): processes that carry every child's decisions to Redis as
- * pipelines on one connection (the core's tb_coalescer_run).
+ * pipelines on one connection, one per primary of a Cluster (the core's
+ * tb_coalescer_run).
  *
  * The parent forks one per distinct Redis configuration in post_config,
  * as mod_cgid forks its daemon: it binds a unix socket in a directory of

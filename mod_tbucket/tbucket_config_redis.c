@@ -157,12 +157,6 @@ const char *tbucket_set_redis(cmd_parms *cmd, void *dummy, const char *args)
                                NULL))) {
         return msg;
     }
-    if (sc->coalesce && addr.kind == TB_REDIS_CLUSTER) {
-        /* The coalescer keeps one connection to one server. */
-        return "TBucketRedis: coalesce=on takes one Redis (redis://, "
-               "rediss://, unix: or redis-sentinel://), not "
-               "redis-cluster://";
-    }
     return make_tls(cmd, sc, &addr);
 }
 

@@ -526,6 +526,11 @@ typedef struct tb_options {
                                  * buckets live, kept with each lease
                                  * and handed back by tb_lease_drain.*/
     tb_engine_t engine;         /* Default TB_ENGINE_AUTO.          */
+    int cluster_keys;           /* The URL (a coalescer's socket)
+                                 * leads to a Redis Cluster: a call
+                                 * whose keys lie in several slots is
+                                 * split per slot, as for a
+                                 * redis-cluster:// URL; default 0.  */
 } tb_options_t;
 
 void tb_options_init(tb_options_t *o);

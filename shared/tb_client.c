@@ -51,6 +51,7 @@ struct tb_client_priv {
     char slot_tag[17];
     uint64_t slot_seq;
     int last_failed;       /* The last script call failed (atomic). */
+    int cluster_keys;      /* tb_options_t.cluster_keys.             */
 };
 
 void tb_options_init(tb_options_t *o)
@@ -254,6 +255,7 @@ tb_client_t *tb_client_create(const tb_options_t *o, char *err,
         return fail(err, errlen, "out of memory", c);
     }
     c->priv = p;
+    p->cluster_keys = o->cluster_keys;
     p->stats = o->stats ? o->stats : &p->own_stats;
     if (client_tls(p, o, &cfg.addr, &cfg.tls, uerr, sizeof(uerr)) != TB_OK) {
         return fail(err, errlen, uerr, c);
@@ -521,7 +523,7 @@ static int run(tb_client_t *c, const tb_request_t *q, tb_result_t *res)
         tb__client_answer(c, q, &k, TB_ERR_BREAKER, t.start, res);
         goto count;
     }
-    if (p->cluster && tb__call_rules(q)
+    if (tb__client_cluster(c) && tb__call_rules(q)
         && !tb__rules_one_slot(q, &k, q->concurrency ? ckey : NULL)) {
         /* Rule buckets in several Cluster slots: a call per slot. */
         tb__rules_slots(c, q, &k, &t, res);
@@ -793,7 +795,7 @@ int tb_client_failing(tb_client_t *c)
 
 int tb__client_cluster(const tb_client_t *c)
 {
-    return c->priv->cluster != NULL;
+    return c->priv->cluster != NULL || c->priv->cluster_keys;
 }
 
 tb_breaker_state_t tb_client_breaker_state(tb_client_t *c)

@@ -1,6 +1,7 @@
 /* tb_coalesce.h -- the part of libtb's public header about the
  * coalescer: one process per host and Redis that carries its clients'
- * commands in pipelines (shared/redis/tb_coalesce.c implements it).
+ * commands in pipelines (shared/redis/tb_coalesce.c implements it,
+ * tb_coalesce_cluster.c its Cluster side).
  * Included by tb.h, which hosts include alone. */
 #ifndef TB_COALESCE_H
 #define TB_COALESCE_H
@@ -19,11 +20,13 @@ extern "C" {
  * commands of the clients on its unix socket (URL "unix:PATH") to one
  * Redis on one connection: what arrives while a pipeline is in flight
  * goes as the next write, each reply back to its sender. AUTH, SELECT and
- * TLS are its own; Sentinel is followed. Not Cluster. */
+ * TLS are its own; Sentinel is followed; a Cluster gets one connection
+ * and one pipeline per primary, each client its replies in its order. */
 typedef struct tb_coalescer tb_coalescer_t;
 
 typedef struct tb_coalescer_options {
-    const char *url;            /* One Redis, or redis-sentinel://.   */
+    const char *url;            /* One Redis, redis-sentinel:// or
+                                 * redis-cluster://.                  */
     const char *path;           /* Its socket (absolute; a stale one
                                  * is replaced).                      */
     int timeout_ms;             /* A pipeline's write and replies.    */

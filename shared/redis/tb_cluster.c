@@ -242,11 +242,8 @@ static void mark_stale(tb__cluster_t *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Fill map from one CLUSTER SLOTS reply: rows of [start, end, primary,
- * replicas...], each node [ip, port, id] (and, since 7.0, a map of other
- * endpoints). An empty or "?" ip means the node we asked. */
-static int parse_slots(tb__cluster_t *c, const redisReply *r,
-                       const tb__cnode_t *asked, short *map, tb__error_t *e)
+int tb__cluster_rows(const redisReply *r, tb__slot_row_fn fn, void *arg,
+                     tb__error_t *e)
 {
     size_t i;
     long s, t;
@@ -258,7 +255,6 @@ static int parse_slots(tb__cluster_t *c, const redisReply *r,
     for (i = 0; i < r->elements; i++) {
         const redisReply *row = r->element[i], *pn;
         const char *host;
-        int idx;
 
         if (row->type != REDIS_REPLY_ARRAY || row->elements < 3
             || row->element[0]->type != REDIS_REPLY_INTEGER
@@ -274,26 +270,58 @@ static int parse_slots(tb__cluster_t *c, const redisReply *r,
         t = (long)row->element[1]->integer;
         pn = row->element[2];
         host = pn->element[0]->str;
-        if (!host[0] || strcmp(host, "?") == 0) {
-            host = asked->host;
+        if (strcmp(host, "?") == 0) {
+            host = "";
         }
         if (s < 0 || t >= TB__SLOTS || s > t || pn->element[1]->integer < 1
             || pn->element[1]->integer > 65535) {
             tb__set_error(e, TB_ERR_PROTOCOL, "CLUSTER SLOTS: bad range");
             return TB_ERR;
         }
-        pthread_mutex_lock(&c->mu);
-        if (!node_get(c, host, (int)pn->element[1]->integer, &idx)) {
-            pthread_mutex_unlock(&c->mu);
-            tb__set_error(e, TB_ERR_OOM, "too many cluster nodes");
+        if (fn(arg, (int)s, (int)t, host, (int)pn->element[1]->integer, e)
+            != TB_OK) {
             return TB_ERR;
-        }
-        pthread_mutex_unlock(&c->mu);
-        for (; s <= t; s++) {
-            map[s] = (short)idx;
         }
     }
     return TB_OK;
+}
+
+/* What parse_slots() hands each row. */
+typedef struct slots_ctx {
+    tb__cluster_t *c;
+    const tb__cnode_t *asked;
+    short *map;
+} slots_ctx_t;
+
+static int slots_row(void *arg, int s, int t, const char *host, int port,
+                     tb__error_t *e)
+{
+    slots_ctx_t *x = arg;
+    int idx;
+
+    pthread_mutex_lock(&x->c->mu);
+    if (!node_get(x->c, host[0] ? host : x->asked->host, port, &idx)) {
+        pthread_mutex_unlock(&x->c->mu);
+        tb__set_error(e, TB_ERR_OOM, "too many cluster nodes");
+        return TB_ERR;
+    }
+    pthread_mutex_unlock(&x->c->mu);
+    for (; s <= t; s++) {
+        x->map[s] = (short)idx;
+    }
+    return TB_OK;
+}
+
+/* Fill map from one CLUSTER SLOTS reply of the node asked. */
+static int parse_slots(tb__cluster_t *c, const redisReply *r,
+                       const tb__cnode_t *asked, short *map, tb__error_t *e)
+{
+    slots_ctx_t x;
+
+    x.c = c;
+    x.asked = asked;
+    x.map = map;
+    return tb__cluster_rows(r, slots_row, &x, e);
 }
 
 /* Ask the known nodes in turn for the map, from the one that answered

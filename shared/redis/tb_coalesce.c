@@ -1,13 +1,12 @@
 /* tb_coalesce.c -- the coalescer: one process per host that carries every
  * local client's commands to one Redis on one connection, as pipelines.
  *
- * Clients (the pools of Apache's children) speak RESP to its unix socket
- * as to Redis. It frames whole commands (tb__resp_span; nothing else is
- * parsed) and queues them; with nothing in flight it writes the queue to
- * Redis at once, and what arrives while a pipeline is in flight goes as
- * the next single write once that one's replies are in: batching without
- * a timer. Redis answers in order, so a FIFO of (client, commands) routes
- * each reply's bytes back untouched. AUTH, SELECT and TLS are its own
+ * Clients (Apache children's pools) speak RESP to its socket as to
+ * Redis. It frames whole commands (tb__resp_span; nothing else is parsed)
+ * and queues them; with nothing in flight it writes the queue at once,
+ * what arrives meanwhile goes as the next single write once its replies
+ * are in: batching without a timer. Redis answers in order, so a FIFO of
+ * (client, commands) routes each reply's bytes back untouched. AUTH, SELECT and TLS are its own
  * connection's; a client sending a command that would change that shared
  * connection's state or hold it (SELECT, MULTI, BLPOP...) is closed.
  * Sentinel: the primary its tracker names, left on an I/O error,
@@ -15,7 +14,9 @@
  * the timeout, or a lost connection, answers every queued and in-flight
  * command with an error reply, in order, so each client stays in step
  * and its breaker counts it; a failed connect is retried after RETRY_MS
- * at the earliest, commands in between refused at once. One thread.
+ * at the earliest, commands in between refused at once. One thread. A
+ * Cluster's commands go one by one to tb_coalesce_cluster.c (a pipeline
+ * per primary), their replies back in each client's order.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -51,6 +52,7 @@ typedef struct client {
     size_t out_off;       /* Written of out.                            */
     tb__buf_t in;         /* Read, not yet a whole command.             */
     tb__buf_t out;        /* Replies not yet written.                   */
+    tb__reorder_t ro;     /* Cluster: its commands' numbers, its order. */
 } client_t;
 
 /* Commands of one client, in the order sent: queued (bytes off..off+len
@@ -82,6 +84,7 @@ struct tb_coalescer {
     tb__buf_t rin;             /* From Redis, not yet a whole reply.    */
     tb__conn_t *redis;
     tb__sentinel_t *sentinel;  /* redis-sentinel:// only, else NULL.    */
+    tb__ccl_t *ccl;            /* redis-cluster:// only, else NULL.     */
     unsigned gen;              /* The primary redis was opened to.      */
     tb_monotime_us sent_at, retry_at, next_check;
     tb__error_t why;           /* The last Redis failure.               */
@@ -198,6 +201,7 @@ static void client_close(tb_coalescer_t *c, int slot)
     k->gen++;
     k->in.len = k->out.len = k->out_off = 0;
     k->want_out = 0;
+    tb__reorder_reset(&k->ro);
     c->st.clients--;
 }
 
@@ -340,10 +344,18 @@ static int take_commands(tb_coalescer_t *c, int slot)
             c->st.refused++;
             return -1;
         }
+        if (c->ccl && tb__ccl_submit(c->ccl, slot, k->gen, k->ro.next_in++,
+                                     k->in.p + pos, (size_t)len) != TB_OK) {
+            return -1;
+        }
+        if (k->fd < 0) {
+            return 0;   /* Closed by an answer it could not take. */
+        }
         pos += (size_t)len;
         n++;
     }
-    if (len < 0 || (n && enqueue(c, slot, n, k->in.p, pos) != TB_OK)) {
+    if (len < 0
+        || (n && !c->ccl && enqueue(c, slot, n, k->in.p, pos) != TB_OK)) {
         return -1;
     }
     if (pos) {
@@ -431,23 +443,36 @@ static void client_flush(tb_coalescer_t *c, int slot)
     }
 }
 
-/* Hand len reply bytes at p to entry e's client, if it is still there. */
-static void answer(tb_coalescer_t *c, const entry_t *e, const char *p,
-                   size_t len)
+/* Hand len reply bytes at p to client slot (of generation gen) of the
+ * coalescer arg, if it is still there; seq: the command's number
+ * (Cluster: tb__ccl_host_t's deliver), or -1: in order. */
+static void answer_seq(void *arg, int slot, unsigned gen, uint64_t seq,
+                       const char *p, size_t len)
 {
-    client_t *k = &c->cl[e->slot];
+    tb_coalescer_t *c = arg;
+    client_t *k = &c->cl[slot];
 
-    if (k->fd < 0 || k->gen != e->gen) {
+    if (k->fd < 0 || k->gen != gen) {
         return;
     }
-    if (tb__buf_put(&k->out, p, len) != TB_OK) {
-        client_close(c, e->slot);
+    if ((seq == UINT64_MAX ? tb__buf_put(&k->out, p, len)
+                           : tb__reorder_put(&k->ro, seq, p, len, &k->out))
+        != TB_OK) {
+        client_close(c, slot);
         return;
     }
     if (!k->dirty) {
         k->dirty = 1;
-        c->dirty[c->ndirty++] = e->slot;
+        c->dirty[c->ndirty++] = slot;
     }
+}
+
+/* Is client slot of generation gen still there (tb__ccl_host_t)? */
+static int ccl_alive(void *arg, int client, unsigned gen)
+{
+    const tb_coalescer_t *c = arg;
+
+    return c->cl[client].fd >= 0 && c->cl[client].gen == gen;
 }
 
 static void flush_all(tb_coalescer_t *c)
@@ -497,7 +522,8 @@ static void fail_all(tb_coalescer_t *c)
     }
     for (i = c->head; i < c->head + c->nent; i++) {
         for (k = 0; k < c->fifo[i].n; k++) {
-            answer(c, &c->fifo[i], line, len);
+            answer_seq(c, c->fifo[i].slot, c->fifo[i].gen, UINT64_MAX,
+                       line, len);
         }
         c->st.failed += (uint64_t)c->fifo[i].n;
     }
@@ -581,6 +607,10 @@ static void send_batch(tb_coalescer_t *c)
 {
     size_t i;
 
+    if (c->ccl) {
+        tb__ccl_send(c->ccl);
+        return;
+    }
     if (c->inflight || !c->nent) {
         return;
     }
@@ -632,7 +662,8 @@ static void redis_read(tb_coalescer_t *c)
              * one the sentinels name now. */
             tb__sentinel_suspect(c->sentinel, 1);
         }
-        answer(c, e, c->rin.p + pos, (size_t)len);
+        answer_seq(c, e->slot, e->gen, UINT64_MAX, c->rin.p + pos,
+                   (size_t)len);
         pos += (size_t)len;
         if (--e->n == 0) {
             c->head++;
@@ -658,6 +689,18 @@ static void redis_read(tb_coalescer_t *c)
 
 /* ---- The loop ---------------------------------------------------------- */
 
+static tb__ccl_t *cluster_side(tb_coalescer_t *c)
+{
+    tb__ccl_host_t h;
+
+    h.deliver = answer_seq;
+    h.alive = ccl_alive;
+    h.arg = c;
+    h.ep = c->ep;
+    h.st = &c->st;
+    return c->ccl = tb__ccl_create(&c->cfg, &h);
+}
+
 tb_coalescer_t *tb_coalescer_create(const tb_coalescer_options_t *o,
                                     char *err, size_t errlen)
 {
@@ -672,10 +715,6 @@ tb_coalescer_t *tb_coalescer_create(const tb_coalescer_options_t *o,
     c->ep = -1;
     if (tb_url_parse(o->url, &c->cfg.addr, why, sizeof(why)) != TB_OK) {
         snprintf(err, errlen, "coalescer: %s", why);
-    }
-    else if (c->cfg.addr.kind == TB_REDIS_CLUSTER) {
-        snprintf(err, errlen, "coalescer: one Redis or a Sentinel "
-                 "primary, not Cluster");
     }
     else if (c->cfg.addr.tls && !o->tls_ctx) {
         snprintf(err, errlen, "coalescer: a TLS URL needs a TLS context");
@@ -698,8 +737,9 @@ tb_coalescer_t *tb_coalescer_create(const tb_coalescer_options_t *o,
         c->cfg.pool_size = 1;
         c->cfg.engine = TB_ENGINE_SCRIPT;
         /* The tracker borrows c->cfg, which lives as long as it. */
-        if (c->cfg.addr.kind == TB_REDIS_SENTINEL
-            && !(c->sentinel = tb__sentinel_create(&c->cfg))) {
+        if ((c->cfg.addr.kind == TB_REDIS_SENTINEL
+             && !(c->sentinel = tb__sentinel_create(&c->cfg)))
+            || (c->cfg.addr.kind == TB_REDIS_CLUSTER && !cluster_side(c))) {
             snprintf(err, errlen, "coalescer: out of memory");
         }
         else if (listen_on(c) == TB_OK) {
@@ -727,8 +767,10 @@ void tb_coalescer_free(tb_coalescer_t *c)
         }
         tb__buf_free(&c->cl[i].in);
         tb__buf_free(&c->cl[i].out);
+        tb__reorder_reset(&c->cl[i].ro);
     }
     drop_redis(c);
+    tb__ccl_free(c->ccl);
     tb__sentinel_free(c->sentinel);
     if (c->ep >= 0) {
         close(c->ep);
@@ -755,6 +797,9 @@ static int housekeeping(tb_coalescer_t *c, tb_monotime_us now)
          * while alive is left before its next pipeline. */
         tb__sentinel_check(c->sentinel);
     }
+    if (c->ccl) {
+        tb__ccl_check(c->ccl, now, TICK_MS);
+    }
     if (c->inflight
         && now - c->sent_at > (tb_monotime_us)c->cfg.timeout_ms * 1000) {
         tb__set_error(&c->why, TB_ERR_TIMEOUT, "no reply from Redis "
@@ -778,10 +823,13 @@ static int housekeeping(tb_coalescer_t *c, tb_monotime_us now)
 }
 
 /* How long the next wait may sleep, in ms. */
-static int sleep_ms(const tb_coalescer_t *c, tb_monotime_us now)
+static int sleep_ms(tb_coalescer_t *c, tb_monotime_us now)
 {
     tb_monotime_us left;
 
+    if (c->ccl) {
+        return tb__ccl_check(c->ccl, now, TICK_MS);
+    }
     if (!c->inflight) {
         return TICK_MS;
     }
@@ -801,6 +849,10 @@ static void dispatch(tb_coalescer_t *c, const struct epoll_event *ev)
     }
     if (id == EV_REDIS) {
         redis_read(c);
+        return;
+    }
+    if (id >= TB__CCL_EV) {
+        tb__ccl_read(c->ccl, (int)(id - TB__CCL_EV));
         return;
     }
     slot = (int)(id - EV_CLIENT);
@@ -831,7 +883,9 @@ int tb_coalescer_run(tb_coalescer_t *c, volatile sig_atomic_t *stop,
             stop_listening(c);
             until = now + (tb_monotime_us)linger_ms * 1000;
         }
-        if (*stop && ((!c->st.clients && !c->nent) || now >= until)) {
+        if (*stop && ((!c->st.clients && !c->nent
+                       && !(c->ccl && tb__ccl_pending(c->ccl)))
+                      || now >= until)) {
             return TB_OK;
         }
         if (housekeeping(c, now) != TB_OK) {

@@ -55,7 +55,7 @@ static int parse_reply(const redisReply *r, tb__script_reply_t *out,
  * slot up to the last ':' (so IPv6 literals pass), brackets removed;
  * empty means "the node that answered" (Redis 7 sends that when a node
  * does not know its own address). */
-static void parse_redirect(const char *s, tb__redirect_t *rd)
+void tb__redirect_parse(const char *s, tb__redirect_t *rd)
 {
     const char *rest, *colon;
     char *end;
@@ -115,7 +115,7 @@ static int reply_error(tb__pool_t *p, const redisReply *r,
                        tb__redirect_t *rd, tb__error_t *e)
 {
     tb__set_error(e, TB_ERR_REPLY, "%.120s", r->str);
-    parse_redirect(r->str, rd);
+    tb__redirect_parse(r->str, rd);
     if (strncmp(r->str, "READONLY", 8) == 0) {
         tb__pool_suspect(p, 1);
     }

@@ -341,6 +341,9 @@ typedef struct tb__redis_call {
  * text is copied into *e and which fills k->rd when it redirects. A
  * READONLY reply tells a Sentinel pool that its primary was demoted. */
 int tb__redis_call(tb__pool_t *p, tb__redis_call_t *k, tb__error_t *e);
+/* Read an error reply's text s (without its '-') into *rd: MOVED, ASK,
+ * TRYAGAIN or CLUSTERDOWN; kind TB__REDIR_NONE for any other. */
+void tb__redirect_parse(const char *s, tb__redirect_t *rd);
 
 /* ---- Redis Cluster (tb_cluster.c): the slot map and a pool per node */
 
@@ -363,5 +366,91 @@ void tb__cluster_module(tb__cluster_t *c, int *yes, int *no);
  * ASK. key is one of the command's keys (all share a slot). */
 int tb__cluster_call(tb__cluster_t *c, const char *key, tb__redis_call_t *k,
                      tb__error_t *e);
+
+/* One row of a CLUSTER SLOTS reply: slots s..t served by the primary at
+ * host:port (host "" for the node that was asked). TB_OK to go on, or
+ * TB_ERR with *e to stop. */
+typedef int (*tb__slot_row_fn)(void *arg, int s, int t, const char *host,
+                               int port, tb__error_t *e);
+/* Hand each row of the CLUSTER SLOTS reply r to fn. TB_OK, or TB_ERR
+ * with *e (a reply of the wrong shape, or fn's). */
+int tb__cluster_rows(const redisReply *r, tb__slot_row_fn fn, void *arg,
+                     tb__error_t *e);
+
+/* ---- The coalescer's Cluster side (tb_coalesce_cluster.c) ----------
+ *
+ * For a redis-cluster:// URL the coalescer (tb_coalesce.c) hands each
+ * whole command of a client here: one connection and one pipeline per
+ * primary, the slot map, MOVED and ASK. Replies come back through the
+ * host's deliver() with the command's sequence number, possibly out of
+ * the client's order (its commands may go to several nodes): the host
+ * puts them back in order with a tb__reorder_t per client.
+ */
+
+/* Where a command goes: its first key's hash slot (0..16383), or: */
+#define TB__ROUTE_ANY (-1)      /* No key: any one primary.           */
+#define TB__ROUTE_ALL (-2)      /* SCRIPT LOAD/FLUSH: every primary.  */
+/* The route of the one whole RESP command at p (len bytes): the key
+ * after numkeys for EVAL, EVALSHA, FCALL and the module's tbucket.*
+ * commands, else the first argument; none for a keyless command. */
+int tb__cmd_route(const char *p, size_t len);
+
+/* A client's replies put back in the order of its commands: next_in
+ * numbers its commands, next_out is the one whose reply goes next, and
+ * the replies that came early wait in held. Zero it to initialise. */
+typedef struct tb__held {
+    uint64_t seq;
+    char *p;
+    size_t len;
+} tb__held_t;
+typedef struct tb__reorder {
+    uint64_t next_in, next_out;
+    tb__held_t *held;
+    int nheld, cap;
+} tb__reorder_t;
+/* The reply to command seq (len bytes at p): appended to out at once
+ * when it is next, with the held ones that follow it; else held (a
+ * copy). TB_ERR when out of memory. */
+int tb__reorder_put(tb__reorder_t *o, uint64_t seq, const char *p,
+                    size_t len, tb__buf_t *out);
+/* Free what is held and start again from 0. */
+void tb__reorder_reset(tb__reorder_t *o);
+
+/* The epoll id of node i is TB__CCL_EV + i. */
+#define TB__CCL_EV ((uint64_t)1 << 32)
+
+typedef struct tb__ccl tb__ccl_t;
+/* The host's side: deliver the reply to command seq of client (gen
+ * names the client's connection, as the host numbers them); alive says
+ * whether that client is still there (a gone client's queued commands
+ * are never sent). */
+typedef struct tb__ccl_host {
+    void (*deliver)(void *arg, int client, unsigned gen, uint64_t seq,
+                    const char *p, size_t len);
+    int (*alive)(void *arg, int client, unsigned gen);
+    void *arg;
+    int ep;                         /* The host's epoll.               */
+    tb_coalescer_stats_t *st;       /* The host's counters.            */
+} tb__ccl_host_t;
+
+/* The Cluster side for cfg (its seeds; copied). NULL when out of
+ * memory. Connects nothing. */
+tb__ccl_t *tb__ccl_create(const tb__redis_cfg_t *cfg,
+                          const tb__ccl_host_t *h);
+void tb__ccl_free(tb__ccl_t *cc);
+/* Route and queue command seq of client (len bytes at p). A command no
+ * node can take is answered with an error reply at once. TB_ERR when
+ * out of memory. */
+int tb__ccl_submit(tb__ccl_t *cc, int client, unsigned gen, uint64_t seq,
+                   const char *p, size_t len);
+/* Each node with nothing in flight writes its queue as one pipeline. */
+void tb__ccl_send(tb__ccl_t *cc);
+/* Node i's socket is readable. */
+void tb__ccl_read(tb__ccl_t *cc, int i);
+/* Fail the nodes whose pipeline has had no reply within the timeout;
+ * the longest the next wait may sleep (at most max_ms). */
+int tb__ccl_check(tb__ccl_t *cc, tb_monotime_us now, int max_ms);
+/* Commands queued or in flight. */
+size_t tb__ccl_pending(const tb__ccl_t *cc);
 
 #endif /* TB_REDIS_INT_H */
