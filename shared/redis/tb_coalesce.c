@@ -6,9 +6,10 @@
  * and queues them; with nothing in flight it writes the queue at once,
  * what arrives meanwhile goes as the next single write once its replies
  * are in: batching without a timer. Redis answers in order, so a FIFO of
- * (client, commands) routes each reply's bytes back untouched. AUTH, SELECT and TLS are its own
- * connection's; a client sending a command that would change that shared
- * connection's state or hold it (SELECT, MULTI, BLPOP...) is closed.
+ * (client, commands) routes each reply's bytes back untouched. AUTH,
+ * SELECT and TLS are its own connection's; a client sending a command
+ * that would change or hold that connection (SELECT, MULTI, BLPOP...) is
+ * closed.
  * Sentinel: the primary its tracker names, left on an I/O error,
  * READONLY or +switch-master. Failure: a pipeline with no reply within
  * the timeout, or a lost connection, answers every queued and in-flight
@@ -45,8 +46,7 @@
 
 typedef struct client {
     int fd;               /* -1: a free slot.                           */
-    unsigned gen;         /* Moves when the slot is freed: a reply for an
-                           * older generation is dropped.              */
+    unsigned gen;         /* Moves when freed: older replies dropped.   */
     int want_out;         /* EPOLLOUT armed.                            */
     int dirty;            /* On the flush list.                         */
     size_t out_off;       /* Written of out.                            */
@@ -55,8 +55,7 @@ typedef struct client {
     tb__reorder_t ro;     /* Cluster: its commands' numbers, its order. */
 } client_t;
 
-/* Commands of one client, in the order sent: queued (bytes off..off+len
- * of the queue) or in flight. */
+/* One client's commands in order: queued (off..off+len) or in flight. */
 typedef struct entry {
     int slot;
     unsigned gen;
@@ -68,8 +67,7 @@ struct tb_coalescer {
     tb__redis_cfg_t cfg;       /* The Redis side: one address, TLS.     */
     char path[108];
     int lfd;                   /* The listener; -1 once stopping.       */
-    tb_monotime_us paused;     /* The listener is out of epoll until
-                                * then (0: it is in).                 */
+    tb_monotime_us paused;     /* Listener out of epoll until (0: in).  */
     ino_t lino;                /* The socket file it bound.             */
     dev_t ldev;
     int ep;
@@ -365,12 +363,10 @@ static int take_commands(tb_coalescer_t *c, int slot)
     return 0;
 }
 
-/* Read what slot sent (events: what epoll said of it). A client that has
- * gone (its caller gave up) is closed before anything it sent is queued:
- * epoll says so with EPOLLRDHUP beside the data, or the read finds the
- * end. A read shorter than the buffer, with no hang-up said, took all
- * there was: the next read would only say EAGAIN, a system call per
- * decision saved (epoll is level-triggered: more data wakes us again). */
+/* Read what slot sent (events: epoll's word). A client that has gone is
+ * closed before anything it sent is queued (EPOLLRDHUP, or the read's
+ * end). A short read with no hang-up took all there was: no recv() to
+ * hear EAGAIN, a system call per decision (level-triggered epoll). */
 static void client_read(tb_coalescer_t *c, int slot, uint32_t events)
 {
     client_t *k = &c->cl[slot];
@@ -390,8 +386,7 @@ static void client_read(tb_coalescer_t *c, int slot, uint32_t events)
                     || (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))) {
                 continue;
             }
-            /* All there was, or enough for one wake-up: epoll brings us
-             * back for more. */
+            /* All there was, or enough for one wake-up. */
         }
         else if (n < 0 && errno == EINTR) {
             continue;
