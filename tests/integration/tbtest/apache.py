@@ -275,8 +275,22 @@ class Apache(TempRoot):
                     self.proc.returncode, self.read_log()[-3000:]
                     + self.read_stderr()[-2000:]))
             if wait_port(self.port, timeout=0.2):
+                self._wait_resumed(deadline)
                 return self
         raise RuntimeError("apache2 did not listen on %d" % self.port)
+
+    def _wait_resumed(self, deadline):
+        """The parent binds its port before its MPM sets its signal
+        handlers, and a SIGUSR1 in between (a graceful restart sent as soon
+        as the port answers) kills it, SIGUSR1's default action: seen on a
+        loaded run. The MPM logs "resuming normal operations" once they are
+        set, so wait for that line (bounded: a config whose LogLevel hides
+        it only costs the wait)."""
+        end = min(deadline, time.monotonic() + 5)
+        while self._resumed() == 0 and time.monotonic() < end:
+            if self.proc.poll() is not None:
+                return
+            time.sleep(0.02)
 
     def _env(self):
         """The environment apache2 starts with (scripts/apache2.sh sets
