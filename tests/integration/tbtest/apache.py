@@ -334,6 +334,12 @@ class Apache(TempRoot):
                 self.proc.wait(timeout=5)
             except ProcessLookupError:
                 pass
+        # Whatever of its group outlived the parent (a parent that died,
+        # say, leaves its children behind): setsid made the group ours.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc = None
         self.stderr.close()
 
