@@ -408,3 +408,34 @@ def test_module_043_21(apache_factory, tmp_path):
                         timeout=10.0)
     finally:
         rig.stop()
+
+
+# Keys a client chooses, as an attacker would send them, through the
+# coalescer to a Cluster: hash-tag braces of its own (to steer the slot),
+# an empty tag, braces reversed, a key of 4,000 bytes, bytes above 0x7f.
+# Each gets its own bucket and exactly its budget (2), closed policy so
+# a call the coalescer routed wrong (CROSSSLOT, MOVED left unanswered)
+# would show as 429 early or a bucket in the wrong place.
+@pytest.mark.slow
+def test_module_043_22(apache_factory, tmp_path):
+    rig = ClusterRig(tmp_path).start()
+    try:
+        a = apache_factory(mpm="prefork", servers=3)
+        a.start(conf(rig.url, "h:", limit="TBucketLimit 2 1/h",
+                     policy="closed"))
+        keys = ["{victim}x", "{}", "}{", "a{b}c{d}", "x" * 4000,
+                "caf\xe9", "{victim}y"]
+        got = sequence(a, keys, 3)
+        want = [(200, "1")] * len(keys) + [(200, "0")] * len(keys) + [
+            (429, "0")] * len(keys)
+        assert got == want, got
+        # Every bucket lies on the node that owns its slot.
+        found = 0
+        for n in rig.nodes:
+            for k in n.client().keys("h:*"):
+                assert rig.owner(keyslot(k.decode("latin-1"))) == n.port, k
+                found += 1
+        assert found == len(keys), found
+        a.assert_log_clean()
+    finally:
+        rig.stop()
