@@ -147,6 +147,24 @@ def test_module_043_17(apache_factory, cluster):
     a.assert_log_clean()
 
 
+def one_node_down_rig(rig, apache_factory, tb_prefix, down, up):
+    """For a node taken down: the others keep serving (full coverage
+    off), a key on node 2 (the victim) and one on each other node, and a
+    prefork Apache with the closed policy and a breaker that never opens
+    (one breaker per child, not per node: it would send every key to the
+    policy). (victim, its key, the others' keys, the Apache)."""
+    for n in rig.nodes:
+        n.client().config_set("cluster-require-full-coverage", "no")
+    victim = rig.nodes[2]
+    key = rig.key_on(victim.port, prefix=down, tb_prefix=tb_prefix)
+    others = [rig.key_on(rig.nodes[i].port, prefix="%s%d-" % (up, i),
+                         tb_prefix=tb_prefix) for i in (0, 1)]
+    a = apache_factory(mpm="prefork", servers=4)
+    a.start(conf(rig.url, tb_prefix, limit="TBucketLimit 100000 1/h",
+                 policy="closed", breaker="threshold=1000000"))
+    return victim, key, others, a
+
+
 class Hammer:
     """Threads that request one key each in turn until stopped (bounded
     in count and time), keeping each status."""
@@ -274,15 +292,8 @@ def wait_for(cond, timeout=30.0):
 def test_module_043_19(apache_factory, tmp_path):
     rig = ClusterRig(tmp_path).start()
     try:
-        for n in rig.nodes:
-            n.client().config_set("cluster-require-full-coverage", "no")
-        victim = rig.nodes[2]
-        dead = rig.key_on(victim.port, prefix="dead", tb_prefix="v:")
-        live = [rig.key_on(rig.nodes[i].port, prefix="live%d-" % i,
-                           tb_prefix="v:") for i in (0, 1)]
-        a = apache_factory(mpm="prefork", servers=4)
-        a.start(conf(rig.url, "v:", limit="TBucketLimit 100000 1/h",
-                     policy="closed", breaker="threshold=1000000"))
+        victim, dead, live, a = one_node_down_rig(rig, apache_factory, "v:",
+                                                  "dead", "live")
         assert sequence(a, [dead] + live, 2) == [(200, "99999")] * 3 + [
             (200, "99998")] * 3
         kill9(victim)
@@ -377,15 +388,8 @@ def test_module_043_20(apache_factory, cluster):
 def test_module_043_21(apache_factory, tmp_path):
     rig = ClusterRig(tmp_path).start()
     try:
-        for n in rig.nodes:
-            n.client().config_set("cluster-require-full-coverage", "no")
-        victim = rig.nodes[2]
-        slow = rig.key_on(victim.port, prefix="stopped", tb_prefix="w:")
-        live = [rig.key_on(rig.nodes[i].port, prefix="go%d-" % i,
-                           tb_prefix="w:") for i in (0, 1)]
-        a = apache_factory(mpm="prefork", servers=4)
-        a.start(conf(rig.url, "w:", limit="TBucketLimit 100000 1/h",
-                     policy="closed", breaker="threshold=1000000"))
+        victim, slow, live, a = one_node_down_rig(rig, apache_factory, "w:",
+                                                  "stopped", "go")
         assert sequence(a, [slow] + live, 1) == [(200, "99999")] * 3
         os.kill(victim.proc.pid, signal.SIGSTOP)
         try:
