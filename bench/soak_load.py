@@ -385,13 +385,15 @@ async def http_worker(gen, cls, idx, interval, t_stop=None):
         await owner_enrol(gen)
     tally = gen.tally[cls]
     conn = None
+    # slow uploads through haproxy's upload frontend (soak.py says why)
+    port = "upload_port" if cls == "slowlogin" else "web_port"
     async for _ in paced(gen, interval, t_stop):
         req, kind, key = make_request(gen, cls, idx)
         t0 = time.time()
         try:
             if conn is None:
                 conn = await asyncio.wait_for(asyncio.open_connection(
-                    "127.0.0.1", gen.cfg["web_port"]), REQUEST_TIMEOUT)
+                    "127.0.0.1", gen.cfg[port]), REQUEST_TIMEOUT)
         except (OSError, asyncio.TimeoutError):
             gen.record_lost(cls, "connect", t0)
             await asyncio.sleep(0.1)

@@ -42,7 +42,10 @@ criterion failed, naming each:
              fallback periods (a Redis fault, until Redis answers again
              plus the breaker's cooldown and a margin) admits at most
              capacity + rate x T + one cost
-  lost       every request the generator sent was answered
+  lost       every request the generator sent was answered, but for
+             slow uploads in flight when a replica was stopped hard (a
+             body haproxy forwarded as it came cannot be resent), which
+             are counted apart, at most one per upload worker and stop
   login      the login defence held: the attacker's failed logins that
              reached PHP outside the fallback periods are at most the ip
              rule's capacity once per Redis start (kill -9 empties it)
@@ -613,6 +616,34 @@ def haproxy_retries(run):
     return retried, redispatched, states
 
 
+# The classes whose bodies haproxy forwards as they arrive (soak_load.py
+# sends them in pieces), and how many run at once (its CLASSES table).
+STREAMED = ("slowlogin",)
+UPLOAD_WORKERS = 2
+
+
+def streamed_at_stop(run):
+    """(lost, other): the lost requests of a streamed class that were in
+    flight when a replica was stopped hard, and every other lost one.
+    A killed replica takes the requests it was serving with it; haproxy
+    resends one it still holds whole (the retries counted below), but of
+    a body it forwarded as it came it holds only the rest. "In flight":
+    the request's life (sent to the connection's end) overlaps the stop
+    (from the signal to the replica answering again), with a second's
+    slack for the order of the readings of the two processes' clocks."""
+    stops = [(num(f["t_start"]), num(f["t_end"])) for f in run.faults
+             if f["kind"] == "hard_restart"]
+    lost, other = [], []
+    for r in run.lost:
+        t, t_end = num(r["t"]), num(r["t"]) + num(r["waited_s"], 0)
+        if r["class"] in STREAMED and any(
+                s0 - 1.0 <= t_end and t <= s1 for s0, s1 in stops):
+            lost.append(r)
+        else:
+            other.append(r)
+    return lost, other
+
+
 def check_requests(run, lines, fails):
     cls = run.summary.get("classes", {})
     sent = sum(c["sent"] for c in cls.values())
@@ -647,12 +678,22 @@ def check_requests(run, lines, fails):
               "termination state: %s." % (
                   retried, redisp, ", ".join(
                       "%s %d" % kv for kv in sorted(states.items())))]
-    for r in run.lost[:20]:
+    at_stop, other = streamed_at_stop(run)
+    stops = sum(1 for f in run.faults if f["kind"] == "hard_restart")
+    lines += ["", "Lost in flight at a replica's hard stop (a slow upload "
+              "haproxy had begun to forward, which it cannot resend): "
+              "%d, at most %d allowed (one per upload worker and hard "
+              "stop, %d hard stops)." % (len(at_stop),
+                                         UPLOAD_WORKERS * stops, stops)]
+    if len(at_stop) > UPLOAD_WORKERS * stops:
+        fails.append("lost: %d slow uploads at %d hard stops, more than "
+                     "one per upload worker" % (len(at_stop), stops))
+    for r in other[:20]:
         fails.append("lost: %s request at %.1f s (%s after %s s)%s" % (
             r["class"], num(r["t"]) - run.t0, r["kind"], r["waited_s"],
             near_fault(run, num(r["t"]), num(r["t"]) + num(r["waited_s"], 0))))
-    if len(run.lost) > 20:
-        fails.append("lost: %d more" % (len(run.lost) - 20))
+    if len(other) > 20:
+        fails.append("lost: %d more" % (len(other) - 20))
     if sent - answered - sum(lost.values()):
         fails.append("lost: %d requests neither answered nor counted lost"
                      % (sent - answered - sum(lost.values())))

@@ -72,8 +72,10 @@ def decision_span(recs):
 class HAProxy:
     """haproxy -db (foreground) with generated frontends, stopped by PID.
 
-    frontends: {name: (balance, [(host, port), ...])}; each gets a free
-    loopback port, available as .ports[name]. A server may be a triple
+    frontends: {name: (balance, [(host, port), ...][, [line, ...]])};
+    each gets a free loopback port, available as .ports[name], and the
+    optional third element is more lines for its backend (an option only
+    that backend needs). A server may be a triple
     (host, port, options): options are appended to its server line
     ("check maxconn 12"). global_ and defaults are more lines for those
     sections, after ours, so they may override them ("no option
@@ -95,7 +97,8 @@ class HAProxy:
             "    timeout server 30s",
             "    option http-server-close",
         ] + ["    " + d for d in defaults]
-        for name, (balance, servers) in frontends.items():
+        for name, spec in frontends.items():
+            balance, servers = spec[0], spec[1]
             port = free_port()
             self.ports[name] = port
             lines += [
@@ -104,7 +107,7 @@ class HAProxy:
                 "    default_backend be_%s" % name,
                 "backend be_%s" % name,
                 "    balance %s" % balance,
-            ]
+            ] + ["    " + x for x in (spec[2] if len(spec) > 2 else ())]
             for i, srv in enumerate(servers):
                 line = "    server s%d %s:%d" % (i, srv[0], srv[1])
                 if len(srv) > 2 and srv[2]:
