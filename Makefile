@@ -341,10 +341,12 @@ unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; \
 	    TB_TEST_VECTORS=tests/vectors $(TEST_PREFIX) $$t; done
 
+# --durations: the slowest tests, printed at the end, so that a run shows
+# where the suite's time (about 15 minutes is the budget) goes.
 integration: all progs
 	sh scripts/fetch-php.sh
 	TB_BUILD=$(abspath $(BUILD)) $(PYTHON) -m pytest -q -p no:cacheprovider \
-	    tests/integration $(PYTEST_ARGS)
+	    --durations=25 tests/integration $(PYTEST_ARGS)
 
 # NOISE=1 runs the tests (unit and integration) beside one CPU-bound busy
 # loop per core (nproc) at nice 0, as on a shared CI runner, so that a test
