@@ -580,7 +580,12 @@ def test_guide_001_03(redis_server):
                       vhost="%s:%d" % (SHOP, a.port),
                       priority="normal") > 0
         assert metric(text, "tbucket_workers_max") == 40
-        a.assert_log_clean()
+        # The example's Redis timeout is 50 ms. The flood keeps both CPUs
+        # busy, and on a shared machine a Redis answer can take longer (a
+        # NOISE=1 run beside a soak: SCRIPT LOAD timed out); the breaker
+        # then opens with a warning, TB00105, and the local policy
+        # decides, as the guide says. Nothing above needs Redis.
+        a.assert_log_clean(allowed=("TB00105",))
     finally:
         a.cleanup()
 
