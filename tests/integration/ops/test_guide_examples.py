@@ -410,7 +410,15 @@ def during_flood(a, until):
                               busy))
     partner = get(a, "/shop/slow.php", host=SHOP, source="127.0.0.4",
                   headers=PARTNER)
-    return refused, partner
+    # The health check, asked as the guide's loop asks it, while the cap
+    # is still full (the holders keep it so until the guide's commands
+    # end): a Python request, no process to start per ask.
+    health = []
+    for _ in range(3):
+        status, _, body, took = get(a, "/shop/health.php", host=SHOP)
+        health.append((status, body, round(took, 3)))
+        time.sleep(0.2)
+    return refused, partner, health
 
 
 def start_holders(a, stop, got, until):
@@ -520,7 +528,8 @@ def test_guide_001_03(redis_server):
         try:
             time.sleep(4)
             # Before the flood's 15 s are over, with a second to spare.
-            refused, partner = during_flood(a, time.monotonic() + 10)
+            refused, partner, health_now = during_flood(
+                a, time.monotonic() + 10)
             out, err = proc.communicate(timeout=60)
         finally:
             stop.set()
@@ -539,13 +548,19 @@ def test_guide_001_03(redis_server):
         assert took < 1.0, took
         assert partner[0] == 200 and partner[2] == "done\n", partner
 
+        # Served, at once, each of three times the test asked it while
+        # the cap was full.
+        assert all(s == 200 and b == "ok\n" and t < 1.0
+                   for s, b, t in health_now), health_now
         health, media, samples, codes = parse_flood(out)
-        # The health loop asks about once a second, idle (13-14 samples
-        # in 15 s), but each turn also runs three curls beside the 60
-        # flooding ones: on a machine twice as slow, or shared, it makes
-        # fewer turns. What matters is that the check was asked during
-        # the flood, several times, and served every time.
-        assert len(health) >= 3 and {s for s, _ in health} == {200}, out
+        # The guide's health loop asks about once a second, idle (13-14
+        # samples in 15 s), but each turn also starts three curls beside
+        # the 60 flooding ones: on a machine twice as slow it makes fewer
+        # turns, and beside two busy loops and a soak it made 2 (a run
+        # asserting 3 failed there). What matters is that the check was
+        # asked during the flood and served every time; the test's own
+        # three asks above are the "several times".
+        assert health and {s for s, _ in health} == {200}, out
         # Served without waiting for a worker behind the flood (that wait
         # is at least one slow page, 1 s of sleep, not of CPU); idle, the
         # slowest is 0.006-0.13 s.
