@@ -74,6 +74,8 @@ import os
 import re
 import sys
 
+import soak_load
+
 RSS_LIMIT_KB_H = 1024.0
 # A process's own warm-up: an event child under this load and a Redis
 # fault every 20 s grew from 2.5 to 3.5 MB in its first 2 minutes and
@@ -616,10 +618,10 @@ def haproxy_retries(run):
     return retried, redispatched, states
 
 
-# The classes whose bodies haproxy forwards as they arrive (soak_load.py
-# sends them in pieces), and how many run at once (its CLASSES table).
-STREAMED = ("slowlogin",)
-UPLOAD_WORKERS = 2
+# The classes whose bodies haproxy forwards as they arrive, and how many
+# of them run at once: soak_load.py's, not copies.
+STREAMED = soak_load.STREAMED
+UPLOAD_WORKERS = sum(soak_load.CLASSES[c]["workers"] for c in STREAMED)
 
 
 def streamed_at_stop(run):
