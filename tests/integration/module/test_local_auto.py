@@ -168,8 +168,11 @@ class Run:
 
     def codes_while_held(self, cap, held, window):
         """The codes of the last `window` seconds if the cap had held cap
-        or above for `held` seconds by the last sample (held >= window),
-        else None: only then must a client within the cap meet no 503."""
+        or above for `held` seconds by the last sample, else None: only
+        then must a client within the cap meet no 503. held exceeds
+        window, so that a refusal made just before the first sample at
+        cap, and recorded a moment later, falls outside the window."""
+        assert held > window, (held, window)
         since = self.held_since(cap)
         if since is None or self.caps[-1][0] - since < held:
             return None

@@ -151,28 +151,36 @@ UTF8_RAMP = "\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588"
 ASCII_RAMP = "._-=+*#@"
 
 
+def top_spark(url, lang):
+    """`tbucket top URL --once` under LC_ALL=lang: (its output, the
+    sparkline's 90 cells, the line's sum and most)."""
+    p = subprocess.run([os.path.join(BUILD, "tbucket"), "top", url,
+                        "--once"], capture_output=True, timeout=20,
+                       env=dict(os.environ, LC_ALL=lang))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.decode("utf-8")
+    line = [ln for ln in out.splitlines()
+            if ln.startswith("refused, last 15 min: |")]
+    assert len(line) == 1, out
+    spark = line[0].split("|")[1]
+    assert len(spark) == 90, spark
+    m = re.search(r"\| now; (\d+) in all, at most (\d+) in 10 s$", line[0])
+    assert m, line[0]
+    return out, spark, int(m.group(1)), int(m.group(2))
+
+
 def test_module_245_03(apache_factory, redis_server):
     a = apache_factory(servers=2)
     a.start(conf(redis_server.url, a.port, free_port(), "s3:"))
     traffic(a)
     url = a.url("/tbucket-status")
+    page = json.loads(http_get(url + "?json").text)
     for lang, ramp in (("C.UTF-8", UTF8_RAMP), ("C", ASCII_RAMP)):
-        env = dict(os.environ, LC_ALL=lang)
-        p = subprocess.run([os.path.join(BUILD, "tbucket"), "top", url,
-                            "--once"], capture_output=True, timeout=20,
-                           env=env)
-        assert p.returncode == 0, p.stderr
-        out = p.stdout.decode("utf-8")
+        out, spark, total, most = top_spark(url, lang)
         assert " rejected 3 " in out and " banned 1\n" in out, out
-        line = [ln for ln in out.splitlines()
-                if ln.startswith("refused, last 15 min: |")]
-        assert len(line) == 1, out
-        spark = line[0].split("|")[1]
-        assert len(spark) == 90, spark
-        most = re.search(r"\| now; 4 in all, at most (\d) in 10 s$",
-                         line[0])
-        assert most, line[0]
-        most = int(most.group(1))
+        # The scale is the page's: no refusal leaves a 15-minute series
+        # within this test.
+        assert (total, most) == (4, max(page["series"]["refused"])), spark
         # The 4 refusals fell in one slot, or in two side by side when
         # a slot's border fell among them (4, 3+1 or 2+2): the larger is
         # the ramp's top, the other 7/most of it, rounded.
@@ -181,6 +189,21 @@ def test_module_245_03(apache_factory, redis_server):
                              if most < 4 else [])
         assert sorted(c for _, c in cells) == sorted(want), (most, spark)
         assert cells[-1][0] - cells[0][0] == len(cells) - 1, spark
+    # The scale itself, on a copy of the page whose refusals are chosen
+    # (a static file: the tool reads any page with the JSON view's
+    # shape): 1 and 2 of 100 show the ramp's lowest (at least one is
+    # never a blank), 50 its middle, 100 its top, 0 a blank.
+    shaped = [0] * 90
+    shaped[10], shaped[40], shaped[41], shaped[89] = 1, 2, 50, 100
+    page["series"]["refused"] = shaped
+    a.write_file("htdocs/shaped.json", json.dumps(page))
+    for lang, ramp in (("C.UTF-8", UTF8_RAMP), ("C", ASCII_RAMP)):
+        _, spark, total, most = top_spark(a.url("/shaped.json"), lang)
+        assert (total, most) == (153, 100), spark
+        want = [" "] * 90
+        want[10], want[40], want[41], want[89] = \
+            ramp[0], ramp[0], ramp[4], ramp[7]
+        assert spark == "".join(want), spark
 
 
 # Active bans, newest first: the rule, the key, the time left and the
