@@ -14,6 +14,7 @@ sanitizer build of the module it preloads the sanitizer runtimes into
 apache2 only (never into curl or python), and any sanitizer report fails
 the log check.
 """
+import datetime
 import os
 import re
 import signal
@@ -36,7 +37,33 @@ LEVELS_BAD = ("warn", "error", "crit", "alert", "emerg")
 # MinSpareThreads of it): tuning hints that slow sanitizer runs provoke,
 # never a sign of a module fault.
 BENIGN_TAGS = ("AH00161", "AH10159")
+# The event MPM's own race at an ungraceful stop: SIGTERM makes the child
+# close the sockets its workers are serving (close_worker_sockets), and a
+# worker that had just sent a response and was starting its lingering
+# close then adds a closed descriptor to its pollset (EBADF, AH03092).
+# Bare Apache 2.4 without our module logs it at 9 of 120 stops made right
+# after a response, 4-5 ms after the SIGTERM, and at none of 120 made
+# 0.3 s later. Benign only inside a stop(): anywhere else it is a fault.
+STOP_RACE_TAGS = ("AH03092",)
+# A child killed by a fault signal (SEGV, ABRT, BUS, FPE, ILL). httpd logs
+# it at notice (AH00052), below the level filter, so it is matched on its
+# own; a child a test kills (SIGKILL, 9) is not a fault.
+CHILD_FAULT = re.compile(r"AH00052: child pid \d+ exit signal .*\((4|6|7|8|11)\)")
 LOG_LINE = re.compile(r"^\[[^\]]*\] \[(?:(\w*):)?(\w+)\]")
+LOG_TIME = re.compile(r"^\[(\w{3} \w{3} \d\d \d\d:\d\d:\d\d\.\d+ \d{4})\]")
+
+
+def log_line_time(line):
+    """The wall-clock time of an error-log line (httpd's default
+    ErrorLogFormat, local time, microseconds), or None."""
+    m = LOG_TIME.match(line)
+    if not m:
+        return None
+    try:
+        return datetime.datetime.strptime(
+            m.group(1), "%a %b %d %H:%M:%S.%f %Y").timestamp()
+    except ValueError:
+        return None
 
 # Fixture files every server root gets. The PHP and CGI scripts print
 # what the application sees of the module: the exact TBUCKET_* names and
@@ -154,6 +181,10 @@ class Apache(TempRoot):
         self.access_log = os.path.join(self.root, "logs", "access.log")
         self.proc = None
         self.log_mark = 0
+        # (SIGTERM sent, parent reaped) wall-clock times of each stop():
+        # the only place the event MPM's stop race (STOP_RACE_TAGS) is
+        # benign. Times, not log offsets: tests unlink the log.
+        self.stop_windows = []
         self._fixtures()
 
     # ---- files ---------------------------------------------------------
@@ -325,6 +356,7 @@ class Apache(TempRoot):
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            sent = time.time()
             try:
                 os.kill(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=15)
@@ -334,6 +366,7 @@ class Apache(TempRoot):
                 self.proc.wait(timeout=5)
             except ProcessLookupError:
                 pass
+            self.stop_windows.append((sent, time.time()))
         # Whatever of its group outlived the parent (a parent that died,
         # say, leaves its children behind): setsid made the group ours.
         try:
@@ -377,11 +410,13 @@ class Apache(TempRoot):
 
     def bad_lines(self, allowed=(), text=None):
         """Error-log lines at warn and above that carry none of the
-        allowed tags, plus any sanitizer report."""
+        allowed tags, plus any sanitizer report and any child a fault
+        signal killed."""
         text = self.read_log() if text is None else text
         bad = []
         for line in text.splitlines():
-            if "AddressSanitizer" in line or "runtime error:" in line:
+            if ("AddressSanitizer" in line or "runtime error:" in line
+                    or CHILD_FAULT.search(line)):
                 bad.append(line)
                 continue
             m = LOG_LINE.match(line)
@@ -389,11 +424,23 @@ class Apache(TempRoot):
                 continue
             if any(tag in line for tag in tuple(allowed) + BENIGN_TAGS):
                 continue
+            if self.in_stop(line):
+                continue
             bad.append(line)
         for line in self.read_stderr().splitlines():
             if "AddressSanitizer" in line or "runtime error:" in line:
                 bad.append(line)
         return bad
+
+    def in_stop(self, line):
+        """Whether line is the event MPM's stop race (STOP_RACE_TAGS)
+        logged while a stop() was under way (a 50 ms margin each side
+        for the log's clock: same machine, microsecond stamps)."""
+        if not any(tag in line for tag in STOP_RACE_TAGS):
+            return False
+        t = log_line_time(line)
+        return t is not None and any(
+            a - 0.05 <= t <= b + 0.05 for a, b in self.stop_windows)
 
     def assert_log_clean(self, allowed=()):
         bad = self.bad_lines(allowed)
