@@ -6,7 +6,8 @@ haproxies, tb_driver clients and extra redis-servers, redis-servers with
 and without tbucket_redis.so, the paths of the test programs and the
 shim tests' downstream servers, a test PKI with TLS redis-servers, a
 locale with a decimal comma, and the WordPress rig the login tests
-share. Each fixture stops what it started, by PID.
+share. Each fixture stops what it started, by PID. A run that holds the
+packaging tests starts their `make deb` at once, in the background.
 """
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tbtest.apache import Apache  # noqa: E402
 from tbtest.core import Driver  # noqa: E402
+from tbtest.debbuild import SHARED as DEB_BUILD  # noqa: E402
 from tbtest.ha import ClusterRig  # noqa: E402
 from tbtest.env import (BUILD, Redis, comma_locale, factory,  # noqa: E402
                          prog)
@@ -32,6 +34,17 @@ from tbtest.wordpress import SHARED as WORDPRESS  # noqa: E402
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: runs in real time for seconds (timeouts, windows)")
+
+
+def pytest_collection_finish(session):
+    """Start `make deb` in the background if the packaging tests will run
+    (tbtest/debbuild.py says why)."""
+    if any("test_packaging_deb.py" in item.nodeid for item in session.items):
+        DEB_BUILD.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    DEB_BUILD.stop()
 
 
 @pytest.fixture

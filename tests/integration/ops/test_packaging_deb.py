@@ -2,9 +2,10 @@
 
 The packages (the Apache module, the tools and the Redis module) are
 built once per session (module fixture `debs`, through `make deb`, as a
-user would) and then checked: their versions come from
-VERSION; their file lists, conffiles, dependencies and maintainer scripts
-are the ones debian/README.source describes; dpkg-buildflags' hardening
+user would; started in the background as the session begins, by
+tbtest/debbuild.py) and then checked: their versions come from VERSION;
+their file lists, conffiles, dependencies and maintainer scripts are the
+ones debian/README.source describes; dpkg-buildflags' hardening
 reached every ELF file; lintian reports no error and no warning beyond
 the kept ones README.source lists; the module extracted from the package
 passes apache2 -t with its own tbucket.load and tbucket.conf and limits
@@ -22,11 +23,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 
 import pytest
 
 from tbtest.apache import Apache, MODDIR, http_get
+from tbtest.debbuild import SHARED as DEB_BUILD
 from tbtest.env import BUILD, ROOT, require
 
 DPKG_DEB = "/usr/bin/dpkg-deb"
@@ -107,26 +108,21 @@ def run(args, timeout=120, **kw):
 
 @pytest.fixture(scope="module")
 def debs():
-    """`make deb` once; the paths of the built .deb files by package."""
+    """`make deb` once (started in the background when the session began:
+    tbtest/debbuild.py); the paths of the built .deb files by package."""
     require(DPKG_DEB, "dpkg")
     require("/usr/bin/dpkg-buildpackage", "dpkg-dev")
     require("/usr/bin/dh", "debhelper")
-    env = dict(os.environ)
-    # Do not inherit the jobserver or variables of a `make test` above us.
-    for k in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
-        env.pop(k, None)
-    start = time.monotonic()
-    p = run(["make", "-C", ROOT, "BUILD=" + BUILD, "deb"], timeout=900,
-            env=env)
-    elapsed = time.monotonic() - start
+    rc, output, elapsed, waited = DEB_BUILD.wait(timeout=900)
     out = os.path.join(BUILD, "deb")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "make-deb.log"), "w") as f:
-        f.write(p.stdout + p.stderr)
-        f.write("\nmake deb: %.1f s\n" % elapsed)
-    if p.returncode != 0:
-        pytest.fail("make deb failed (%.0f s):\n%s" % (
-            elapsed, (p.stdout + p.stderr)[-6000:]))
+        f.write(output)
+        f.write("\nmake deb: %.1f s (the tests waited %.1f s of it)\n"
+                % (elapsed, waited))
+    if rc != 0:
+        pytest.fail("make deb failed (%d, %.0f s):\n%s" % (
+            rc, elapsed, output[-6000:]))
     found = {}
     for name in os.listdir(out):
         if name.endswith(".deb"):
