@@ -13,11 +13,10 @@ hold. It is stopped by PID (its own process group) at the session's end
 if it is still running, as when the run is cut short.
 """
 import os
-import signal
 import subprocess
 import time
 
-from tbtest.env import BUILD, ROOT
+from tbtest.env import BUILD, ROOT, stop_pid
 
 LOG = os.path.join(BUILD, "make-deb.running.log")
 NICE = 5
@@ -75,17 +74,7 @@ class DebBuild:
 
     def stop(self):
         """Stop a build still running, by its process group."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-            except ProcessLookupError:
-                pass
+        stop_pid(self.proc, group=True)
         self.proc = None
 
 

@@ -111,19 +111,27 @@ def wait_until(check, timeout=5.0, step=0.02):
         time.sleep(step)
 
 
-def stop_pid(proc, sig=signal.SIGTERM, timeout=10.0):
-    """Stop a process we started, by PID; SIGKILL if it will not go."""
+def stop_pid(proc, sig=signal.SIGTERM, timeout=10.0, group=False):
+    """Stop a process we started, by PID; SIGKILL if it will not go. With
+    group, its whole process group (one it leads: start_new_session), and
+    whatever of the group outlives it is killed too."""
     if proc is None or proc.poll() is not None:
         return
+    kill = os.killpg if group else os.kill
     try:
-        os.kill(proc.pid, signal.SIGCONT)
-        os.kill(proc.pid, sig)
+        kill(proc.pid, signal.SIGCONT)
+        kill(proc.pid, sig)
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
+        kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
     except ProcessLookupError:
         pass
+    if group:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def read_text(path):
